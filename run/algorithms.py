@@ -1,0 +1,125 @@
+# Copyright 2026 The tff-hetero Authors. Licensed under the Apache License 2.0.
+"""Algorithms by name, with their options validated before anything runs.
+
+| name      | builder                          | own options |
+|-----------|----------------------------------|-------------|
+| `fedavg`  | `tff_algos.fed_avg.build_fed_avg`   | (stragglers are dropped) |
+| `fedprox` | `tff_algos.fed_prox.build_fed_prox` | `proximal_strength` (stragglers' partial work is kept) |
+"""
+
+import dataclasses
+import math
+from collections.abc import Callable
+
+import tensorflow_federated as tff
+
+from tff_algos import fed_avg
+from tff_algos import fed_prox
+
+ALGORITHM_NAMES = ('fedavg', 'fedprox')
+OPTIMIZERS = ('sgd', 'adam', 'adagrad', 'yogi')
+WEIGHTINGS = {
+    'num_examples': tff.learning.ClientWeighting.NUM_EXAMPLES,
+    'uniform': tff.learning.ClientWeighting.UNIFORM,
+}
+
+
+def build_optimizer(
+    name: str, learning_rate: float, momentum: float = 0.0
+) -> tff.learning.optimizers.Optimizer:
+  """A `tff.learning.optimizers` optimizer by name."""
+  if name == 'sgd':
+    return tff.learning.optimizers.build_sgdm(
+        learning_rate=learning_rate, momentum=momentum or None
+    )
+  if name == 'adam':
+    return tff.learning.optimizers.build_adam(learning_rate=learning_rate)
+  if name == 'adagrad':
+    return tff.learning.optimizers.build_adagrad(learning_rate=learning_rate)
+  if name == 'yogi':
+    return tff.learning.optimizers.build_yogi(learning_rate=learning_rate)
+  raise ValueError(
+      f'unknown optimizer {name!r}; choose one of: {", ".join(OPTIMIZERS)}'
+  )
+
+
+def drops_stragglers(algorithm: str) -> bool:
+  """FedAvg drops stragglers; the others aggregate their partial work."""
+  return algorithm == 'fedavg'
+
+
+@dataclasses.dataclass(frozen=True)
+class AlgorithmSpec:
+  """An algorithm and its hyperparameters, as given on the command line."""
+
+  name: str
+  client_optimizer: str = 'sgd'
+  client_learning_rate: float = 0.01
+  server_optimizer: str = 'sgd'
+  server_learning_rate: float = 1.0
+  server_momentum: float = 0.0
+  client_weighting: str = 'num_examples'
+  proximal_strength: float = 0.0
+
+  def validate(self) -> None:
+    """Raises `ValueError` with one clear message for a bad option."""
+    if self.name not in ALGORITHM_NAMES:
+      raise ValueError(
+          f'unknown algorithm {self.name!r}; choose one of: '
+          f'{", ".join(ALGORITHM_NAMES)}'
+      )
+    for flag, value in (('client_optimizer', self.client_optimizer),
+                        ('server_optimizer', self.server_optimizer)):
+      if value not in OPTIMIZERS:
+        raise ValueError(
+            f'unknown --{flag}={value!r}; choose one of: {", ".join(OPTIMIZERS)}'
+        )
+    for flag, value in (('client_learning_rate', self.client_learning_rate),
+                        ('server_learning_rate', self.server_learning_rate)):
+      if not (math.isfinite(value) and value > 0):
+        raise ValueError(f'--{flag} must be a positive number, got {value}')
+    if not 0.0 <= self.server_momentum < 1.0:
+      raise ValueError(
+          f'--server_sgd_momentum must be in [0, 1), got {self.server_momentum}'
+      )
+    if self.client_weighting not in WEIGHTINGS:
+      raise ValueError(
+          f'unknown --client_weighting={self.client_weighting!r}; choose one'
+          f' of: {", ".join(WEIGHTINGS)}'
+      )
+    if not (math.isfinite(self.proximal_strength)
+            and self.proximal_strength >= 0):
+      raise ValueError(
+          f'--proximal_strength must be >= 0, got {self.proximal_strength}'
+      )
+    if self.proximal_strength and self.name != 'fedprox':
+      raise ValueError(
+          f'--proximal_strength applies to fedprox only, not {self.name}'
+      )
+
+  def describe(self) -> str:
+    extra = (f', mu={self.proximal_strength:g}'
+             if self.name == 'fedprox' else '')
+    return (f'{self.name} (client {self.client_optimizer} '
+            f'lr={self.client_learning_rate:g}, server {self.server_optimizer}'
+            f' lr={self.server_learning_rate:g}{extra})')
+
+
+def build_process(
+    spec: AlgorithmSpec, model_fn: Callable[[], tff.learning.models.VariableModel]
+) -> tff.learning.templates.LearningProcess:
+  """The `LearningProcess` of `spec` for `model_fn`."""
+  spec.validate()
+  client_opt = build_optimizer(spec.client_optimizer, spec.client_learning_rate)
+  server_opt = build_optimizer(
+      spec.server_optimizer, spec.server_learning_rate, spec.server_momentum
+  )
+  weighting = WEIGHTINGS[spec.client_weighting]
+  if spec.name == 'fedavg':
+    return fed_avg.build_fed_avg(
+        model_fn, client_opt, server_opt, client_weighting=weighting
+    )
+  return fed_prox.build_fed_prox(
+      model_fn, client_opt, server_opt,
+      proximal_strength=spec.proximal_strength, client_weighting=weighting,
+  )

@@ -1,0 +1,509 @@
+# Copyright 2026 The tff-hetero Authors. Licensed under the Apache License 2.0.
+"""The simulation loop: sample clients, train, evaluate per client, checkpoint.
+
+`run_simulation(process, task, config, output_dir=...)` drives any
+`tff.learning.templates.LearningProcess` on a `tasks.base.FederatedTask`:
+
+* Client sampling is a pure function of `(seed, round)`, and so are the local
+  shuffles and the straggler schedule: a run killed and resumed from its
+  checkpoint ends with the same model as an uninterrupted one.
+* Every `rounds_per_eval` rounds and at the end, the global model is evaluated
+  on every test client (and, optionally, every training client) through the
+  federated per-client evaluation; the per-client values are written to
+  `clients/round_NNNNN.csv` and summarised (means, percentiles, worst/best
+  10%, variance, superquantiles, angle, KL) into the metrics.
+* Outputs under `output_dir`: `config.json` (the run's hyperparameters),
+  `metrics.csv` (one row per round, TFF's `CSVFileReleaseManager`),
+  `tensorboard/`, `checkpoints/` (TFF's `FileProgramStateManager`),
+  `clients/`, and `summary.json` / `summary.txt` with the final table.
+"""
+
+import asyncio
+import collections
+import csv
+import dataclasses
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Optional
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tasks import base as task_base
+from tasks import evaluation
+from tasks import tail_metrics
+from tff_algos import runtime
+from tff_algos import stragglers as stragglers_lib
+
+SAMPLING_SCHEMES = ('uniform', 'examples')
+# Hyperparameters that may change when a run is resumed.
+RESUMABLE_KEYS = frozenset({
+    'total_rounds', 'rounds_per_eval', 'rounds_per_checkpoint', 'progress',
+    'root_output_dir', 'data_dir',
+})
+SUMMARY_COLUMNS = ('mean', 'weighted_mean', 'p10', 'p50', 'p90', 'worst10',
+                   'best10', 'variance')
+
+
+class SimulationError(RuntimeError):
+  """The simulation cannot start or continue (bad config, stale checkpoint)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SimulationConfig:
+  """How a simulation samples clients, trains, evaluates and saves.
+
+  Attributes:
+    total_rounds: Rounds to train (>= 1).
+    clients_per_round: Clients selected each round (<= number of clients).
+    client_epochs_per_round: Local epochs E of a non-straggler.
+    rounds_per_eval: Per-client evaluation every this many rounds (0: only
+      at the end).
+    rounds_per_checkpoint: Save a checkpoint every this many rounds (0: only
+      at the end).
+    seed: Seed of sampling, shuffling and the straggler schedule.
+    client_sampling: `uniform` (the papers' experiments) or `examples`
+      (probability proportional to local examples, without replacement).
+    straggler_fraction: Fraction of selected clients that straggle.
+    drop_stragglers: Leave stragglers out (FedAvg) instead of aggregating
+      their partial work (FedProx).
+    eval_train_clients: Also evaluate every training client on its training
+      data (the Delta-FL paper's training-loss percentiles).
+    shuffle: Shuffle each client's data every epoch.
+  """
+
+  total_rounds: int
+  clients_per_round: int
+  client_epochs_per_round: int = 1
+  rounds_per_eval: int = 10
+  rounds_per_checkpoint: int = 10
+  seed: int = 0
+  client_sampling: str = 'uniform'
+  straggler_fraction: float = 0.0
+  drop_stragglers: bool = False
+  eval_train_clients: bool = True
+  shuffle: bool = True
+
+  def validate(self, num_clients: int) -> None:
+    """Raises `ValueError` with one clear message for an impossible config."""
+    checks = [
+        (self.total_rounds >= 1, f'total_rounds must be >= 1, got {self.total_rounds}'),
+        (self.clients_per_round >= 1,
+         f'clients_per_round must be >= 1, got {self.clients_per_round}'),
+        (self.clients_per_round <= num_clients,
+         f'clients_per_round={self.clients_per_round} exceeds the '
+         f'{num_clients} training clients of the task'),
+        (self.client_epochs_per_round >= 1,
+         f'client_epochs_per_round must be >= 1, got '
+         f'{self.client_epochs_per_round}'),
+        (self.rounds_per_eval >= 0,
+         f'rounds_per_eval must be >= 0, got {self.rounds_per_eval}'),
+        (self.rounds_per_checkpoint >= 0,
+         f'rounds_per_checkpoint must be >= 0, got {self.rounds_per_checkpoint}'),
+        (self.client_sampling in SAMPLING_SCHEMES,
+         f'client_sampling must be one of {SAMPLING_SCHEMES}, got '
+         f'{self.client_sampling!r}'),
+        (0.0 <= self.straggler_fraction <= 1.0,
+         f'straggler_fraction must be in [0, 1], got {self.straggler_fraction}'),
+    ]
+    for ok, message in checks:
+      if not ok:
+        raise ValueError(message)
+
+
+def sample_clients(
+    client_ids: Sequence[str],
+    round_num: int,
+    *,
+    clients_per_round: int,
+    seed: int,
+    scheme: str = 'uniform',
+    num_examples: Optional[Sequence[int]] = None,
+) -> list[str]:
+  """The clients selected in `round_num`; deterministic in (seed, round)."""
+  rng = np.random.default_rng([seed, 104729, round_num])
+  if scheme == 'uniform':
+    p = None
+  elif scheme == 'examples':
+    if num_examples is None:
+      raise ValueError("scheme='examples' needs num_examples")
+    counts = np.asarray(num_examples, dtype=np.float64)
+    p = counts / counts.sum()
+  else:
+    raise ValueError(f'unknown sampling scheme {scheme!r}')
+  chosen = rng.choice(len(client_ids), size=clients_per_round, replace=False,
+                      p=p)
+  return [client_ids[i] for i in chosen]
+
+
+def _flatten(prefix: str, value, out: dict[str, Any]) -> None:
+  if isinstance(value, Mapping):
+    for k, v in value.items():
+      _flatten(f'{prefix}/{k}' if prefix else str(k), v, out)
+  elif isinstance(value, (tuple, list)) and not isinstance(value, str):
+    for i, v in enumerate(value):
+      _flatten(f'{prefix}/{i}', v, out)
+  else:
+    array = np.asarray(value)
+    if array.size == 1:
+      out[prefix] = array.item()
+
+
+def flatten_metrics(metrics: Mapping[str, Any]) -> dict[str, Any]:
+  """`{'client_work': {'train': {'loss': x}}}` -> `{'train/loss': x}`."""
+  flat = {}
+  _flatten('', metrics, flat)
+  renamed = {}
+  for key, value in flat.items():
+    if key.startswith('client_work/train/'):
+      key = 'train/' + key[len('client_work/train/'):]
+    renamed[key] = value
+  return renamed
+
+
+class _Outputs:
+  """Paths and writers of one run's output folder."""
+
+  def __init__(self, output_dir: str):
+    self.dir = output_dir
+    self.clients_dir = os.path.join(output_dir, 'clients')
+    os.makedirs(self.clients_dir, exist_ok=True)
+    self.config_path = os.path.join(output_dir, 'config.json')
+    self.state_manager = tff.program.FileProgramStateManager(
+        os.path.join(output_dir, 'checkpoints'), keep_total=3, keep_first=False
+    )
+    self.csv = tff.program.CSVFileReleaseManager(
+        os.path.join(output_dir, 'metrics.csv'),
+        save_mode=tff.program.CSVSaveMode.WRITE,
+        key_fieldname='round_num',
+    )
+    self.tensorboard = tff.program.TensorBoardReleaseManager(
+        os.path.join(output_dir, 'tensorboard')
+    )
+
+  def release(self, metrics: Mapping[str, Any], round_num: int) -> None:
+    async def release_all():
+      await self.csv.release(dict(metrics), key=round_num)
+      await self.tensorboard.release(
+          {k: v for k, v in metrics.items() if isinstance(v, (int, float))},
+          key=round_num,
+      )
+
+    asyncio.run(release_all())
+
+
+def _check_config(outputs: _Outputs, hparams: Mapping[str, Any]) -> None:
+  """Refuses to resume a checkpoint written with other hyperparameters."""
+  if not os.path.exists(outputs.config_path):
+    return
+  with open(outputs.config_path) as f:
+    saved = json.load(f)
+  changed = sorted(
+      k for k in set(saved) | set(hparams)
+      if k not in RESUMABLE_KEYS and saved.get(k) != hparams.get(k)
+  )
+  if changed:
+    details = ', '.join(
+        f'{k}: {saved.get(k)!r} -> {hparams.get(k)!r}' for k in changed[:4]
+    )
+    raise SimulationError(
+        f'{outputs.dir} holds a run with other settings ({details}); use a new'
+        ' --experiment_name or remove that folder to start over'
+    )
+
+
+class _ClientCounts:
+  """Lazily counted examples and batches per client."""
+
+  def __init__(self, task: task_base.FederatedTask):
+    self._task = task
+    self._examples = {}
+    self._batches = {}
+
+  def examples(self, cid: str) -> int:
+    if cid not in self._examples:
+      self._examples[cid] = task_base.count_examples(
+          self._task.train_data.create_tf_dataset_for_client(cid)
+      )
+    return self._examples[cid]
+
+  def batches(self, cid: str) -> int:
+    if cid not in self._batches:
+      self._batches[cid] = task_base.count_examples(
+          self._task.train_dataset(cid, 1, None)
+      )
+    return self._batches[cid]
+
+
+def client_datasets(
+    task: task_base.FederatedTask,
+    plans: Sequence[stragglers_lib.ClientPlan],
+    round_num: int,
+    config: SimulationConfig,
+    counts: Optional[_ClientCounts] = None,
+) -> list[tf.data.Dataset]:
+  """The preprocessed training datasets of a round's participants."""
+  datasets = []
+  for i, plan in enumerate(plans):
+    shuffle_seed = (
+        int(np.random.default_rng([config.seed, round_num, i]).integers(2**31))
+        if config.shuffle else None
+    )
+    ds = task.train_dataset(plan.client_id, plan.epochs, shuffle_seed)
+    if plan.epoch_fraction < 1.0:
+      counts = counts or _ClientCounts(task)
+      ds = ds.take(plan.num_batches(counts.batches(plan.client_id)))
+    datasets.append(ds)
+  return datasets
+
+
+def evaluate_per_client(
+    task: task_base.FederatedTask,
+    eval_computation: tff.Computation,
+    model_weights,
+    *,
+    include_train: bool,
+) -> dict[str, dict[str, np.ndarray]]:
+  """Per-client metrics: `{'test': {...}, 'train': {...}}` with client ids."""
+  splits = [('test', task.test_data)]
+  if include_train:
+    splits.append(('train', task.train_data))
+  results = {}
+  for split, data in splits:
+    ids = list(data.client_ids)
+    values = evaluation.evaluate_clients(
+        eval_computation, model_weights,
+        [task.eval_dataset(cid, split) for cid in ids],
+    )
+    values['client_id'] = np.asarray(ids)
+    results[split] = values
+  return results
+
+
+def summarize(per_client: Mapping[str, Mapping[str, np.ndarray]]
+              ) -> dict[str, dict[str, float]]:
+  """Tail summaries of every per-client metric, keyed `split/metric`."""
+  summaries = {}
+  for split, values in per_client.items():
+    n = values['num_examples']
+    for metric, column in values.items():
+      if metric in ('client_id', 'num_examples'):
+        continue
+      if metric == 'accuracy':
+        kind = 'accuracy'
+      elif metric == 'loss':
+        kind = 'train_loss' if split == 'train' else 'loss'
+      else:
+        kind = 'loss'
+      summaries[f'{split}/{metric}'] = tail_metrics.summarize_clients(
+          column, n, kind=kind
+      )
+  return summaries
+
+
+def _write_client_csv(path: str, per_client) -> None:
+  with open(path, 'w', newline='') as f:
+    writer = None
+    for split, values in per_client.items():
+      names = [k for k in values if k != 'client_id']
+      if writer is None:
+        writer = csv.writer(f)
+        writer.writerow(['split', 'client_id'] + names)
+      for i, cid in enumerate(values['client_id']):
+        writer.writerow(
+            [split, cid] + [_fmt(values[name][i]) for name in names]
+        )
+
+
+def _fmt(x) -> str:
+  x = np.asarray(x).item()
+  return repr(round(x, 7)) if isinstance(x, float) else str(x)
+
+
+def run_simulation(
+    process: tff.learning.templates.LearningProcess,
+    task: task_base.FederatedTask,
+    config: SimulationConfig,
+    *,
+    output_dir: Optional[str] = None,
+    hparams: Optional[Mapping[str, Any]] = None,
+    progress: bool = True,
+    log: Callable[[str], None] = lambda s: print(s, file=sys.stderr),
+) -> dict[str, Any]:
+  """Trains `process` on `task` and evaluates it per client.
+
+  Args:
+    process: Any `LearningProcess` whose `next` takes client datasets.
+    task: The federated task.
+    config: Sampling, training and evaluation settings.
+    output_dir: Where outputs and checkpoints go; a run found there is
+      resumed (None: nothing is written and nothing resumed).
+    hparams: JSON-able hyperparameters saved to `config.json`; resuming a
+      folder written with other values (outside `RESUMABLE_KEYS`) is refused.
+    progress: Show a progress bar with rounds/s.
+    log: Where messages go.
+
+  Returns:
+    `{'state', 'round_num', 'final_summaries', 'per_client', 'history'}`.
+
+  Raises:
+    ValueError: For an impossible config.
+    SimulationError: For an incompatible checkpoint.
+  """
+  runtime.install_worker_cleanup()
+  client_ids = list(task.train_data.client_ids)
+  config.validate(len(client_ids))
+  hparams = dict(hparams or {})
+  outputs = _Outputs(output_dir) if output_dir else None
+
+  state = process.initialize()
+  start_round = 1
+  if outputs:
+    _check_config(outputs, hparams)
+    loaded, version = asyncio.run(
+        outputs.state_manager.load_latest((state, 0))
+    )
+    if loaded is not None:
+      state, start_round = loaded[0], int(loaded[1]) + 1
+      log(f'resuming from the checkpoint of round {start_round - 1} in '
+          f'{outputs.dir}')
+      if start_round > config.total_rounds:
+        log(f'the checkpoint is already at round {start_round - 1} >= '
+            f'total_rounds={config.total_rounds}; evaluating it only')
+    with open(outputs.config_path, 'w') as f:
+      json.dump(hparams, f, indent=2, sort_keys=True)
+
+  schedule = stragglers_lib.StragglerSchedule(
+      fraction=config.straggler_fraction,
+      epochs=config.client_epochs_per_round,
+      drop_stragglers=config.drop_stragglers,
+      seed=config.seed,
+  )
+  counts = _ClientCounts(task)
+  num_examples = None
+  if config.client_sampling == 'examples':
+    num_examples = [counts.examples(cid) for cid in client_ids]
+  eval_computation = evaluation.build_per_client_evaluation(task.model_fn)
+  bar = _progress_bar(progress, start_round, config.total_rounds)
+  history = []
+  per_client, summaries = None, None
+
+  for round_num in range(start_round, config.total_rounds + 1):
+    t0 = time.perf_counter()
+    selected = sample_clients(
+        client_ids, round_num, clients_per_round=config.clients_per_round,
+        seed=config.seed, scheme=config.client_sampling,
+        num_examples=num_examples,
+    )
+    plans = schedule.participants(round_num, selected)
+    metrics = {'round_num': round_num, 'clients': len(plans),
+               'stragglers': sum(p.straggler for p in plans)}
+    if plans:
+      output = process.next(
+          state, client_datasets(task, plans, round_num, config, counts)
+      )
+      state = output.state
+      metrics.update(flatten_metrics(output.metrics))
+    else:
+      metrics['skipped'] = 1
+    metrics['round_seconds'] = time.perf_counter() - t0
+    is_last = round_num == config.total_rounds
+    if is_last or (config.rounds_per_eval and
+                   round_num % config.rounds_per_eval == 0):
+      per_client, summaries = _evaluate(
+          process, state, task, eval_computation, config, outputs, round_num
+      )
+      for name, summary in summaries.items():
+        for key, value in summary.items():
+          metrics[f'eval/{name}/{key}'] = value
+    _check_finite(metrics, round_num)
+    history.append(metrics)
+    if outputs:
+      outputs.release(metrics, round_num)
+      if is_last or (config.rounds_per_checkpoint and
+                     round_num % config.rounds_per_checkpoint == 0):
+        asyncio.run(outputs.state_manager.save((state, round_num), round_num))
+    if bar is not None:
+      bar.set_postfix_str(_postfix(metrics), refresh=False)
+      bar.update(1)
+  if bar is not None:
+    bar.close()
+
+  if summaries is None:  # Resumed at or past the end: evaluate the model.
+    per_client, summaries = _evaluate(
+        process, state, task, eval_computation, config, outputs,
+        config.total_rounds,
+    )
+  final_round = max(config.total_rounds, start_round - 1)
+  if outputs:
+    _write_summary(outputs, summaries, final_round, task)
+  return {
+      'state': state,
+      'round_num': final_round,
+      'final_summaries': summaries,
+      'per_client': per_client,
+      'history': history,
+  }
+
+
+def _evaluate(process, state, task, eval_computation, config, outputs,
+              round_num):
+  per_client = evaluate_per_client(
+      task, eval_computation, process.get_model_weights(state),
+      include_train=config.eval_train_clients,
+  )
+  if outputs:
+    _write_client_csv(
+        os.path.join(outputs.clients_dir, f'round_{round_num:05d}.csv'),
+        per_client,
+    )
+  return per_client, summarize(per_client)
+
+
+def _check_finite(metrics: Mapping[str, Any], round_num: int) -> None:
+  loss = metrics.get('train/loss')
+  if loss is not None and not math.isfinite(loss):
+    raise SimulationError(
+        f'training diverged at round {round_num} (train loss {loss}); lower'
+        ' the learning rates. Checkpoints of earlier rounds are kept.'
+    )
+
+
+def _postfix(metrics: Mapping[str, Any]) -> str:
+  parts = []
+  for key, label in (('train/loss', 'loss'), ('train/accuracy', 'acc'),
+                     ('eval/test/accuracy/mean', 'test_acc')):
+    if key in metrics:
+      parts.append(f'{label}={metrics[key]:.4f}')
+  return ' '.join(parts)
+
+
+def _progress_bar(enabled: bool, start_round: int, total_rounds: int):
+  if not enabled or start_round > total_rounds:
+    return None
+  import tqdm  # pylint: disable=g-import-not-at-top
+
+  return tqdm.tqdm(
+      total=total_rounds, initial=start_round - 1, unit='round',
+      file=sys.stderr, mininterval=1.0, dynamic_ncols=True,
+  )
+
+
+def summary_table(summaries: Mapping[str, Mapping[str, float]]) -> str:
+  """The final per-client table printed at the end of a run."""
+  return tail_metrics.format_summary_table(summaries, keys=SUMMARY_COLUMNS)
+
+
+def _write_summary(outputs: _Outputs, summaries, round_num: int,
+                   task: task_base.FederatedTask) -> None:
+  with open(os.path.join(outputs.dir, 'summary.json'), 'w') as f:
+    json.dump({'round_num': round_num, 'task': task.description,
+               'summaries': summaries}, f, indent=2, default=float)
+  with open(os.path.join(outputs.dir, 'summary.txt'), 'w') as f:
+    f.write(f'{task.description}; after round {round_num}\n')
+    f.write(summary_table(summaries) + '\n')

@@ -1,0 +1,54 @@
+# Copyright 2026 The tff-hetero Authors. Licensed under the Apache License 2.0.
+"""Tasks by name, for the binaries and for Python users.
+
+| name                   | data                                 | model |
+|------------------------|--------------------------------------|-------|
+| `synthetic`            | Synthetic(alpha, beta), built in     | softmax regression 60x10 |
+| `synthetic_iid`        | Synthetic-IID, built in              | softmax regression 60x10 |
+| `emnist_character`     | `emnist_all.sqlite` in data_dir      | linear / convnet / cnn_dropout / cnn / 2nn |
+| `shakespeare_character`| `shakespeare.sqlite` in data_dir     | TFF's character LSTM |
+| `stackoverflow_word`   | `stackoverflow.sqlite` + word counts | TFF's next-word LSTM |
+| `stackoverflow_tag`    | `stackoverflow.sqlite` + counts      | TFF's tag logistic regression |
+
+Every data-file task also runs offline on TFF's synthetic stand-in data
+(`use_synthetic_data=True`).
+"""
+
+from typing import Any
+
+from tasks import base
+from tasks import synthetic
+
+SYNTHETIC_TASKS = ('synthetic', 'synthetic_iid')
+FILE_TASKS = ('emnist_character', 'shakespeare_character',
+              'stackoverflow_word', 'stackoverflow_tag')
+TASK_NAMES = SYNTHETIC_TASKS + FILE_TASKS
+
+
+def create_task(name: str, **kwargs: Any) -> base.FederatedTask:
+  """Builds the task `name` with its keyword arguments.
+
+  Args:
+    name: One of `TASK_NAMES`.
+    **kwargs: The task module's `create_task` arguments.
+
+  Returns:
+    The `FederatedTask`.
+
+  Raises:
+    TaskError: For an unknown name or bad arguments.
+  """
+  if name in SYNTHETIC_TASKS:
+    return synthetic.create_task(iid=(name == 'synthetic_iid'), **kwargs)
+  if name == 'emnist_character':
+    from tasks import emnist  # pylint: disable=g-import-not-at-top
+    return emnist.create_task(**kwargs)
+  if name == 'shakespeare_character':
+    from tasks import shakespeare  # pylint: disable=g-import-not-at-top
+    return shakespeare.create_task(**kwargs)
+  if name in ('stackoverflow_word', 'stackoverflow_tag'):
+    from tasks import stackoverflow  # pylint: disable=g-import-not-at-top
+    return stackoverflow.create_task(task_type=name.split('_')[1], **kwargs)
+  raise base.TaskError(
+      f'unknown task {name!r}; choose one of: {", ".join(TASK_NAMES)}'
+  )

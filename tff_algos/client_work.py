@@ -1,0 +1,228 @@
+# Copyright 2026 The tff-hetero Authors. Licensed under the Apache License 2.0.
+"""Local training on a client, shared by FedAvg, FedProx and later algorithms.
+
+The math lives in `local_training`, a plain TensorFlow function over a
+`VariableModel`: mini-batch steps of a `tff.learning.optimizers.Optimizer` on
+
+  F_k(w) + (mu / 2) ||w - w_t||^2,
+
+where w_t is the broadcast model (FedProx, Li et al., MLSys 2020,
+arXiv:1812.06127, Algorithm 2; mu = 0 is FedAvg's local SGD, McMahan et al.,
+AISTATS 2017). The client returns the model delta `w_t - w_final` (TFF's sign
+convention: the server optimizer subtracts it) and a weight. A delta with a
+non-finite entry is zeroed and gets weight 0, so one diverged client cannot
+poison the average.
+
+`build_local_training_client_work` places that function with TFF, as a
+`tff.learning.templates.ClientWorkProcess`.
+"""
+
+import collections
+from collections.abc import Callable
+from typing import Optional
+
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tensorflow_federated.python.learning import loop_builder
+
+ModelFn = Callable[[], tff.learning.models.VariableModel]
+
+
+def local_training(
+    model: tff.learning.models.VariableModel,
+    optimizer: tff.learning.optimizers.Optimizer,
+    initial_weights: tff.learning.models.ModelWeights,
+    data: tf.data.Dataset,
+    *,
+    proximal_strength: float = 0.0,
+    loop_implementation: tff.learning.LoopImplementation = (
+        tff.learning.LoopImplementation.DATASET_REDUCE
+    ),
+):
+  """Runs local (proximal) mini-batch training; call inside a `tf.function`.
+
+  Args:
+    model: The client's model; its variables are overwritten.
+    optimizer: The client optimizer.
+    initial_weights: The broadcast model w_t (also the proximal anchor).
+    data: Batched local data (epochs already repeated).
+    proximal_strength: mu >= 0 of the proximal term.
+    loop_implementation: How the dataset is iterated.
+
+  Returns:
+    `(delta, num_examples, has_non_finite)`: `delta = w_t - w_final` over the
+    trainable weights (zeroed if any entry is non-finite), the number of
+    examples processed (int64), and whether the delta was non-finite.
+  """
+  weights = tff.learning.models.ModelWeights.from_model(model)
+  tf.nest.map_structure(lambda v, t: v.assign(t), weights, initial_weights)
+  reduce_loop = loop_builder.build_training_loop(loop_implementation)
+
+  def train_step(state, batch):
+    num_examples, opt_state = state
+    with tf.GradientTape() as tape:
+      output = model.forward_pass(batch, training=True)
+    grads = tape.gradient(output.loss, weights.trainable)
+    if proximal_strength:
+      grads = tf.nest.map_structure(
+          lambda g, w, w0: g + proximal_strength * (w - w0),
+          grads, weights.trainable, initial_weights.trainable,
+      )
+    opt_state, new_weights = optimizer.next(
+        opt_state,
+        tuple(tf.nest.flatten(weights.trainable)),
+        tuple(tf.nest.flatten(grads)),
+    )
+    tf.nest.map_structure(
+        lambda v, t: v.assign(t),
+        tuple(tf.nest.flatten(weights.trainable)), new_weights,
+    )
+    if output.num_examples is None:
+      batch_examples = tf.shape(output.predictions, out_type=tf.int64)[0]
+    else:
+      batch_examples = tf.cast(output.num_examples, tf.int64)
+    return num_examples + batch_examples, opt_state
+
+  def initial_state():
+    specs = tuple(
+        tf.TensorSpec(v.shape, v.dtype)
+        for v in tf.nest.flatten(weights.trainable)
+    )
+    return tf.constant(0, tf.int64), optimizer.initialize(specs)
+
+  num_examples, _ = reduce_loop(train_step, data, initial_state)
+  delta = tf.nest.map_structure(
+      tf.subtract, initial_weights.trainable, weights.trainable
+  )
+  delta, has_non_finite = zero_all_if_any_non_finite(delta)
+  return delta, num_examples, has_non_finite
+
+
+def zero_all_if_any_non_finite(structure):
+  """`(structure or zeros, any_non_finite)`: zeros if any entry is NaN/inf."""
+  flat = tf.nest.flatten(structure)
+  all_finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(t)) for t in flat])
+  zeroed = tf.nest.map_structure(tf.zeros_like, structure)
+  result = tf.cond(all_finite, lambda: structure, lambda: zeroed)
+  return result, tf.logical_not(all_finite)
+
+
+def client_weight(
+    weighting: tff.learning.ClientWeighting,
+    num_examples: tf.Tensor,
+    has_non_finite: tf.Tensor,
+) -> tf.Tensor:
+  """The aggregation weight of a client's update (0 if it was non-finite)."""
+  if weighting == tff.learning.ClientWeighting.NUM_EXAMPLES:
+    weight = tf.cast(num_examples, tf.float32)
+  elif weighting == tff.learning.ClientWeighting.UNIFORM:
+    weight = tf.constant(1.0, tf.float32)
+  else:
+    raise ValueError(f'unknown client weighting {weighting!r}')
+  return tf.where(has_non_finite, tf.constant(0.0), weight)
+
+
+def model_types(model_fn: ModelFn):
+  """`(model_weights_type, data_type, metric_finalizers, unfinalized_type)`."""
+  with tf.Graph().as_default():
+    model = model_fn()
+    if not isinstance(model, tff.learning.models.VariableModel):
+      raise TypeError(
+          'model_fn must return a tff.learning.models.VariableModel, got '
+          f'{type(model).__name__}'
+      )
+    finalizers = model.metric_finalizers()
+    element_type = tff.types.tensorflow_to_type(model.input_spec)
+    weights_type = tff.learning.models.weights_type_from_model(model)
+    unfinalized_type = tff.types.tensorflow_to_type(
+        tf.nest.map_structure(
+            lambda t: tf.TensorSpec(t.shape, t.dtype),
+            model.report_local_unfinalized_metrics(),
+        )
+    )
+  return weights_type, tff.SequenceType(element_type), finalizers, unfinalized_type
+
+
+def build_local_training_client_work(
+    model_fn: ModelFn,
+    optimizer: tff.learning.optimizers.Optimizer,
+    *,
+    client_weighting: tff.learning.ClientWeighting = (
+        tff.learning.ClientWeighting.NUM_EXAMPLES
+    ),
+    proximal_strength: float = 0.0,
+    metrics_aggregator: Optional[Callable[..., tff.Computation]] = None,
+    loop_implementation: tff.learning.LoopImplementation = (
+        tff.learning.LoopImplementation.DATASET_REDUCE
+    ),
+) -> tff.learning.templates.ClientWorkProcess:
+  """Client work running `local_training` on each selected client.
+
+  Args:
+    model_fn: No-arg callable returning a new `VariableModel`.
+    optimizer: Client optimizer (`tff.learning.optimizers.Optimizer`).
+    client_weighting: `NUM_EXAMPLES` (as in the papers' experiments) or
+      `UNIFORM`.
+    proximal_strength: FedProx's mu >= 0.
+    metrics_aggregator: Aggregator of training metrics (default
+      `tff.learning.metrics.sum_then_finalize`).
+    loop_implementation: How local datasets are iterated.
+
+  Returns:
+    A `ClientWorkProcess` whose result is the model delta and its weight, and
+    whose measurements are the aggregated training metrics under `train`.
+  """
+  if not isinstance(optimizer, tff.learning.optimizers.Optimizer):
+    raise TypeError(
+        'optimizer must be a tff.learning.optimizers.Optimizer, got '
+        f'{type(optimizer).__name__}'
+    )
+  if metrics_aggregator is None:
+    metrics_aggregator = tff.learning.metrics.sum_then_finalize
+  weights_type, data_type, finalizers, unfinalized_type = model_types(model_fn)
+  metrics_aggregation_fn = metrics_aggregator(finalizers, unfinalized_type)
+
+  @tff.tensorflow.computation(weights_type, data_type)
+  def client_update(initial_weights, dataset):
+    model = model_fn()
+
+    @tf.function
+    def train(initial_weights, dataset):
+      delta, num_examples, non_finite = local_training(
+          model, optimizer, initial_weights, dataset,
+          proximal_strength=proximal_strength,
+          loop_implementation=loop_implementation,
+      )
+      weight = client_weight(client_weighting, num_examples, non_finite)
+      return (
+          tff.learning.templates.ClientResult(
+              update=delta, update_weight=weight
+          ),
+          model.report_local_unfinalized_metrics(),
+      )
+
+    return train(initial_weights, dataset)
+
+  @tff.federated_computation
+  def init_fn():
+    return tff.federated_value((), tff.SERVER)
+
+  @tff.federated_computation(
+      init_fn.type_signature.result,
+      tff.FederatedType(weights_type, tff.CLIENTS),
+      tff.FederatedType(data_type, tff.CLIENTS),
+  )
+  def next_fn(state, weights, client_data):
+    client_result, model_outputs = tff.federated_map(
+        client_update, (weights, client_data)
+    )
+    train_metrics = metrics_aggregation_fn(model_outputs)
+    measurements = tff.federated_zip(
+        collections.OrderedDict(train=train_metrics)
+    )
+    return tff.templates.MeasuredProcessOutput(
+        state, client_result, measurements
+    )
+
+  return tff.learning.templates.ClientWorkProcess(init_fn, next_fn)

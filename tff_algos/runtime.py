@@ -1,0 +1,125 @@
+# Copyright 2026 The tff-hetero Authors. Licensed under the Apache License 2.0.
+"""Ending TFF's local `worker_binary` processes with their parent.
+
+TFF 0.87's local C++ execution context starts its `worker_binary` as a child
+process and never ends it when Python exits. The orphan keeps running (about
+100 MB each) and holds the parent's stdout/stderr open, so a shell pipeline or
+CI step that reads the script's output waits for it forever.
+
+`install_worker_cleanup()` makes the current process end its workers when it
+exits normally, on an uncaught exception, and on SIGTERM, SIGINT or SIGHUP.
+A SIGKILL cannot be caught: callers that may SIGKILL a run should start it in
+its own process group and kill the group (the test suite and `.ci/run` do).
+"""
+
+import atexit
+import os
+import signal
+import time
+from typing import Optional
+
+WORKER_NAME = 'worker_binary'
+_installed = False
+
+
+def _read_stat(pid: int) -> Optional[tuple[str, int]]:
+  try:
+    with open(f'/proc/{pid}/stat', 'rb') as f:
+      stat = f.read().decode('utf-8', 'replace')
+  except OSError:
+    return None
+  # Format: "pid (comm) state ppid ..."; comm may contain spaces.
+  close = stat.rfind(')')
+  comm = stat[stat.find('(') + 1:close]
+  fields = stat[close + 2:].split()
+  return comm, int(fields[1])
+
+
+def worker_pids(parent: Optional[int] = None) -> list[int]:
+  """PIDs of live `worker_binary` processes (children of `parent` if given)."""
+  pids = []
+  if not os.path.isdir('/proc'):
+    return pids
+  for entry in os.listdir('/proc'):
+    if not entry.isdigit():
+      continue
+    info = _read_stat(int(entry))
+    if info is None:
+      continue
+    comm, ppid = info
+    if not comm.startswith(WORKER_NAME[:15]):  # comm is cut at 15 chars.
+      continue
+    if parent is None or ppid == parent:
+      pids.append(int(entry))
+  return sorted(pids)
+
+
+def kill_workers(parent: Optional[int] = None, timeout: float = 5.0) -> int:
+  """Ends the worker processes of `parent` (default: this process).
+
+  Sends SIGINT (TFF's own shutdown signal), then SIGKILL to any still alive
+  after `timeout` seconds.
+
+  Returns:
+    The number of workers found.
+  """
+  parent = os.getpid() if parent is None else parent
+  pids = worker_pids(parent)
+  for pid in pids:
+    try:
+      os.kill(pid, signal.SIGINT)
+    except OSError:
+      pass
+  deadline = time.monotonic() + timeout
+  alive = list(pids)
+  while alive and time.monotonic() < deadline:
+    alive = [p for p in alive if _alive(p)]
+    if alive:
+      time.sleep(0.05)
+  for pid in alive:
+    try:
+      os.kill(pid, signal.SIGKILL)
+    except OSError:
+      pass
+  return len(pids)
+
+
+def _alive(pid: int) -> bool:
+  try:
+    # Reap it if it is our child; otherwise just probe.
+    done, _ = os.waitpid(pid, os.WNOHANG)
+    if done == pid:
+      return False
+  except ChildProcessError:
+    pass
+  info = _read_stat(pid)
+  return info is not None
+
+
+def _signal_handler(signum, frame):
+  del frame
+  kill_workers()
+  signal.signal(signum, signal.SIG_DFL)
+  os.kill(os.getpid(), signum)
+
+
+def install_worker_cleanup() -> None:
+  """Ends this process's TFF workers at exit and on SIGTERM/SIGINT/SIGHUP."""
+  global _installed
+  if _installed:
+    return
+  _installed = True
+  atexit.register(kill_workers)
+  for signum in (signal.SIGTERM, signal.SIGHUP):
+    if signal.getsignal(signum) in (signal.SIG_DFL, None):
+      signal.signal(signum, _signal_handler)
+  previous_int = signal.getsignal(signal.SIGINT)
+
+  def on_interrupt(signum, frame):
+    kill_workers()
+    if callable(previous_int):
+      previous_int(signum, frame)
+    else:
+      raise KeyboardInterrupt
+
+  signal.signal(signal.SIGINT, on_interrupt)

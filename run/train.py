@@ -246,7 +246,7 @@ def main(argv) -> int:
 
 def run_main() -> None:
   """Console-script entry point."""
-  app.run(lambda argv: sys.exit(main(argv)))
+  app.run(lambda argv: runtime.exit_now(main(argv)))
 
 
 if __name__ == '__main__':

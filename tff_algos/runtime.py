@@ -123,3 +123,22 @@ def install_worker_cleanup() -> None:
       raise KeyboardInterrupt
 
   signal.signal(signal.SIGINT, on_interrupt)
+
+
+def exit_now(code: int) -> None:
+  """Ends the workers, flushes output and exits with `code` immediately.
+
+  Skips interpreter teardown, where TFF 0.87's executor service manager's
+  `__del__` runs after the `subprocess` module is gone and prints a spurious
+  traceback ("'NoneType' object has no attribute 'Popen'"). For binaries'
+  `main`; libraries and tests should not call it.
+  """
+  import sys  # pylint: disable=g-import-not-at-top
+
+  kill_workers()
+  for stream in (sys.stdout, sys.stderr):
+    try:
+      stream.flush()
+    except (OSError, ValueError):
+      pass
+  os._exit(code)  # pylint: disable=protected-access

@@ -1,0 +1,524 @@
+# Copyright 2026 The tff-hetero Authors. Licensed under the Apache License 2.0.
+r"""Times our FedAvg against TFF's stock FedAvg and a plain TensorFlow loop.
+
+Example:
+
+  tff-hetero-bench --rounds=20 --warmup_rounds=3 --repeats=3 \
+      --output_json=bench.json
+
+In one process, on the same data, model and client order, three systems run
+FedAvg rounds (client SGD, server average weighted by examples):
+
+* `ours`: `tff_algos.fed_avg.build_fed_avg`, driven round by round;
+* `stock`: `tff.learning.algorithms.build_weighted_fed_avg`;
+* `plain`: a `tf.function` SGD loop on a Keras model of the same architecture
+  over the same batches, client after client, averaged in NumPy; no TFF. It is
+  the arithmetic reference: what the same work costs without the runtime.
+
+Protocol (see docs/performance.md):
+
+* Every round samples its clients once with `run.simulation.sample_clients`
+  and gives the same clients, the same shuffle seeds and the same batches to
+  all three systems. Each system keeps its own model, so the three models
+  must stay equal (ours and stock to float tolerance; the L-inf difference is
+  reported).
+* The systems are interleaved round by round, and the order in which they run
+  rotates every round, so slow drifts of the machine (frequency, other load)
+  hit all three alike.
+* A round's time runs from building its client datasets (the same
+  `run.simulation.client_datasets` code for every system) to the returned
+  state, as the training loop sees it.
+* `--warmup_rounds` rounds (tracing, compilation, worker start) are run first
+  and not timed; then `--repeats` blocks of `--rounds` timed rounds. Each
+  block gives examples/s (its examples over its seconds) and seconds/round;
+  the table shows the median over blocks.
+
+Bad flags give one line `bench: error: ...` on stderr and exit code 2, before
+TensorFlow is even imported.
+"""
+
+import os
+import sys
+
+if not (3, 9) <= sys.version_info[:2] <= (3, 11):
+  sys.exit(
+      'error: tff-hetero needs Python 3.9, 3.10 or 3.11 (TensorFlow Federated'
+      f' 0.87 supports no other); this is Python {sys.version.split()[0]}.'
+  )
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
+import dataclasses
+import json
+import math
+import platform
+import statistics
+import time
+from typing import Any, Optional
+
+from absl import app
+from absl import flags
+from absl import logging
+
+from tff_algos import runtime
+# pylint: enable=g-import-not-at-top,wrong-import-position
+# TensorFlow, TFF and the modules built on them are imported by `benchmark`,
+# after the flags are validated: a bad flag fails in well under a second.
+
+SYSTEMS = ('ours', 'stock', 'plain')
+BENCH_TASKS = ('synthetic', 'synthetic_iid')
+
+_TASK = flags.DEFINE_string(
+    'task', 'synthetic',
+    f'Task: one of {", ".join(BENCH_TASKS)} (softmax regression 60x10).')
+_NUM_CLIENTS = flags.DEFINE_integer('num_clients', 100, 'Number of clients.')
+_EXAMPLES = flags.DEFINE_integer(
+    'examples_per_client', 150,
+    'Training examples of every client (constant size law).')
+_CLIENTS_PER_ROUND = flags.DEFINE_integer(
+    'clients_per_round', 10, 'Clients selected per round.')
+_BATCH_SIZE = flags.DEFINE_integer('client_batch_size', 10, 'Local batch.')
+_EPOCHS = flags.DEFINE_integer(
+    'client_epochs_per_round', 1, 'Local epochs per round.')
+_CLIENT_LR = flags.DEFINE_float('client_learning_rate', 0.01, 'Client SGD lr.')
+_ROUNDS = flags.DEFINE_integer(
+    'rounds', 20, 'Timed rounds per repeat (each system).')
+_WARMUP = flags.DEFINE_integer(
+    'warmup_rounds', 3, 'Untimed rounds before timing (>= 0).')
+_REPEATS = flags.DEFINE_integer(
+    'repeats', 1, 'Blocks of timed rounds; the table shows their median.')
+_SEED = flags.DEFINE_integer('seed', 0, 'Seed of data, sampling, shuffles.')
+_OUTPUT_JSON = flags.DEFINE_string(
+    'output_json', None, 'Optional path: write every number there as JSON.')
+
+
+class UsageError(ValueError):
+  """A flag has an impossible value."""
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchConfig:
+  """What to benchmark; the fields mirror the flags."""
+
+  task: str = 'synthetic'
+  num_clients: int = 100
+  examples_per_client: int = 150
+  clients_per_round: int = 10
+  client_batch_size: int = 10
+  client_epochs_per_round: int = 1
+  client_learning_rate: float = 0.01
+  rounds: int = 20
+  warmup_rounds: int = 3
+  repeats: int = 1
+  seed: int = 0
+
+  def validate(self) -> None:
+    """Raises `UsageError` with one clear message for an impossible value."""
+    if self.task not in BENCH_TASKS:
+      raise UsageError(
+          f'unknown --task={self.task!r}; the benchmark supports: '
+          f'{", ".join(BENCH_TASKS)}'
+      )
+    for name in ('num_clients', 'examples_per_client', 'clients_per_round',
+                 'client_batch_size', 'client_epochs_per_round', 'rounds',
+                 'repeats'):
+      value = getattr(self, name)
+      if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise UsageError(f'--{name} must be a positive integer, got {value!r}')
+    if (isinstance(self.warmup_rounds, bool)
+        or not isinstance(self.warmup_rounds, int) or self.warmup_rounds < 0):
+      raise UsageError(
+          f'--warmup_rounds must be an integer >= 0, got {self.warmup_rounds!r}')
+    if self.clients_per_round > self.num_clients:
+      raise UsageError(
+          f'--clients_per_round={self.clients_per_round} exceeds '
+          f'--num_clients={self.num_clients}'
+      )
+    lr = self.client_learning_rate
+    if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
+      raise UsageError(
+          f'--client_learning_rate must be a positive number, got {lr!r}')
+
+  @property
+  def total_rounds(self) -> int:
+    return self.warmup_rounds + self.rounds * self.repeats
+
+
+def config_from_flags() -> BenchConfig:
+  config = BenchConfig(
+      task=_TASK.value,
+      num_clients=_NUM_CLIENTS.value,
+      examples_per_client=_EXAMPLES.value,
+      clients_per_round=_CLIENTS_PER_ROUND.value,
+      client_batch_size=_BATCH_SIZE.value,
+      client_epochs_per_round=_EPOCHS.value,
+      client_learning_rate=_CLIENT_LR.value,
+      rounds=_ROUNDS.value,
+      warmup_rounds=_WARMUP.value,
+      repeats=_REPEATS.value,
+      seed=_SEED.value,
+  )
+  config.validate()
+  return config
+
+
+def machine_info() -> dict[str, Any]:
+  """Cores, CPU model and versions, for the record."""
+  cpu = platform.processor() or platform.machine()
+  try:
+    with open('/proc/cpuinfo') as f:
+      for line in f:
+        if line.startswith('model name'):
+          cpu = line.split(':', 1)[1].strip()
+          break
+  except OSError:
+    pass
+  info = {
+      'nproc': len(os.sched_getaffinity(0)) if hasattr(
+          os, 'sched_getaffinity') else os.cpu_count(),
+      'cpu_count': os.cpu_count(),
+      'cpu_model': cpu,
+      'python': platform.python_version(),
+  }
+  try:
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+    info.update(tensorflow=tf.__version__, tensorflow_federated=tff.__version__)
+  except ImportError:
+    pass
+  return info
+
+
+def build_task(config: BenchConfig):
+  """The task, every client holding exactly `examples_per_client` to train on.
+
+  Each client gets `examples_per_client + 1` examples and the per-client test
+  split keeps the minimum of one, so the training split has exactly
+  `examples_per_client` (the benchmark never evaluates).
+  """
+  from tasks import registry  # pylint: disable=g-import-not-at-top
+
+  return registry.create_task(
+      config.task, num_clients=config.num_clients, seed=config.seed,
+      batch_size=config.client_batch_size, size_law='constant',
+      constant_size=config.examples_per_client + 1, test_fraction=1e-9,
+  )
+
+
+class PlainLoop:
+  """FedAvg rounds with a `tf.function` SGD loop on a Keras model, no TFF.
+
+  The Keras model is the tasks' softmax regression (60 -> 10 dense layer,
+  zero-initialised), the loss the one `from_keras_model` uses (mean sparse
+  cross-entropy on logits), the step plain SGD. Each selected client starts
+  from the global model and runs over its batches; the server takes the mean
+  of the deltas weighted by examples, as FedAvg with server SGD lr 1.0.
+  """
+
+  def __init__(self, learning_rate: float):
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    from tasks import synthetic  # pylint: disable=g-import-not-at-top
+
+    self._tf = tf
+    # No InputLayer: a symbolic Keras input fails in this process once TFF
+    # has traced its own Keras models; `build` gives the same variables.
+    self.model = tf.keras.Sequential([
+        tf.keras.layers.Dense(
+            synthetic.NUM_CLASSES, kernel_initializer='zeros',
+            bias_initializer='zeros',
+        ),
+    ])
+    self.model.build((None, synthetic.NUM_FEATURES))
+    self.variables = list(self.model.trainable_variables)
+    self.weights = [v.numpy() for v in self.variables]
+    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    lr = tf.constant(learning_rate, tf.float32)
+    model, variables = self.model, self.variables
+
+    @tf.function
+    def train_client(initial, dataset):
+      for v, w in zip(variables, initial):
+        v.assign(w)
+      num_examples = tf.constant(0, tf.int64)
+      for x, y in dataset:
+        with tf.GradientTape() as tape:
+          loss = loss_fn(y, model(x, training=True))
+        grads = tape.gradient(loss, variables)
+        for v, g in zip(variables, grads):
+          v.assign_sub(lr * g)
+        num_examples += tf.shape(x, out_type=tf.int64)[0]
+      return [w - v for w, v in zip(initial, variables)], num_examples
+
+    self._train_client = train_client
+
+  def next(self, datasets) -> int:
+    """Runs one round on `datasets`; returns the examples processed."""
+    import numpy as np  # pylint: disable=g-import-not-at-top
+
+    initial = [self._tf.constant(w) for w in self.weights]
+    total = [np.zeros_like(w) for w in self.weights]
+    total_weight = 0.0
+    examples = 0
+    for ds in datasets:
+      delta, n = self._train_client(initial, ds)
+      n = int(n)
+      examples += n
+      total_weight += n
+      for acc, d in zip(total, delta):
+        acc += n * d.numpy()
+    if total_weight > 0:
+      self.weights = [
+          (w - acc / np.float32(total_weight)).astype(np.float32)
+          for w, acc in zip(self.weights, total)
+      ]
+    return examples
+
+
+def _max_abs_diff(a, b) -> float:
+  import numpy as np  # pylint: disable=g-import-not-at-top
+
+  return float(max(
+      np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64)))
+      for x, y in zip(a, b)
+  ))
+
+
+def benchmark(
+    config: BenchConfig,
+    log=lambda s: print(s, file=sys.stderr),
+) -> dict[str, Any]:
+  """Runs the benchmark; returns every number (see the module docstring).
+
+  Args:
+    config: What to run (validated here).
+    log: Where progress lines go.
+
+  Returns:
+    A JSON-able dict: `config`, `machine`, `examples_per_round`,
+    `systems[name]` (`examples_per_s`, `seconds_per_round`: medians over
+    repeats; `repeats`: per-block values; `round_seconds`: every timed round;
+    `build_seconds`), `ratios` and the final L-inf weight differences.
+  """
+  config.validate()
+  runtime.install_worker_cleanup()
+  # pylint: disable=g-import-not-at-top
+  import tensorflow_federated as tff
+
+  from run import algorithms
+  from run import simulation
+  from tff_algos import composition
+  from tff_algos import fed_avg
+  from tff_algos import stragglers
+  # pylint: enable=g-import-not-at-top
+
+  task = build_task(config)
+  log(f'task: {task.description}')
+  client_ids = list(task.train_data.client_ids)
+  sim_config = simulation.SimulationConfig(
+      total_rounds=config.total_rounds,
+      clients_per_round=config.clients_per_round,
+      client_epochs_per_round=config.client_epochs_per_round,
+      seed=config.seed,
+  )
+  sim_config.validate(len(client_ids))
+
+  build_seconds = {}
+  t0 = time.perf_counter()
+  ours = fed_avg.build_fed_avg(
+      task.model_fn,
+      algorithms.build_optimizer('sgd', config.client_learning_rate),
+  )
+  build_seconds['ours'] = time.perf_counter() - t0
+  t0 = time.perf_counter()
+  stock = tff.learning.algorithms.build_weighted_fed_avg(
+      task.model_fn,
+      algorithms.build_optimizer('sgd', config.client_learning_rate),
+  )
+  build_seconds['stock'] = time.perf_counter() - t0
+  t0 = time.perf_counter()
+  plain = PlainLoop(config.client_learning_rate)
+  build_seconds['plain'] = time.perf_counter() - t0
+
+  states = {'ours': ours.initialize(), 'stock': stock.initialize()}
+  processes = {'ours': ours, 'stock': stock}
+  initial = {
+      name: composition.model_weights_as_numpy(processes[name], states[name])
+      for name in processes
+  }
+  shapes = {name: [w.shape for w in weights]
+            for name, weights in initial.items()}
+  shapes['plain'] = [w.shape for w in plain.weights]
+  if len({str(s) for s in shapes.values()}) != 1:
+    raise RuntimeError(f'the models of the systems differ in shape: {shapes}')
+  initial_diff = max(_max_abs_diff(initial['ours'], initial['stock']),
+                     _max_abs_diff(initial['ours'], plain.weights))
+  if initial_diff:
+    raise RuntimeError(f'the initial models differ (L-inf {initial_diff})')
+
+  def run_round(name, round_num, plans) -> tuple[float, int]:
+    start = time.perf_counter()
+    datasets = simulation.client_datasets(task, plans, round_num, sim_config)
+    if name == 'plain':
+      examples = plain.next(datasets)
+    else:
+      output = processes[name].next(states[name], datasets)
+      states[name] = output.state
+      examples = int(simulation.flatten_metrics(output.metrics).get(
+          'train/num_examples', -1))
+    return time.perf_counter() - start, examples
+
+  round_seconds = {name: [] for name in SYSTEMS}
+  examples_per_round = []
+  for round_num in range(1, config.total_rounds + 1):
+    selected = simulation.sample_clients(
+        client_ids, round_num, clients_per_round=config.clients_per_round,
+        seed=config.seed,
+    )
+    plans = [
+        stragglers.ClientPlan(cid, False, config.client_epochs_per_round)
+        for cid in selected
+    ]
+    shift = round_num % len(SYSTEMS)
+    order = SYSTEMS[shift:] + SYSTEMS[:shift]
+    seconds, examples = {}, {}
+    for name in order:
+      seconds[name], examples[name] = run_round(name, round_num, plans)
+    counts = {n for n in examples.values() if n >= 0}
+    if len(counts) != 1:
+      raise RuntimeError(
+          f'round {round_num}: the systems processed different numbers of '
+          f'examples: {examples}'
+      )
+    timed = round_num > config.warmup_rounds
+    if timed:
+      examples_per_round.append(counts.pop())
+      for name in SYSTEMS:
+        round_seconds[name].append(seconds[name])
+    log(f'round {round_num:3d}{"" if timed else " (warm-up)"}: ' + ', '.join(
+        f'{name} {seconds[name]:.3f}s' for name in SYSTEMS))
+
+  final = {
+      name: composition.model_weights_as_numpy(processes[name], states[name])
+      for name in processes
+  }
+  final['plain'] = plain.weights
+
+  systems = {}
+  for name in SYSTEMS:
+    blocks = []
+    for r in range(config.repeats):
+      window = slice(r * config.rounds, (r + 1) * config.rounds)
+      secs = sum(round_seconds[name][window])
+      n = sum(examples_per_round[window])
+      blocks.append({
+          'examples_per_s': n / secs,
+          'seconds_per_round': secs / config.rounds,
+          'examples': n,
+          'seconds': secs,
+      })
+    systems[name] = {
+        'examples_per_s': statistics.median(
+            b['examples_per_s'] for b in blocks),
+        'seconds_per_round': statistics.median(
+            b['seconds_per_round'] for b in blocks),
+        'median_round_seconds': statistics.median(round_seconds[name]),
+        'build_seconds': build_seconds[name],
+        'repeats': blocks,
+        'round_seconds': round_seconds[name],
+    }
+  for name in SYSTEMS:
+    systems[name]['ratio_to_stock'] = (
+        systems[name]['examples_per_s'] / systems['stock']['examples_per_s'])
+    systems[name]['ratio_to_plain'] = (
+        systems[name]['examples_per_s'] / systems['plain']['examples_per_s'])
+  return {
+      'config': dataclasses.asdict(config),
+      'task': task.description,
+      'machine': machine_info(),
+      'protocol': (
+          'interleaved round by round, order rotated every round; the same '
+          'clients, shuffle seeds and batches for all systems; round time '
+          'includes building the client datasets'),
+      'examples_per_round': statistics.median(examples_per_round),
+      'systems': systems,
+      'ratio_ours_to_stock': systems['ours']['ratio_to_stock'],
+      'max_abs_diff_ours_stock': _max_abs_diff(final['ours'], final['stock']),
+      'max_abs_diff_ours_plain': _max_abs_diff(final['ours'], final['plain']),
+  }
+
+
+def format_table(result: dict[str, Any]) -> str:
+  """The summary table printed at the end."""
+  labels = {
+      'ours': 'ours (tff_algos.fed_avg)',
+      'stock': 'stock (build_weighted_fed_avg)',
+      'plain': 'plain tf.function loop',
+  }
+  header = (f'{"system":<32}{"examples/s":>12}{"s/round":>10}'
+            f'{"vs stock":>10}{"vs plain":>10}')
+  lines = [header, '-' * len(header)]
+  for name in SYSTEMS:
+    s = result['systems'][name]
+    lines.append(
+        f'{labels[name]:<32}{s["examples_per_s"]:>12,.0f}'
+        f'{s["seconds_per_round"]:>10.4f}{s["ratio_to_stock"]:>10.3f}'
+        f'{s["ratio_to_plain"]:>10.3f}'
+    )
+  c = result['config']
+  lines.append('')
+  lines.append(
+      f'{c["rounds"]} timed rounds x {c["repeats"]} repeat(s) (median), '
+      f'{c["warmup_rounds"]} warm-up; {result["examples_per_round"]:g} '
+      'examples/round')
+  lines.append(
+      'final model L-inf difference: ours vs stock '
+      f'{result["max_abs_diff_ours_stock"]:.3g}, ours vs plain '
+      f'{result["max_abs_diff_ours_plain"]:.3g}')
+  return '\n'.join(lines)
+
+
+def main(argv) -> int:
+  """Runs the binary; returns the exit code (2: bad input, 1: failed run)."""
+  if len(argv) > 1:
+    print(f'bench: error: unexpected arguments: {" ".join(argv[1:])}',
+          file=sys.stderr)
+    return 2
+  logging.set_verbosity(logging.WARNING)
+  runtime.install_worker_cleanup()
+  try:
+    try:
+      config = config_from_flags()
+      output_json: Optional[str] = _OUTPUT_JSON.value
+      if output_json:
+        parent = os.path.dirname(os.path.abspath(output_json))
+        if not os.path.isdir(parent):
+          raise UsageError(
+              f'--output_json: folder {parent} does not exist')
+    except (ValueError, TypeError) as e:
+      print(f'bench: error: {e}', file=sys.stderr)
+      return 2
+    try:
+      result = benchmark(config)
+    except (ValueError, RuntimeError) as e:
+      print(f'bench: error: {e}', file=sys.stderr)
+      return 1
+    except KeyboardInterrupt:
+      print('bench: interrupted', file=sys.stderr)
+      return 130
+    print(format_table(result))
+    if output_json:
+      with open(output_json, 'w') as f:
+        json.dump(result, f, indent=2)
+      print(f'wrote {output_json}')
+  finally:
+    runtime.kill_workers()
+  return 0
+
+
+def run_main() -> None:
+  """Console-script entry point."""
+  app.run(lambda argv: sys.exit(main(argv)))
+
+
+if __name__ == '__main__':
+  run_main()

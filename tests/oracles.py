@@ -1,0 +1,78 @@
+"""Independent NumPy oracles of the algorithms, on softmax regression.
+
+Nothing here imports the code under test: each oracle is written from the
+papers' update rules.
+"""
+
+import numpy as np
+
+
+def softmax_regression_grads(w, b, x, y):
+  """Gradients of the mean cross-entropy of softmax(x @ w + b) at (w, b)."""
+  logits = x @ w + b
+  logits = logits - logits.max(axis=1, keepdims=True)
+  p = np.exp(logits)
+  p /= p.sum(axis=1, keepdims=True)
+  p[np.arange(len(y)), y] -= 1.0
+  p /= len(y)
+  return x.T @ p, p.sum(axis=0)
+
+
+def softmax_regression_loss(w, b, x, y):
+  logits = x @ w + b
+  logits = logits - logits.max(axis=1, keepdims=True)
+  log_p = logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
+  return float(-log_p[np.arange(len(y)), y].mean())
+
+
+def batches(x, y, batch_size, epochs):
+  """The batches of `epochs` in-order passes, never straddling an epoch."""
+  for _ in range(epochs):
+    for start in range(0, len(y), batch_size):
+      yield x[start:start + batch_size], y[start:start + batch_size]
+
+
+def proximal_local_sgd(w0, b0, x, y, *, lr, mu, batch_size, epochs,
+                       max_batches=None):
+  """FedProx's local solver: SGD on F_k(w) + mu/2 ||w - w0||^2 from w0.
+
+  Returns:
+    `(w, b, num_examples_processed)`.
+  """
+  w, b = w0.copy(), b0.copy()
+  n = 0
+  for i, (xb, yb) in enumerate(batches(x, y, batch_size, epochs)):
+    if max_batches is not None and i >= max_batches:
+      break
+    gw, gb = softmax_regression_grads(w, b, xb, yb)
+    w = w - lr * (gw + mu * (w - w0))
+    b = b - lr * (gb + mu * (b - b0))
+    n += len(yb)
+  return w, b, n
+
+
+def fedprox_rounds(w, b, rounds, *, lr, mu, batch_size, epochs,
+                   weighting='num_examples'):
+  """FedProx / FedAvg server loop (server lr 1: weighted mean of models).
+
+  Args:
+    w, b: Initial global model.
+    rounds: A list of rounds, each a list of `(x, y)` client arrays.
+    lr, mu, batch_size, epochs: Local solver settings.
+    weighting: `num_examples` (weights = examples processed) or `uniform`.
+
+  Returns:
+    The final `(w, b)`.
+  """
+  for clients in rounds:
+    models, weights = [], []
+    for x, y in clients:
+      wk, bk, n = proximal_local_sgd(
+          w, b, x, y, lr=lr, mu=mu, batch_size=batch_size, epochs=epochs
+      )
+      models.append((wk, bk))
+      weights.append(n if weighting == 'num_examples' else 1.0)
+    weights = np.asarray(weights, dtype=np.float64) / np.sum(weights)
+    w = sum(a * m[0] for a, m in zip(weights, models))
+    b = sum(a * m[1] for a, m in zip(weights, models))
+  return w, b

@@ -1,0 +1,121 @@
+"""The training binary end to end: outputs, bad input, kill and resume, workers."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tff_algos import runtime
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SMALL = ['--task=synthetic', '--num_clients=12', '--synthetic_size_law=constant',
+         '--clients_per_round=4', '--client_batch_size=5',
+         '--client_learning_rate=0.05', '--rounds_per_eval=4', '--seed=3',
+         '--progress=false']
+
+
+def foreign_workers() -> set[int]:
+  """Worker processes that are not this test process's own children."""
+  return {pid for pid in runtime.worker_pids()
+          if pid not in runtime.worker_pids(os.getpid())}
+
+
+def start(args, out_dir):
+  return subprocess.Popen(
+      [sys.executable, '-m', 'run.train', f'--root_output_dir={out_dir}']
+      + args,
+      cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+      start_new_session=True,
+  )
+
+
+def run_train(args, out_dir, timeout=300):
+  proc = start(args, out_dir)
+  try:
+    stdout, stderr = proc.communicate(timeout=timeout)
+  finally:
+    if proc.poll() is None:
+      os.killpg(proc.pid, signal.SIGKILL)
+  return proc.returncode, stdout, stderr
+
+
+def error_lines(stderr: str) -> list[str]:
+  return [line for line in stderr.splitlines() if line.strip()]
+
+
+@pytest.mark.parametrize('args, message', [
+    (['--task=nope'], "unknown --task='nope'"),
+    (['--algorithm=fedsomething'], "unknown algorithm 'fedsomething'"),
+    (['--clients_per_round=50'], 'exceeds the 12 training clients'),
+    (['--client_learning_rate=-1'], '--client_learning_rate must be a positive'),
+    (['--total_rounds=0'], 'total_rounds must be >= 1'),
+    (['--proximal_strength=0.5'], 'applies to fedprox only'),
+    (['--client_optimizer=lbfgs'], "unknown --client_optimizer='lbfgs'"),
+    (['--task=emnist_character'], 'pass --data_dir'),
+])
+def test_bad_input_gives_one_line_and_exit_2(args, message, tmp_path):
+  code, _, stderr = run_train(SMALL + ['--total_rounds=2'] + args, tmp_path)
+  lines = error_lines(stderr)
+  assert code == 2, stderr
+  assert len(lines) == 1, stderr
+  assert lines[0].startswith('train: error: ') and message in lines[0], stderr
+  assert 'Traceback' not in stderr
+
+
+def test_missing_data_file_is_named(tmp_path):
+  code, _, stderr = run_train(
+      SMALL + ['--task=emnist_character', f'--data_dir={tmp_path}'], tmp_path)
+  lines = error_lines(stderr)
+  assert code == 2, stderr
+  assert len(lines) == 1 and 'emnist_all.sqlite' in lines[0], stderr
+
+
+def test_killed_run_resumes_to_the_same_result(tmp_path):
+  before = foreign_workers()
+  args = SMALL + ['--total_rounds=8', '--rounds_per_checkpoint=2',
+                  '--algorithm=fedprox', '--proximal_strength=0.1',
+                  '--straggler_fraction=0.5', '--client_epochs_per_round=2']
+  code, stdout, stderr = run_train(
+      args + ['--experiment_name=whole'], tmp_path)
+  assert code == 0, stderr
+  assert 'test/accuracy' in stdout and 'p90' in stdout
+  assert foreign_workers() <= before, 'a worker outlived the run'
+
+  # Kill the whole process group (driver and its TFF worker) mid-run.
+  proc = start(args + ['--experiment_name=killed'], tmp_path)
+  ckpt_dir = tmp_path / 'killed' / 'checkpoints'
+  deadline = time.monotonic() + 240
+  while time.monotonic() < deadline:
+    if ckpt_dir.exists() and 'program_state_4' in os.listdir(ckpt_dir):
+      break
+    if proc.poll() is not None:
+      break
+    time.sleep(0.2)
+  assert proc.poll() is None, 'the run ended before it could be killed'
+  os.killpg(proc.pid, signal.SIGKILL)
+  proc.wait()
+  metrics = (tmp_path / 'killed' / 'metrics.csv').read_text().splitlines()
+  assert 1 < len(metrics) < 9
+
+  code, _, stderr = run_train(args + ['--experiment_name=killed'], tmp_path)
+  assert code == 0, stderr
+  assert 'resuming from the checkpoint of round' in stderr
+  whole = json.loads((tmp_path / 'whole' / 'summary.json').read_text())
+  resumed = json.loads((tmp_path / 'killed' / 'summary.json').read_text())
+  assert whole == resumed
+  rounds = [line.split(',')[0] for line in
+            (tmp_path / 'killed' / 'metrics.csv').read_text().splitlines()[1:]]
+  assert rounds == [str(r) for r in range(1, 9)]
+  assert foreign_workers() <= before, 'a worker outlived the run'
+
+
+def test_resume_with_changed_flags_is_refused(tmp_path):
+  args = SMALL + ['--total_rounds=1', '--experiment_name=x']
+  assert run_train(args, tmp_path)[0] == 0
+  code, _, stderr = run_train(args + ['--client_learning_rate=0.5'], tmp_path)
+  assert code == 1
+  assert 'client_learning_rate' in error_lines(stderr)[-1]

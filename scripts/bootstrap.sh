@@ -21,7 +21,7 @@ if [ -z "${PYTHON:-}" ]; then
   done
 fi
 [ -n "${PYTHON:-}" ] || die "needs Python 3.9, 3.10 or 3.11 (TFF 0.87 supports no other); none found on PATH. Set PYTHON=/path/to/python3.11."
-pyver=$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])') || die "cannot run $PYTHON"
+pyver=$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null) || die "cannot run $PYTHON (set PYTHON=/path/to/python3.11)"
 case "$pyver" in
   3.9|3.10|3.11) ;;
   *) die "$PYTHON is Python $pyver; TFF 0.87 needs Python 3.9, 3.10 or 3.11." ;;

@@ -104,7 +104,9 @@ def resolve_data_dir(data_dir: Optional[str]) -> str:
   if data_dir is None:
     return default_data_dir()
   if not isinstance(data_dir, str) or not data_dir:
-    raise base.TaskError(f'data_dir must be a non-empty string, got {data_dir!r}')
+    raise base.TaskError(
+        f'data_dir must be a non-empty string, got {data_dir!r}'
+    )
   return os.path.expanduser(data_dir)
 
 

@@ -49,6 +49,7 @@ _TFF_MODELS = {
 
 
 def num_classes(only_digits: bool) -> int:
+  """10 digit classes, or 62 (digits, upper and lower case letters)."""
   return 10 if only_digits else 62
 
 
@@ -188,7 +189,7 @@ def create_task(
     eval_batch_size: Batch size of evaluation streams.
 
   Returns:
-    A `FederatedTask` named `emnist`.
+    A `FederatedTask` named `emnist_character`.
 
   Raises:
     TaskError: On invalid arguments or a missing data file.
@@ -225,7 +226,7 @@ def create_task(
       if test_clients_fraction > 0 else 'per-writer test split'
   )
   return base.FederatedTask(
-      name='emnist',
+      name='emnist_character',
       train_data=train,
       test_data=test,
       model_fn=create_model_fn(model, only_digits=only_digits, seed=seed),

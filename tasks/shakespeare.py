@@ -190,7 +190,7 @@ def create_task(
     eval_batch_size: Batch size of evaluation streams.
 
   Returns:
-    A `FederatedTask` named `shakespeare`.
+    A `FederatedTask` named `shakespeare_character`.
 
   Raises:
     TaskError: On invalid arguments or a missing data file.
@@ -226,7 +226,7 @@ def create_task(
       if test_clients_fraction > 0 else 'per-role test split'
   )
   return base.FederatedTask(
-      name='shakespeare',
+      name='shakespeare_character',
       train_data=train,
       test_data=test,
       model_fn=create_model_fn(sequence_length=sequence_length, seed=seed),

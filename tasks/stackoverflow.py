@@ -26,9 +26,9 @@ Reddi et al., "Adaptive Federated Optimization", ICLR 2021):
 * `task_type='tag'`: normalised bag of words of post plus title
   (`[B, word_vocab_size]` float32) -> multi-hot tags (`[B, tag_vocab_size]`);
   a sigmoid dense layer (one-vs-rest logistic regression) with TFF's summed
-  binary cross-entropy, `precision` and `recall_at_5` (so at least 5 tags). Multi-label data has no
-  single accuracy; `accuracy` here is precision at 1: the fraction of
-  examples whose top-scored tag is one of their tags.
+  binary cross-entropy, `precision` and `recall_at_5` (so at least 5 tags).
+  Multi-label data has no single accuracy; `accuracy` here is precision at 1:
+  the fraction of examples whose top-scored tag is one of their tags.
 
 Differences from the baselines: seeded shuffling (reshuffled each epoch) and
 epochs repeated after batching, so batches never straddle epochs; seeded
@@ -311,7 +311,9 @@ def create_task(
     word_counts = (
         tff.simulation.datasets.stackoverflow.get_synthetic_word_counts()
     )
-    tag_counts = tff.simulation.datasets.stackoverflow.get_synthetic_tag_counts()
+    tag_counts = (
+        tff.simulation.datasets.stackoverflow.get_synthetic_tag_counts()
+    )
     train_counts = test_counts = None
     source = 'synthetic StackOverflow'
   else:

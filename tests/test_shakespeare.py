@@ -47,7 +47,7 @@ def _first_inputs(dataset):
 
 def test_reads_clients_and_snippets_through_tff_loader(data_dir):
   task = _task(data_dir)
-  assert task.name == 'shakespeare'
+  assert task.name == 'shakespeare_character'
   assert task.train_data.client_ids == IDS
   assert task.test_data.client_ids == IDS
   for cid in IDS:

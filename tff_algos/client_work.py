@@ -99,6 +99,66 @@ def local_training(
   return delta, num_examples, has_non_finite
 
 
+def local_loss(
+    model: tff.learning.models.VariableModel,
+    weights: tff.learning.models.ModelWeights,
+    data: tf.data.Dataset,
+    *,
+    with_gradient: bool = False,
+    reset_metrics: bool = True,
+):
+  """The client's loss F_k(w) over all of `data` at `weights`, before training.
+
+  The shared first step of the tail-aware algorithms (q-FFL, TERM, AFL,
+  Delta-FL): each selected client evaluates the broadcast model on its full
+  local training data. A stream repeated over E epochs gives the same mean.
+  The pass leaves the model's metrics reset, so training metrics reported
+  afterwards cover training only. Call inside a `tf.function`.
+
+  Args:
+    model: The client's model; its variables are overwritten with `weights`.
+    weights: The model to evaluate (the broadcast w_t).
+    data: Batched local data.
+    with_gradient: Also return the mean gradient of the loss (q-FedSGD).
+    reset_metrics: Reset the model's metrics after the pass (keep them when
+      the pass is the client's only work, as in q-FedSGD).
+
+  Returns:
+    `(mean_loss, num_examples)` as float32 and int64 scalars, plus the mean
+    gradient over trainable weights when `with_gradient`. An empty dataset
+    gives loss 0 and a zero gradient.
+  """
+  model_weights = tff.learning.models.ModelWeights.from_model(model)
+  tf.nest.map_structure(lambda v, t: v.assign(t), model_weights, weights)
+  # Tuples, not lists: tf.data would stack a list of tensors into one.
+  zeros = tuple(tf.zeros_like(v) for v in tf.nest.flatten(model_weights.trainable))
+
+  def step(state, batch):
+    loss_sum, n, grad_sum = state
+    with tf.GradientTape() as tape:
+      output = model.forward_pass(batch, training=False)
+    if output.num_examples is None:
+      batch_n = tf.shape(output.predictions, out_type=tf.int64)[0]
+    else:
+      batch_n = tf.cast(output.num_examples, tf.int64)
+    batch_w = tf.cast(batch_n, tf.float32)
+    if with_gradient:
+      grads = tape.gradient(output.loss, tf.nest.flatten(model_weights.trainable))
+      grad_sum = tuple(a + batch_w * g for a, g in zip(grad_sum, grads))
+    return loss_sum + batch_w * tf.cast(output.loss, tf.float32), n + batch_n, grad_sum
+
+  loss_sum, n, grad_sum = data.reduce(
+      (tf.constant(0.0), tf.constant(0, tf.int64), zeros), step)
+  if reset_metrics:
+    model.reset_metrics()
+  denom = tf.maximum(tf.cast(n, tf.float32), 1.0)
+  mean_loss = loss_sum / denom
+  if with_gradient:
+    return mean_loss, n, tf.nest.pack_sequence_as(
+        model_weights.trainable, [g / denom for g in grad_sum])
+  return mean_loss, n
+
+
 def zero_all_if_any_non_finite(structure):
   """`(structure or zeros, any_non_finite)`: zeros if any entry is NaN/inf."""
   flat = tf.nest.flatten(structure)

@@ -5,6 +5,9 @@
 |-----------|----------------------------------|-------------|
 | `fedavg`  | `tff_algos.fed_avg.build_fed_avg`   | (stragglers are dropped) |
 | `fedprox` | `tff_algos.fed_prox.build_fed_prox` | `proximal_strength` (stragglers' partial work is kept) |
+| `qffl` | `tff_algos.q_ffl.build_q_fedavg` | `q`, `q_lipschitz` (default 1 / client lr) |
+| `qfedsgd` | `tff_algos.q_ffl.build_q_fedsgd` | `q`, `q_lipschitz` (default 1 / client lr) |
+| `term` | `tff_algos.term.build_term` | `tilt` |
 """
 
 import dataclasses
@@ -15,8 +18,10 @@ import tensorflow_federated as tff
 
 from tff_algos import fed_avg
 from tff_algos import fed_prox
+from tff_algos import q_ffl
+from tff_algos import term
 
-ALGORITHM_NAMES = ('fedavg', 'fedprox')
+ALGORITHM_NAMES = ('fedavg', 'fedprox', 'qffl', 'qfedsgd', 'term')
 OPTIMIZERS = ('sgd', 'adam', 'adagrad', 'yogi')
 WEIGHTINGS = {
     'num_examples': tff.learning.ClientWeighting.NUM_EXAMPLES,
@@ -60,6 +65,14 @@ class AlgorithmSpec:
   server_momentum: float = 0.0
   client_weighting: str = 'num_examples'
   proximal_strength: float = 0.0
+  q: float = 0.0
+  q_lipschitz: float = 0.0
+  tilt: float = 0.0
+
+  @property
+  def lipschitz_constant(self) -> float:
+    """q-FFL's L: given, or 1 / client learning rate as in the papers."""
+    return self.q_lipschitz or 1.0 / self.client_learning_rate
 
   def validate(self) -> None:
     """Raises `ValueError` with one clear message for a bad option."""
@@ -92,14 +105,29 @@ class AlgorithmSpec:
       raise ValueError(
           f'--proximal_strength must be >= 0, got {self.proximal_strength}'
       )
-    if self.proximal_strength and self.name != 'fedprox':
+    if self.proximal_strength and self.name not in ('fedprox', 'term'):
       raise ValueError(
-          f'--proximal_strength applies to fedprox only, not {self.name}'
+          f'--proximal_strength applies to fedprox and term, not {self.name}'
       )
+    if not (math.isfinite(self.q) and self.q >= 0):
+      raise ValueError(f'--q must be >= 0, got {self.q}')
+    if self.q and self.name not in ('qffl', 'qfedsgd'):
+      raise ValueError(f'--q applies to qffl and qfedsgd, not {self.name}')
+    if not (math.isfinite(self.q_lipschitz) and self.q_lipschitz >= 0):
+      raise ValueError(
+          f'--q_lipschitz must be > 0 (0: 1 / client lr), got {self.q_lipschitz}')
+    if not math.isfinite(self.tilt):
+      raise ValueError(f'--tilt must be finite, got {self.tilt}')
+    if self.tilt and self.name != 'term':
+      raise ValueError(f'--tilt applies to term only, not {self.name}')
 
   def describe(self) -> str:
-    extra = (f', mu={self.proximal_strength:g}'
-             if self.name == 'fedprox' else '')
+    extra = {
+        'fedprox': f', mu={self.proximal_strength:g}',
+        'qffl': f', q={self.q:g}, L={self.lipschitz_constant:g}',
+        'qfedsgd': f', q={self.q:g}, L={self.lipschitz_constant:g}',
+        'term': f', t={self.tilt:g}',
+    }.get(self.name, '')
     return (f'{self.name} (client {self.client_optimizer} '
             f'lr={self.client_learning_rate:g}, server {self.server_optimizer}'
             f' lr={self.server_learning_rate:g}{extra})')
@@ -119,7 +147,18 @@ def build_process(
     return fed_avg.build_fed_avg(
         model_fn, client_opt, server_opt, client_weighting=weighting
     )
-  return fed_prox.build_fed_prox(
-      model_fn, client_opt, server_opt,
-      proximal_strength=spec.proximal_strength, client_weighting=weighting,
-  )
+  if spec.name == 'fedprox':
+    return fed_prox.build_fed_prox(
+        model_fn, client_opt, server_opt,
+        proximal_strength=spec.proximal_strength, client_weighting=weighting,
+    )
+  if spec.name == 'qffl':
+    return q_ffl.build_q_fedavg(
+        model_fn, client_opt, q=spec.q,
+        lipschitz_constant=spec.lipschitz_constant)
+  if spec.name == 'qfedsgd':
+    return q_ffl.build_q_fedsgd(
+        model_fn, q=spec.q, lipschitz_constant=spec.lipschitz_constant)
+  return term.build_term(
+      model_fn, client_opt, server_opt, tilt=spec.tilt,
+      proximal_strength=spec.proximal_strength)

@@ -12,8 +12,12 @@ FedAvg rounds (client SGD, server average weighted by examples):
 * `ours`: `tff_algos.fed_avg.build_fed_avg`, driven round by round;
 * `stock`: `tff.learning.algorithms.build_weighted_fed_avg`;
 * `plain`: a `tf.function` SGD loop on a Keras model of the same architecture
-  over the same batches, client after client, averaged in NumPy; no TFF. It is
-  the arithmetic reference: what the same work costs without the runtime.
+  over the same batches, client after client, one call per round on the
+  round's client datasets chained into one stream; no TFF. It is the
+  reference: what the same work, data pipeline included, costs without the
+  TFF runtime.
+* `preloaded` (diagnostic): the same loop on the round's batches read into
+  tensors before its timer starts: the arithmetic alone, without tf.data.
 
 Protocol (see docs/performance.md):
 
@@ -27,7 +31,7 @@ Protocol (see docs/performance.md):
   hit all three alike.
 * A round's time runs from building its client datasets (the same
   `run.simulation.client_datasets` code for every system) to the returned
-  state, as the training loop sees it.
+  state, as the training loop sees it (`preloaded`: from its tensors).
 * `--warmup_rounds` rounds (tracing, compilation, worker start) are run first
   and not timed; then `--repeats` blocks of `--rounds` timed rounds. Each
   block gives examples/s (its examples over its seconds) and seconds/round;
@@ -65,7 +69,13 @@ from tff_algos import runtime
 # TensorFlow, TFF and the modules built on them are imported by `benchmark`,
 # after the flags are validated: a bad flag fails in well under a second.
 
-SYSTEMS = ('ours', 'stock', 'plain')
+SYSTEMS = ('ours', 'stock', 'plain', 'preloaded')
+LABELS = {
+    'ours': 'ours (tff_algos.fed_avg)',
+    'stock': 'stock (build_weighted_fed_avg)',
+    'plain': 'plain tf.function loop',
+    'preloaded': '  same, batches preloaded',
+}
 BENCH_TASKS = ('synthetic', 'synthetic_iid')
 
 _TASK = flags.DEFINE_string(
@@ -206,13 +216,20 @@ def build_task(config: BenchConfig):
 
 
 class PlainLoop:
-  """FedAvg rounds with a `tf.function` SGD loop on a Keras model, no TFF.
+  """FedAvg rounds in one `tf.function` call per round, no TFF.
 
-  The Keras model is the tasks' softmax regression (60 -> 10 dense layer,
-  zero-initialised), the loss the one `from_keras_model` uses (mean sparse
-  cross-entropy on logits), the step plain SGD. Each selected client starts
-  from the global model and runs over its batches; the server takes the mean
-  of the deltas weighted by examples, as FedAvg with server SGD lr 1.0.
+  The model is the tasks' softmax regression as a Keras model (a 60 -> 10
+  dense layer, zero-initialised), the loss the one `from_keras_model` uses
+  (mean sparse cross-entropy on logits), the local step plain SGD. Every
+  client starts from the global model and runs over its batches; the new
+  global model is the global model minus the mean of the clients' deltas
+  weighted by examples (FedAvg with server SGD, lr 1.0, as the TFF systems).
+
+  `next(datasets)` takes the round's client datasets (built with the same
+  code as for the TFF systems), chains them into one stream and runs the
+  whole round in one call: the `plain` system. `next_preloaded(batches)`
+  runs the same steps on batches already held as tensors (see `preload`):
+  the arithmetic alone, without tf.data.
   """
 
   def __init__(self, learning_rate: float):
@@ -220,8 +237,11 @@ class PlainLoop:
     from tasks import synthetic  # pylint: disable=g-import-not-at-top
 
     self._tf = tf
-    # No InputLayer: a symbolic Keras input fails in this process once TFF
-    # has traced its own Keras models; `build` gives the same variables.
+    # The Keras layer gives the variables and their initial values. Its
+    # forward pass is written out (the same ops as Dense.call and Keras's
+    # from-logits loss): once TFF has built Keras models inside
+    # tf.compat.v1 graphs, calling a Keras model made outside them fails
+    # ("Your Layer or Model is in an invalid state").
     self.model = tf.keras.Sequential([
         tf.keras.layers.Dense(
             synthetic.NUM_CLASSES, kernel_initializer='zeros',
@@ -229,49 +249,122 @@ class PlainLoop:
         ),
     ])
     self.model.build((None, synthetic.NUM_FEATURES))
-    self.variables = list(self.model.trainable_variables)
-    self.weights = [v.numpy() for v in self.variables]
-    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    kernel, bias = self.model.layers[0].kernel, self.model.layers[0].bias
+    variables = (kernel, bias)
+    self.weights = [v.numpy() for v in variables]
     lr = tf.constant(learning_rate, tf.float32)
-    model, variables = self.model, self.variables
+
+    def sgd_step(x, y):
+      with tf.GradientTape() as tape:
+        logits = tf.nn.bias_add(tf.matmul(x, kernel), bias)
+        loss = tf.reduce_mean(
+            tf.nn.sparse_softmax_cross_entropy_with_logits(
+                labels=tf.cast(y, tf.int64), logits=logits))
+      grads = tape.gradient(loss, variables)
+      for v, g in zip(variables, grads):
+        v.assign_sub(lr * g)
+      return tf.cast(tf.shape(x)[0], tf.float32)
+
+    def fold(acc, total, n, initial):
+      """Adds the finished client's weighted delta `n * (w0 - w)`."""
+      acc = tuple(a + n * (w0 - v) for a, w0, v in zip(acc, initial, variables))
+      return acc, total + n
+
+    def start_client(initial):
+      for v, w0 in zip(variables, initial):
+        v.assign(w0)
+
+    def finish(acc, total, n, initial):
+      acc, total = fold(acc, total, n, initial)
+      safe = tf.maximum(total, 1.0)
+      new = [tf.where(total > 0, w0 - a / safe, w0)
+             for w0, a in zip(initial, acc)]
+      return new, total
+
+    def owner(step, client_ends):
+      # Index of the client whose batches include `step`.
+      return tf.searchsorted(
+          client_ends, [step], side='right', out_type=tf.int64)[0]
 
     @tf.function
-    def train_client(initial, dataset):
-      for v, w in zip(variables, initial):
-        v.assign(w)
-      num_examples = tf.constant(0, tf.int64)
+    def round_from_dataset(initial, dataset, client_ends):
+      acc = tuple(tf.zeros_like(w) for w in initial)
+      total = tf.constant(0.0)
+      n = tf.constant(0.0)
+      current = tf.constant(-1, tf.int64)
+      step = tf.constant(0, tf.int64)
       for x, y in dataset:
-        with tf.GradientTape() as tape:
-          loss = loss_fn(y, model(x, training=True))
-        grads = tape.gradient(loss, variables)
-        for v, g in zip(variables, grads):
-          v.assign_sub(lr * g)
-        num_examples += tf.shape(x, out_type=tf.int64)[0]
-      return [w - v for w, v in zip(initial, variables)], num_examples
+        k = owner(step, client_ends)
+        if k != current:
+          acc, total = fold(acc, total, n, initial)
+          start_client(initial)
+          n = tf.constant(0.0)
+          current = k
+        n += sgd_step(x, y)
+        step += 1
+      return finish(acc, total, n, initial)
 
-    self._train_client = train_client
+    @tf.function
+    def round_from_tensors(initial, x_all, y_all, offsets, client_ends):
+      acc = tuple(tf.zeros_like(w) for w in initial)
+      total = tf.constant(0.0)
+      n = tf.constant(0.0)
+      current = tf.constant(-1, tf.int64)
+      for step in tf.range(tf.size(offsets, out_type=tf.int64) - 1):
+        k = owner(step, client_ends)
+        if k != current:
+          acc, total = fold(acc, total, n, initial)
+          start_client(initial)
+          n = tf.constant(0.0)
+          current = k
+        x = x_all[offsets[step]:offsets[step + 1]]
+        y = y_all[offsets[step]:offsets[step + 1]]
+        n += sgd_step(x, y)
+      return finish(acc, total, n, initial)
+
+    self._round_from_dataset = round_from_dataset
+    self._round_from_tensors = round_from_tensors
+
+  def _client_ends(self, datasets):
+    """Cumulative batch counts of the clients (from the static cardinality)."""
+    import numpy as np  # pylint: disable=g-import-not-at-top
+    from tasks import base as task_base  # pylint: disable=g-import-not-at-top
+
+    counts = [task_base.count_examples(ds) for ds in datasets]
+    return self._tf.constant(np.cumsum(counts, dtype=np.int64))
+
+  def _apply(self, new, total) -> int:
+    self.weights = [w.numpy() for w in new]
+    return int(total.numpy())
 
   def next(self, datasets) -> int:
-    """Runs one round on `datasets`; returns the examples processed."""
+    """Runs one round on the client datasets; returns the examples seen."""
+    stream = datasets[0]
+    for ds in datasets[1:]:
+      stream = stream.concatenate(ds)
+    initial = [self._tf.constant(w) for w in self.weights]
+    return self._apply(*self._round_from_dataset(
+        initial, stream, self._client_ends(datasets)))
+
+  def preload(self, datasets):
+    """The round's batches as tensors (flat examples, batch offsets)."""
     import numpy as np  # pylint: disable=g-import-not-at-top
 
-    initial = [self._tf.constant(w) for w in self.weights]
-    total = [np.zeros_like(w) for w in self.weights]
-    total_weight = 0.0
-    examples = 0
+    xs, ys, sizes = [], [], [0]
     for ds in datasets:
-      delta, n = self._train_client(initial, ds)
-      n = int(n)
-      examples += n
-      total_weight += n
-      for acc, d in zip(total, delta):
-        acc += n * d.numpy()
-    if total_weight > 0:
-      self.weights = [
-          (w - acc / np.float32(total_weight)).astype(np.float32)
-          for w, acc in zip(self.weights, total)
-      ]
-    return examples
+      for x, y in ds:
+        xs.append(x.numpy())
+        ys.append(y.numpy())
+        sizes.append(len(y))
+    tf = self._tf
+    return (tf.constant(np.concatenate(xs)), tf.constant(np.concatenate(ys)),
+            tf.constant(np.cumsum(sizes, dtype=np.int64)),
+            self._client_ends(datasets))
+
+  def next_preloaded(self, batches) -> int:
+    """Runs one round on `preload`'s tensors; returns the examples seen."""
+    initial = [self._tf.constant(w) for w in self.weights]
+    return self._apply(*self._round_from_tensors(initial, *batches))
 
 
 def _max_abs_diff(a, b) -> float:
@@ -335,9 +428,11 @@ def benchmark(
       algorithms.build_optimizer('sgd', config.client_learning_rate),
   )
   build_seconds['stock'] = time.perf_counter() - t0
-  t0 = time.perf_counter()
-  plain = PlainLoop(config.client_learning_rate)
-  build_seconds['plain'] = time.perf_counter() - t0
+  plain_loops = {}
+  for name in ('plain', 'preloaded'):
+    t0 = time.perf_counter()
+    plain_loops[name] = PlainLoop(config.client_learning_rate)
+    build_seconds[name] = time.perf_counter() - t0
 
   states = {'ours': ours.initialize(), 'stock': stock.initialize()}
   processes = {'ours': ours, 'stock': stock}
@@ -347,19 +442,27 @@ def benchmark(
   }
   shapes = {name: [w.shape for w in weights]
             for name, weights in initial.items()}
-  shapes['plain'] = [w.shape for w in plain.weights]
+  for name, loop in plain_loops.items():
+    initial[name] = loop.weights
+    shapes[name] = [w.shape for w in loop.weights]
   if len({str(s) for s in shapes.values()}) != 1:
     raise RuntimeError(f'the models of the systems differ in shape: {shapes}')
-  initial_diff = max(_max_abs_diff(initial['ours'], initial['stock']),
-                     _max_abs_diff(initial['ours'], plain.weights))
+  initial_diff = max(_max_abs_diff(initial['ours'], initial[name])
+                     for name in SYSTEMS)
   if initial_diff:
     raise RuntimeError(f'the initial models differ (L-inf {initial_diff})')
 
   def run_round(name, round_num, plans) -> tuple[float, int]:
+    if name == 'preloaded':  # Untimed: building and reading the datasets.
+      batches = plain_loops[name].preload(
+          simulation.client_datasets(task, plans, round_num, sim_config))
+      start = time.perf_counter()
+      examples = plain_loops[name].next_preloaded(batches)
+      return time.perf_counter() - start, examples
     start = time.perf_counter()
     datasets = simulation.client_datasets(task, plans, round_num, sim_config)
     if name == 'plain':
-      examples = plain.next(datasets)
+      examples = plain_loops[name].next(datasets)
     else:
       output = processes[name].next(states[name], datasets)
       states[name] = output.state
@@ -401,7 +504,8 @@ def benchmark(
       name: composition.model_weights_as_numpy(processes[name], states[name])
       for name in processes
   }
-  final['plain'] = plain.weights
+  for name, loop in plain_loops.items():
+    final[name] = loop.weights
 
   systems = {}
   for name in SYSTEMS:
@@ -438,29 +542,27 @@ def benchmark(
       'protocol': (
           'interleaved round by round, order rotated every round; the same '
           'clients, shuffle seeds and batches for all systems; round time '
-          'includes building the client datasets'),
+          'includes building the client datasets, except for `preloaded`, '
+          'whose batches are read into tensors before its timer starts'),
       'examples_per_round': statistics.median(examples_per_round),
       'systems': systems,
       'ratio_ours_to_stock': systems['ours']['ratio_to_stock'],
       'max_abs_diff_ours_stock': _max_abs_diff(final['ours'], final['stock']),
-      'max_abs_diff_ours_plain': _max_abs_diff(final['ours'], final['plain']),
+      'max_abs_diff_ours_plain': max(
+          _max_abs_diff(final['ours'], final[name])
+          for name in ('plain', 'preloaded')),
   }
 
 
 def format_table(result: dict[str, Any]) -> str:
   """The summary table printed at the end."""
-  labels = {
-      'ours': 'ours (tff_algos.fed_avg)',
-      'stock': 'stock (build_weighted_fed_avg)',
-      'plain': 'plain tf.function loop',
-  }
   header = (f'{"system":<32}{"examples/s":>12}{"s/round":>10}'
             f'{"vs stock":>10}{"vs plain":>10}')
   lines = [header, '-' * len(header)]
   for name in SYSTEMS:
     s = result['systems'][name]
     lines.append(
-        f'{labels[name]:<32}{s["examples_per_s"]:>12,.0f}'
+        f'{LABELS[name]:<32}{s["examples_per_s"]:>12,.0f}'
         f'{s["seconds_per_round"]:>10.4f}{s["ratio_to_stock"]:>10.3f}'
         f'{s["ratio_to_plain"]:>10.3f}'
     )
@@ -474,6 +576,9 @@ def format_table(result: dict[str, Any]) -> str:
       'final model L-inf difference: ours vs stock '
       f'{result["max_abs_diff_ours_stock"]:.3g}, ours vs plain '
       f'{result["max_abs_diff_ours_plain"]:.3g}')
+  lines.append(
+      'preloaded: the plain loop on the round\'s batches already held as '
+      'tensors (no tf.data in its time): the arithmetic alone')
   return '\n'.join(lines)
 
 

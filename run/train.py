@@ -74,7 +74,14 @@ _EXPERIMENT = flags.DEFINE_string(
     'Output sub-folder (default: <task>_<algorithm>_seed<seed>).')
 _SEED = flags.DEFINE_integer('seed', 0, 'Seed of data, sampling, shuffles.')
 _PROX = flags.DEFINE_float(
-    'proximal_strength', 0.0, 'FedProx mu >= 0 (fedprox only).')
+    'proximal_strength', 0.0, 'FedProx mu >= 0 (fedprox, term).')
+_Q = flags.DEFINE_float(
+    'q', 0.0, 'q-FFL fairness q >= 0 (qffl, qfedsgd; 0 is FedAvg/FedSGD).')
+_Q_LIPSCHITZ = flags.DEFINE_float(
+    'q_lipschitz', 0.0,
+    'q-FFL Lipschitz constant L (0: 1 / --client_learning_rate, as the paper).')
+_TILT = flags.DEFINE_float(
+    'tilt', 0.0, 'TERM tilt t (term; > 0 fairness, < 0 robustness).')
 _STRAGGLERS = flags.DEFINE_float(
     'straggler_fraction', 0.0,
     'Fraction of selected clients that straggle (FedAvg drops them, FedProx '
@@ -177,6 +184,9 @@ def prepare():
       server_momentum=_SERVER_MOMENTUM.value,
       client_weighting=_WEIGHTING.value,
       proximal_strength=_PROX.value,
+      q=_Q.value,
+      q_lipschitz=_Q_LIPSCHITZ.value,
+      tilt=_TILT.value,
   )
   spec.validate()
   config = simulation.SimulationConfig(

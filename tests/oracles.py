@@ -76,3 +76,34 @@ def fedprox_rounds(w, b, rounds, *, lr, mu, batch_size, epochs,
     w = sum(a * m[0] for a, m in zip(weights, models))
     b = sum(a * m[1] for a, m in zip(weights, models))
   return w, b
+
+
+def q_ffl_rounds(w, b, rounds, *, q, lipschitz, lr=None, batch_size=None,
+                 epochs=1):
+  """q-FedAvg (lr given) or q-FedSGD (lr None), Li et al. ICLR 2020, Alg 3/4."""
+  for clients in rounds:
+    sum_dw, sum_db, sum_h = 0.0, 0.0, 0.0
+    for x, y in clients:
+      loss = softmax_regression_loss(w, b, x, y)
+      if lr is None:
+        dw, db = softmax_regression_grads(w, b, x, y)
+      else:
+        wk, bk, _ = proximal_local_sgd(w, b, x, y, lr=lr, mu=0.0,
+                                       batch_size=batch_size, epochs=epochs)
+        dw, db = lipschitz * (w - wk), lipschitz * (b - bk)
+      sq_norm = np.sum(dw**2) + np.sum(db**2)
+      sum_dw = sum_dw + loss**q * dw
+      sum_db = sum_db + loss**q * db
+      sum_h += (q * loss**(q - 1) * sq_norm if q else 0.0) + lipschitz * loss**q
+    w = w - sum_dw / sum_h
+    b = b - sum_db / sum_h
+  return w, b
+
+
+def tilted_weights(losses, num_examples, tilt):
+  """TERM client weights n_k exp(t F_k) / sum_j n_j exp(t F_j)."""
+  losses = np.asarray(losses, dtype=np.float64)
+  logits = tilt * losses + np.log(np.asarray(num_examples, dtype=np.float64))
+  logits -= logits.max()
+  weights = np.exp(logits)
+  return weights / weights.sum()

@@ -53,7 +53,9 @@ def error_lines(stderr: str) -> list[str]:
     (['--clients_per_round=50'], 'exceeds the 12 training clients'),
     (['--client_learning_rate=-1'], '--client_learning_rate must be a positive'),
     (['--total_rounds=0'], 'total_rounds must be >= 1'),
-    (['--proximal_strength=0.5'], 'applies to fedprox only'),
+    (['--proximal_strength=0.5'], 'applies to fedprox and term'),
+    (['--q=1'], 'applies to qffl and qfedsgd'),
+    (['--algorithm=term', '--tilt=nan'], 'tilt must be finite'),
     (['--client_optimizer=lbfgs'], "unknown --client_optimizer='lbfgs'"),
     (['--task=emnist_character'], 'pass --data_dir'),
 ])

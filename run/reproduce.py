@@ -1,0 +1,185 @@
+# Copyright 2026 The tff-hetero Authors. Licensed under the Apache License 2.0.
+r"""Reproduces the seeds' synthetic-data experiments through the training binary.
+
+Each experiment is a list of variants (flag sets) run over several seeds, each
+run a separate `python -m run.train` process writing its usual outputs. The
+final per-client summaries are collected into a Markdown table of mean and
+standard deviation over seeds, with the exact commands.
+
+  python -m run.reproduce --experiment=qffl_synthetic --seeds=0,1,2 \
+      --output_md=docs/results/qffl_synthetic.md
+
+Experiments:
+  qffl_synthetic      q-FFL q = 0 vs q = 1 on Synthetic(1,1), thesis Tab 4.5.
+  term_synthetic      TERM t = 0 vs t = 1 on the same setting.
+  fedprox_stragglers  FedAvg (drops stragglers) vs FedProx mu = 0 / mu = 1
+                      with 90% stragglers, E = 20, thesis section 3.4.
+"""
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+
+if not (3, 9) <= sys.version_info[:2] <= (3, 11):
+  sys.exit('error: needs Python 3.9, 3.10 or 3.11 (TFF 0.87)')
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
+from absl import app
+from absl import flags
+import numpy as np
+# pylint: enable=g-import-not-at-top,wrong-import-position
+
+_QFFL_BASE = [
+    '--task=synthetic', '--num_clients=100', '--synthetic_alpha=1',
+    '--synthetic_beta=1', '--clients_per_round=10', '--client_batch_size=10',
+    '--client_learning_rate=0.1', '--client_epochs_per_round=1',
+    '--client_sampling=examples', '--eval_train_clients=false',
+]
+EXPERIMENTS = {
+    'qffl_synthetic': {
+        'base': _QFFL_BASE,
+        'variants': {
+            'q=0 (FedAvg)': ['--algorithm=qffl', '--q=0'],
+            'q=1': ['--algorithm=qffl', '--q=1'],
+        },
+        'rounds': 1000,
+        'metric': 'test/accuracy',
+        'columns': ('weighted_mean', 'mean', 'worst10', 'best10', 'variance',
+                    'angle_deg', 'kl_uniform'),
+    },
+    'term_synthetic': {
+        'base': _QFFL_BASE,
+        'variants': {
+            't=0 (FedAvg)': ['--algorithm=term', '--tilt=0'],
+            't=1': ['--algorithm=term', '--tilt=1'],
+        },
+        'rounds': 1000,
+        'metric': 'test/accuracy',
+        'columns': ('weighted_mean', 'mean', 'worst10', 'best10', 'variance',
+                    'angle_deg', 'kl_uniform'),
+    },
+    'fedprox_stragglers': {
+        'base': [
+            '--task=synthetic', '--num_clients=30', '--clients_per_round=10',
+            '--client_batch_size=10', '--client_learning_rate=0.01',
+            '--client_epochs_per_round=20', '--straggler_fraction=0.9',
+        ],
+        'variants': {
+            'FedAvg (drops stragglers)': ['--algorithm=fedavg'],
+            'FedProx mu=0': ['--algorithm=fedprox', '--proximal_strength=0'],
+            'FedProx mu=1': ['--algorithm=fedprox', '--proximal_strength=1'],
+        },
+        'rounds': 200,
+        'metric': 'test/accuracy',
+        'extra_metrics': (('train/loss', 'weighted_mean'),),
+        'columns': ('weighted_mean', 'mean', 'worst10', 'variance'),
+    },
+}
+
+_EXPERIMENT = flags.DEFINE_string(
+    'experiment', None, f'One of: {", ".join(EXPERIMENTS)}.')
+_SEEDS = flags.DEFINE_list('seeds', ['0', '1', '2'], 'Seeds to run.')
+_ROUNDS = flags.DEFINE_integer(
+    'rounds', None, 'Override the experiment\'s number of rounds.')
+_ROOT = flags.DEFINE_string('root_output_dir', 'output/reproduce',
+                            'Where the runs write their outputs.')
+_OUTPUT_MD = flags.DEFINE_string('output_md', None,
+                                 'Write the Markdown table here.')
+_EXTRA = flags.DEFINE_list(
+    'extra_flags', [], 'More flags for every run, e.g. '
+    '--extra_flags=--synthetic_size_law=table_4_4')
+
+
+def run_one(args: list[str], log) -> dict:
+  """Runs the training binary; returns its summary.json (resumes if done)."""
+  cmd = [sys.executable, '-m', 'run.train', '--progress=false'] + args
+  log('$ ' + ' '.join(shlex.quote(a) for a in cmd[1:]))
+  start = time.time()
+  proc = subprocess.run(cmd, capture_output=True, text=True,
+                        start_new_session=True)
+  if proc.returncode != 0:
+    raise RuntimeError(
+        f'run failed (exit {proc.returncode}): {proc.stderr.strip()[-2000:]}')
+  log(f'  done in {time.time() - start:.0f} s')
+  out_dir = next(a.split('=', 1)[1] for a in args
+                 if a.startswith('--root_output_dir='))
+  name = next(a.split('=', 1)[1] for a in args
+              if a.startswith('--experiment_name='))
+  with open(os.path.join(out_dir, name, 'summary.json')) as f:
+    return json.load(f)
+
+
+def table(experiment: dict, results: dict[str, list[dict]]) -> str:
+  """Markdown table: mean (std) over seeds for each variant and column."""
+  metrics = [(experiment['metric'], c) for c in experiment['columns']]
+  metrics += list(experiment.get('extra_metrics', ()))
+  header = '| variant | ' + ' | '.join(f'{m} {c}' for m, c in metrics) + ' |'
+  lines = [header, '|' + '---|' * (len(metrics) + 1)]
+  for variant, runs in results.items():
+    cells = []
+    for metric, column in metrics:
+      values = np.array([r['summaries'][metric][column] for r in runs],
+                        dtype=float)
+      scale = 100.0 if (metric.endswith('accuracy') and
+                        column not in ('variance', 'angle_deg', 'kl_uniform')
+                        ) else 1.0
+      cells.append(f'{scale * values.mean():.4g} ({scale * values.std():.2g})')
+    lines.append(f'| {variant} | ' + ' | '.join(cells) + ' |')
+  return '\n'.join(lines)
+
+
+def main(argv) -> int:
+  del argv
+  name = _EXPERIMENT.value
+  if name not in EXPERIMENTS:
+    print(f'reproduce: error: unknown --experiment={name!r}; choose one of: '
+          f'{", ".join(EXPERIMENTS)}', file=sys.stderr)
+    return 2
+  experiment = EXPERIMENTS[name]
+  rounds = _ROUNDS.value or experiment['rounds']
+  if rounds < 1:
+    print('reproduce: error: --rounds must be >= 1', file=sys.stderr)
+    return 2
+  try:
+    seeds = [int(s) for s in _SEEDS.value]
+  except ValueError:
+    print(f'reproduce: error: --seeds must be integers, got {_SEEDS.value}',
+          file=sys.stderr)
+    return 2
+  log = lambda s: print(s, file=sys.stderr, flush=True)
+  root = os.path.join(_ROOT.value, name)
+  results, commands = {}, []
+  for variant, variant_flags in experiment['variants'].items():
+    results[variant] = []
+    for seed in seeds:
+      tag = ''.join(ch if ch.isalnum() else '_' for ch in variant)
+      args = (experiment['base'] + variant_flags + list(_EXTRA.value) + [
+          f'--total_rounds={rounds}', f'--rounds_per_eval={rounds}',
+          f'--rounds_per_checkpoint={max(1, rounds // 5)}', f'--seed={seed}',
+          f'--root_output_dir={root}', f'--experiment_name={tag}_seed{seed}'])
+      commands.append('python -m run.train ' + ' '.join(args))
+      try:
+        results[variant].append(run_one(args, log))
+      except RuntimeError as e:
+        print(f'reproduce: error: {e}', file=sys.stderr)
+        return 1
+  text = (f'{name}: {rounds} rounds, seeds {seeds}; mean (std) over seeds; '
+          'accuracies in percent, variance in percent^2\n\n'
+          + table(experiment, results) + '\n')
+  print(text)
+  if _OUTPUT_MD.value:
+    os.makedirs(os.path.dirname(_OUTPUT_MD.value) or '.', exist_ok=True)
+    with open(_OUTPUT_MD.value, 'w') as f:
+      f.write(text + '\nCommands:\n\n```\n' + '\n'.join(commands) + '\n```\n')
+  return 0
+
+
+def run_main() -> None:
+  app.run(lambda argv: sys.exit(main(argv)))
+
+
+if __name__ == '__main__':
+  run_main()

@@ -8,6 +8,7 @@
 | `qffl` | `tff_algos.q_ffl.build_q_fedavg` | `q`, `q_lipschitz` (default 1 / client lr) |
 | `qfedsgd` | `tff_algos.q_ffl.build_q_fedsgd` | `q`, `q_lipschitz` (default 1 / client lr) |
 | `term` | `tff_algos.term.build_term` | `tilt` |
+| `afl` | `tff_algos.afl.build_afl` | `afl_lambda_lr` (gamma_lambda); gamma_w is the client learning rate |
 """
 
 import dataclasses
@@ -16,12 +17,13 @@ from collections.abc import Callable
 
 import tensorflow_federated as tff
 
+from tff_algos import afl
 from tff_algos import fed_avg
 from tff_algos import fed_prox
 from tff_algos import q_ffl
 from tff_algos import term
 
-ALGORITHM_NAMES = ('fedavg', 'fedprox', 'qffl', 'qfedsgd', 'term')
+ALGORITHM_NAMES = ('fedavg', 'fedprox', 'qffl', 'qfedsgd', 'term', 'afl')
 OPTIMIZERS = ('sgd', 'adam', 'adagrad', 'yogi')
 WEIGHTINGS = {
     'num_examples': tff.learning.ClientWeighting.NUM_EXAMPLES,
@@ -68,6 +70,7 @@ class AlgorithmSpec:
   q: float = 0.0
   q_lipschitz: float = 0.0
   tilt: float = 0.0
+  afl_lambda_lr: float = 0.0
 
   @property
   def lipschitz_constant(self) -> float:
@@ -118,6 +121,11 @@ class AlgorithmSpec:
           f'--q_lipschitz must be > 0 (0: 1 / client lr), got {self.q_lipschitz}')
     if not math.isfinite(self.tilt):
       raise ValueError(f'--tilt must be finite, got {self.tilt}')
+    if not (math.isfinite(self.afl_lambda_lr) and self.afl_lambda_lr >= 0):
+      raise ValueError(
+          f'--afl_lambda_lr must be >= 0, got {self.afl_lambda_lr}')
+    if self.afl_lambda_lr and self.name != 'afl':
+      raise ValueError(f'--afl_lambda_lr applies to afl only, not {self.name}')
     if self.tilt and self.name != 'term':
       raise ValueError(f'--tilt applies to term only, not {self.name}')
 
@@ -127,6 +135,8 @@ class AlgorithmSpec:
         'qffl': f', q={self.q:g}, L={self.lipschitz_constant:g}',
         'qfedsgd': f', q={self.q:g}, L={self.lipschitz_constant:g}',
         'term': f', t={self.tilt:g}',
+        'afl': f', gamma_w={self.client_learning_rate:g}, '
+               f'gamma_lambda={self.afl_lambda_lr:g}',
     }.get(self.name, '')
     return (f'{self.name} (client {self.client_optimizer} '
             f'lr={self.client_learning_rate:g}, server {self.server_optimizer}'
@@ -134,10 +144,18 @@ class AlgorithmSpec:
 
 
 def build_process(
-    spec: AlgorithmSpec, model_fn: Callable[[], tff.learning.models.VariableModel]
+    spec: AlgorithmSpec,
+    model_fn: Callable[[], tff.learning.models.VariableModel],
+    *,
+    num_clients: int = 0,
 ) -> tff.learning.templates.LearningProcess:
-  """The `LearningProcess` of `spec` for `model_fn`."""
+  """The `LearningProcess` of `spec` for `model_fn` (AFL: `num_clients`)."""
   spec.validate()
+  if spec.name == 'afl':
+    return afl.build_afl(
+        model_fn, num_clients=num_clients,
+        model_learning_rate=spec.client_learning_rate,
+        mixture_learning_rate=spec.afl_lambda_lr)
   client_opt = build_optimizer(spec.client_optimizer, spec.client_learning_rate)
   server_opt = build_optimizer(
       spec.server_optimizer, spec.server_learning_rate, spec.server_momentum

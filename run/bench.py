@@ -38,7 +38,7 @@ Protocol (see docs/performance.md):
   the table shows the median over blocks.
 
 Bad flags give one line `bench: error: ...` on stderr and exit code 2, before
-TensorFlow is even imported.
+any TFF computation (and so any TFF worker) starts.
 """
 
 import os
@@ -63,11 +63,24 @@ from typing import Any, Optional
 from absl import app
 from absl import flags
 from absl import logging
+import numpy as np
+# TensorFlow must be imported here, before `app.run`: imported inside absl's
+# main, TF 2.14 traces tf.functions with executing_eagerly_outside_functions()
+# False, so `tensor != tensor` becomes a Python identity test (autograph then
+# takes every `if` branch) and Keras models fail to build.
+import tensorflow as tf
+import tensorflow_federated as tff
 
+from run import algorithms
+from run import simulation
+from tasks import base as task_base
+from tasks import registry
+from tasks import synthetic
+from tff_algos import composition
+from tff_algos import fed_avg
 from tff_algos import runtime
+from tff_algos import stragglers
 # pylint: enable=g-import-not-at-top,wrong-import-position
-# TensorFlow, TFF and the modules built on them are imported by `benchmark`,
-# after the flags are validated: a bad flag fails in well under a second.
 
 SYSTEMS = ('ours', 'stock', 'plain', 'preloaded')
 LABELS = {
@@ -78,28 +91,38 @@ LABELS = {
 }
 BENCH_TASKS = ('synthetic', 'synthetic_iid')
 
-_TASK = flags.DEFINE_string(
-    'task', 'synthetic',
-    f'Task: one of {", ".join(BENCH_TASKS)} (softmax regression 60x10).')
-_NUM_CLIENTS = flags.DEFINE_integer('num_clients', 100, 'Number of clients.')
-_EXAMPLES = flags.DEFINE_integer(
-    'examples_per_client', 150,
-    'Training examples of every client (constant size law).')
-_CLIENTS_PER_ROUND = flags.DEFINE_integer(
-    'clients_per_round', 10, 'Clients selected per round.')
-_BATCH_SIZE = flags.DEFINE_integer('client_batch_size', 10, 'Local batch.')
-_EPOCHS = flags.DEFINE_integer(
-    'client_epochs_per_round', 1, 'Local epochs per round.')
-_CLIENT_LR = flags.DEFINE_float('client_learning_rate', 0.01, 'Client SGD lr.')
-_ROUNDS = flags.DEFINE_integer(
-    'rounds', 20, 'Timed rounds per repeat (each system).')
-_WARMUP = flags.DEFINE_integer(
-    'warmup_rounds', 3, 'Untimed rounds before timing (>= 0).')
-_REPEATS = flags.DEFINE_integer(
-    'repeats', 1, 'Blocks of timed rounds; the table shows their median.')
-_SEED = flags.DEFINE_integer('seed', 0, 'Seed of data, sampling, shuffles.')
-_OUTPUT_JSON = flags.DEFINE_string(
-    'output_json', None, 'Optional path: write every number there as JSON.')
+# (name, default, help) of each flag; `define_flags` defines them. They are
+# not defined at import, so this module can be imported next to `run.train`,
+# whose flags share these names.
+_FLAG_SPECS = (
+    ('task', 'synthetic',
+     f'Task: one of {", ".join(BENCH_TASKS)} (softmax regression 60x10).'),
+    ('num_clients', 100, 'Number of clients.'),
+    ('examples_per_client', 150,
+     'Training examples of every client (constant size law).'),
+    ('clients_per_round', 10, 'Clients selected per round.'),
+    ('client_batch_size', 10, 'Local batch size.'),
+    ('client_epochs_per_round', 1, 'Local epochs per round.'),
+    ('client_learning_rate', 0.01, 'Client SGD learning rate.'),
+    ('rounds', 20, 'Timed rounds per repeat (each system).'),
+    ('warmup_rounds', 3, 'Untimed rounds before timing (>= 0).'),
+    ('repeats', 1, 'Blocks of timed rounds; the table shows their median.'),
+    ('seed', 0, 'Seed of data, sampling and shuffles.'),
+    ('output_json', None, 'Optional path: write every number there as JSON.'),
+)
+
+
+def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
+  """Defines the benchmark's flags in `flag_values` (`run_main` does this)."""
+  for name, default, help_text in _FLAG_SPECS:
+    if name in flag_values:
+      continue
+    if isinstance(default, float):
+      flags.DEFINE_float(name, default, help_text, flag_values=flag_values)
+    elif isinstance(default, int):
+      flags.DEFINE_integer(name, default, help_text, flag_values=flag_values)
+    else:
+      flags.DEFINE_string(name, default, help_text, flag_values=flag_values)
 
 
 class UsageError(ValueError):
@@ -154,20 +177,11 @@ class BenchConfig:
     return self.warmup_rounds + self.rounds * self.repeats
 
 
-def config_from_flags() -> BenchConfig:
-  config = BenchConfig(
-      task=_TASK.value,
-      num_clients=_NUM_CLIENTS.value,
-      examples_per_client=_EXAMPLES.value,
-      clients_per_round=_CLIENTS_PER_ROUND.value,
-      client_batch_size=_BATCH_SIZE.value,
-      client_epochs_per_round=_EPOCHS.value,
-      client_learning_rate=_CLIENT_LR.value,
-      rounds=_ROUNDS.value,
-      warmup_rounds=_WARMUP.value,
-      repeats=_REPEATS.value,
-      seed=_SEED.value,
-  )
+def config_from_flags(
+    flag_values: flags.FlagValues = flags.FLAGS) -> BenchConfig:
+  """The validated `BenchConfig` of parsed flags (raises `UsageError`)."""
+  names = [f.name for f in dataclasses.fields(BenchConfig)]
+  config = BenchConfig(**{name: flag_values[name].value for name in names})
   config.validate()
   return config
 
@@ -190,12 +204,7 @@ def machine_info() -> dict[str, Any]:
       'cpu_model': cpu,
       'python': platform.python_version(),
   }
-  try:
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
-    info.update(tensorflow=tf.__version__, tensorflow_federated=tff.__version__)
-  except ImportError:
-    pass
+  info.update(tensorflow=tf.__version__, tensorflow_federated=tff.__version__)
   return info
 
 
@@ -206,8 +215,6 @@ def build_task(config: BenchConfig):
   split keeps the minimum of one, so the training split has exactly
   `examples_per_client` (the benchmark never evaluates).
   """
-  from tasks import registry  # pylint: disable=g-import-not-at-top
-
   return registry.create_task(
       config.task, num_clients=config.num_clients, seed=config.seed,
       batch_size=config.client_batch_size, size_law='constant',
@@ -233,10 +240,6 @@ class PlainLoop:
   """
 
   def __init__(self, learning_rate: float):
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    from tasks import synthetic  # pylint: disable=g-import-not-at-top
-
-    self._tf = tf
     # The Keras layer gives the variables and their initial values. Its
     # forward pass is written out (the same ops as Dense.call and Keras's
     # from-logits loss): once TFF has built Keras models inside
@@ -295,7 +298,7 @@ class PlainLoop:
       step = tf.constant(0, tf.int64)
       for x, y in dataset:
         k = owner(step, client_ends)
-        if k != current:
+        if tf.not_equal(k, current):
           acc, total = fold(acc, total, n, initial)
           start_client(initial)
           n = tf.constant(0.0)
@@ -312,7 +315,7 @@ class PlainLoop:
       current = tf.constant(-1, tf.int64)
       for step in tf.range(tf.size(offsets, out_type=tf.int64) - 1):
         k = owner(step, client_ends)
-        if k != current:
+        if tf.not_equal(k, current):
           acc, total = fold(acc, total, n, initial)
           start_client(initial)
           n = tf.constant(0.0)
@@ -327,11 +330,8 @@ class PlainLoop:
 
   def _client_ends(self, datasets):
     """Cumulative batch counts of the clients (from the static cardinality)."""
-    import numpy as np  # pylint: disable=g-import-not-at-top
-    from tasks import base as task_base  # pylint: disable=g-import-not-at-top
-
     counts = [task_base.count_examples(ds) for ds in datasets]
-    return self._tf.constant(np.cumsum(counts, dtype=np.int64))
+    return tf.constant(np.cumsum(counts, dtype=np.int64))
 
   def _apply(self, new, total) -> int:
     self.weights = [w.numpy() for w in new]
@@ -342,34 +342,36 @@ class PlainLoop:
     stream = datasets[0]
     for ds in datasets[1:]:
       stream = stream.concatenate(ds)
-    initial = [self._tf.constant(w) for w in self.weights]
+    initial = [tf.constant(w) for w in self.weights]
     return self._apply(*self._round_from_dataset(
         initial, stream, self._client_ends(datasets)))
 
   def preload(self, datasets):
     """The round's batches as tensors (flat examples, batch offsets)."""
-    import numpy as np  # pylint: disable=g-import-not-at-top
-
     xs, ys, sizes = [], [], [0]
     for ds in datasets:
       for x, y in ds:
         xs.append(x.numpy())
         ys.append(y.numpy())
         sizes.append(len(y))
-    tf = self._tf
     return (tf.constant(np.concatenate(xs)), tf.constant(np.concatenate(ys)),
             tf.constant(np.cumsum(sizes, dtype=np.int64)),
             self._client_ends(datasets))
 
   def next_preloaded(self, batches) -> int:
     """Runs one round on `preload`'s tensors; returns the examples seen."""
-    initial = [self._tf.constant(w) for w in self.weights]
+    initial = [tf.constant(w) for w in self.weights]
     return self._apply(*self._round_from_tensors(initial, *batches))
 
 
-def _max_abs_diff(a, b) -> float:
-  import numpy as np  # pylint: disable=g-import-not-at-top
+def _load_average() -> Optional[list[float]]:
+  try:
+    return [round(x, 2) for x in os.getloadavg()]
+  except OSError:
+    return None
 
+
+def _max_abs_diff(a, b) -> float:
   return float(max(
       np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64)))
       for x, y in zip(a, b)
@@ -394,16 +396,8 @@ def benchmark(
   """
   config.validate()
   runtime.install_worker_cleanup()
-  # pylint: disable=g-import-not-at-top
-  import tensorflow_federated as tff
 
-  from run import algorithms
-  from run import simulation
-  from tff_algos import composition
-  from tff_algos import fed_avg
-  from tff_algos import stragglers
-  # pylint: enable=g-import-not-at-top
-
+  load_start = _load_average()
   task = build_task(config)
   log(f'task: {task.description}')
   client_ids = list(task.train_data.client_ids)
@@ -535,10 +529,16 @@ def benchmark(
         systems[name]['examples_per_s'] / systems['stock']['examples_per_s'])
     systems[name]['ratio_to_plain'] = (
         systems[name]['examples_per_s'] / systems['plain']['examples_per_s'])
+  # Rounds of the systems run back to back, so the ratio of their times in
+  # the same round is little affected by load that changes between rounds.
+  paired = statistics.median(
+      s / o for s, o in zip(round_seconds['stock'], round_seconds['ours']))
   return {
       'config': dataclasses.asdict(config),
       'task': task.description,
       'machine': machine_info(),
+      'load_average_start': load_start,
+      'load_average_end': _load_average(),
       'protocol': (
           'interleaved round by round, order rotated every round; the same '
           'clients, shuffle seeds and batches for all systems; round time '
@@ -547,6 +547,7 @@ def benchmark(
       'examples_per_round': statistics.median(examples_per_round),
       'systems': systems,
       'ratio_ours_to_stock': systems['ours']['ratio_to_stock'],
+      'paired_round_ratio_ours_to_stock': paired,
       'max_abs_diff_ours_stock': _max_abs_diff(final['ours'], final['stock']),
       'max_abs_diff_ours_plain': max(
           _max_abs_diff(final['ours'], final[name])
@@ -573,6 +574,11 @@ def format_table(result: dict[str, Any]) -> str:
       f'{c["warmup_rounds"]} warm-up; {result["examples_per_round"]:g} '
       'examples/round')
   lines.append(
+      'ours vs stock, median over rounds of the per-round speed ratio: '
+      f'{result["paired_round_ratio_ours_to_stock"]:.3f}; load average '
+      f'{result["load_average_start"]} at start, '
+      f'{result["load_average_end"]} at end')
+  lines.append(
       'final model L-inf difference: ours vs stock '
       f'{result["max_abs_diff_ours_stock"]:.3g}, ours vs plain '
       f'{result["max_abs_diff_ours_plain"]:.3g}')
@@ -583,7 +589,11 @@ def format_table(result: dict[str, Any]) -> str:
 
 
 def main(argv) -> int:
-  """Runs the binary; returns the exit code (2: bad input, 1: failed run)."""
+  """Runs the binary on the parsed flags (see `define_flags`).
+
+  Returns:
+    The exit code: 0, 2 for bad input, 1 for a failed run.
+  """
   if len(argv) > 1:
     print(f'bench: error: unexpected arguments: {" ".join(argv[1:])}',
           file=sys.stderr)
@@ -593,7 +603,7 @@ def main(argv) -> int:
   try:
     try:
       config = config_from_flags()
-      output_json: Optional[str] = _OUTPUT_JSON.value
+      output_json: Optional[str] = flags.FLAGS['output_json'].value
       if output_json:
         parent = os.path.dirname(os.path.abspath(output_json))
         if not os.path.isdir(parent):
@@ -620,9 +630,34 @@ def main(argv) -> int:
   return 0
 
 
+def _exit(code: int) -> None:
+  """Exits at once, after flushing output and ending TFF's workers.
+
+  A normal interpreter shutdown lets TFF 0.87's `ServiceManager.__del__`
+  run after the `subprocess` module is torn down, which prints a traceback
+  after the last line of output (e.g. after the one-line usage error).
+  """
+  runtime.kill_workers()
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os._exit(code)  # pylint: disable=protected-access
+
+
+def _parse_flags(argv):
+  """absl's flag parsing, with a malformed flag as a one-line usage error."""
+  try:
+    return flags.FLAGS(argv)
+  except flags.Error as e:
+    print(f'bench: error: {e}', file=sys.stderr)
+    _exit(2)
+  except SystemExit as e:  # --help and friends.
+    _exit(e.code if isinstance(e.code, int) else 0)
+
+
 def run_main() -> None:
   """Console-script entry point."""
-  app.run(lambda argv: sys.exit(main(argv)))
+  define_flags()
+  app.run(lambda argv: _exit(main(argv)), flags_parser=_parse_flags)
 
 
 if __name__ == '__main__':

@@ -262,6 +262,26 @@ def client_datasets(
   return datasets
 
 
+def needs_client_index(process: tff.learning.templates.LearningProcess) -> bool:
+  """Whether the process's client data carry the client's index (AFL)."""
+  member = process.next.type_signature.parameter[1].member
+  if not isinstance(member, tff.StructType):
+    return False
+  names = [name for name, _ in tff.structure.iter_elements(member)]
+  return 'client_index' in names
+
+
+def with_client_index(datasets, plans, index_of: Mapping[str, int]):
+  """Pairs each dataset with its client's index, as AFL expects."""
+  return [
+      collections.OrderedDict(
+          data=ds,
+          client_index=tf.data.Dataset.from_tensors(
+              np.int32(index_of[p.client_id])))
+      for ds, p in zip(datasets, plans)
+  ]
+
+
 def evaluate_per_client(
     task: task_base.FederatedTask,
     eval_computation: tff.Computation,
@@ -389,6 +409,8 @@ def run_simulation(
   if config.client_sampling == 'examples':
     num_examples = [counts.examples(cid) for cid in client_ids]
   eval_computation = evaluation.build_per_client_evaluation(task.model_fn)
+  index_of = ({cid: i for i, cid in enumerate(client_ids)}
+              if needs_client_index(process) else None)
   bar = _progress_bar(progress, start_round, config.total_rounds)
   history = []
   per_client, summaries = None, None
@@ -404,9 +426,10 @@ def run_simulation(
     metrics = {'round_num': round_num, 'clients': len(plans),
                'stragglers': sum(p.straggler for p in plans)}
     if plans:
-      output = process.next(
-          state, client_datasets(task, plans, round_num, config, counts)
-      )
+      datasets = client_datasets(task, plans, round_num, config, counts)
+      if index_of is not None:
+        datasets = with_client_index(datasets, plans, index_of)
+      output = process.next(state, datasets)
       state = output.state
       metrics.update(flatten_metrics(output.metrics))
     else:

@@ -82,6 +82,11 @@ _Q_LIPSCHITZ = flags.DEFINE_float(
     'q-FFL Lipschitz constant L (0: 1 / --client_learning_rate, as the paper).')
 _TILT = flags.DEFINE_float(
     'tilt', 0.0, 'TERM tilt t (term; > 0 fairness, < 0 robustness).')
+_AFL_LAMBDA_LR = flags.DEFINE_float(
+    'afl_lambda_lr', 0.0,
+    'AFL mixture step gamma_lambda >= 0 (afl; gamma_w is '
+    '--client_learning_rate). Run AFL with --clients_per_round equal to the '
+    'number of clients, as the paper.')
 _STRAGGLERS = flags.DEFINE_float(
     'straggler_fraction', 0.0,
     'Fraction of selected clients that straggle (FedAvg drops them, FedProx '
@@ -187,6 +192,7 @@ def prepare():
       q=_Q.value,
       q_lipschitz=_Q_LIPSCHITZ.value,
       tilt=_TILT.value,
+      afl_lambda_lr=_AFL_LAMBDA_LR.value,
   )
   spec.validate()
   config = simulation.SimulationConfig(
@@ -205,7 +211,8 @@ def prepare():
   out_dir = experiment_dir()
   task = registry.create_task(_TASK.value, **task_kwargs())
   config.validate(num_clients=len(task.train_data.client_ids))
-  process = algorithms.build_process(spec, task.model_fn)
+  process = algorithms.build_process(
+      spec, task.model_fn, num_clients=len(task.train_data.client_ids))
   print(f'task: {task.description}', file=sys.stderr)
   print(f'algorithm: {spec.describe()}; output: {out_dir}', file=sys.stderr)
   return task, process, config, out_dir

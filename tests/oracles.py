@@ -107,3 +107,28 @@ def tilted_weights(losses, num_examples, tilt):
   logits -= logits.max()
   weights = np.exp(logits)
   return weights / weights.sum()
+
+
+def project_simplex_bisection(v, iters=200):
+  """Projection onto the simplex by bisection on the threshold theta."""
+  v = np.asarray(v, dtype=np.float64)
+  lo, hi = v.min() - 1.0, v.max()
+  for _ in range(iters):
+    theta = (lo + hi) / 2
+    if np.maximum(v - theta, 0).sum() > 1:
+      lo = theta
+    else:
+      hi = theta
+  return np.maximum(v - (lo + hi) / 2, 0)
+
+
+def afl_rounds(w, b, clients, rounds, *, lr_w, lr_lambda):
+  """AFL with all clients every round and full local gradients."""
+  mix = np.full(len(clients), 1.0 / len(clients))
+  for _ in range(rounds):
+    losses = np.array([softmax_regression_loss(w, b, x, y) for x, y in clients])
+    grads = [softmax_regression_grads(w, b, x, y) for x, y in clients]
+    w = w - lr_w * sum(m * g[0] for m, g in zip(mix, grads)) / mix.sum()
+    b = b - lr_w * sum(m * g[1] for m, g in zip(mix, grads)) / mix.sum()
+    mix = project_simplex_bisection(mix + lr_lambda * losses)
+  return w, b, mix

@@ -2,10 +2,12 @@
 """Tests of the benchmark binary `run.bench` (tiny configurations)."""
 
 import os
+import re
 import signal
 import subprocess
 import sys
 
+from absl import flags
 import pytest
 
 from run import bench
@@ -46,32 +48,62 @@ def test_table_lists_every_system(tiny_result):
     assert word in table
 
 
-@pytest.mark.parametrize('args, message', [
-    (['--clients_per_round=20', '--num_clients=10'], 'exceeds'),
-    (['--rounds=0'], '--rounds must be a positive integer'),
-    (['--examples_per_client=-3'], '--examples_per_client'),
-    (['--warmup_rounds=-1'], '--warmup_rounds'),
-    (['--task=nope'], 'unknown --task'),
-    (['extra_argument'], 'unexpected arguments'),
-])
-def test_bad_flags_exit_2_with_one_line(args, message):
+def _run_bench(*args):
+  """Runs the binary in its own process group; returns (rc, stdout, stderr)."""
   proc = subprocess.Popen(
       [sys.executable, '-m', 'run.bench', *args], cwd=REPO,
       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
       start_new_session=True,
   )
   try:
-    out, err = proc.communicate(timeout=60)
+    out, err = proc.communicate(timeout=90)
   finally:
     if proc.poll() is None:
       os.killpg(proc.pid, signal.SIGKILL)
       proc.wait()
-  assert proc.returncode == 2, err
-  lines = err.strip().splitlines()
-  assert len(lines) == 1, err
-  assert lines[0].startswith('bench: error: ')
-  assert message in lines[0]
+  return proc.returncode, out, err
+
+
+@pytest.mark.parametrize('args, message', [
+    (['--clients_per_round=20', '--num_clients=10'], 'exceeds'),
+    (['--rounds=abc'], 'invalid literal'),
+])
+def test_bad_flags_exit_2_with_one_line(args, message):
+  returncode, out, err = _run_bench(*args)
+  assert returncode == 2, err
+  assert err.strip().splitlines() == [err.strip()], err
+  assert err.startswith('bench: error: ')
+  assert message in err
   assert out == ''
+
+
+def _parse(*args) -> flags.FlagValues:
+  flag_values = flags.FlagValues()
+  bench.define_flags(flag_values)
+  flag_values(['bench', *args])
+  return flag_values
+
+
+@pytest.mark.parametrize('args, message', [
+    (['--rounds=0'], '--rounds must be a positive integer'),
+    (['--examples_per_client=-3'], '--examples_per_client'),
+    (['--warmup_rounds=-1'], '--warmup_rounds'),
+    (['--repeats=0'], '--repeats'),
+    (['--task=nope'], 'unknown --task'),
+    (['--client_learning_rate=-1'], '--client_learning_rate'),
+    (['--num_clients=5', '--clients_per_round=6'], 'exceeds --num_clients=5'),
+])
+def test_bad_flag_values_are_refused(args, message):
+  with pytest.raises(bench.UsageError, match=re.escape(message)):
+    bench.config_from_flags(_parse(*args))
+
+
+def test_flags_map_to_config():
+  assert bench.config_from_flags(_parse()) == bench.BenchConfig()
+  config = bench.config_from_flags(
+      _parse('--rounds=7', '--client_learning_rate=0.5', '--task=synthetic_iid'))
+  assert (config.rounds, config.client_learning_rate, config.task) == (
+      7, 0.5, 'synthetic_iid')
 
 
 def test_config_validation_in_process():

@@ -6,14 +6,15 @@ Example:
   tff-hetero-bench --rounds=20 --warmup_rounds=3 --repeats=3 \
       --output_json=bench.json
 
-In one process, on the same data, model and client order, three systems run
-FedAvg rounds (client SGD, server average weighted by examples):
+In one process, on the same data, model and client order, three systems (and
+a diagnostic variant of the third) run FedAvg rounds (client SGD, server
+average weighted by examples):
 
 * `ours`: `tff_algos.fed_avg.build_fed_avg`, driven round by round;
 * `stock`: `tff.learning.algorithms.build_weighted_fed_avg`;
-* `plain`: a `tf.function` SGD loop on a Keras model of the same architecture
-  over the same batches, client after client, one call per round on the
-  round's client datasets chained into one stream; no TFF. It is the
+* `plain`: a `tf.function` SGD loop on the same architecture (a Keras dense
+  layer's variables) over the same batches, client after client, one call
+  per round on the round's client datasets chained into one stream; no TFF. It is the
   reference: what the same work, data pipeline included, costs without the
   TFF runtime.
 * `preloaded` (diagnostic): the same loop on the round's batches read into
@@ -23,12 +24,13 @@ Protocol (see docs/performance.md):
 
 * Every round samples its clients once with `run.simulation.sample_clients`
   and gives the same clients, the same shuffle seeds and the same batches to
-  all three systems. Each system keeps its own model, so the three models
-  must stay equal (ours and stock to float tolerance; the L-inf difference is
-  reported).
+  every system. Each system keeps its own model, and the models must stay
+  equal to float tolerance (the final L-inf differences are reported).
 * The systems are interleaved round by round, and the order in which they run
   rotates every round, so slow drifts of the machine (frequency, other load)
-  hit all three alike.
+  hit all alike. The table also gives the median over rounds of the
+  stock/ours time ratio within a round, which is robust to load that
+  changes from round to round.
 * A round's time runs from building its client datasets (the same
   `run.simulation.client_datasets` code for every system) to the returned
   state, as the training loop sees it (`preloaded`: from its tensors).
@@ -225,8 +227,9 @@ def build_task(config: BenchConfig):
 class PlainLoop:
   """FedAvg rounds in one `tf.function` call per round, no TFF.
 
-  The model is the tasks' softmax regression as a Keras model (a 60 -> 10
-  dense layer, zero-initialised), the loss the one `from_keras_model` uses
+  The model is the tasks' softmax regression (the variables of a Keras
+  60 -> 10 dense layer, zero-initialised; its forward pass written out), the
+  loss the one `from_keras_model` uses
   (mean sparse cross-entropy on logits), the local step plain SGD. Every
   client starts from the global model and runs over its batches; the new
   global model is the global model minus the mean of the clients' deltas

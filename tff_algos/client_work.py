@@ -36,6 +36,7 @@ def local_training(
     data: tf.data.Dataset,
     *,
     proximal_strength: float = 0.0,
+    weight_decay: float = 0.0,
     loop_implementation: tff.learning.LoopImplementation = (
         tff.learning.LoopImplementation.DATASET_REDUCE
     ),
@@ -48,6 +49,8 @@ def local_training(
     initial_weights: The broadcast model w_t (also the proximal anchor).
     data: Batched local data (epochs already repeated).
     proximal_strength: mu >= 0 of the proximal term.
+    weight_decay: lambda >= 0: adds lambda * w to each gradient, i.e. the
+      step w <- (1 - lr lambda) w - lr grad (the Delta-FL workshop variant).
     loop_implementation: How the dataset is iterated.
 
   Returns:
@@ -69,6 +72,9 @@ def local_training(
           lambda g, w, w0: g + proximal_strength * (w - w0),
           grads, weights.trainable, initial_weights.trainable,
       )
+    if weight_decay:
+      grads = tf.nest.map_structure(
+          lambda g, w: g + weight_decay * w, grads, weights.trainable)
     opt_state, new_weights = optimizer.next(
         opt_state,
         tuple(tf.nest.flatten(weights.trainable)),

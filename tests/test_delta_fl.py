@@ -1,0 +1,189 @@
+"""Delta-FL: NumPy oracle of Algorithm 2, theta = 1 is FedAvg, the filter
+rules, and the paper's Gaussian-mixture illustration (section 3, Figure 3)."""
+
+import collections
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tasks import synthetic
+from tasks import tail_metrics
+from tests import oracles
+from tff_algos import composition
+from tff_algos import delta_fl
+from tff_algos import fed_avg
+
+LR = 0.1
+BATCH = 5
+
+
+@pytest.fixture(scope='module')
+def clients():
+  rng = np.random.default_rng(8)
+  out = []
+  for k, n in enumerate((13, 17, 9, 23, 11)):
+    x = (rng.normal(size=(n, 60)) + 0.3 * k).astype(np.float32)
+    y = rng.integers(0, 10, n).astype(np.int32)
+    out.append((x, y))
+  return out
+
+
+def datasets(round_clients, epochs=1):
+  return [tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH).repeat(epochs)
+          for x, y in round_clients]
+
+
+def sgd(lr=LR):
+  return tff.learning.optimizers.build_sgdm(learning_rate=lr)
+
+
+def random_model(seed=1):
+  rng = np.random.default_rng(seed)
+  return (0.1 * rng.normal(size=(60, 10)).astype(np.float32),
+          0.1 * rng.normal(size=10).astype(np.float32))
+
+
+def start(process):
+  """Initial state at `random_model()`: at zero weights all losses tie."""
+  state = process.initialize()
+  weights = process.get_model_weights(state)
+  return process.set_model_weights(
+      state, tff.learning.models.ModelWeights(
+          trainable=list(random_model()),
+          non_trainable=weights.non_trainable))
+
+
+def delta_fl_oracle(rounds, theta, *, strict=False, uniform=False,
+                    weight_decay=0.0):
+  w, b = (a.astype(np.float64) for a in random_model())
+  for round_clients in rounds:
+    losses = np.array([oracles.softmax_regression_loss(w, b, x, y)
+                       for x, y in round_clients])
+    alphas = np.ones(len(losses)) if uniform else np.array(
+        [len(y) for _, y in round_clients], float)
+    eta = tail_metrics.weighted_quantile(losses, 1 - theta, alphas)
+    kept = losses > eta if strict else losses >= eta
+    models = []
+    for (x, y), keep in zip(round_clients, kept):
+      if not keep:
+        continue
+      wk, bk = w.copy(), b.copy()
+      for xb, yb in oracles.batches(x, y, BATCH, 1):
+        gw, gb = oracles.softmax_regression_grads(wk, bk, xb, yb)
+        wk = wk - LR * (gw + weight_decay * wk)
+        bk = bk - LR * (gb + weight_decay * bk)
+      models.append((wk, bk))
+    a = alphas[kept] / alphas[kept].sum()
+    w = sum(ai * m[0] for ai, m in zip(a, models))
+    b = sum(ai * m[1] for ai, m in zip(a, models))
+  return w, b
+
+
+@pytest.mark.parametrize('theta, strict, uniform, decay', [
+    (0.5, False, False, 0.0), (0.2, False, False, 0.0), (0.5, True, False, 0.0),
+    (0.6, False, True, 0.01)])
+def test_matches_numpy_oracle_two_rounds(clients, theta, strict, uniform,
+                                         decay):
+  rounds = [clients, clients[1:]]
+  process = delta_fl.build_delta_fl(
+      synthetic.create_softmax_regression_model_fn(), sgd(), theta=theta,
+      strict_filter=strict, uniform_weights=uniform, weight_decay=decay)
+  state = start(process)
+  for round_clients in rounds:
+    out = process.next(state, datasets(round_clients))
+    state = out.state
+  w, b = composition.model_weights_as_numpy(process, state)
+  w_ref, b_ref = delta_fl_oracle(rounds, theta, strict=strict,
+                                 uniform=uniform, weight_decay=decay)
+  np.testing.assert_allclose(w, w_ref, rtol=1e-4, atol=2e-6)
+  np.testing.assert_allclose(b, b_ref, rtol=1e-4, atol=2e-6)
+  assert 0 < out.metrics['client_work']['fraction_kept'] < 1
+
+
+def test_theta_one_is_fedavg(clients):
+  model_fn = synthetic.create_softmax_regression_model_fn()
+  results = []
+  for process in (delta_fl.build_delta_fl(model_fn, sgd(), theta=1.0),
+                  fed_avg.build_fed_avg(model_fn, sgd()),
+                  tff.learning.algorithms.build_weighted_fed_avg(model_fn,
+                                                                 sgd())):
+    state = process.initialize()
+    for round_clients in (clients, clients[:3]):
+      state = process.next(state, datasets(round_clients, 2)).state
+    results.append(composition.model_weights_as_numpy(process, state))
+  for other in results[1:]:
+    for a, b in zip(results[0], other):
+      np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+MEANS = np.array([[0.0, 0.0], [1.5, 1.0], [4.0, 0.0]])  # Obtuse, scalene.
+
+
+def mean_estimation_model_fn():
+  """w in R^2 as the bias of a layer fed zeros; loss ||xi - w||^2 / 2."""
+  spec = (tf.TensorSpec([None, 2], tf.float32),
+          tf.TensorSpec([None, 2], tf.float32))
+
+  def model_fn():
+    model = tf.keras.Sequential([
+        tf.keras.layers.InputLayer(input_shape=(2,)),
+        tf.keras.layers.Dense(2, kernel_initializer='zeros')])
+    return tff.learning.models.from_keras_model(
+        model, loss=tf.keras.losses.MeanSquaredError(), input_spec=spec)
+
+  return model_fn
+
+
+def gaussian_clients(n=100):
+  """Each client: mu_k + the same centred noise, so F_k = |w - mu_k|^2 + c."""
+  noise = np.random.default_rng(0).normal(size=(n, 2))
+  noise -= noise.mean(axis=0)
+  return [
+      tf.data.Dataset.from_tensor_slices(
+          (np.zeros((n, 2), np.float32), (mu + noise).astype(np.float32))
+      ).batch(n)
+      for mu in MEANS
+  ]
+
+
+@pytest.mark.parametrize('strict, expected', [
+    (True, (MEANS[0] + MEANS[2]) / 2),  # Midpoint of the longest side.
+    (False, MEANS.mean(axis=0)),  # ">=" keeps all three: the centroid.
+])
+def test_gaussian_mixture_illustration(strict, expected):
+  process = delta_fl.build_delta_fl(
+      mean_estimation_model_fn(), sgd(0.05), theta=2.0 / 3.0,
+      strict_filter=strict, uniform_weights=True)
+  state = process.initialize()
+  data = gaussian_clients()
+  for _ in range(150):
+    state = process.next(state, data).state
+  w = process.get_model_weights(state).trainable[1]
+  np.testing.assert_allclose(w, expected, atol=0.05)
+
+
+def test_superquantile_objective_is_lower_at_the_delta_fl_solution():
+  """The paper's claim: the worst conforming mixture is better off."""
+  def losses(w):
+    return np.sum((w - MEANS) ** 2, axis=1) + 2.0
+  w1, w23 = MEANS.mean(axis=0), (MEANS[0] + MEANS[2]) / 2
+  sq = lambda w: tail_metrics.superquantile(losses(w), 2.0 / 3.0)
+  assert sq(w23) == pytest.approx(6.0)
+  assert sq(w23) < sq(w1)
+  rng = np.random.default_rng(0)
+  pis = rng.dirichlet(np.ones(3), 20000)
+  pis = pis[pis.max(axis=1) <= 0.5]
+  assert (pis @ losses(w23)).max() < (pis @ losses(w1)).max()
+
+
+@pytest.mark.parametrize('kwargs, error', [
+    (dict(theta=0.0), ValueError), (dict(theta=1.5), ValueError),
+    (dict(theta='0.5'), TypeError), (dict(theta=0.5, weight_decay=-1.0),
+                                     ValueError),
+    (dict(theta=0.5, strict_filter=1), TypeError)])
+def test_validation(kwargs, error):
+  with pytest.raises(error):
+    delta_fl.build_delta_fl(synthetic.create_softmax_regression_model_fn(),
+                            sgd(), **kwargs)

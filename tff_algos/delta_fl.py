@@ -1,0 +1,261 @@
+# Copyright 2026 The tff-hetero Authors. Licensed under the Apache License 2.0.
+"""Delta-FL (superquantile federated learning) as a `LearningProcess`.
+
+K. Pillutla, Y. Laguel, J. Malick, Z. Harchaoui, "Federated Learning with
+Superquantile Aggregation for Heterogeneous Data" (Machine Learning, 2023;
+arXiv:2112.09429; seed documents 000-001), and its workshop version "A
+Superquantile Approach to Federated Learning with Heterogeneous Devices"
+(CISS 2021; seed 002). Spec: `shared/spec/fedplus_deltafl.md` part B.
+
+The objective is the (1 - theta)-superquantile of the client losses: the
+worst-case mixture of clients with conformity at least theta. Each round
+(Algorithm 2 of the paper):
+
+  1. every selected client computes F_k(w_t) on its local training data;
+  2. the (1 - theta) quantile eta_t of those losses, weighted by alpha_k
+     (example counts; `uniform_weights=True` for the workshop variant), is
+     estimated: exactly, or through secure sums only (Algorithm 3);
+  3. eta_t is broadcast and each client keeps itself if F_k >= eta_t (the
+     paper's Algorithm 2; `strict_filter=True` gives Algorithm 3's F_k > eta);
+  4. kept clients train locally (SGD; the workshop variant adds weight decay
+     lambda) and the server takes the alpha-weighted mean of their models.
+     Filtered clients do no work and send weight 0. A round in which no
+     client is kept leaves the model unchanged.
+
+Since the filter runs on the clients from a broadcast threshold, the server
+sees individual losses only if the quantile estimator reveals them: the
+`exact` estimator does (Algorithm 2, where the server sorts the losses);
+the secure estimators of `tff_algos.quantiles` move client information only
+through secure sums (Algorithm 3). theta = 1 is FedAvg.
+
+Boundary rule: with ">=" the client at the quantile is always kept. When the
+cumulative weights hit 1 - theta exactly (e.g. three equal weights and
+theta = 2/3) ">=" keeps one client more than the superquantile's mass; ">"
+then gives the exact top set. Both are exposed (`strict_filter`).
+"""
+
+import collections
+from collections.abc import Callable
+from typing import Any, Optional
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tff_algos import client_work as client_work_lib
+from tff_algos import composition
+from tff_algos import quantiles
+
+ModelFn = Callable[[], tff.learning.models.VariableModel]
+
+
+def keep_client(loss, threshold, *, strict: bool):
+  """The Delta-FL filter: keep a client whose loss is in the tail."""
+  return loss > threshold if strict else loss >= threshold
+
+
+def build_delta_fl_client_work(
+    model_fn: ModelFn,
+    optimizer: tff.learning.optimizers.Optimizer,
+    *,
+    theta: float,
+    quantile_estimator: Any,
+    strict_filter: bool = False,
+    uniform_weights: bool = False,
+    weight_decay: float = 0.0,
+    metrics_aggregator: Optional[Callable[..., tff.Computation]] = None,
+    loop_implementation: tff.learning.LoopImplementation = (
+        tff.learning.LoopImplementation.DATASET_REDUCE
+    ),
+) -> tff.learning.templates.ClientWorkProcess:
+  """Client work: loss at w_t, quantile, self-filtering, local training.
+
+  Returns:
+    A `ClientWorkProcess`; its measurements hold the training metrics, the
+    threshold `eta`, the fraction of clients kept and (only when the
+    estimator is not secure) the mean loss at the broadcast model.
+  """
+  del theta  # The estimator carries the level 1 - theta.
+  if metrics_aggregator is None:
+    metrics_aggregator = tff.learning.metrics.sum_then_finalize
+  weights_type, data_type, finalizers, unfinalized_type = (
+      client_work_lib.model_types(model_fn))
+  metrics_aggregation_fn = metrics_aggregator(finalizers, unfinalized_type)
+
+  @tff.tensorflow.computation(weights_type, data_type)
+  def client_loss(weights, dataset):
+    model = model_fn()
+
+    @tf.function
+    def run(weights, dataset):
+      loss, n = client_work_lib.local_loss(model, weights, dataset)
+      alpha = (tf.constant(1.0) if uniform_weights
+               else tf.cast(n, tf.float32))
+      return loss, alpha
+
+    return run(weights, dataset)
+
+  @tff.tensorflow.computation(
+      weights_type, data_type, np.float32, np.float32, np.float32)
+  def client_train(weights, dataset, loss, alpha, threshold):
+    model = model_fn()
+
+    @tf.function
+    def run(weights, dataset, loss, alpha, threshold):
+      kept = keep_client(loss, threshold, strict=strict_filter)
+
+      def train():
+        delta, _, non_finite = client_work_lib.local_training(
+            model, optimizer, weights, dataset, weight_decay=weight_decay,
+            loop_implementation=loop_implementation)
+        return delta, tf.where(non_finite, 0.0, alpha)
+
+      def skip():
+        return (tf.nest.map_structure(tf.zeros_like, weights.trainable),
+                tf.constant(0.0))
+
+      delta, weight = tf.cond(kept, train, skip)
+      return (
+          tff.learning.templates.ClientResult(
+              update=delta, update_weight=weight),
+          model.report_local_unfinalized_metrics(),
+          tf.cast(kept, tf.float32),
+      )
+
+    return run(weights, dataset, loss, alpha, threshold)
+
+  @tff.federated_computation
+  def init_fn():
+    return tff.federated_value((), tff.SERVER)
+
+  @tff.federated_computation(
+      init_fn.type_signature.result,
+      tff.FederatedType(weights_type, tff.CLIENTS),
+      tff.FederatedType(data_type, tff.CLIENTS),
+  )
+  def next_fn(state, weights, client_data):
+    losses, alphas = tff.federated_map(client_loss, (weights, client_data))
+    threshold = quantile_estimator.estimate(losses, alphas)
+    result, model_outputs, kept = tff.federated_map(
+        client_train,
+        (weights, client_data, losses, alphas,
+         tff.federated_broadcast(threshold)))
+    measured = collections.OrderedDict(
+        train=metrics_aggregation_fn(model_outputs),
+        eta=threshold,
+        fraction_kept=_mean(kept, quantile_estimator.secure),
+    )
+    if not quantile_estimator.secure:
+      measured['loss_at_broadcast'] = tff.federated_mean(losses)
+    return tff.templates.MeasuredProcessOutput(
+        state, result, tff.federated_zip(measured))
+
+  return tff.learning.templates.ClientWorkProcess(init_fn, next_fn)
+
+
+def _mean(values, secure: bool):
+  """Mean of a 0/1 client value; through a secure sum when `secure`."""
+  if not secure:
+    return tff.federated_mean(values)
+  as_int = tff.federated_map(
+      tff.tensorflow.computation(lambda v: tf.cast(v, tf.int32), np.float32),
+      values)
+  ones = tff.federated_map(
+      tff.tensorflow.computation(lambda v: tf.constant(1, tf.int32), np.float32),
+      values)
+  total = tff.federated_secure_sum_bitwidth(as_int, 20)
+  count = tff.federated_secure_sum_bitwidth(ones, 20)
+  return tff.federated_map(
+      tff.tensorflow.computation(
+          lambda t, c: tf.cast(t, tf.float32) / tf.cast(tf.maximum(c, 1),
+                                                        tf.float32),
+          np.int32, np.int32),
+      (total, count))
+
+
+def build_delta_fl(
+    model_fn: ModelFn,
+    client_optimizer_fn: tff.learning.optimizers.Optimizer,
+    server_optimizer_fn: Optional[tff.learning.optimizers.Optimizer] = None,
+    *,
+    theta: float,
+    quantile_estimator: Optional[Any] = None,
+    strict_filter: bool = False,
+    uniform_weights: bool = False,
+    weight_decay: float = 0.0,
+    model_distributor: Optional[
+        tff.learning.templates.DistributionProcess] = None,
+    metrics_aggregator: Optional[Callable[..., tff.Computation]] = None,
+    loop_implementation: tff.learning.LoopImplementation = (
+        tff.learning.LoopImplementation.DATASET_REDUCE
+    ),
+    model_aggregator: Optional[tff.aggregators.WeightedAggregationFactory] = (
+        None),
+) -> tff.learning.templates.LearningProcess:
+  """Builds Delta-FL (Pillutla et al., Algorithms 2 and 3).
+
+  Args:
+    model_fn: No-arg callable returning a new `VariableModel`.
+    client_optimizer_fn: Local solver (the paper: SGD, one epoch).
+    server_optimizer_fn: Applies the mean delta of the kept clients
+      (default SGD with lr 1.0: the kept clients' weighted mean model).
+    theta: Conformity level in (0, 1]; clients whose loss is at or above the
+      (1 - theta) quantile train. 1 is FedAvg.
+    quantile_estimator: A `tff_algos.quantiles` estimator of level
+      1 - theta (default: exact, Algorithm 2). Secure estimators give
+      Algorithm 3 (run under TFF's test execution context).
+    strict_filter: Keep F_k > eta (Algorithm 3) instead of F_k >= eta.
+    uniform_weights: Weight clients uniformly in the quantile and the
+      average (the workshop variant) instead of by examples.
+    weight_decay: lambda of the workshop variant's local step.
+    model_distributor: Default: broadcast.
+    metrics_aggregator: Training-metrics aggregator (default: sum then
+      finalize; `secure_sum_then_finalize` with a secure estimator).
+    loop_implementation: How local datasets are iterated.
+    model_aggregator: Weighted aggregator of the kept clients' deltas
+      (default weighted mean; pass e.g. `tff.learning.secure_aggregator()`
+      to aggregate models with secure sums too, as the paper's Algorithm 3).
+
+  Returns:
+    A `tff.learning.templates.LearningProcess`.
+
+  Raises:
+    TypeError / ValueError: For invalid arguments.
+  """
+  if isinstance(theta, bool) or not isinstance(theta, (int, float)):
+    raise TypeError(f'theta must be a float, got {type(theta).__name__}')
+  if not 0.0 < theta <= 1.0:
+    raise ValueError(f'theta must be in (0, 1], got {theta}')
+  if not np.isfinite(weight_decay) or weight_decay < 0:
+    raise ValueError(f'weight_decay must be >= 0, got {weight_decay}')
+  for name, flag in (('strict_filter', strict_filter),
+                     ('uniform_weights', uniform_weights)):
+    if not isinstance(flag, bool):
+      raise TypeError(f'{name} must be a bool, got {flag!r}')
+  if not callable(model_fn):
+    raise TypeError('model_fn must be a no-arg callable returning a model')
+  if not isinstance(client_optimizer_fn, tff.learning.optimizers.Optimizer):
+    raise TypeError(
+        'client_optimizer_fn must be a tff.learning.optimizers.Optimizer, got '
+        f'{type(client_optimizer_fn).__name__}')
+  if quantile_estimator is None:
+    quantile_estimator = quantiles.build_estimator('exact', level=1.0 - theta)
+  level = getattr(quantile_estimator, 'level', None)
+  if level is not None and abs(level - (1.0 - theta)) > 1e-9:
+    raise ValueError(
+        f'the quantile estimator has level {level}, but theta={theta} needs '
+        f'level 1 - theta = {1.0 - theta}')
+  if metrics_aggregator is None and quantile_estimator.secure:
+    # Training metrics include losses: aggregate them securely as well.
+    metrics_aggregator = tff.learning.metrics.secure_sum_then_finalize
+  work = build_delta_fl_client_work(
+      model_fn, client_optimizer_fn, theta=float(theta),
+      quantile_estimator=quantile_estimator, strict_filter=strict_filter,
+      uniform_weights=uniform_weights, weight_decay=float(weight_decay),
+      metrics_aggregator=metrics_aggregator,
+      loop_implementation=loop_implementation)
+  return composition.compose_model_delta_process(
+      model_fn, work, server_optimizer_fn=server_optimizer_fn,
+      model_distributor=model_distributor,
+      model_aggregator=(model_aggregator or
+                        tff.aggregators.MeanFactory(no_nan_division=True)))

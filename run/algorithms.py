@@ -8,6 +8,7 @@
 | `qffl` | `tff_algos.q_ffl.build_q_fedavg` | `q`, `q_lipschitz` (default 1 / client lr) |
 | `qfedsgd` | `tff_algos.q_ffl.build_q_fedsgd` | `q`, `q_lipschitz` (default 1 / client lr) |
 | `term` | `tff_algos.term.build_term` | `tilt` |
+| `deltafl` | `tff_algos.delta_fl.build_delta_fl` | `theta`, `secure_quantile` (none, mm, bisection, private), `strict_filter`, `uniform_weights`, `weight_decay` |
 | `afl` | `tff_algos.afl.build_afl` | `afl_lambda_lr` (gamma_lambda); gamma_w is the client learning rate |
 """
 
@@ -18,12 +19,15 @@ from collections.abc import Callable
 import tensorflow_federated as tff
 
 from tff_algos import afl
+from tff_algos import delta_fl
 from tff_algos import fed_avg
 from tff_algos import fed_prox
 from tff_algos import q_ffl
+from tff_algos import quantiles
 from tff_algos import term
 
-ALGORITHM_NAMES = ('fedavg', 'fedprox', 'qffl', 'qfedsgd', 'term', 'afl')
+ALGORITHM_NAMES = ('fedavg', 'fedprox', 'qffl', 'qfedsgd', 'term', 'afl', 'deltafl')
+SECURE_QUANTILES = ('none', 'mm', 'bisection', 'private')
 OPTIMIZERS = ('sgd', 'adam', 'adagrad', 'yogi')
 WEIGHTINGS = {
     'num_examples': tff.learning.ClientWeighting.NUM_EXAMPLES,
@@ -71,6 +75,18 @@ class AlgorithmSpec:
   q_lipschitz: float = 0.0
   tilt: float = 0.0
   afl_lambda_lr: float = 0.0
+  theta: float = 1.0
+  secure_quantile: str = 'none'
+  strict_filter: bool = False
+  uniform_weights: bool = False
+  weight_decay: float = 0.0
+  quantile_upper_bound: float = 20.0
+  quantile_tolerance: float = 1e-4
+  quantile_iterations: int = 50
+
+  @property
+  def uses_secure_intrinsics(self) -> bool:
+    return self.name == 'deltafl' and self.secure_quantile != 'none'
 
   @property
   def lipschitz_constant(self) -> float:
@@ -126,6 +142,29 @@ class AlgorithmSpec:
           f'--afl_lambda_lr must be >= 0, got {self.afl_lambda_lr}')
     if self.afl_lambda_lr and self.name != 'afl':
       raise ValueError(f'--afl_lambda_lr applies to afl only, not {self.name}')
+    if not 0.0 < self.theta <= 1.0:
+      raise ValueError(f'--theta must be in (0, 1], got {self.theta}')
+    if self.theta != 1.0 and self.name != 'deltafl':
+      raise ValueError(f'--theta applies to deltafl only, not {self.name}')
+    if self.secure_quantile not in SECURE_QUANTILES:
+      raise ValueError(
+          f'unknown --secure_quantile={self.secure_quantile!r}; choose one '
+          f'of: {", ".join(SECURE_QUANTILES)}')
+    if self.secure_quantile != 'none' and self.name != 'deltafl':
+      raise ValueError(
+          f'--secure_quantile applies to deltafl only, not {self.name}')
+    if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
+      raise ValueError(f'--weight_decay must be >= 0, got {self.weight_decay}')
+    if not (math.isfinite(self.quantile_upper_bound)
+            and self.quantile_upper_bound > 0):
+      raise ValueError('--quantile_upper_bound must be > 0, got '
+                       f'{self.quantile_upper_bound}')
+    if not 0 < self.quantile_tolerance < self.quantile_upper_bound:
+      raise ValueError('--quantile_tolerance must be in (0, upper bound), got '
+                       f'{self.quantile_tolerance}')
+    if self.quantile_iterations < 1:
+      raise ValueError('--quantile_iterations must be >= 1, got '
+                       f'{self.quantile_iterations}')
     if self.tilt and self.name != 'term':
       raise ValueError(f'--tilt applies to term only, not {self.name}')
 
@@ -135,12 +174,32 @@ class AlgorithmSpec:
         'qffl': f', q={self.q:g}, L={self.lipschitz_constant:g}',
         'qfedsgd': f', q={self.q:g}, L={self.lipschitz_constant:g}',
         'term': f', t={self.tilt:g}',
+        'deltafl': f', theta={self.theta:g}, quantile={self.secure_quantile}'
+                   f'{", strict >" if self.strict_filter else ", >="}',
         'afl': f', gamma_w={self.client_learning_rate:g}, '
                f'gamma_lambda={self.afl_lambda_lr:g}',
     }.get(self.name, '')
     return (f'{self.name} (client {self.client_optimizer} '
             f'lr={self.client_learning_rate:g}, server {self.server_optimizer}'
             f' lr={self.server_learning_rate:g}{extra})')
+
+
+def quantile_estimator(spec: AlgorithmSpec):
+  """The Delta-FL quantile estimator of level 1 - theta named by the spec."""
+  level = 1.0 - spec.theta
+  if spec.secure_quantile == 'none':
+    return quantiles.build_estimator('exact', level=level)
+  if spec.secure_quantile == 'mm':
+    return quantiles.build_estimator(
+        'mm', level=level, num_iterations=spec.quantile_iterations, lower=0.0,
+        upper=spec.quantile_upper_bound)
+  if spec.secure_quantile == 'bisection':
+    return quantiles.build_estimator(
+        'bisection', level=level, lower=0.0, upper=spec.quantile_upper_bound,
+        tolerance=spec.quantile_tolerance)
+  return quantiles.build_estimator(
+      'private', level=level, initial_estimate=1.0,
+      num_steps=spec.quantile_iterations)
 
 
 def build_process(
@@ -151,6 +210,15 @@ def build_process(
 ) -> tff.learning.templates.LearningProcess:
   """The `LearningProcess` of `spec` for `model_fn` (AFL: `num_clients`)."""
   spec.validate()
+  if spec.name == 'deltafl':
+    return delta_fl.build_delta_fl(
+        model_fn, build_optimizer(spec.client_optimizer,
+                                  spec.client_learning_rate),
+        build_optimizer(spec.server_optimizer, spec.server_learning_rate,
+                        spec.server_momentum),
+        theta=spec.theta, quantile_estimator=quantile_estimator(spec),
+        strict_filter=spec.strict_filter,
+        uniform_weights=spec.uniform_weights, weight_decay=spec.weight_decay)
   if spec.name == 'afl':
     return afl.build_afl(
         model_fn, num_clients=num_clients,

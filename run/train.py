@@ -87,6 +87,28 @@ _AFL_LAMBDA_LR = flags.DEFINE_float(
     'AFL mixture step gamma_lambda >= 0 (afl; gamma_w is '
     '--client_learning_rate). Run AFL with --clients_per_round equal to the '
     'number of clients, as the paper.')
+_THETA = flags.DEFINE_float(
+    'theta', 1.0, 'Delta-FL conformity level in (0, 1] (deltafl; 1 is FedAvg).')
+_SECURE_QUANTILE = flags.DEFINE_string(
+    'secure_quantile', 'none',
+    'Delta-FL quantile through secure sums only: none (exact; the server sees '
+    'the losses), mm, bisection or private. Secure modes run under TFF\'s '
+    'test execution context, the only one that executes secure sums.')
+_STRICT = flags.DEFINE_boolean(
+    'strict_filter', False, 'Delta-FL: keep loss > eta (Algorithm 3) instead '
+    'of >= (Algorithm 2).')
+_UNIFORM_WEIGHTS = flags.DEFINE_boolean(
+    'uniform_weights', False,
+    'Delta-FL: weigh clients uniformly (the workshop variant).')
+_WEIGHT_DECAY = flags.DEFINE_float(
+    'weight_decay', 0.0, 'Delta-FL local weight decay lambda (workshop).')
+_Q_UPPER = flags.DEFINE_float(
+    'quantile_upper_bound', 20.0,
+    'Secure quantiles: losses are clipped to [0, this].')
+_Q_TOL = flags.DEFINE_float(
+    'quantile_tolerance', 1e-4, 'Bisection quantile: final bracket width.')
+_Q_ITERS = flags.DEFINE_integer(
+    'quantile_iterations', 50, 'MM / private quantile: iterations per round.')
 _STRAGGLERS = flags.DEFINE_float(
     'straggler_fraction', 0.0,
     'Fraction of selected clients that straggle (FedAvg drops them, FedProx '
@@ -193,6 +215,14 @@ def prepare():
       q_lipschitz=_Q_LIPSCHITZ.value,
       tilt=_TILT.value,
       afl_lambda_lr=_AFL_LAMBDA_LR.value,
+      theta=_THETA.value,
+      secure_quantile=_SECURE_QUANTILE.value,
+      strict_filter=_STRICT.value,
+      uniform_weights=_UNIFORM_WEIGHTS.value,
+      weight_decay=_WEIGHT_DECAY.value,
+      quantile_upper_bound=_Q_UPPER.value,
+      quantile_tolerance=_Q_TOL.value,
+      quantile_iterations=_Q_ITERS.value,
   )
   spec.validate()
   config = simulation.SimulationConfig(
@@ -211,6 +241,13 @@ def prepare():
   out_dir = experiment_dir()
   task = registry.create_task(_TASK.value, **task_kwargs())
   config.validate(num_clients=len(task.train_data.client_ids))
+  if spec.uses_secure_intrinsics:
+    # TFF 0.87 executes secure sums only in its test context, which replaces
+    # them by plain sums: the algorithm is the secure one, the runtime is not.
+    import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+    tff.backends.test.set_sync_test_cpp_execution_context()
+    print('secure quantile: running under TFF\'s test execution context',
+          file=sys.stderr)
   process = algorithms.build_process(
       spec, task.model_fn, num_clients=len(task.train_data.client_ids))
   print(f'task: {task.description}', file=sys.stderr)

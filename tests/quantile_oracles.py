@@ -87,14 +87,15 @@ def mm_step_tolerance(mu: float, x: np.ndarray, normalized_weights,
   """Bound on |quantised step - exact step| from mu (fixed point, `bits`).
 
   Each client's u_k in [-1, 1] and d_k in [0, 1] is rounded to the nearest
-  multiple of 1/s (s = 2^(bits-1) and 2^bits - 1 rounded down to powers of
-  two), so |dU| <= m / (2 s_u), |dD| <= m / (2 s_d), and the step
+  multiple of 1/s, s_u = 2^(bits-2) and s_d = 2^(bits-1) (the largest powers
+  of two with span * s <= 2^bits - 1), so |dU| <= m / (2 s_u),
+  |dD| <= m / (2 s_d), and the step
   nu (U + 2p - 1) / D moves by at most
   nu (|dU| D + |U + 2p - 1| |dD|) / (D (D - |dD|)).
   """
   m = x.size
-  du = m / (2.0 * 2.0**(bits - 1))
-  dd = m / (2.0 * 2.0**(bits - 1))
+  du = m / (2.0 * fixed_point_scale(2.0, bits))
+  dd = m / (2.0 * fixed_point_scale(1.0, bits))
   _, u, d = mm_step(mu, x, normalized_weights, level, smoothing, lower, upper)
   if d - dd <= 0:
     return upper - lower

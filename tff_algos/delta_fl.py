@@ -49,9 +49,25 @@ from tff_algos import quantiles
 ModelFn = Callable[[], tff.learning.models.VariableModel]
 
 
-def keep_client(loss, threshold, *, strict: bool):
+def keep_client(loss, threshold, *, strict: bool, slack: float = 0.0):
   """The Delta-FL filter: keep a client whose loss is in the tail."""
-  return loss > threshold if strict else loss >= threshold
+  return loss > threshold if strict else loss >= threshold - slack
+
+
+def filter_slack(estimator) -> float:
+  """How far above the true quantile an estimate may lie.
+
+  The bisection estimator returns the top of a bracket of width `tolerance`
+  holding the quantile, and the MM fixed point lies within `smoothing` of it.
+  With the ">=" rule the clients compare against `eta - slack`, so every
+  client at or above the true quantile is kept (with exact ties, e.g. at a
+  zero-initialised model, none would be otherwise).
+  """
+  for name in ('tolerance', 'smoothing'):
+    value = getattr(estimator, name, None)
+    if value:
+      return float(value)
+  return 0.0
 
 
 def build_delta_fl_client_work(
@@ -76,6 +92,7 @@ def build_delta_fl_client_work(
     estimator is not secure) the mean loss at the broadcast model.
   """
   del theta  # The estimator carries the level 1 - theta.
+  slack = filter_slack(quantile_estimator)
   if metrics_aggregator is None:
     metrics_aggregator = tff.learning.metrics.sum_then_finalize
   weights_type, data_type, finalizers, unfinalized_type = (
@@ -102,7 +119,7 @@ def build_delta_fl_client_work(
 
     @tf.function
     def run(weights, dataset, loss, alpha, threshold):
-      kept = keep_client(loss, threshold, strict=strict_filter)
+      kept = keep_client(loss, threshold, strict=strict_filter, slack=slack)
 
       def train():
         delta, _, non_finite = client_work_lib.local_training(

@@ -41,8 +41,12 @@ integer weights (example counts) exact. The int64 sum must not overflow:
 num_clients * 2^bits < 2^63; the SecAgg bitwidth of the sum is
 bits + log2(num_clients). TFF 0.87 executes secure intrinsics only under
 `tff.backends.test.set_sync_test_cpp_execution_context()`, which replaces them
-by insecure sums (checked here: the default local C++ context fails with an
-RPC error); a deployment needs a runtime with real secure aggregation.
+by insecure sums (checked here: under the default local C++ context the
+worker rejects the computation, gRPC INVALID_ARGUMENT "Cannot embed a
+federated value"); a deployment needs a runtime with real secure aggregation.
+In that test context the first call of a computation pays for the rewrite and
+compilation (about 10 s for MM with T = 50, 5 s for 20 bisection rounds, on 2
+cores); later calls take 0.65 s and 0.25 s with 10-40 clients.
 
 The estimators:
 
@@ -65,12 +69,19 @@ The estimators:
   cumulative weight hits p exactly). Default nu = 1e-6 (upper - lower).
   Convergence is linear with rate |1 - 2f|, f = (p - W(<q)) / a(q) the
   position of p inside the weight jump at q, so it is slow when p sits near an
-  edge of that jump. Measured (NumPy oracle, 200 random problems: 5-100
-  clients, lognormal(0, 1) values, integer weights 1-499, p in {0.1, 0.2, 0.5,
-  0.8, 0.9}, range [0, 20]): iterations to stay within 1e-3 relative error of
-  [q, q_upper]: median 28, 90th percentile 105, and 2% not there after 400;
-  with continuous weights U(0.5, 1.5): median 25, 90th percentile 94. Secure
-  sums: T + 1 rounds of 3 integers each (2 in round 0).
+  edge of that jump. Measured (NumPy oracle = this iteration without
+  quantisation, 200 random problems: 5-100 clients, lognormal(0, 1) values,
+  integer weights 1-499, p in {0.1, 0.2, 0.5, 0.8, 0.9}, range [0, 20]):
+  iterations to stay within 1e-3 relative error of [q, q_upper]: median 29,
+  75th percentile 50, 90th percentile 105, and 1.5% not there after 400; with
+  continuous weights U(0.5, 1.5): median 31, 90th percentile 80, 1% not there
+  after 400. So 1e-3 costs about 30 (typical) to 100+ secure sums, against 20
+  for bisection over a range of 10 to absolute 1e-5. Quantisation (bits=32)
+  moves each step by at most about nu (|dU| D + |U + 2p - 1| |dD|) / D^2
+  with |dU| <= num_clients 2^-31 and |dD| <= num_clients 2^-32 (resolutions
+  2^-30 on [-1, 1] and 2^-31 on [0, 1]; errors in D only rescale the step; the
+  fixed point moves by a level error of order num_clients 2^-31). Secure sums:
+  T + 1 rounds of 3 integers each.
 * `BisectionQuantile(level, lower=..., upper=..., tolerance=...,
   num_buckets=2)`: the server keeps a bracket (lo, hi] holding clip(q) and
   broadcasts the num_buckets - 1 inner grid points c_j; clients securely sum
@@ -81,7 +92,7 @@ The estimators:
   (up to float32 rounding of the result; exact Property-7 decisions for
   integer weights <= max_weight, and weights quantised to 1/s otherwise). 2
   buckets: 20 rounds for range 10 and tolerance 1e-5 (10 / 2^20 = 9.5e-6); 32
-  buckets: 4 rounds of 32 integers.
+  buckets: 4 rounds (B + 1 integers per client and round).
 * `PrivateQuantileEstimator(level, initial_estimate=..., ...)`: TFF's
   `tff.aggregators.PrivateQuantileEstimationProcess` (Andrew, Thakkar et al.,
   "Differentially Private Learning with Adaptive Clipping", NeurIPS 2021,
@@ -90,8 +101,11 @@ The estimators:
   noise on the fraction (`tfp.QuantileEstimatorQuery`) and `SecureSumFactory`
   aggregation. UNWEIGHTED (each client counts once; `weights` is ignored), it
   needs positive values and it moves by at most a factor exp(lr) per round:
-  it tracks the quantile across rounds, hovering within about a factor
-  exp(lr / num_clients) of it, rather than computing it in one round.
+  it tracks the quantile across rounds rather than computing it in one
+  round (measured: from 0.5 to within 3% of a quantile of 1.95 in 40 rounds at
+  lr 0.2, 40 clients). Each round is one secure aggregation made of 4
+  `federated_secure_sum_bitwidth` intrinsics (SecureSumFactory: value,
+  summand count and two clipping counters).
 """
 
 import abc

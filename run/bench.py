@@ -367,6 +367,24 @@ class PlainLoop:
     return self._apply(*self._round_from_tensors(initial, *batches))
 
 
+def _cpu_seconds() -> float:
+  """CPU time of this process and its TFF workers so far (user + system).
+
+  Unlike wall time, it hardly changes when other jobs share the cores.
+  """
+  total = time.process_time()
+  ticks = os.sysconf('SC_CLK_TCK') if hasattr(os, 'sysconf') else 100
+  for pid in runtime.worker_pids(os.getpid()):
+    try:
+      with open(f'/proc/{pid}/stat', 'rb') as f:
+        stat = f.read().decode('utf-8', 'replace')
+    except OSError:
+      continue
+    fields = stat[stat.rfind(')') + 2:].split()
+    total += (int(fields[11]) + int(fields[12])) / ticks  # utime, stime.
+  return total
+
+
 def _load_average() -> Optional[list[float]]:
   try:
     return [round(x, 2) for x in os.getloadavg()]
@@ -449,14 +467,14 @@ def benchmark(
   if initial_diff:
     raise RuntimeError(f'the initial models differ (L-inf {initial_diff})')
 
-  def run_round(name, round_num, plans) -> tuple[float, int]:
+  def run_round(name, round_num, plans) -> tuple[float, float, int]:
     if name == 'preloaded':  # Untimed: building and reading the datasets.
       batches = plain_loops[name].preload(
           simulation.client_datasets(task, plans, round_num, sim_config))
-      start = time.perf_counter()
+      start, cpu = time.perf_counter(), _cpu_seconds()
       examples = plain_loops[name].next_preloaded(batches)
-      return time.perf_counter() - start, examples
-    start = time.perf_counter()
+      return (time.perf_counter() - start, _cpu_seconds() - cpu, examples)
+    start, cpu = time.perf_counter(), _cpu_seconds()
     datasets = simulation.client_datasets(task, plans, round_num, sim_config)
     if name == 'plain':
       examples = plain_loops[name].next(datasets)
@@ -465,9 +483,10 @@ def benchmark(
       states[name] = output.state
       examples = int(simulation.flatten_metrics(output.metrics).get(
           'train/num_examples', -1))
-    return time.perf_counter() - start, examples
+    return time.perf_counter() - start, _cpu_seconds() - cpu, examples
 
   round_seconds = {name: [] for name in SYSTEMS}
+  round_cpu_seconds = {name: [] for name in SYSTEMS}
   examples_per_round = []
   for round_num in range(1, config.total_rounds + 1):
     selected = simulation.sample_clients(
@@ -480,9 +499,10 @@ def benchmark(
     ]
     shift = round_num % len(SYSTEMS)
     order = SYSTEMS[shift:] + SYSTEMS[:shift]
-    seconds, examples = {}, {}
+    seconds, cpu_seconds, examples = {}, {}, {}
     for name in order:
-      seconds[name], examples[name] = run_round(name, round_num, plans)
+      seconds[name], cpu_seconds[name], examples[name] = run_round(
+          name, round_num, plans)
     counts = {n for n in examples.values() if n >= 0}
     if len(counts) != 1:
       raise RuntimeError(
@@ -494,6 +514,7 @@ def benchmark(
       examples_per_round.append(counts.pop())
       for name in SYSTEMS:
         round_seconds[name].append(seconds[name])
+        round_cpu_seconds[name].append(cpu_seconds[name])
     log(f'round {round_num:3d}{"" if timed else " (warm-up)"}: ' + ', '.join(
         f'{name} {seconds[name]:.3f}s' for name in SYSTEMS))
 
@@ -510,22 +531,28 @@ def benchmark(
     for r in range(config.repeats):
       window = slice(r * config.rounds, (r + 1) * config.rounds)
       secs = sum(round_seconds[name][window])
+      cpu = sum(round_cpu_seconds[name][window])
       n = sum(examples_per_round[window])
       blocks.append({
           'examples_per_s': n / secs,
           'seconds_per_round': secs / config.rounds,
+          'cpu_seconds_per_round': cpu / config.rounds,
           'examples': n,
           'seconds': secs,
+          'cpu_seconds': cpu,
       })
     systems[name] = {
         'examples_per_s': statistics.median(
             b['examples_per_s'] for b in blocks),
         'seconds_per_round': statistics.median(
             b['seconds_per_round'] for b in blocks),
+        'cpu_seconds_per_round': statistics.median(
+            b['cpu_seconds_per_round'] for b in blocks),
         'median_round_seconds': statistics.median(round_seconds[name]),
         'build_seconds': build_seconds[name],
         'repeats': blocks,
         'round_seconds': round_seconds[name],
+        'round_cpu_seconds': round_cpu_seconds[name],
     }
   for name in SYSTEMS:
     systems[name]['ratio_to_stock'] = (
@@ -551,6 +578,9 @@ def benchmark(
       'systems': systems,
       'ratio_ours_to_stock': systems['ours']['ratio_to_stock'],
       'paired_round_ratio_ours_to_stock': paired,
+      'cpu_ratio_ours_to_stock': (
+          systems['stock']['cpu_seconds_per_round']
+          / systems['ours']['cpu_seconds_per_round']),
       'max_abs_diff_ours_stock': _max_abs_diff(final['ours'], final['stock']),
       'max_abs_diff_ours_plain': max(
           _max_abs_diff(final['ours'], final[name])
@@ -561,14 +591,14 @@ def benchmark(
 def format_table(result: dict[str, Any]) -> str:
   """The summary table printed at the end."""
   header = (f'{"system":<32}{"examples/s":>12}{"s/round":>10}'
-            f'{"vs stock":>10}{"vs plain":>10}')
+            f'{"vs stock":>10}{"vs plain":>10}{"cpu s/round":>13}')
   lines = [header, '-' * len(header)]
   for name in SYSTEMS:
     s = result['systems'][name]
     lines.append(
         f'{LABELS[name]:<32}{s["examples_per_s"]:>12,.0f}'
         f'{s["seconds_per_round"]:>10.4f}{s["ratio_to_stock"]:>10.3f}'
-        f'{s["ratio_to_plain"]:>10.3f}'
+        f'{s["ratio_to_plain"]:>10.3f}{s["cpu_seconds_per_round"]:>13.4f}'
     )
   c = result['config']
   lines.append('')
@@ -577,8 +607,9 @@ def format_table(result: dict[str, Any]) -> str:
       f'{c["warmup_rounds"]} warm-up; {result["examples_per_round"]:g} '
       'examples/round')
   lines.append(
-      'ours vs stock, median over rounds of the per-round speed ratio: '
-      f'{result["paired_round_ratio_ours_to_stock"]:.3f}; load average '
+      'ours vs stock: median over rounds of the per-round speed ratio '
+      f'{result["paired_round_ratio_ours_to_stock"]:.3f}, CPU-time ratio '
+      f'{result["cpu_ratio_ours_to_stock"]:.3f}; load average '
       f'{result["load_average_start"]} at start, '
       f'{result["load_average_end"]} at end')
   lines.append(

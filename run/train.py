@@ -136,8 +136,8 @@ _MIN_EXAMPLES = flags.DEFINE_integer(
     'min_examples', 0, 'File tasks: drop clients with fewer examples.')
 _TEST_CLIENTS = flags.DEFINE_float(
     'test_clients_fraction', 0.0,
-    'File tasks: evaluate on this fraction of unseen clients (0: per-client '
-    'test split).')
+    'Evaluate on this fraction of unseen clients, the Delta-FL protocol (0: '
+    'each client\'s own test split).')
 _MAX_CLIENTS = flags.DEFINE_integer(
     'max_clients', None, 'File tasks: keep at most this many clients.')
 _EMNIST_MODEL = flags.DEFINE_string(
@@ -168,6 +168,7 @@ def task_kwargs() -> dict:
     kwargs.update(
         num_clients=_NUM_CLIENTS.value, alpha=_ALPHA.value, beta=_BETA.value,
         size_law=_SIZE_LAW.value, test_fraction=_TEST_FRACTION.value,
+        test_clients_fraction=_TEST_CLIENTS.value,
     )
   else:
     if not _USE_SYNTHETIC.value and not _DATA_DIR.value:

@@ -206,6 +206,7 @@ def create_task(
     test_fraction: float = 0.2,
     validation_fraction: float = 0.0,
     batch_size: int = 10,
+    test_clients_fraction: float = 0.0,
 ) -> base.FederatedTask:
   """Synthetic(alpha, beta) (or Synthetic-IID) with softmax regression.
 
@@ -220,9 +221,13 @@ def create_task(
     test_fraction: Per-client test fraction (thesis: 0.2 in ch. 3, 0.1 ch. 4).
     validation_fraction: Per-client validation fraction (0 for none).
     batch_size: Local mini-batch size (thesis: 10).
+    test_clients_fraction: If > 0, this fraction of the clients (seeded)
+      become unseen test clients evaluated on all their data, and the others
+      train (the Delta-FL protocol); the per-client splits are then unused.
 
   Returns:
-    A `FederatedTask` whose test data are the clients' own held-out splits.
+    A `FederatedTask` whose test data are the clients' own held-out splits,
+    or the unseen test clients.
   """
   if not 0.0 < test_fraction < 1.0:
     raise base.TaskError(f'test_fraction must be in (0, 1), got {test_fraction}')
@@ -246,18 +251,31 @@ def create_task(
     if validation_fraction:
       val[cid] = (x[va], y[va])
   preprocess_train, preprocess_eval = make_preprocess_fns(batch_size)
+  train_data, test_data = _client_data(train), _client_data(test)
+  protocol = 'per-client test splits'
+  if test_clients_fraction:
+    everything = _client_data({
+        f'{k:0{width}d}': (x, y) for k, (x, y) in enumerate(clients)})
+    train_ids, _ = (sorted(d.client_ids) for d in base.split_clients(
+        everything, test_fraction=test_clients_fraction, seed=seed))
+    test_ids = sorted(set(everything.client_ids) - set(train_ids))
+    train_data = base.select_clients(train_data, train_ids)
+    test_data = base.select_clients(everything, test_ids)
+    protocol = f'{len(test_ids)} unseen test clients'
   name = 'synthetic_iid' if iid else 'synthetic'
   label = 'Synthetic-IID' if iid else f'Synthetic({alpha:g},{beta:g})'
   return base.FederatedTask(
       name=name,
-      train_data=_client_data(train),
-      test_data=_client_data(test),
-      validation_data=_client_data(val) if validation_fraction else None,
+      train_data=train_data,
+      test_data=test_data,
+      validation_data=(base.select_clients(_client_data(val),
+                                           train_data.client_ids)
+                       if validation_fraction else None),
       model_fn=create_softmax_regression_model_fn(),
       preprocess_train=preprocess_train,
       preprocess_eval=preprocess_eval,
       description=(
           f'{label}, {num_clients} clients, {sum(len(y) for _, y in clients)}'
-          f' examples ({size_law} sizes); softmax regression 60x10'
+          f' examples ({size_law} sizes, {protocol}); softmax regression 60x10'
       ),
   )

@@ -12,3 +12,4 @@ runtime.install_worker_cleanup()
 def pytest_sessionfinish(session, exitstatus):
   del session, exitstatus
   runtime.kill_workers()
+  runtime.disarm_service_managers()

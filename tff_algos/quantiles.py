@@ -10,11 +10,11 @@ computes it without showing any single loss to the server, by majorization-
 minimization (MM) over secure weighted means. This module offers that and
 three alternatives behind one interface:
 
-  name         class                      server sees           sum rounds
-  'exact'      `ExactQuantile`            every (v_k, a_k)      1 (insecure)
-  'mm'         `MMQuantile`               secure sums only      T + 1
-  'bisection'  `BisectionQuantile`        secure sums only      ceil(log_B(R/tol))
-  'private'    `PrivateQuantileEstimator` secure sums (+DP)     1 per step
+  name         class                      server sees         sum rounds
+  'exact'      `ExactQuantile`            every (v_k, a_k)    1 (insecure)
+  'mm'         `MMQuantile`               secure sums only    T + 1
+  'bisection'  `BisectionQuantile`        secure sums only    ceil(log_B(R/tol))
+  'private'    `PrivateQuantileEstimator` secure sums (+DP)   1 per step
 
 Every estimator has `estimate(values_at_clients, weights_at_clients)`, to be
 called inside a `tff.federated_computation`: it takes float32 values and
@@ -803,7 +803,8 @@ def build_estimator(name: str, *, level: float,
   if not isinstance(name, str):
     raise TypeError(f'name must be a str, got {name!r}')
   if name not in _CLASSES:
-    raise ValueError(f'unknown estimator {name!r}; choose from {ESTIMATOR_NAMES}')
+    raise ValueError(
+        f'unknown estimator {name!r}; choose from {ESTIMATOR_NAMES}')
   cls = _CLASSES[name]
   params = inspect.signature(cls.__init__).parameters
   allowed = [p for p in params if p not in ('self', 'level')]

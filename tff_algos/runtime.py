@@ -125,6 +125,23 @@ def install_worker_cleanup() -> None:
   signal.signal(signal.SIGINT, on_interrupt)
 
 
+def disarm_service_managers() -> None:
+  """Silences TFF's executor service managers before interpreter teardown.
+
+  Their `__del__` runs after the `subprocess` module is torn down and prints
+  "Exception ignored ... 'NoneType' object has no attribute 'Popen'". Call
+  after `kill_workers()` when the process is about to exit (the test suite
+  does this at the end of the session).
+  """
+  import gc  # pylint: disable=g-import-not-at-top
+
+  for obj in gc.get_objects():
+    cls = type(obj)
+    if cls.__name__ == 'ServiceManager' and 'executor_factory' in getattr(
+        cls, '__module__', ''):
+      cls.__del__ = lambda self: None
+
+
 def exit_now(code: int) -> None:
   """Ends the workers, flushes output and exits with `code` immediately.
 

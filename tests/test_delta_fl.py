@@ -187,3 +187,65 @@ def test_validation(kwargs, error):
   with pytest.raises(error):
     delta_fl.build_delta_fl(synthetic.create_softmax_regression_model_fn(),
                             sgd(), **kwargs)
+
+
+# Algorithm 3: the client losses reach the server only through secure sums.
+
+from tensorflow_federated.python.core.impl.compiler import tree_analysis  # pylint: disable=g-import-not-at-top,wrong-import-position
+from tests import secure_checks  # pylint: disable=g-import-not-at-top,wrong-import-position
+from tff_algos import quantiles  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+
+def secure_client_work(estimator):
+  return delta_fl.build_delta_fl_client_work(
+      synthetic.create_softmax_regression_model_fn(), sgd(), theta=0.5,
+      quantile_estimator=estimator, strict_filter=True,
+      metrics_aggregator=tff.learning.metrics.secure_sum_then_finalize)
+
+
+@pytest.mark.parametrize('name, options', [
+    ('bisection', dict(lower=0.0, upper=20.0, tolerance=1e-4)),
+    ('mm', dict(num_iterations=5, lower=0.0, upper=20.0))])
+def test_secure_variant_moves_client_values_only_through_secure_sums(
+    name, options):
+  work = secure_client_work(
+      quantiles.build_estimator(name, level=0.5, **options))
+  # The client work is where losses are computed: every CLIENTS -> SERVER
+  # intrinsic in it must be a secure sum.
+  uris = secure_checks.client_to_server_intrinsics(work.next)
+  assert uris and set(uris) <= secure_checks.SECURE_URIS, uris
+  assert not tree_analysis.find_unsecure_aggregation_in_tree(
+      work.next.to_building_block())
+  # The only value per client that leaves it otherwise is the model delta
+  # with its weight (ClientResult), aggregated by the model aggregator.
+  result_type = work.next.type_signature.result.result
+  assert result_type.placement == tff.CLIENTS
+  assert isinstance(result_type.member, tff.StructType)
+
+
+def test_exact_variant_is_not_secure_control():
+  work = secure_client_work(quantiles.build_estimator('exact', level=0.5))
+  assert tree_analysis.find_unsecure_aggregation_in_tree(
+      work.next.to_building_block())
+
+
+def test_secure_bisection_run_equals_exact_run(clients):
+  """Under TFF's test context, Algorithm 3 with bisection = the exact run."""
+  tff.backends.test.set_sync_test_cpp_execution_context()
+  try:
+    results = []
+    for estimator in (quantiles.build_estimator('exact', level=0.5),
+                      quantiles.build_estimator(
+                          'bisection', level=0.5, lower=0.0, upper=20.0,
+                          tolerance=1e-6)):
+      process = delta_fl.build_delta_fl(
+          synthetic.create_softmax_regression_model_fn(), sgd(), theta=0.5,
+          quantile_estimator=estimator)
+      state = start(process)
+      for round_clients in (clients, clients[1:]):
+        state = process.next(state, datasets(round_clients)).state
+      results.append(composition.model_weights_as_numpy(process, state))
+  finally:
+    tff.backends.native.set_sync_local_cpp_execution_context()
+  for a, b in zip(*results):
+    np.testing.assert_allclose(a, b, atol=1e-6)

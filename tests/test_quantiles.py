@@ -10,19 +10,15 @@ import math
 import numpy as np
 import pytest
 import tensorflow_federated as tff
-from tensorflow_federated.python.core.impl.compiler import building_blocks
 from tensorflow_federated.python.core.impl.compiler import intrinsic_defs
 from tensorflow_federated.python.core.impl.compiler import tree_analysis
-from tensorflow_federated.python.core.impl.types import type_analysis
 
 from tasks.tail_metrics import weighted_quantile
 from tests import quantile_oracles as oracles
+from tests.secure_checks import SECURE_URIS
+from tests.secure_checks import client_to_server_intrinsics
 from tff_algos import quantiles
 
-SECURE_URIS = {
-    intrinsic_defs.FEDERATED_SECURE_SUM_BITWIDTH.uri,
-    intrinsic_defs.FEDERATED_SECURE_SUM.uri,
-}
 F32 = tff.FederatedType(np.float32, tff.CLIENTS)
 
 
@@ -322,28 +318,6 @@ def test_private_tracks_unweighted_quantile_across_rounds():
 
 # ---------------------------------------------------------------------------
 # Only secure sums move client data to the server.
-
-
-def _has_placement(type_spec, placement):
-  return type_spec is not None and type_analysis.contains(
-      type_spec, lambda t: isinstance(t, tff.FederatedType)
-      and t.placement is placement)
-
-
-def client_to_server_intrinsics(comp):
-  """URIs of every intrinsic taking CLIENTS data and giving SERVER data."""
-  uris = []
-
-  def visit(block):
-    if isinstance(block, building_blocks.Intrinsic):
-      t = block.type_signature
-      if (isinstance(t, tff.FunctionType)
-          and _has_placement(t.parameter, tff.CLIENTS)
-          and _has_placement(t.result, tff.SERVER)):
-        uris.append(block.uri)
-
-  tree_analysis.visit_postorder(comp.to_building_block(), visit)
-  return uris
 
 
 @pytest.mark.parametrize('name,options,expected_calls', [

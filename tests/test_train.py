@@ -78,7 +78,9 @@ def test_missing_data_file_is_named(tmp_path):
 
 def test_killed_run_resumes_to_the_same_result(tmp_path):
   before = foreign_workers()
-  args = SMALL + ['--total_rounds=8', '--rounds_per_checkpoint=2',
+  # Enough rounds after the awaited checkpoint that the kill lands mid-run
+  # even on a loaded machine.
+  args = SMALL + ['--total_rounds=30', '--rounds_per_checkpoint=2',
                   '--algorithm=fedprox', '--proximal_strength=0.1',
                   '--straggler_fraction=0.5', '--client_epochs_per_round=2']
   code, stdout, stderr = run_train(
@@ -101,7 +103,7 @@ def test_killed_run_resumes_to_the_same_result(tmp_path):
   os.killpg(proc.pid, signal.SIGKILL)
   proc.wait()
   metrics = (tmp_path / 'killed' / 'metrics.csv').read_text().splitlines()
-  assert 1 < len(metrics) < 9
+  assert 1 < len(metrics) < 31
 
   code, _, stderr = run_train(args + ['--experiment_name=killed'], tmp_path)
   assert code == 0, stderr
@@ -111,7 +113,7 @@ def test_killed_run_resumes_to_the_same_result(tmp_path):
   assert whole == resumed
   rounds = [line.split(',')[0] for line in
             (tmp_path / 'killed' / 'metrics.csv').read_text().splitlines()[1:]]
-  assert rounds == [str(r) for r in range(1, 9)]
+  assert rounds == [str(r) for r in range(1, 31)]
   assert foreign_workers() <= before, 'a worker outlived the run'
 
 

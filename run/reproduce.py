@@ -12,6 +12,8 @@ standard deviation over seeds, with the exact commands.
 Experiments:
   qffl_synthetic      q-FFL q = 0 vs q = 1 on Synthetic(1,1), thesis Tab 4.5.
   term_synthetic      TERM t = 0 vs t = 1 on the same setting.
+  deltafl_synthetic   FedAvg vs Delta-FL theta in {0.8, 0.5, 0.1} on unseen
+                      test clients, the Delta-FL paper's Tables 2-3 metrics.
   fedprox_stragglers  FedAvg (drops stragglers) vs FedProx mu = 0 / mu = 1
                       with 90% stragglers, E = 20, thesis section 3.4.
 """
@@ -60,6 +62,24 @@ EXPERIMENTS = {
         'metric': 'test/accuracy',
         'columns': ('weighted_mean', 'mean', 'worst10', 'best10', 'variance',
                     'angle_deg', 'kl_uniform'),
+    },
+    'deltafl_synthetic': {
+        'base': [
+            '--task=synthetic', '--num_clients=200', '--test_clients_fraction=0.5',
+            '--synthetic_size_law=table_4_4', '--clients_per_round=20',
+            '--client_batch_size=10', '--client_learning_rate=0.1',
+            '--client_epochs_per_round=1',
+        ],
+        'variants': {
+            'FedAvg': ['--algorithm=fedavg'],
+            'Delta-FL theta=0.8': ['--algorithm=deltafl', '--theta=0.8'],
+            'Delta-FL theta=0.5': ['--algorithm=deltafl', '--theta=0.5'],
+            'Delta-FL theta=0.1': ['--algorithm=deltafl', '--theta=0.1'],
+        },
+        'rounds': 500,
+        'metric': 'test/error',
+        'columns': ('mean', 'p50', 'p80', 'p90', 'p95'),
+        'extra_metrics': (('train/loss', 'weighted_mean'), ('train/loss', 'p90')),
     },
     'fedprox_stragglers': {
         'base': [
@@ -123,7 +143,7 @@ def table(experiment: dict, results: dict[str, list[dict]]) -> str:
     for metric, column in metrics:
       values = np.array([r['summaries'][metric][column] for r in runs],
                         dtype=float)
-      scale = 100.0 if (metric.endswith('accuracy') and
+      scale = 100.0 if (metric.endswith(('accuracy', 'error')) and
                         column not in ('variance', 'angle_deg', 'kl_uniform')
                         ) else 1.0
       cells.append(f'{scale * values.mean():.4g} ({scale * values.std():.2g})')

@@ -323,6 +323,10 @@ def summarize(per_client: Mapping[str, Mapping[str, np.ndarray]]
       summaries[f'{split}/{metric}'] = tail_metrics.summarize_clients(
           column, n, kind=kind
       )
+      if metric == 'accuracy':
+        # The Delta-FL paper reports misclassification-error percentiles.
+        summaries[f'{split}/error'] = tail_metrics.summarize_clients(
+            1.0 - np.asarray(column, np.float64), n, kind='error')
   return summaries
 
 

@@ -39,5 +39,5 @@ pip=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
 "${pip[@]}" install -r requirements.txt
 "${pip[@]}" install --no-deps -r requirements-nodeps.txt
 "${pip[@]}" install --no-deps --no-build-isolation -e .
-"$VENV/bin/python" -c 'import tensorflow_federated as tff; print("bootstrap: tensorflow-federated", tff.__version__, "ready")' >&2
+TF_CPP_MIN_LOG_LEVEL=3 "$VENV/bin/python" -c 'import tensorflow_federated as tff; print("bootstrap: tensorflow-federated", tff.__version__, "ready")' >&2
 touch "$stamp"

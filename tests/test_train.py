@@ -9,7 +9,6 @@ import time
 
 import pytest
 
-from tff_algos import runtime
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL = ['--task=synthetic', '--num_clients=12', '--synthetic_size_law=constant',
@@ -18,10 +17,30 @@ SMALL = ['--task=synthetic', '--num_clients=12', '--synthetic_size_law=constant'
          '--progress=false']
 
 
-def foreign_workers() -> set[int]:
-  """Worker processes that are not this test process's own children."""
-  return {pid for pid in runtime.worker_pids()
-          if pid not in runtime.worker_pids(os.getpid())}
+def group_members(pgid: int) -> list[int]:
+  """Live processes in process group `pgid` (a run started in its own)."""
+  members = []
+  for entry in os.listdir('/proc'):
+    if not entry.isdigit():
+      continue
+    try:
+      with open(f'/proc/{entry}/stat') as f:
+        stat = f.read()
+    except OSError:
+      continue
+    fields = stat[stat.rfind(')') + 2:].split()
+    if fields[0] != 'Z' and int(fields[2]) == pgid:
+      members.append(int(entry))
+  return members
+
+
+def assert_no_leftover(pgid: int) -> None:
+  """Nothing of a finished run, its TFF worker included, is still alive."""
+  deadline = time.monotonic() + 10
+  while group_members(pgid) and time.monotonic() < deadline:
+    time.sleep(0.1)
+  left = group_members(pgid)
+  assert not left, f'processes outlived the run: {left}'
 
 
 def start(args, out_dir):
@@ -34,12 +53,14 @@ def start(args, out_dir):
 
 
 def run_train(args, out_dir, timeout=300):
+  """Runs the binary in its own process group; checks nothing outlives it."""
   proc = start(args, out_dir)
   try:
     stdout, stderr = proc.communicate(timeout=timeout)
   finally:
     if proc.poll() is None:
       os.killpg(proc.pid, signal.SIGKILL)
+  assert_no_leftover(proc.pid)
   return proc.returncode, stdout, stderr
 
 
@@ -77,7 +98,6 @@ def test_missing_data_file_is_named(tmp_path):
 
 
 def test_killed_run_resumes_to_the_same_result(tmp_path):
-  before = foreign_workers()
   # Enough rounds after the awaited checkpoint that the kill lands mid-run
   # even on a loaded machine.
   args = SMALL + ['--total_rounds=30', '--rounds_per_checkpoint=2',
@@ -87,7 +107,6 @@ def test_killed_run_resumes_to_the_same_result(tmp_path):
       args + ['--experiment_name=whole'], tmp_path)
   assert code == 0, stderr
   assert 'test/accuracy' in stdout and 'p90' in stdout
-  assert foreign_workers() <= before, 'a worker outlived the run'
 
   # Kill the whole process group (driver and its TFF worker) mid-run.
   proc = start(args + ['--experiment_name=killed'], tmp_path)
@@ -102,6 +121,7 @@ def test_killed_run_resumes_to_the_same_result(tmp_path):
   assert proc.poll() is None, 'the run ended before it could be killed'
   os.killpg(proc.pid, signal.SIGKILL)
   proc.wait()
+  assert_no_leftover(proc.pid)
   metrics = (tmp_path / 'killed' / 'metrics.csv').read_text().splitlines()
   assert 1 < len(metrics) < 31
 
@@ -114,7 +134,6 @@ def test_killed_run_resumes_to_the_same_result(tmp_path):
   rounds = [line.split(',')[0] for line in
             (tmp_path / 'killed' / 'metrics.csv').read_text().splitlines()[1:]]
   assert rounds == [str(r) for r in range(1, 31)]
-  assert foreign_workers() <= before, 'a worker outlived the run'
 
 
 def test_resume_with_changed_flags_is_refused(tmp_path):
@@ -123,3 +142,33 @@ def test_resume_with_changed_flags_is_refused(tmp_path):
   code, _, stderr = run_train(args + ['--client_learning_rate=0.5'], tmp_path)
   assert code == 1
   assert 'client_learning_rate' in error_lines(stderr)[-1]
+
+
+LEAKY_SCRIPT = '''
+import numpy as np
+import tensorflow_federated as tff
+{cleanup}
+@tff.federated_computation(tff.FederatedType(np.float32, tff.CLIENTS))
+def total(x):
+  return tff.federated_sum(x)
+print(total([1.0, 2.0]))
+'''
+
+
+@pytest.mark.parametrize('cleanup, leaks', [
+    ('', True),
+    ('from tff_algos import runtime; runtime.install_worker_cleanup()', False),
+])
+def test_stock_tff_leaks_its_worker_and_the_cleanup_ends_it(cleanup, leaks):
+  """Shows the hazard the binaries guard against, and that the check sees it."""
+  proc = subprocess.Popen(
+      [sys.executable, '-c', LEAKY_SCRIPT.format(cleanup=cleanup)], cwd=ROOT,
+      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+      start_new_session=True)
+  try:
+    assert proc.wait(timeout=120) == 0
+    time.sleep(1)
+    assert bool(group_members(proc.pid)) == leaks
+  finally:
+    if group_members(proc.pid):
+      os.killpg(proc.pid, signal.SIGKILL)

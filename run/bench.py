@@ -54,6 +54,7 @@ if not (3, 9) <= sys.version_info[:2] <= (3, 11):
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
+import contextlib
 import dataclasses
 import json
 import math
@@ -191,14 +192,12 @@ def config_from_flags(
 def machine_info() -> dict[str, Any]:
   """Cores, CPU model and versions, for the record."""
   cpu = platform.processor() or platform.machine()
-  try:
+  with contextlib.suppress(OSError):  # No /proc/cpuinfo: keep the default.
     with open('/proc/cpuinfo') as f:
       for line in f:
         if line.startswith('model name'):
           cpu = line.split(':', 1)[1].strip()
           break
-  except OSError:
-    pass
   info = {
       'nproc': len(os.sched_getaffinity(0)) if hasattr(
           os, 'sched_getaffinity') else os.cpu_count(),

@@ -13,6 +13,7 @@ its own process group and kill the group (the test suite and `.ci/run` do).
 """
 
 import atexit
+import contextlib
 import os
 import signal
 import time
@@ -66,10 +67,8 @@ def kill_workers(parent: Optional[int] = None, timeout: float = 5.0) -> int:
   parent = os.getpid() if parent is None else parent
   pids = worker_pids(parent)
   for pid in pids:
-    try:
+    with contextlib.suppress(OSError):  # Already gone.
       os.kill(pid, signal.SIGINT)
-    except OSError:
-      pass
   deadline = time.monotonic() + timeout
   alive = list(pids)
   while alive and time.monotonic() < deadline:
@@ -77,21 +76,16 @@ def kill_workers(parent: Optional[int] = None, timeout: float = 5.0) -> int:
     if alive:
       time.sleep(0.05)
   for pid in alive:
-    try:
+    with contextlib.suppress(OSError):
       os.kill(pid, signal.SIGKILL)
-    except OSError:
-      pass
   return len(pids)
 
 
 def _alive(pid: int) -> bool:
-  try:
-    # Reap it if it is our child; otherwise just probe.
+  with contextlib.suppress(ChildProcessError):  # Not our child: probe only.
     done, _ = os.waitpid(pid, os.WNOHANG)
     if done == pid:
       return False
-  except ChildProcessError:
-    pass
   info = _read_stat(pid)
   return info is not None
 
@@ -154,8 +148,6 @@ def exit_now(code: int) -> None:
 
   kill_workers()
   for stream in (sys.stdout, sys.stderr):
-    try:
+    with contextlib.suppress(OSError, ValueError):  # Closed stream.
       stream.flush()
-    except (OSError, ValueError):
-      pass
   os._exit(code)  # pylint: disable=protected-access

@@ -63,11 +63,8 @@ def build_afl_client_work(
     initially uniform) whose results are each client's mean gradient with
     weight lambda_k.
   """
-  if metrics_aggregator is None:
-    metrics_aggregator = tff.learning.metrics.sum_then_finalize
-  weights_type, seq_type, finalizers, unfinalized_type = (
-      client_work_lib.model_types(model_fn))
-  metrics_aggregation_fn = metrics_aggregator(finalizers, unfinalized_type)
+  weights_type, seq_type, metrics_aggregation_fn = (
+      client_work_lib.model_types_and_metrics(model_fn, metrics_aggregator))
   data_type = tff.StructWithPythonType(
       [('data', seq_type),
        (CLIENT_INDEX_KEY, tff.SequenceType(tff.TensorType(np.int32)))],

@@ -210,6 +210,31 @@ def model_types(model_fn: ModelFn):
   return weights_type, tff.SequenceType(element_type), finalizers, unfinalized_type
 
 
+def model_types_and_metrics(
+    model_fn: ModelFn,
+    metrics_aggregator: Optional[Callable[..., tff.Computation]] = None,
+):
+  """`(weights_type, data_type, metrics_aggregation_fn)` of a client work.
+
+  `metrics_aggregator` defaults to `tff.learning.metrics.sum_then_finalize`.
+  """
+  if metrics_aggregator is None:
+    metrics_aggregator = tff.learning.metrics.sum_then_finalize
+  weights_type, data_type, finalizers, unfinalized_type = model_types(model_fn)
+  return (weights_type, data_type,
+          metrics_aggregator(finalizers, unfinalized_type))
+
+
+def empty_server_state() -> tff.Computation:
+  """The `initialize` of a client work without server state."""
+
+  @tff.federated_computation
+  def init_fn():
+    return tff.federated_value((), tff.SERVER)
+
+  return init_fn
+
+
 def build_local_training_client_work(
     model_fn: ModelFn,
     optimizer: tff.learning.optimizers.Optimizer,
@@ -244,10 +269,8 @@ def build_local_training_client_work(
         'optimizer must be a tff.learning.optimizers.Optimizer, got '
         f'{type(optimizer).__name__}'
     )
-  if metrics_aggregator is None:
-    metrics_aggregator = tff.learning.metrics.sum_then_finalize
-  weights_type, data_type, finalizers, unfinalized_type = model_types(model_fn)
-  metrics_aggregation_fn = metrics_aggregator(finalizers, unfinalized_type)
+  weights_type, data_type, metrics_aggregation_fn = (
+      model_types_and_metrics(model_fn, metrics_aggregator))
 
   @tff.tensorflow.computation(weights_type, data_type)
   def client_update(initial_weights, dataset):
@@ -270,9 +293,7 @@ def build_local_training_client_work(
 
     return train(initial_weights, dataset)
 
-  @tff.federated_computation
-  def init_fn():
-    return tff.federated_value((), tff.SERVER)
+  init_fn = empty_server_state()
 
   @tff.federated_computation(
       init_fn.type_signature.result,

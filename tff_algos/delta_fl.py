@@ -93,11 +93,8 @@ def build_delta_fl_client_work(
   """
   del theta  # The estimator carries the level 1 - theta.
   slack = filter_slack(quantile_estimator)
-  if metrics_aggregator is None:
-    metrics_aggregator = tff.learning.metrics.sum_then_finalize
-  weights_type, data_type, finalizers, unfinalized_type = (
-      client_work_lib.model_types(model_fn))
-  metrics_aggregation_fn = metrics_aggregator(finalizers, unfinalized_type)
+  weights_type, data_type, metrics_aggregation_fn = (
+      client_work_lib.model_types_and_metrics(model_fn, metrics_aggregator))
 
   @tff.tensorflow.computation(weights_type, data_type)
   def client_loss(weights, dataset):
@@ -141,9 +138,7 @@ def build_delta_fl_client_work(
 
     return run(weights, dataset, loss, alpha, threshold)
 
-  @tff.federated_computation
-  def init_fn():
-    return tff.federated_value((), tff.SERVER)
+  init_fn = client_work_lib.empty_server_state()
 
   @tff.federated_computation(
       init_fn.type_signature.result,

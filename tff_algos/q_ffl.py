@@ -88,11 +88,8 @@ def build_q_ffl_client_work(
     the mean pre-training loss of the selected clients (`loss_at_broadcast`).
   """
   q, lipschitz_constant = _validate(q, lipschitz_constant)
-  if metrics_aggregator is None:
-    metrics_aggregator = tff.learning.metrics.sum_then_finalize
-  weights_type, data_type, finalizers, unfinalized_type = (
-      client_work_lib.model_types(model_fn))
-  metrics_aggregation_fn = metrics_aggregator(finalizers, unfinalized_type)
+  weights_type, data_type, metrics_aggregation_fn = (
+      client_work_lib.model_types_and_metrics(model_fn, metrics_aggregator))
 
   @tff.tensorflow.computation(weights_type, data_type)
   def client_update(initial_weights, dataset):
@@ -129,9 +126,7 @@ def build_q_ffl_client_work(
 
     return run(initial_weights, dataset)
 
-  @tff.federated_computation
-  def init_fn():
-    return tff.federated_value((), tff.SERVER)
+  init_fn = client_work_lib.empty_server_state()
 
   @tff.federated_computation(
       init_fn.type_signature.result,
@@ -166,9 +161,7 @@ def build_q_ffl_finalizer(
     return tff.learning.models.ModelWeights(
         trainable=trainable, non_trainable=weights.non_trainable)
 
-  @tff.federated_computation
-  def init_fn():
-    return tff.federated_value((), tff.SERVER)
+  init_fn = client_work_lib.empty_server_state()
 
   @tff.federated_computation(
       init_fn.type_signature.result,

@@ -132,8 +132,14 @@ def select_clients(
   unknown = set(client_ids) - set(client_data.client_ids)
   if unknown:
     raise TaskError(f'unknown client ids: {sorted(unknown)[:5]}')
+  def dataset_fn(client_id):
+    # TFF's `serializable_dataset_fn` is often a `tf.function` method, which
+    # holds its instance only weakly: this closure keeps `client_data` alive,
+    # or the subset would fail once the caller drops the source.
+    return client_data.serializable_dataset_fn(client_id)
+
   return tff.simulation.datasets.ClientData.from_clients_and_tf_fn(
-      list(client_ids), client_data.serializable_dataset_fn
+      list(client_ids), dataset_fn
   )
 
 

@@ -251,26 +251,27 @@ def create_task(
     if validation_fraction:
       val[cid] = (x[va], y[va])
   preprocess_train, preprocess_eval = make_preprocess_fns(batch_size)
-  train_data, test_data = _client_data(train), _client_data(test)
   protocol = 'per-client test splits'
   if test_clients_fraction:
-    everything = _client_data({
-        f'{k:0{width}d}': (x, y) for k, (x, y) in enumerate(clients)})
-    train_ids, _ = (sorted(d.client_ids) for d in base.split_clients(
-        everything, test_fraction=test_clients_fraction, seed=seed))
-    test_ids = sorted(set(everything.client_ids) - set(train_ids))
-    train_data = base.select_clients(train_data, train_ids)
-    test_data = base.select_clients(everything, test_ids)
+    everything = {f'{k:0{width}d}': (x, y) for k, (x, y) in enumerate(clients)}
+    train_ids, test_ids = (sorted(d.client_ids) for d in base.split_clients(
+        _client_data(everything), test_fraction=test_clients_fraction,
+        seed=seed))
+    # Subsets are built from the arrays: a TFF TestClientData subset made
+    # through `serializable_dataset_fn` retraces (and embeds every client's
+    # data) once per client.
+    train = {cid: train[cid] for cid in train_ids}
+    val = {cid: val[cid] for cid in train_ids if cid in val}
+    test = {cid: everything[cid] for cid in test_ids}
     protocol = f'{len(test_ids)} unseen test clients'
+  train_data, test_data = _client_data(train), _client_data(test)
   name = 'synthetic_iid' if iid else 'synthetic'
   label = 'Synthetic-IID' if iid else f'Synthetic({alpha:g},{beta:g})'
   return base.FederatedTask(
       name=name,
       train_data=train_data,
       test_data=test_data,
-      validation_data=(base.select_clients(_client_data(val),
-                                           train_data.client_ids)
-                       if validation_fraction else None),
+      validation_data=_client_data(val) if validation_fraction else None,
       model_fn=create_softmax_regression_model_fn(),
       preprocess_train=preprocess_train,
       preprocess_eval=preprocess_eval,

@@ -93,3 +93,35 @@ def test_preprocessing_batches_within_epochs_and_shuffles_reproducibly():
 def test_validation(kwargs):
   with pytest.raises(base.TaskError):
     synthetic.create_task(**kwargs)
+
+
+def test_unseen_test_clients_are_disjoint_and_complete():
+  """Unseen test clients hold all their data; training clients their split."""
+  task = synthetic.create_task(num_clients=10, seed=0,
+                               test_clients_fraction=0.5)
+  full = synthetic.create_task(num_clients=10, seed=0)
+  train_ids, test_ids = set(task.train_data.client_ids), set(
+      task.test_data.client_ids)
+  assert not train_ids & test_ids
+  assert train_ids | test_ids == set(full.train_data.client_ids)
+  count = lambda data, cid: sum(
+      1 for _ in data.create_tf_dataset_for_client(cid))
+  for cid in sorted(test_ids):
+    assert count(task.test_data, cid) == (
+        count(full.train_data, cid) + count(full.test_data, cid))
+  for cid in sorted(train_ids):
+    assert count(task.train_data, cid) == count(full.train_data, cid)
+
+
+def test_select_clients_keeps_its_source_alive():
+  """TFF holds a tf.function method's instance weakly; the subset must not."""
+  import gc  # pylint: disable=g-import-not-at-top
+  import weakref  # pylint: disable=g-import-not-at-top
+  source = synthetic.create_task(num_clients=4, seed=0).train_data
+  ref = weakref.ref(source)
+  subset = base.select_clients(source, source.client_ids[:2])
+  del source
+  gc.collect()
+  assert ref() is not None
+  assert sum(1 for _ in subset.create_tf_dataset_for_client(
+      subset.client_ids[1])) > 0

@@ -8,7 +8,7 @@
 | `qffl` | `tff_algos.q_ffl.build_q_fedavg` | `q`, `q_lipschitz` (default 1 / client lr) |
 | `qfedsgd` | `tff_algos.q_ffl.build_q_fedsgd` | `q`, `q_lipschitz` (default 1 / client lr) |
 | `term` | `tff_algos.term.build_term` | `tilt` |
-| `deltafl` | `tff_algos.delta_fl.build_delta_fl` | `theta`, `secure_quantile` (none, mm, bisection, private), `strict_filter`, `uniform_weights`, `weight_decay` |
+| `deltafl` | `tff_algos.delta_fl.build_delta_fl` (`build_delta_fl_family` with `thetas`) | `theta` or `thetas`, `secure_quantile` (none, mm, bisection, private), `strict_filter`, `uniform_weights`, `weight_decay` |
 | `afl` | `tff_algos.afl.build_afl` | `afl_lambda_lr` (gamma_lambda); gamma_w is the client learning rate |
 """
 
@@ -76,6 +76,7 @@ class AlgorithmSpec:
   tilt: float = 0.0
   afl_lambda_lr: float = 0.0
   theta: float = 1.0
+  thetas: tuple[float, ...] = ()
   secure_quantile: str = 'none'
   strict_filter: bool = False
   uniform_weights: bool = False
@@ -146,6 +147,17 @@ class AlgorithmSpec:
       raise ValueError(f'--theta must be in (0, 1], got {self.theta}')
     if self.theta != 1.0 and self.name != 'deltafl':
       raise ValueError(f'--theta applies to deltafl only, not {self.name}')
+    if self.thetas:
+      if self.name != 'deltafl':
+        raise ValueError(f'--thetas applies to deltafl only, not {self.name}')
+      if self.theta != 1.0:
+        raise ValueError('give either --theta (one model) or --thetas (a '
+                         'family), not both')
+      bad = [t for t in self.thetas if not 0.0 < t <= 1.0]
+      if bad:
+        raise ValueError(f'--thetas must be in (0, 1], got {bad[0]}')
+      if len(set(self.thetas)) != len(self.thetas):
+        raise ValueError(f'--thetas must be distinct, got {list(self.thetas)}')
     if self.secure_quantile not in SECURE_QUANTILES:
       raise ValueError(
           f'unknown --secure_quantile={self.secure_quantile!r}; choose one '
@@ -174,7 +186,9 @@ class AlgorithmSpec:
         'qffl': f', q={self.q:g}, L={self.lipschitz_constant:g}',
         'qfedsgd': f', q={self.q:g}, L={self.lipschitz_constant:g}',
         'term': f', t={self.tilt:g}',
-        'deltafl': f', theta={self.theta:g}, quantile={self.secure_quantile}'
+        'deltafl': (f', thetas={",".join(f"{t:g}" for t in self.thetas)}'
+                    if self.thetas else f', theta={self.theta:g}')
+                   + f', quantile={self.secure_quantile}'
                    f'{", strict >" if self.strict_filter else ", >="}',
         'afl': f', gamma_w={self.client_learning_rate:g}, '
                f'gamma_lambda={self.afl_lambda_lr:g}',
@@ -210,6 +224,17 @@ def build_process(
 ) -> tff.learning.templates.LearningProcess:
   """The `LearningProcess` of `spec` for `model_fn` (AFL: `num_clients`)."""
   spec.validate()
+  if spec.name == 'deltafl' and spec.thetas:
+    return delta_fl.build_delta_fl_family(
+        model_fn, build_optimizer(spec.client_optimizer,
+                                  spec.client_learning_rate),
+        build_optimizer(spec.server_optimizer, spec.server_learning_rate,
+                        spec.server_momentum),
+        thetas=spec.thetas,
+        quantile_estimator_fn=lambda t: quantile_estimator(
+            dataclasses.replace(spec, theta=t, thetas=())),
+        strict_filter=spec.strict_filter,
+        uniform_weights=spec.uniform_weights, weight_decay=spec.weight_decay)
   if spec.name == 'deltafl':
     return delta_fl.build_delta_fl(
         model_fn, build_optimizer(spec.client_optimizer,

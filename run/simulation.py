@@ -160,8 +160,9 @@ def flatten_metrics(metrics: Mapping[str, Any]) -> dict[str, Any]:
   _flatten('', metrics, flat)
   renamed = {}
   for key, value in flat.items():
-    if key.startswith('client_work/train/'):
-      key = 'train/' + key[len('client_work/train/'):]
+    head, sep, tail = key.partition('client_work/train/')
+    if sep and (not head or head.count('/') == 1):  # Also `member/...`.
+      key = f'{head}train/{tail}'
     renamed[key] = value
   return renamed
 
@@ -317,7 +318,7 @@ def summarize(per_client: Mapping[str, Mapping[str, np.ndarray]]
       if metric == 'accuracy':
         kind = 'accuracy'
       elif metric == 'loss':
-        kind = 'train_loss' if split == 'train' else 'loss'
+        kind = 'train_loss' if split.endswith('train') else 'loss'
       else:
         kind = 'loss'
       summaries[f'{split}/{metric}'] = tail_metrics.summarize_clients(
@@ -480,10 +481,19 @@ def run_simulation(
 
 def _evaluate(process, state, task, eval_computation, config, outputs,
               round_num):
-  per_client = evaluate_per_client(
-      task, eval_computation, process.get_model_weights(state),
-      include_train=config.eval_train_clients,
-  )
+  weights = process.get_model_weights(state)
+  if isinstance(weights, Mapping):  # A family: one model per member.
+    per_client = {}
+    for member, member_weights in weights.items():
+      for split, values in evaluate_per_client(
+          task, eval_computation, member_weights,
+          include_train=config.eval_train_clients).items():
+        per_client[f'{member}/{split}'] = values
+  else:
+    per_client = evaluate_per_client(
+        task, eval_computation, weights,
+        include_train=config.eval_train_clients,
+    )
   if outputs:
     _write_client_csv(
         os.path.join(outputs.clients_dir, f'round_{round_num:05d}.csv'),
@@ -493,8 +503,10 @@ def _evaluate(process, state, task, eval_computation, config, outputs,
 
 
 def _check_finite(metrics: Mapping[str, Any], round_num: int) -> None:
-  loss = metrics.get('train/loss')
-  if loss is not None and not math.isfinite(loss):
+  losses = [v for k, v in metrics.items()
+            if k == 'train/loss' or k.endswith('/train/loss')]
+  loss = next((v for v in losses if not math.isfinite(v)), None)
+  if loss is not None:
     raise SimulationError(
         f'training diverged at round {round_num} (train loss {loss}); lower'
         ' the learning rates. Checkpoints of earlier rounds are kept.'

@@ -89,6 +89,10 @@ _AFL_LAMBDA_LR = flags.DEFINE_float(
     'number of clients, as the paper.')
 _THETA = flags.DEFINE_float(
     'theta', 1.0, 'Delta-FL conformity level in (0, 1] (deltafl; 1 is FedAvg).')
+_THETAS = flags.DEFINE_list(
+    'thetas', [], 'Delta-FL family: train one model per conformity level in '
+    'one run on the same sampled clients, e.g. --thetas=1,0.8,0.5,0.1 '
+    '(deltafl; replaces --theta; metrics are prefixed theta_<t>/).')
 _SECURE_QUANTILE = flags.DEFINE_string(
     'secure_quantile', 'none',
     'Delta-FL quantile through secure sums only: none (exact; the server sees '
@@ -201,6 +205,15 @@ def experiment_dir() -> str:
   return os.path.join(_ROOT.value, name)
 
 
+def _parse_floats(flag: str, values: list[str]) -> tuple[float, ...]:
+  try:
+    return tuple(float(v) for v in values)
+  except ValueError:
+    raise UsageError(
+        f'--{flag} must be a comma-separated list of numbers, got '
+        f'{",".join(values)!r}') from None
+
+
 def prepare():
   """Validates the flags and builds `(task, process, config, out_dir)`."""
   spec = algorithms.AlgorithmSpec(
@@ -217,6 +230,7 @@ def prepare():
       tilt=_TILT.value,
       afl_lambda_lr=_AFL_LAMBDA_LR.value,
       theta=_THETA.value,
+      thetas=_parse_floats('thetas', _THETAS.value),
       secure_quantile=_SECURE_QUANTILE.value,
       strict_filter=_STRICT.value,
       uniform_weights=_UNIFORM_WEIGHTS.value,

@@ -249,3 +249,40 @@ def test_secure_bisection_run_equals_exact_run(clients):
     tff.backends.native.set_sync_local_cpp_execution_context()
   for a, b in zip(*results):
     np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+def test_family_equals_its_members_run_separately(clients):
+  """One run trains a model per level; each equals its own Delta-FL run."""
+  model_fn = synthetic.create_softmax_regression_model_fn()
+  thetas = (1.0, 0.5, 0.2)
+  family = delta_fl.build_delta_fl_family(model_fn, sgd(), thetas=thetas)
+  weights = family.get_model_weights(family.initialize())
+  assert list(weights) == ['theta_1', 'theta_0.5', 'theta_0.2']
+  state = family.set_model_weights(
+      family.initialize(), collections.OrderedDict(
+          (name, tff.learning.models.ModelWeights(
+              trainable=list(random_model()),
+              non_trainable=w.non_trainable))
+          for name, w in weights.items()))
+  rounds = [clients, clients[1:]]
+  for round_clients in rounds:
+    out = family.next(state, datasets(round_clients))
+    state = out.state
+  assert set(out.metrics) == {'theta_1', 'theta_0.5', 'theta_0.2'}
+  assert out.metrics['theta_1']['client_work']['fraction_kept'] == 1.0
+  assert out.metrics['theta_0.2']['client_work']['fraction_kept'] < 1.0
+  final = family.get_model_weights(state)
+  for theta in thetas:
+    w_ref, b_ref = delta_fl_oracle(rounds, theta)
+    w, b = final[delta_fl.member_name(theta)].trainable
+    np.testing.assert_allclose(w, w_ref, rtol=1e-4, atol=2e-6)
+    np.testing.assert_allclose(b, b_ref, rtol=1e-4, atol=2e-6)
+
+
+@pytest.mark.parametrize('thetas, error', [
+    ((), ValueError), ((0.5, 0.5), ValueError), ('0.5', TypeError),
+    ((0.5, True), TypeError), ((0.5, 1.5), ValueError)])
+def test_family_validation(thetas, error):
+  with pytest.raises(error):
+    delta_fl.build_delta_fl_family(
+        synthetic.create_softmax_regression_model_fn(), sgd(), thetas=thetas)

@@ -79,6 +79,10 @@ def error_lines(stderr: str) -> list[str]:
     (['--algorithm=term', '--tilt=nan'], 'tilt must be finite'),
     (['--client_optimizer=lbfgs'], "unknown --client_optimizer='lbfgs'"),
     (['--task=emnist_character'], 'pass --data_dir'),
+    (['--thetas=0.5,0.1'], '--thetas applies to deltafl only'),
+    (['--algorithm=deltafl', '--thetas=0.5,x'], '--thetas must be a comma'),
+    (['--algorithm=deltafl', '--thetas=0.5,0.5'], '--thetas must be distinct'),
+    (['--algorithm=deltafl', '--theta=0.5', '--thetas=0.1'], 'not both'),
 ])
 def test_bad_input_gives_one_line_and_exit_2(args, message, tmp_path):
   code, _, stderr = run_train(SMALL + ['--total_rounds=2'] + args, tmp_path)
@@ -172,3 +176,23 @@ def test_stock_tff_leaks_its_worker_and_the_cleanup_ends_it(cleanup, leaks):
   finally:
     if group_members(proc.pid):
       os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_delta_fl_family_run_evaluates_every_level(tmp_path):
+  """--thetas trains and evaluates one model per level in one run."""
+  code, stdout, stderr = run_train(
+      SMALL + ['--algorithm=deltafl', '--thetas=1,0.3', '--total_rounds=2',
+               '--test_clients_fraction=0.25', '--experiment_name=family'],
+      tmp_path)
+  assert code == 0, stderr
+  with open(tmp_path / 'family' / 'summary.json') as f:
+    summaries = json.load(f)['summaries']
+  for member in ('theta_1', 'theta_0.3'):
+    for split in ('test', 'train'):
+      assert 0.0 <= summaries[f'{member}/{split}/error']['mean'] <= 1.0
+  # Round 1 ties at the zero model (all kept); round 2 filters.
+  assert (summaries['theta_1/test/loss']['mean'] !=
+          summaries['theta_0.3/test/loss']['mean'])
+  header = (tmp_path / 'family' / 'metrics.csv').read_text().splitlines()[0]
+  assert 'theta_0.3/train/loss' in header
+  assert 'theta_0.3/client_work/fraction_kept' in header

@@ -35,7 +35,8 @@ then gives the exact top set. Both are exposed (`strict_filter`).
 """
 
 import collections
-from collections.abc import Callable
+import collections.abc
+from collections.abc import Callable, Sequence
 from typing import Any, Optional
 
 import numpy as np
@@ -271,3 +272,99 @@ def build_delta_fl(
       model_distributor=model_distributor,
       model_aggregator=(model_aggregator or
                         tff.aggregators.MeanFactory(no_nan_division=True)))
+
+
+def member_name(theta: float) -> str:
+  """The key of the level-`theta` model in a family: `theta_0.5`."""
+  return f'theta_{theta:g}'
+
+
+def build_delta_fl_family(
+    model_fn: ModelFn,
+    client_optimizer_fn: tff.learning.optimizers.Optimizer,
+    server_optimizer_fn: Optional[tff.learning.optimizers.Optimizer] = None,
+    *,
+    thetas: Sequence[float],
+    quantile_estimator_fn: Optional[Callable[[float], Any]] = None,
+    **options: Any,
+) -> tff.learning.templates.LearningProcess:
+  """Builds one Delta-FL model per conformity level, trained in one run.
+
+  The paper keeps one model per level theta (Pillutla et al., section 5). This
+  process trains them side by side on the same sampled clients each round:
+  member `theta_<t>` is exactly `build_delta_fl(..., theta=t)` run on those
+  clients (each level computes its own losses, quantile and filter), so a
+  family equals its members run separately on the same client schedule, and
+  levels are compared on identical client draws.
+
+  Args:
+    model_fn: No-arg callable returning a new `VariableModel`.
+    client_optimizer_fn: Local solver, shared by the members.
+    server_optimizer_fn: Server optimizer, shared by the members.
+    thetas: Distinct conformity levels in (0, 1]; 1 adds a FedAvg member.
+    quantile_estimator_fn: `theta -> estimator` of level 1 - theta (default:
+      exact).
+    **options: Other keyword options of `build_delta_fl` (`strict_filter`,
+      `uniform_weights`, `weight_decay`, `model_aggregator`, ...).
+
+  Returns:
+    A `LearningProcess` whose state, metrics and `get_model_weights` are
+    ordered mappings from `member_name(theta)` to each member's.
+
+  Raises:
+    TypeError / ValueError: For invalid arguments.
+  """
+  if isinstance(thetas, (str, bytes)) or not isinstance(
+      thetas, collections.abc.Sequence):
+    raise TypeError(f'thetas must be a sequence of floats, got {thetas!r}')
+  if not thetas:
+    raise ValueError('thetas must name at least one level')
+  for theta in thetas:
+    if isinstance(theta, bool) or not isinstance(theta, (int, float)):
+      raise TypeError(f'thetas must be floats, got {theta!r}')
+  names = [member_name(float(t)) for t in thetas]
+  if len(set(names)) != len(names):
+    raise ValueError(f'thetas must be distinct, got {list(thetas)}')
+  members = collections.OrderedDict()
+  for theta, name in zip(thetas, names):
+    estimator = quantile_estimator_fn(theta) if quantile_estimator_fn else None
+    members[name] = build_delta_fl(
+        model_fn, client_optimizer_fn, server_optimizer_fn, theta=theta,
+        quantile_estimator=estimator, **options)
+  first = next(iter(members.values()))
+  data_type = first.next.type_signature.parameter[1]
+  state_type = tff.StructWithPythonType(
+      [(n, p.initialize.type_signature.result.member)
+       for n, p in members.items()], collections.OrderedDict)
+  weights_type = tff.StructWithPythonType(
+      [(n, p.get_model_weights.type_signature.result)
+       for n, p in members.items()], collections.OrderedDict)
+
+  @tff.federated_computation
+  def init_fn():
+    return tff.federated_zip(collections.OrderedDict(
+        (n, p.initialize()) for n, p in members.items()))
+
+  @tff.federated_computation(tff.FederatedType(state_type, tff.SERVER),
+                             data_type)
+  def next_fn(state, client_data):
+    states, metrics = collections.OrderedDict(), collections.OrderedDict()
+    for n, p in members.items():
+      output = p.next(state[n], client_data)
+      states[n], metrics[n] = output.state, output.metrics
+    return tff.learning.templates.LearningProcessOutput(
+        tff.federated_zip(states), tff.federated_zip(metrics))
+
+  @tff.federated_computation(state_type)
+  def get_model_weights(state):
+    return collections.OrderedDict(
+        (n, p.get_model_weights(state[n])) for n, p in members.items())
+
+  @tff.federated_computation(state_type, weights_type)
+  def set_model_weights(state, weights):
+    return collections.OrderedDict(
+        (n, p.set_model_weights(state[n], weights[n]))
+        for n, p in members.items())
+
+  return tff.learning.templates.LearningProcess(
+      init_fn, next_fn, get_model_weights, set_model_weights)

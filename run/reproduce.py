@@ -14,6 +14,9 @@ Experiments:
   term_synthetic      TERM t = 0 vs t = 1 on the same setting.
   deltafl_synthetic   FedAvg vs Delta-FL theta in {0.8, 0.5, 0.1} on unseen
                       test clients, the Delta-FL paper's Tables 2-3 metrics.
+  deltafl_family_synthetic
+                      The same four models trained as one family per seed
+                      (--thetas), with a per-client test-error histogram.
   fedprox_stragglers  FedAvg (drops stragglers) vs FedProx mu = 0 / mu = 1
                       with 90% stragglers, E = 20, thesis section 3.4.
 """
@@ -81,6 +84,30 @@ EXPERIMENTS = {
         'columns': ('mean', 'p50', 'p80', 'p90', 'p95'),
         'extra_metrics': (('train/loss', 'weighted_mean'), ('train/loss', 'p90')),
     },
+    'deltafl_family_synthetic': {
+        # The same comparison as deltafl_synthetic, with the four models
+        # trained side by side in one run per seed on identical client draws.
+        'base': [
+            '--task=synthetic', '--num_clients=200', '--test_clients_fraction=0.5',
+            '--synthetic_size_law=table_4_4', '--clients_per_round=20',
+            '--client_batch_size=10', '--client_learning_rate=0.1',
+            '--client_epochs_per_round=1',
+        ],
+        'variants': {
+            'family': ['--algorithm=deltafl', '--thetas=1,0.8,0.5,0.1'],
+        },
+        'members': {
+            'FedAvg (theta=1)': 'theta_1',
+            'Delta-FL theta=0.8': 'theta_0.8',
+            'Delta-FL theta=0.5': 'theta_0.5',
+            'Delta-FL theta=0.1': 'theta_0.1',
+        },
+        'rounds': 300,
+        'metric': 'test/error',
+        'columns': ('mean', 'p50', 'p80', 'p90', 'p95'),
+        'extra_metrics': (('train/loss', 'weighted_mean'), ('train/loss', 'p90')),
+        'histogram': 'test/error',
+    },
     'fedprox_stragglers': {
         'base': [
             '--task=synthetic', '--num_clients=30', '--clients_per_round=10',
@@ -129,7 +156,9 @@ def run_one(args: list[str], log) -> dict:
   name = next(a.split('=', 1)[1] for a in args
               if a.startswith('--experiment_name='))
   with open(os.path.join(out_dir, name, 'summary.json')) as f:
-    return json.load(f)
+    summary = json.load(f)
+  summary['run_dir'] = os.path.join(out_dir, name)
+  return summary
 
 
 def table(experiment: dict, results: dict[str, list[dict]]) -> str:
@@ -149,6 +178,65 @@ def table(experiment: dict, results: dict[str, list[dict]]) -> str:
       cells.append(f'{scale * values.mean():.4g} ({scale * values.std():.2g})')
     lines.append(f'| {variant} | ' + ' | '.join(cells) + ' |')
   return '\n'.join(lines)
+
+
+def expand_members(experiment: dict, results: dict[str, list[dict]]
+                   ) -> dict[str, list[dict]]:
+  """A family run's summaries as one result row per member."""
+  members = experiment.get('members')
+  if not members:
+    return results
+  expanded = {}
+  for runs in results.values():
+    for label, prefix in members.items():
+      expanded[label] = [
+          {'summaries': {k[len(prefix) + 1:]: v
+                         for k, v in r['summaries'].items()
+                         if k.startswith(prefix + '/')},
+           'run_dir': r.get('run_dir')}
+          for r in runs]
+  return expanded
+
+
+def per_client_values(run_dir: str, split: str, metric: str) -> np.ndarray:
+  """One metric of every client of `split` at the run's last evaluation."""
+  clients_dir = os.path.join(run_dir, 'clients')
+  last = sorted(f for f in os.listdir(clients_dir) if f.endswith('.csv'))[-1]
+  import csv  # pylint: disable=g-import-not-at-top
+  with open(os.path.join(clients_dir, last)) as f:
+    rows = [r for r in csv.DictReader(f) if r['split'] == split]
+  if metric == 'error':
+    return np.array([1.0 - float(r['accuracy']) for r in rows])
+  return np.array([float(r[metric]) for r in rows])
+
+
+def write_histogram(experiment: dict, results: dict[str, list[dict]],
+                    path: str) -> None:
+  """Histogram of per-client values (pooled over seeds) for each variant."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  split, metric = experiment['histogram'].split('/')
+  members = experiment.get('members', {})
+  fig, axes = plt.subplots(1, len(results), figsize=(4 * len(results), 3.2),
+                           sharex=True, sharey=True, squeeze=False)
+  bins = np.linspace(0.0, 1.0, 21)
+  for ax, (label, runs) in zip(axes[0], results.items()):
+    prefix = members.get(label)
+    name = f'{prefix}/{split}' if prefix else split
+    values = np.concatenate([per_client_values(r['run_dir'], name, metric)
+                             for r in runs])
+    ax.hist(values, bins=bins, color='tab:blue', alpha=0.8)
+    ax.axvline(np.mean(values), color='k', lw=1, label='mean')
+    ax.axvline(np.quantile(values, 0.9), color='tab:red', lw=1, ls='--',
+               label='90th pct')
+    ax.set_title(label, fontsize=10)
+    ax.set_xlabel(f'per-client {split} {metric}')
+  axes[0][0].set_ylabel('clients (pooled over seeds)')
+  axes[0][0].legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
 
 
 def main(argv) -> int:
@@ -186,6 +274,7 @@ def main(argv) -> int:
       except RuntimeError as e:
         print(f'reproduce: error: {e}', file=sys.stderr)
         return 1
+  results = expand_members(experiment, results)
   text = (f'{name}: {rounds} rounds, seeds {seeds}; mean (std) over seeds; '
           'accuracies in percent, variance in percent^2\n\n'
           + table(experiment, results) + '\n')
@@ -194,6 +283,10 @@ def main(argv) -> int:
     os.makedirs(os.path.dirname(_OUTPUT_MD.value) or '.', exist_ok=True)
     with open(_OUTPUT_MD.value, 'w') as f:
       f.write(text + '\nCommands:\n\n```\n' + '\n'.join(commands) + '\n```\n')
+    if 'histogram' in experiment:
+      png = os.path.splitext(_OUTPUT_MD.value)[0] + '_histogram.png'
+      write_histogram(experiment, results, png)
+      print(f'histogram: {png}')
   return 0
 
 

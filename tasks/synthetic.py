@@ -30,6 +30,7 @@ Decisions where the thesis is silent (documented in docs/tasks.md):
 
 import collections
 import math
+from collections.abc import Sequence
 from typing import Optional
 
 import numpy as np
@@ -132,6 +133,31 @@ def _split(
   if n - n_test - n_val < 1:
     raise base.TaskError(f'a client with {n} examples cannot be split')
   return perm[n_test + n_val:], perm[:n_test], perm[n_test:n_test + n_val]
+
+
+def split_arrays(
+    clients: Sequence[tuple[np.ndarray, np.ndarray]],
+    *,
+    seed: int,
+    test_fraction: float,
+    validation_fraction: float = 0.0,
+) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], ...]:
+  """Per-client `(train, test, validation)` arrays keyed by client id.
+
+  The splits `create_task` uses (seeded by `seed`), for code that works on the
+  arrays directly, e.g. `run.numpy_sim`.
+  """
+  rng = np.random.default_rng([seed, 1])
+  train, test, val = {}, {}, {}
+  width = len(str(len(clients) - 1))
+  for k, (x, y) in enumerate(clients):
+    cid = f'{k:0{width}d}'
+    tr, te, va = _split(len(y), rng, test_fraction, validation_fraction)
+    train[cid] = (x[tr], y[tr])
+    test[cid] = (x[te], y[te])
+    if validation_fraction:
+      val[cid] = (x[va], y[va])
+  return train, test, val
 
 
 def _client_data(arrays: dict[str, tuple[np.ndarray, np.ndarray]]):
@@ -240,16 +266,10 @@ def create_task(
       num_clients=num_clients, alpha=alpha, beta=beta, iid=iid, seed=seed,
       size_law=size_law, constant_size=constant_size,
   )
-  rng = np.random.default_rng([seed, 1])
-  train, test, val = {}, {}, {}
+  train, test, val = split_arrays(
+      clients, seed=seed, test_fraction=test_fraction,
+      validation_fraction=validation_fraction)
   width = len(str(num_clients - 1))
-  for k, (x, y) in enumerate(clients):
-    cid = f'{k:0{width}d}'
-    tr, te, va = _split(len(y), rng, test_fraction, validation_fraction)
-    train[cid] = (x[tr], y[tr])
-    test[cid] = (x[te], y[te])
-    if validation_fraction:
-      val[cid] = (x[va], y[va])
   preprocess_train, preprocess_eval = make_preprocess_fns(batch_size)
   protocol = 'per-client test splits'
   if test_clients_fraction:

@@ -21,6 +21,7 @@ Experiments:
                       with 90% stragglers, E = 20, thesis section 3.4.
 """
 
+import concurrent.futures
 import json
 import os
 import shlex
@@ -135,6 +136,8 @@ _ROOT = flags.DEFINE_string('root_output_dir', 'output/reproduce',
                             'Where the runs write their outputs.')
 _OUTPUT_MD = flags.DEFINE_string('output_md', None,
                                  'Write the Markdown table here.')
+_JOBS = flags.DEFINE_integer(
+    'jobs', 1, 'Runs to execute at the same time (each is its own process).')
 _EXTRA = flags.DEFINE_list(
     'extra_flags', [], 'More flags for every run, e.g. '
     '--extra_flags=--synthetic_size_law=table_4_4')
@@ -259,7 +262,10 @@ def main(argv) -> int:
     return 2
   log = lambda s: print(s, file=sys.stderr, flush=True)
   root = os.path.join(_ROOT.value, name)
-  results, commands = {}, []
+  if _JOBS.value < 1:
+    print('reproduce: error: --jobs must be >= 1', file=sys.stderr)
+    return 2
+  results, commands, jobs = {}, [], []
   for variant, variant_flags in experiment['variants'].items():
     results[variant] = []
     for seed in seeds:
@@ -269,8 +275,13 @@ def main(argv) -> int:
           f'--rounds_per_checkpoint={max(1, rounds // 5)}', f'--seed={seed}',
           f'--root_output_dir={root}', f'--experiment_name={tag}_seed{seed}'])
       commands.append('python -m run.train ' + ' '.join(args))
+      jobs.append((variant, args))
+  with concurrent.futures.ThreadPoolExecutor(_JOBS.value) as pool:
+    futures = [(variant, pool.submit(run_one, args, log))
+               for variant, args in jobs]
+    for variant, future in futures:
       try:
-        results[variant].append(run_one(args, log))
+        results[variant].append(future.result())
       except RuntimeError as e:
         print(f'reproduce: error: {e}', file=sys.stderr)
         return 1

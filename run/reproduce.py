@@ -84,6 +84,7 @@ EXPERIMENTS = {
         'metric': 'test/error',
         'columns': ('mean', 'p50', 'p80', 'p90', 'p95'),
         'extra_metrics': (('train/loss', 'weighted_mean'), ('train/loss', 'p90')),
+        'histogram': 'test/error',
     },
     'deltafl_family_synthetic': {
         # The same comparison as deltafl_synthetic, with the four models

@@ -280,6 +280,14 @@ def prepare():
       attack_scale=_ATTACK_SCALE.value,
   )
   spec.validate()
+  if spec.aggregator == 'krum':
+    f, k = spec.krum_num_byzantine, _CLIENTS_PER_ROUND.value
+    if k <= 2 * f + 2:
+      raise UsageError(f'--krum_num_byzantine={f} needs --clients_per_round > '
+                       f'2f + 2 = {2 * f + 2} (Krum\'s condition), got {k}')
+    if (spec.krum_num_selected or 0) > k:
+      raise UsageError(f'--krum_num_selected={spec.krum_num_selected} exceeds '
+                       f'--clients_per_round={k}')
   attack = attacks.AttackConfig(
       kind=_ATTACK.value, fraction=_ATTACK_FRACTION.value, seed=_SEED.value,
       num_classes=num_classes_for_attack())

@@ -265,7 +265,8 @@ class AlgorithmSpec:
 
 
 def model_aggregator(
-    spec: AlgorithmSpec) -> Optional[tff.aggregators.WeightedAggregationFactory]:
+    spec: AlgorithmSpec,
+) -> Optional[tff.aggregators.WeightedAggregationFactory]:
   """The `tff_algos.aggregators` factory named by the spec (None: mean)."""
   if spec.aggregator == 'geometric_median':
     return aggregators.build_geometric_median(

@@ -126,7 +126,8 @@ _TRIM_FRACTION = flags.DEFINE_float(
     'trim_fraction', None,
     'trimmed_mean: fraction dropped at each end, in [0, 0.5) (default 0.1).')
 _KRUM_F = flags.DEFINE_integer(
-    'krum_num_byzantine', None, 'krum: f, corrupted clients expected per round.')
+    'krum_num_byzantine', None,
+    'krum: f, corrupted clients expected per round.')
 _KRUM_M = flags.DEFINE_integer(
     'krum_num_selected', None,
     'krum: updates averaged (1: Krum; default n - f, multi-Krum).')

@@ -6,11 +6,11 @@ Each works as `model_aggregator=` of our builders and of TFF's
 
 | builder | aggregate | secure-aggregation compatible |
 |---|---|---|
-| `build_geometric_median` | smoothed Weiszfeld (RFA), fixed passes | yes: each pass is a federated mean |
+| `build_geometric_median` | smoothed Weiszfeld (RFA) | yes: federated means |
 | `build_coordinate_median` | coordinate-wise median | no: gathers the updates |
 | `build_trimmed_mean` | coordinate-wise (weighted) trimmed mean | no |
 | `build_krum` | (multi-)Krum | no |
-| `build_clipping` | L2 clipping (fixed or adaptive) then a mean | yes (TFF's `clipping_factory`) |
+| `build_clipping` | L2 clipping, then a mean | yes (`clipping_factory`) |
 """
 
 from tff_algos.aggregators.clipping import build_clipping

@@ -5,7 +5,8 @@ A validated wrapper of TFF's `tff.aggregators.clipping_factory`: each update
 is scaled to L2 norm at most C before the inner aggregation (default the
 weighted mean). C is fixed, or adaptive: TFF's geometric quantile tracking
 (G. Andrew, O. Thakkar, H. B. McMahan, S. Ramaswamy, "Differentially Private
-Learning with Adaptive Clipping", NeurIPS 2021, https://arxiv.org/abs/1905.03871)
+Learning with Adaptive Clipping", NeurIPS 2021,
+https://arxiv.org/abs/1905.03871)
 moves C each round towards the `target_quantile` of the participants' update
 norms, through a federated mean of indicators (secure-aggregation compatible;
 no noise here).

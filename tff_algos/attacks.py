@@ -29,10 +29,12 @@ Update-level attacks wrap a `ClientWorkProcess` (`UpdateAttack`): its client
 data become `OrderedDict(data=<original>, attack=<marker dataset>)`, the
 marker carrying `[corrupted, noise_seed]` (int32), built by the simulation
 loop like AFL's client index. Benign clients' results pass through unchanged
-and the weight of every client is kept. Any algorithm composed by
-`tff_algos.composition.compose_model_delta_process` takes
-`update_attack=UpdateAttack(...)`. Metrics are reported on benign clients
-(`benign_only`).
+and the weight of every client is kept. `build_fed_avg`, `build_fed_prox`,
+`build_term` and `build_delta_fl` (through
+`tff_algos.composition.compose_model_delta_process`) take
+`update_attack=UpdateAttack(...)`; any other client work producing a
+`ClientResult` can be wrapped with `wrap_client_work` (e.g. Ditto's). Metrics
+are reported on benign clients (`benign_only`).
 """
 
 import collections

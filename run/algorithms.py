@@ -10,15 +10,26 @@
 | `term` | `tff_algos.term.build_term` | `tilt` |
 | `deltafl` | `tff_algos.delta_fl.build_delta_fl` (`build_delta_fl_family` with `thetas`) | `theta` or `thetas`, `secure_quantile` (none, mm, bisection, private), `strict_filter`, `uniform_weights`, `weight_decay` |
 | `afl` | `tff_algos.afl.build_afl` | `afl_lambda_lr` (gamma_lambda); gamma_w is the client learning rate |
+
+Robust aggregation (`aggregator`, for fedavg, fedprox, term, deltafl):
+`mean` (default), `geometric_median` (`gm_passes`), `coordinate_median`,
+`trimmed_mean` (`trim_fraction`), `krum` (`krum_num_byzantine`,
+`krum_num_selected`), `clip` (`clip_norm` or `clip_target_quantile`); see
+`tff_algos.aggregators`. Update attacks (`attack` = gaussian or
+model_replacement, `attack_scale`) apply to the same algorithms; label
+poisoning is data-level and applies to all (`tff_algos.attacks`).
 """
 
 import dataclasses
 import math
 from collections.abc import Callable
+from typing import Optional
 
 import tensorflow_federated as tff
 
 from tff_algos import afl
+from tff_algos import aggregators
+from tff_algos import attacks
 from tff_algos import delta_fl
 from tff_algos import fed_avg
 from tff_algos import fed_prox
@@ -29,6 +40,16 @@ from tff_algos import term
 ALGORITHM_NAMES = ('fedavg', 'fedprox', 'qffl', 'qfedsgd', 'term', 'afl', 'deltafl')
 SECURE_QUANTILES = ('none', 'mm', 'bisection', 'private')
 OPTIMIZERS = ('sgd', 'adam', 'adagrad', 'yogi')
+AGGREGATORS = ('mean', 'geometric_median', 'coordinate_median',
+               'trimmed_mean', 'krum', 'clip')
+# Algorithms whose model deltas go through a weighted `model_aggregator`.
+ROBUST_ALGORITHMS = ('fedavg', 'fedprox', 'term', 'deltafl')
+# Aggregator options: (spec field, the aggregator it belongs to).
+AGGREGATOR_OPTIONS = (
+    ('gm_passes', 'geometric_median'), ('trim_fraction', 'trimmed_mean'),
+    ('krum_num_byzantine', 'krum'), ('krum_num_selected', 'krum'),
+    ('clip_norm', 'clip'), ('clip_target_quantile', 'clip'),
+)
 WEIGHTINGS = {
     'num_examples': tff.learning.ClientWeighting.NUM_EXAMPLES,
     'uniform': tff.learning.ClientWeighting.UNIFORM,
@@ -84,6 +105,15 @@ class AlgorithmSpec:
   quantile_upper_bound: float = 20.0
   quantile_tolerance: float = 1e-4
   quantile_iterations: int = 50
+  aggregator: str = 'mean'
+  gm_passes: Optional[int] = None
+  trim_fraction: Optional[float] = None
+  krum_num_byzantine: Optional[int] = None
+  krum_num_selected: Optional[int] = None
+  clip_norm: Optional[float] = None
+  clip_target_quantile: Optional[float] = None
+  attack: str = 'none'
+  attack_scale: Optional[float] = None
 
   @property
   def uses_secure_intrinsics(self) -> bool:
@@ -179,6 +209,42 @@ class AlgorithmSpec:
                        f'{self.quantile_iterations}')
     if self.tilt and self.name != 'term':
       raise ValueError(f'--tilt applies to term only, not {self.name}')
+    self._validate_robustness()
+
+  def _validate_robustness(self) -> None:
+    """Aggregator and attack options (one message per problem)."""
+    if self.aggregator not in AGGREGATORS:
+      raise ValueError(f'unknown --aggregator={self.aggregator!r}; choose one'
+                       f' of: {", ".join(AGGREGATORS)}')
+    if self.aggregator != 'mean' and self.name not in ROBUST_ALGORITHMS:
+      raise ValueError(
+          f'--aggregator={self.aggregator} applies to '
+          f'{", ".join(ROBUST_ALGORITHMS)}, not {self.name}')
+    for field, owner in AGGREGATOR_OPTIONS:
+      if getattr(self, field) is not None and self.aggregator != owner:
+        raise ValueError(f'--{field} applies to --aggregator={owner}, not '
+                         f'{self.aggregator}')
+    if self.aggregator == 'clip' and (
+        (self.clip_norm is None) == (self.clip_target_quantile is None)):
+      raise ValueError('--aggregator=clip needs exactly one of --clip_norm '
+                       '(fixed) and --clip_target_quantile (adaptive)')
+    if self.aggregator == 'krum' and self.krum_num_byzantine is None:
+      raise ValueError('--aggregator=krum needs --krum_num_byzantine')
+    if self.attack not in attacks.ATTACKS:
+      raise ValueError(f'unknown --attack={self.attack!r}; choose one of: '
+                       f'{", ".join(attacks.ATTACKS)}')
+    if (self.attack in attacks.UPDATE_ATTACKS
+        and self.name not in ROBUST_ALGORITHMS):
+      raise ValueError(
+          f'--attack={self.attack} applies to '
+          f'{", ".join(ROBUST_ALGORITHMS)}, not {self.name}')
+    if self.attack_scale is not None:
+      if self.attack not in attacks.UPDATE_ATTACKS:
+        raise ValueError('--attack_scale applies to --attack=gaussian or '
+                         f'model_replacement, not {self.attack}')
+      attacks.UpdateAttack(self.attack, self.attack_scale)
+    # Build the factory once so its own checks run before anything else.
+    model_aggregator(self)
 
   def describe(self) -> str:
     extra = {
@@ -195,7 +261,57 @@ class AlgorithmSpec:
     }.get(self.name, '')
     return (f'{self.name} (client {self.client_optimizer} '
             f'lr={self.client_learning_rate:g}, server {self.server_optimizer}'
-            f' lr={self.server_learning_rate:g}{extra})')
+            f' lr={self.server_learning_rate:g}{extra}'
+            f'{self._describe_robustness()})')
+
+  def _describe_robustness(self) -> str:
+    parts = []
+    if self.aggregator != 'mean':
+      options = ', '.join(
+          f'{field}={getattr(self, field)}' for field, owner in
+          AGGREGATOR_OPTIONS if owner == self.aggregator
+          and getattr(self, field) is not None)
+      parts.append(f'aggregator {self.aggregator}'
+                   + (f' ({options})' if options else ''))
+    if self.attack != 'none':
+      parts.append(f'attack {self.attack}')
+    return ''.join(f', {p}' for p in parts)
+
+
+def model_aggregator(
+    spec: AlgorithmSpec,
+) -> Optional[tff.aggregators.WeightedAggregationFactory]:
+  """The `tff_algos.aggregators` factory named by the spec (None: mean)."""
+  if spec.aggregator == 'geometric_median':
+    return aggregators.build_geometric_median(
+        num_passes=3 if spec.gm_passes is None else spec.gm_passes)
+  if spec.aggregator == 'coordinate_median':
+    return aggregators.build_coordinate_median()
+  if spec.aggregator == 'trimmed_mean':
+    return aggregators.build_trimmed_mean(
+        trim_fraction=0.1 if spec.trim_fraction is None else spec.trim_fraction)
+  if spec.aggregator == 'krum':
+    return aggregators.build_krum(num_byzantine=spec.krum_num_byzantine,
+                                  num_selected=spec.krum_num_selected)
+  if spec.aggregator == 'clip':
+    if spec.clip_norm is not None:
+      return aggregators.build_clipping(clip_norm=spec.clip_norm)
+    return aggregators.build_clipping(
+        adaptive=True, target_quantile=spec.clip_target_quantile)
+  return None
+
+
+def update_attack(spec: AlgorithmSpec, *,
+                  clients_per_round: int) -> Optional[attacks.UpdateAttack]:
+  """The update-level attack of the spec (None for none / label_poison)."""
+  if spec.attack not in attacks.UPDATE_ATTACKS:
+    return None
+  scale = spec.attack_scale
+  if scale is None:
+    scale = attacks.default_scale(
+        spec.attack, clients_per_round=clients_per_round,
+        server_learning_rate=spec.server_learning_rate)
+  return attacks.UpdateAttack(spec.attack, scale)
 
 
 def quantile_estimator(spec: AlgorithmSpec):
@@ -221,9 +337,16 @@ def build_process(
     model_fn: Callable[[], tff.learning.models.VariableModel],
     *,
     num_clients: int = 0,
+    clients_per_round: int = 10,
 ) -> tff.learning.templates.LearningProcess:
-  """The `LearningProcess` of `spec` for `model_fn` (AFL: `num_clients`)."""
+  """The `LearningProcess` of `spec` for `model_fn` (AFL: `num_clients`).
+
+  `clients_per_round` sets the default A3 scale (-K / server lr).
+  """
   spec.validate()
+  robust = dict(
+      model_aggregator=model_aggregator(spec),
+      update_attack=update_attack(spec, clients_per_round=clients_per_round))
   if spec.name == 'deltafl' and spec.thetas:
     return delta_fl.build_delta_fl_family(
         model_fn, build_optimizer(spec.client_optimizer,
@@ -234,7 +357,8 @@ def build_process(
         quantile_estimator_fn=lambda t: quantile_estimator(
             dataclasses.replace(spec, theta=t, thetas=())),
         strict_filter=spec.strict_filter,
-        uniform_weights=spec.uniform_weights, weight_decay=spec.weight_decay)
+        uniform_weights=spec.uniform_weights, weight_decay=spec.weight_decay,
+        **robust)
   if spec.name == 'deltafl':
     return delta_fl.build_delta_fl(
         model_fn, build_optimizer(spec.client_optimizer,
@@ -243,7 +367,8 @@ def build_process(
                         spec.server_momentum),
         theta=spec.theta, quantile_estimator=quantile_estimator(spec),
         strict_filter=spec.strict_filter,
-        uniform_weights=spec.uniform_weights, weight_decay=spec.weight_decay)
+        uniform_weights=spec.uniform_weights, weight_decay=spec.weight_decay,
+        **robust)
   if spec.name == 'afl':
     return afl.build_afl(
         model_fn, num_clients=num_clients,
@@ -256,13 +381,13 @@ def build_process(
   weighting = WEIGHTINGS[spec.client_weighting]
   if spec.name == 'fedavg':
     return fed_avg.build_fed_avg(
-        model_fn, client_opt, server_opt, client_weighting=weighting
-    )
+        model_fn, client_opt, server_opt, client_weighting=weighting,
+        **robust)
   if spec.name == 'fedprox':
     return fed_prox.build_fed_prox(
         model_fn, client_opt, server_opt,
         proximal_strength=spec.proximal_strength, client_weighting=weighting,
-    )
+        **robust)
   if spec.name == 'qffl':
     return q_ffl.build_q_fedavg(
         model_fn, client_opt, q=spec.q,
@@ -272,4 +397,4 @@ def build_process(
         model_fn, q=spec.q, lipschitz_constant=spec.lipschitz_constant)
   return term.build_term(
       model_fn, client_opt, server_opt, tilt=spec.tilt,
-      proximal_strength=spec.proximal_strength)
+      proximal_strength=spec.proximal_strength, **robust)

@@ -19,6 +19,9 @@ Experiments:
                       (--thetas), with a per-client test-error histogram.
   fedprox_stragglers  FedAvg (drops stragglers) vs FedProx mu = 0 / mu = 1
                       with 90% stragglers, E = 20, thesis section 3.4.
+  robust_clean, robust_label_poison, robust_gaussian, robust_model_replacement
+                      FedAvg vs robust aggregators on Synthetic(1,1) with
+                      20% of clients corrupted (A1-A3), benign-client metrics.
 """
 
 import concurrent.futures
@@ -126,6 +129,41 @@ EXPERIMENTS = {
         'extra_metrics': (('train/loss', 'weighted_mean'),),
         'columns': ('weighted_mean', 'mean', 'worst10', 'variance'),
     },
+}
+# Robustness (thesis section 1.3 attacks, chapter 5 protocol): 20% of the
+# clients corrupted, metrics on the benign clients (docs/results/robustness.md).
+_ROBUST_BASE = [
+    '--task=synthetic', '--num_clients=100', '--synthetic_alpha=1',
+    '--synthetic_beta=1', '--clients_per_round=10', '--client_batch_size=10',
+    '--client_learning_rate=0.01', '--client_epochs_per_round=1',
+    '--eval_train_clients=false', '--attack_fraction=0.2',
+]
+_ROBUST_VARIANTS = {
+    'FedAvg (mean)': ['--algorithm=fedavg'],
+    'geometric median (3 passes)': [
+        '--algorithm=fedavg', '--aggregator=geometric_median'],
+    'coordinate median': ['--algorithm=fedavg',
+                          '--aggregator=coordinate_median'],
+    'trimmed mean 20%': ['--algorithm=fedavg', '--aggregator=trimmed_mean',
+                         '--trim_fraction=0.2'],
+    'multi-Krum f=2': ['--algorithm=fedavg', '--aggregator=krum',
+                       '--krum_num_byzantine=2'],
+}
+for _attack in ('label_poison', 'gaussian', 'model_replacement'):
+  EXPERIMENTS[f'robust_{_attack}'] = {
+      'base': _ROBUST_BASE + [f'--attack={_attack}'],
+      'variants': dict(_ROBUST_VARIANTS),
+      'rounds': 100,
+      'metric': 'test/accuracy',
+      'columns': ('mean', 'worst10', 'weighted_mean'),
+      'extra_metrics': (('all_test/accuracy', 'mean'),),
+  }
+EXPERIMENTS['robust_clean'] = {
+    'base': [f for f in _ROBUST_BASE if f != '--attack_fraction=0.2'],
+    'variants': dict(_ROBUST_VARIANTS),
+    'rounds': 100,
+    'metric': 'test/accuracy',
+    'columns': ('mean', 'worst10', 'weighted_mean'),
 }
 
 _EXPERIMENT = flags.DEFINE_string(

@@ -37,6 +37,7 @@ import tensorflow_federated as tff
 from tasks import base as task_base
 from tasks import evaluation
 from tasks import tail_metrics
+from tff_algos import attacks
 from tff_algos import runtime
 from tff_algos import stragglers as stragglers_lib
 
@@ -75,6 +76,8 @@ class SimulationConfig:
     eval_train_clients: Also evaluate every training client on its training
       data (the Delta-FL paper's training-loss percentiles).
     shuffle: Shuffle each client's data every epoch.
+    attack: Corrupted clients (`tff_algos.attacks.AttackConfig`); metrics are
+      then summarised over the benign clients, and over all under `all_`.
   """
 
   total_rounds: int
@@ -88,6 +91,7 @@ class SimulationConfig:
   drop_stragglers: bool = False
   eval_train_clients: bool = True
   shuffle: bool = True
+  attack: Optional[attacks.AttackConfig] = None
 
   def validate(self, num_clients: int) -> None:
     """Raises `ValueError` with one clear message for an impossible config."""
@@ -114,6 +118,8 @@ class SimulationConfig:
     for ok, message in checks:
       if not ok:
         raise ValueError(message)
+    if self.attack is not None:
+      self.attack.validate()
 
 
 def sample_clients(
@@ -269,6 +275,11 @@ def needs_client_index(process: tff.learning.templates.LearningProcess) -> bool:
   if not isinstance(member, tff.StructType):
     return False
   names = [name for name, _ in tff.structure.iter_elements(member)]
+  if attacks.MARKER_KEY in names:  # An attacked process: look inside.
+    member = member['data']
+    if not isinstance(member, tff.StructType):
+      return False
+    names = [name for name, _ in tff.structure.iter_elements(member)]
   return 'client_index' in names
 
 
@@ -416,6 +427,7 @@ def run_simulation(
   eval_computation = evaluation.build_per_client_evaluation(task.model_fn)
   index_of = ({cid: i for i, cid in enumerate(client_ids)}
               if needs_client_index(process) else None)
+  task, corrupted, attack_seed = _set_up_attack(process, task, config, outputs)
   bar = _progress_bar(progress, start_round, config.total_rounds)
   history = []
   per_client, summaries = None, None
@@ -434,6 +446,11 @@ def run_simulation(
       datasets = client_datasets(task, plans, round_num, config, counts)
       if index_of is not None:
         datasets = with_client_index(datasets, plans, index_of)
+      if attack_seed is not None:
+        datasets = attacks.with_attack_markers(
+            datasets, [p.client_id for p in plans], corrupted,
+            seed=attack_seed, round_num=round_num,
+            index_of={cid: i for i, cid in enumerate(client_ids)})
       output = process.next(state, datasets)
       state = output.state
       metrics.update(flatten_metrics(output.metrics))
@@ -444,8 +461,8 @@ def run_simulation(
     if is_last or (config.rounds_per_eval and
                    round_num % config.rounds_per_eval == 0):
       per_client, summaries = _evaluate(
-          process, state, task, eval_computation, config, outputs, round_num
-      )
+          process, state, task, eval_computation, config, outputs, round_num,
+          corrupted)
       for name, summary in summaries.items():
         for key, value in summary.items():
           metrics[f'eval/{name}/{key}'] = value
@@ -465,8 +482,7 @@ def run_simulation(
   if summaries is None:  # Resumed at or past the end: evaluate the model.
     per_client, summaries = _evaluate(
         process, state, task, eval_computation, config, outputs,
-        config.total_rounds,
-    )
+        config.total_rounds, corrupted)
   final_round = max(config.total_rounds, start_round - 1)
   if outputs:
     _write_summary(outputs, summaries, final_round, task)
@@ -479,8 +495,34 @@ def run_simulation(
   }
 
 
+def _set_up_attack(process, task, config, outputs):
+  """`(task, corrupted ids, marker seed or None)` of the run's attack."""
+  attack = config.attack or attacks.AttackConfig()
+  with_markers = attacks.needs_attack_marker(process)
+  if attack.is_update_attack and not with_markers:
+    raise ValueError(
+        f'attack {attack.kind} needs a process built with update_attack')
+  if with_markers and attack.kind not in ('none',) + attacks.UPDATE_ATTACKS:
+    raise ValueError(
+        f'the process attacks updates; attack {attack.kind} does not')
+  corrupted = frozenset()
+  if attack.kind != 'none':
+    corrupted = attacks.corrupted_clients(
+        list(task.train_data.client_ids), attack.fraction, attack.seed)
+    if outputs:
+      with open(os.path.join(outputs.dir, 'attack.json'), 'w') as f:
+        json.dump({'kind': attack.kind, 'fraction': attack.fraction,
+                   'seed': attack.seed, 'corrupted': sorted(corrupted)},
+                  f, indent=2)
+  if attack.kind == 'label_poison':
+    task = dataclasses.replace(task, train_data=attacks.poison_client_data(
+        task.train_data, corrupted, num_classes=attack.num_classes,
+        seed=attack.seed))
+  return task, corrupted, (attack.seed if with_markers else None)
+
+
 def _evaluate(process, state, task, eval_computation, config, outputs,
-              round_num):
+              round_num, corrupted=frozenset()):
   weights = process.get_model_weights(state)
   if isinstance(weights, Mapping):  # A family: one model per member.
     per_client = {}
@@ -499,7 +541,13 @@ def _evaluate(process, state, task, eval_computation, config, outputs,
         os.path.join(outputs.clients_dir, f'round_{round_num:05d}.csv'),
         per_client,
     )
-  return per_client, summarize(per_client)
+  if not corrupted:
+    return per_client, summarize(per_client)
+  # Under attack: benign clients first, all clients under `all_`.
+  summaries = summarize(attacks.benign_only(per_client, corrupted))
+  for name, summary in summarize(per_client).items():
+    summaries[f'all_{name}'] = summary
+  return per_client, summaries
 
 
 def _check_finite(metrics: Mapping[str, Any], round_num: int) -> None:

@@ -31,6 +31,8 @@ from run import algorithms
 from run import simulation
 from tasks import base as task_base
 from tasks import registry
+from tasks import synthetic
+from tff_algos import attacks
 from tff_algos import runtime
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
@@ -117,6 +119,36 @@ _STRAGGLERS = flags.DEFINE_float(
     'straggler_fraction', 0.0,
     'Fraction of selected clients that straggle (FedAvg drops them, FedProx '
     'keeps their partial work).')
+# Robust aggregation and attacks (tff_algos.aggregators, tff_algos.attacks).
+_AGGREGATOR = flags.DEFINE_string(
+    'aggregator', 'mean',
+    f'Model aggregator: {", ".join(algorithms.AGGREGATORS)} (not mean: '
+    f'{", ".join(algorithms.ROBUST_ALGORITHMS)}).')
+_GM_PASSES = flags.DEFINE_integer(
+    'gm_passes', None, 'geometric_median: Weiszfeld passes (default 3).')
+_TRIM_FRACTION = flags.DEFINE_float(
+    'trim_fraction', None,
+    'trimmed_mean: fraction dropped at each end, in [0, 0.5) (default 0.1).')
+_KRUM_F = flags.DEFINE_integer(
+    'krum_num_byzantine', None,
+    'krum: f, corrupted clients expected per round.')
+_KRUM_M = flags.DEFINE_integer(
+    'krum_num_selected', None,
+    'krum: updates averaged (1: Krum; default n - f, multi-Krum).')
+_CLIP_NORM = flags.DEFINE_float('clip_norm', None, 'clip: fixed L2 norm C.')
+_CLIP_QUANTILE = flags.DEFINE_float(
+    'clip_target_quantile', None,
+    'clip: adaptive C tracking this quantile of update norms (0.5: median).')
+_ATTACK = flags.DEFINE_string(
+    'attack', 'none',
+    'Corrupted clients: none, label_poison (A1), gaussian (A2) or '
+    'model_replacement (A3); metrics are then reported on benign clients.')
+_ATTACK_FRACTION = flags.DEFINE_float(
+    'attack_fraction', 0.0, 'Fraction of all clients corrupted, in (0, 1).')
+_ATTACK_SCALE = flags.DEFINE_float(
+    'attack_scale', None,
+    'gaussian: sigma (default 1); model_replacement: update multiplier '
+    '(default -clients_per_round / server_learning_rate).')
 _EVAL_TRAIN = flags.DEFINE_boolean(
     'eval_train_clients', True,
     'Also evaluate every training client on its training data.')
@@ -153,6 +185,20 @@ _ONLY_DIGITS = flags.DEFINE_boolean(
 
 class UsageError(ValueError):
   """A flag has an impossible value."""
+
+
+def num_classes_for_attack() -> int:
+  """Label classes for --attack=label_poison (0 when not poisoning)."""
+  if _ATTACK.value != 'label_poison':
+    return 0
+  if _TASK.value in registry.SYNTHETIC_TASKS:
+    return synthetic.NUM_CLASSES
+  if _TASK.value == 'emnist_character':
+    return 10 if _ONLY_DIGITS.value else 62
+  raise UsageError(
+      '--attack=label_poison applies to the classification tasks '
+      f'({", ".join(registry.SYNTHETIC_TASKS)}, emnist_character), not '
+      f'{_TASK.value}')
 
 
 def task_kwargs() -> dict:
@@ -238,8 +284,29 @@ def prepare():
       quantile_upper_bound=_Q_UPPER.value,
       quantile_tolerance=_Q_TOL.value,
       quantile_iterations=_Q_ITERS.value,
+      aggregator=_AGGREGATOR.value,
+      gm_passes=_GM_PASSES.value,
+      trim_fraction=_TRIM_FRACTION.value,
+      krum_num_byzantine=_KRUM_F.value,
+      krum_num_selected=_KRUM_M.value,
+      clip_norm=_CLIP_NORM.value,
+      clip_target_quantile=_CLIP_QUANTILE.value,
+      attack=_ATTACK.value,
+      attack_scale=_ATTACK_SCALE.value,
   )
   spec.validate()
+  if spec.aggregator == 'krum':
+    f, k = spec.krum_num_byzantine, _CLIENTS_PER_ROUND.value
+    if k <= 2 * f + 2:
+      raise UsageError(f'--krum_num_byzantine={f} needs --clients_per_round > '
+                       f'2f + 2 = {2 * f + 2} (Krum\'s condition), got {k}')
+    if (spec.krum_num_selected or 0) > k:
+      raise UsageError(f'--krum_num_selected={spec.krum_num_selected} exceeds '
+                       f'--clients_per_round={k}')
+  attack = attacks.AttackConfig(
+      kind=_ATTACK.value, fraction=_ATTACK_FRACTION.value, seed=_SEED.value,
+      num_classes=num_classes_for_attack())
+  attack.validate()
   config = simulation.SimulationConfig(
       total_rounds=_TOTAL_ROUNDS.value,
       clients_per_round=_CLIENTS_PER_ROUND.value,
@@ -251,6 +318,7 @@ def prepare():
       straggler_fraction=_STRAGGLERS.value,
       drop_stragglers=algorithms.drops_stragglers(_ALGORITHM.value),
       eval_train_clients=_EVAL_TRAIN.value,
+      attack=attack,
   )
   config.validate(num_clients=max(_CLIENTS_PER_ROUND.value, 1))
   out_dir = experiment_dir()
@@ -264,9 +332,15 @@ def prepare():
     print('secure quantile: running under TFF\'s test execution context',
           file=sys.stderr)
   process = algorithms.build_process(
-      spec, task.model_fn, num_clients=len(task.train_data.client_ids))
+      spec, task.model_fn, num_clients=len(task.train_data.client_ids),
+      clients_per_round=_CLIENTS_PER_ROUND.value)
   print(f'task: {task.description}', file=sys.stderr)
   print(f'algorithm: {spec.describe()}; output: {out_dir}', file=sys.stderr)
+  if attack.kind != 'none':
+    update = algorithms.update_attack(
+        spec, clients_per_round=_CLIENTS_PER_ROUND.value)
+    print(f'attack: {attacks.describe(attack, update and update.scale)}; '
+          'metrics on benign clients (all clients: all_*)', file=sys.stderr)
   return task, process, config, out_dir
 
 

@@ -28,6 +28,9 @@ def compose_model_delta_process(
     model_aggregator: Optional[tff.aggregators.WeightedAggregationFactory] = (
         None
     ),
+    update_attack: Optional[Callable[
+        [tff.learning.templates.ClientWorkProcess],
+        tff.learning.templates.ClientWorkProcess]] = None,
 ) -> tff.learning.templates.LearningProcess:
   """Composes a learning process around a model-delta client work.
 
@@ -37,6 +40,9 @@ def compose_model_delta_process(
     server_optimizer_fn: Applies the aggregated delta (default SGD, lr 1.0).
     model_distributor: Default: broadcast.
     model_aggregator: Weighted factory (default `tff.aggregators.MeanFactory`).
+    update_attack: Optional client-work wrapper simulating corrupted clients
+      (`tff_algos.attacks.UpdateAttack`); the client data then carry an
+      attack marker.
 
   Returns:
     The `LearningProcess`.
@@ -69,6 +75,8 @@ def compose_model_delta_process(
   aggregator = model_aggregator.create(
       weights_type.trainable, tff.TensorType(np.float32)
   )
+  if update_attack is not None:
+    client_work = update_attack(client_work)
   finalizer = tff.learning.templates.build_apply_optimizer_finalizer(
       server_optimizer_fn, weights_type
   )

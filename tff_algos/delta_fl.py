@@ -204,6 +204,9 @@ def build_delta_fl(
     ),
     model_aggregator: Optional[tff.aggregators.WeightedAggregationFactory] = (
         None),
+    update_attack: Optional[
+        Callable[[tff.learning.templates.ClientWorkProcess],
+                 tff.learning.templates.ClientWorkProcess]] = None,
 ) -> tff.learning.templates.LearningProcess:
   """Builds Delta-FL (Pillutla et al., Algorithms 2 and 3).
 
@@ -228,6 +231,8 @@ def build_delta_fl(
     model_aggregator: Weighted aggregator of the kept clients' deltas
       (default weighted mean; pass e.g. `tff.learning.secure_aggregator()`
       to aggregate models with secure sums too, as the paper's Algorithm 3).
+    update_attack: Optional simulated attack on marked clients' updates
+      (`tff_algos.attacks.UpdateAttack`); see `tff_algos.attacks`.
 
   Returns:
     A `tff.learning.templates.LearningProcess`.
@@ -271,7 +276,8 @@ def build_delta_fl(
       model_fn, work, server_optimizer_fn=server_optimizer_fn,
       model_distributor=model_distributor,
       model_aggregator=(model_aggregator or
-                        tff.aggregators.MeanFactory(no_nan_division=True)))
+                        tff.aggregators.MeanFactory(no_nan_division=True)),
+      update_attack=update_attack)
 
 
 def member_name(theta: float) -> str:

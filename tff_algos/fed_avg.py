@@ -37,6 +37,9 @@ def build_fed_avg(
     loop_implementation: tff.learning.LoopImplementation = (
         tff.learning.LoopImplementation.DATASET_REDUCE
     ),
+    update_attack: Optional[
+        Callable[[tff.learning.templates.ClientWorkProcess],
+                 tff.learning.templates.ClientWorkProcess]] = None,
 ) -> tff.learning.templates.LearningProcess:
   """Builds FedAvg (McMahan et al., AISTATS 2017).
 
@@ -54,4 +57,5 @@ def build_fed_avg(
       model_aggregator=model_aggregator,
       metrics_aggregator=metrics_aggregator,
       loop_implementation=loop_implementation,
+      update_attack=update_attack,
   )

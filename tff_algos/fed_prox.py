@@ -50,6 +50,9 @@ def build_fed_prox(
     loop_implementation: tff.learning.LoopImplementation = (
         tff.learning.LoopImplementation.DATASET_REDUCE
     ),
+    update_attack: Optional[
+        Callable[[tff.learning.templates.ClientWorkProcess],
+                 tff.learning.templates.ClientWorkProcess]] = None,
 ) -> tff.learning.templates.LearningProcess:
   """Builds FedProx (Li et al., MLSys 2020, Algorithm 2).
 
@@ -65,6 +68,8 @@ def build_fed_prox(
     model_aggregator: Weighted aggregation factory (default weighted mean).
     metrics_aggregator: Training-metrics aggregator.
     loop_implementation: How local datasets are iterated.
+    update_attack: Optional simulated attack on marked clients' updates
+      (`tff_algos.attacks.UpdateAttack`); see `tff_algos.attacks`.
 
   Returns:
     A `tff.learning.templates.LearningProcess`.
@@ -108,4 +113,5 @@ def build_fed_prox(
       server_optimizer_fn=server_optimizer_fn,
       model_distributor=model_distributor,
       model_aggregator=model_aggregator,
+      update_attack=update_attack,
   )

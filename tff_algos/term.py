@@ -135,6 +135,11 @@ def build_term(
     loop_implementation: tff.learning.LoopImplementation = (
         tff.learning.LoopImplementation.DATASET_REDUCE
     ),
+    model_aggregator: Optional[tff.aggregators.WeightedAggregationFactory] = (
+        None),
+    update_attack: Optional[
+        Callable[[tff.learning.templates.ClientWorkProcess],
+                 tff.learning.templates.ClientWorkProcess]] = None,
 ) -> tff.learning.templates.LearningProcess:
   """Builds federated TERM (Li et al., ICLR 2021; thesis section 7.7.2.2).
 
@@ -147,6 +152,10 @@ def build_term(
     model_distributor: Default: broadcast.
     metrics_aggregator: Training-metrics aggregator.
     loop_implementation: How local datasets are iterated.
+    model_aggregator: Weighted aggregator of the tilted deltas (default
+      weighted mean; a robust factory from `tff_algos.aggregators` composes).
+    update_attack: Optional simulated attack on marked clients' updates
+      (`tff_algos.attacks.UpdateAttack`); see `tff_algos.attacks`.
 
   Returns:
     A `tff.learning.templates.LearningProcess`.
@@ -175,4 +184,5 @@ def build_term(
       loop_implementation=loop_implementation)
   return composition.compose_model_delta_process(
       model_fn, work, server_optimizer_fn=server_optimizer_fn,
-      model_distributor=model_distributor)
+      model_distributor=model_distributor, model_aggregator=model_aggregator,
+      update_attack=update_attack)

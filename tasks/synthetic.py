@@ -268,8 +268,10 @@ def create_task(
       name=name,
       train_data=train_data,
       test_data=test_data,
-      validation_data=(base.select_clients(_client_data(val),
-                                           train_data.client_ids)
+      # Built directly (not through select_clients): a ClientData made from a
+      # temporary one loses it, its dataset function holding a weak reference.
+      validation_data=(_client_data({cid: val[cid]
+                                     for cid in train_data.client_ids})
                        if validation_fraction else None),
       model_fn=create_softmax_regression_model_fn(),
       preprocess_train=preprocess_train,

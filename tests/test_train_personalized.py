@@ -1,13 +1,38 @@
 """The training binary with Ditto and the Fed+ family: options and a run."""
 
 import json
+import os
+import signal
+import subprocess
+import sys
 
 import pytest
 
 from run import algorithms
-from tests.test_train import SMALL
-from tests.test_train import error_lines
-from tests.test_train import run_train
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SMALL = ['--task=synthetic', '--num_clients=12', '--synthetic_size_law=constant',
+         '--clients_per_round=4', '--client_batch_size=5',
+         '--client_learning_rate=0.05', '--rounds_per_eval=4', '--seed=3',
+         '--progress=false']
+
+
+def run_train(args, out_dir, timeout=300):
+  """Runs the binary in its own process group, killed if it overruns."""
+  proc = subprocess.Popen(
+      [sys.executable, '-m', 'run.train', f'--root_output_dir={out_dir}']
+      + args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+      text=True, start_new_session=True)
+  try:
+    stdout, stderr = proc.communicate(timeout=timeout)
+  finally:
+    if proc.poll() is None:
+      os.killpg(proc.pid, signal.SIGKILL)
+  return proc.returncode, stdout, stderr
+
+
+def error_lines(stderr):
+  return [line for line in stderr.splitlines() if line.strip()]
 
 
 @pytest.mark.parametrize('kwargs, message', [

@@ -202,6 +202,11 @@ def task_kwargs() -> dict:
   if _BATCH_SIZE.value < 1:
     raise UsageError(f'--client_batch_size must be >= 1, got {_BATCH_SIZE.value}')
   kwargs = {'seed': _SEED.value, 'batch_size': _BATCH_SIZE.value}
+  if name in registry.REGRESSION_TASKS:
+    # Fed+ section 5.1: 10 parties unless --num_clients is given.
+    if flags.FLAGS['num_clients'].present:
+      kwargs['num_parties'] = _NUM_CLIENTS.value
+    return kwargs
   if name in registry.SYNTHETIC_TASKS:
     if _NUM_CLIENTS.value < 1:
       raise UsageError(f'--num_clients must be >= 1, got {_NUM_CLIENTS.value}')

@@ -162,9 +162,12 @@ def main(argv):
     for _ in range(_NUMPY_TRIALS.value):
       xs, ys, w_true = draw(rng, devices=_DEVICES.value, dim=_DIM.value, n=n,
                             sigma=sigma, tau2=tau2)
+      # X^T X / n = I: (5.23) is (w_hat_k + lambda w*) / (1 + lambda).
+      w_hat = np.asarray([x.T @ y / n for x, y in zip(xs, ys)])
+      w_star = w_hat.mean(axis=0)
       for g, lam in enumerate(GRID):
-        np_errors[g] += np.mean(np.sum((closed_form(xs, ys, lam) - w_true)**2,
-                                       axis=1))
+        v = (w_hat + lam * w_star) / (1.0 + lam)
+        np_errors[g] += np.mean(np.sum((v - w_true)**2, axis=1))
     np_errors /= _NUMPY_TRIALS.value
     best, np_best = GRID[int(np.argmin(errors))], GRID[int(np.argmin(np_errors))]
     curves[tau2] = (errors, np_errors)

@@ -76,46 +76,45 @@ def aggregate(psi, models, delta, iterations):
   return agg
 
 
-def batches(x, y, batch_size, steps):
-  one_pass = [(x[i:i + batch_size], y[i:i + batch_size])
-              for i in range(0, len(y), batch_size)]
-  return [one_pass[i % len(one_pass)] for i in range(steps)]
-
-
-def mse_grad(w, xb, yb):
-  """Gradient of mean (x w - y)^2 (Keras' MeanSquaredError)."""
-  return 2.0 * xb.T @ (xb @ w - yb) / len(yb)
-
-
 def run_numpy(method, parties, *, sigma, lr, delta, steps, batch_size, rounds,
               iterations):
-  """Returns `(per-party models evaluated, global model)`."""
+  """Returns `(per-party models evaluated, global model)`.
+
+  Vectorised over parties (every party takes part in every round, and all
+  have the same number of samples, so their batches line up).
+  """
   dim = parties[0][0].shape[1]
-  train = [(x[:len(y) // 2].astype(np.float64), y[:len(y) // 2].astype(
-      np.float64)) for x, y in parties]
-  plans = [batches(x, y, batch_size, steps) for x, y in train]
+  half = len(parties[0][1]) // 2
+  xs = np.stack([x[:half] for x, _ in parties]).astype(np.float64)
+  ys = np.stack([y[:half] for _, y in parties]).astype(np.float64)
+  starts = list(range(0, half, batch_size))
+  plan = [(xs[:, s:s + batch_size], ys[:, s:s + batch_size])
+          for s in (starts[i % len(starts)] for i in range(steps))]
+  del parties
+
+  def grads(w, xb, yb):  # w: (N, d); xb: (N, b, d); yb: (N, b).
+    residual = np.einsum('nbd,nd->nb', xb, w) - yb
+    return 2.0 * np.einsum('nbd,nb->nd', xb, residual) / xb.shape[1]
+
+  num = xs.shape[0]
   g = np.zeros(dim)
-  local = np.zeros((len(parties), dim))
+  local = np.zeros((num, dim))
   for _ in range(rounds):
     if method == 'fedavg':
-      models = []
-      for plan in plans:
-        w = g.copy()
-        for xb, yb in plan:
-          w -= lr * mse_grad(w, xb, yb)
-        models.append(w)
-      g = np.mean(models, axis=0)
+      w = np.tile(g, (num, 1))
+      for xb, yb in plan:
+        w = w - lr * grads(w, xb, yb)
+      g = w.mean(axis=0)
       continue
     psi = PSI[method]
     kappa = 1.0 / (1.0 + lr * sigma)
-    for k, plan in enumerate(plans):
-      anchor = g + prox(psi, local[k] - g, delta)
-      w = local[k].copy()  # lambda = 0.
-      for xb, yb in plan:
-        w = kappa * (w - lr * mse_grad(w, xb, yb)) + (1 - kappa) * anchor
-      local[k] = w
+    anchor = g + np.stack([prox(psi, v, delta) for v in local - g])
+    w = local.copy()  # lambda = 0.
+    for xb, yb in plan:
+      w = kappa * (w - lr * grads(w, xb, yb)) + (1 - kappa) * anchor
+    local = w
     g = aggregate(psi, local, delta, iterations)
-  evaluated = np.tile(g, (len(parties), 1)) if method == 'fedavg' else local
+  evaluated = np.tile(g, (num, 1)) if method == 'fedavg' else local
   return evaluated, g
 
 

@@ -57,22 +57,23 @@ _OUTPUT = flags.DEFINE_string('output_md', None, 'Markdown table to write.')
 
 
 def prox(psi, v, delta):
-  """prox of Psi/sigma on a vector (signed soft-threshold for comed)."""
+  """prox of Psi/sigma on the rows of `v` (signed soft-threshold for comed)."""
   if psi == 'avg':
     return v / (1.0 + delta)
   if psi == 'comed':
     return np.sign(v) * np.maximum(np.abs(v) - delta, 0.0)
-  norm = np.linalg.norm(v)
-  return max(0.0, 1.0 - delta / norm) * v if norm > 0 else 0.0 * v
+  norm = np.linalg.norm(v, axis=-1, keepdims=True)
+  return np.maximum(norm - delta, 0.0) / np.maximum(norm, 1e-300) * v
 
 
 def aggregate(psi, models, delta, iterations):
+  """w~ <- w_mean - Mean_k prox(w_k - w~), from w_mean; `models` is (N, d)."""
   mean = models.mean(axis=0)
   if psi == 'avg':
     return mean
   agg = mean
   for _ in range(iterations):
-    agg = mean - np.mean([prox(psi, m - agg, delta) for m in models], axis=0)
+    agg = mean - prox(psi, models - agg, delta).mean(axis=0)
   return agg
 
 
@@ -93,8 +94,8 @@ def run_numpy(method, parties, *, sigma, lr, delta, steps, batch_size, rounds,
   del parties
 
   def grads(w, xb, yb):  # w: (N, d); xb: (N, b, d); yb: (N, b).
-    residual = np.einsum('nbd,nd->nb', xb, w) - yb
-    return 2.0 * np.einsum('nbd,nb->nd', xb, residual) / xb.shape[1]
+    residual = np.matmul(xb, w[:, :, None])[:, :, 0] - yb
+    return 2.0 * np.matmul(residual[:, None, :], xb)[:, 0, :] / xb.shape[1]
 
   num = xs.shape[0]
   g = np.zeros(dim)
@@ -108,7 +109,7 @@ def run_numpy(method, parties, *, sigma, lr, delta, steps, batch_size, rounds,
       continue
     psi = PSI[method]
     kappa = 1.0 / (1.0 + lr * sigma)
-    anchor = g + np.stack([prox(psi, v, delta) for v in local - g])
+    anchor = g + prox(psi, local - g, delta)
     w = local.copy()  # lambda = 0.
     for xb, yb in plan:
       w = kappa * (w - lr * grads(w, xb, yb)) + (1 - kappa) * anchor

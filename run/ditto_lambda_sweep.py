@@ -156,8 +156,9 @@ def main(argv):
         max_dev = max(max_dev, np.abs(v[g] - closed_form(xs, ys, lam)).max())
       local_err += np.mean(np.sum((closed_form(xs, ys, 0.0) - w_true)**2,
                                   axis=1))
-    errors /= _TRIALS.value
-    local_err /= _TRIALS.value
+    # --trials=0: the closed-form curve only (no TFF run).
+    errors /= max(_TRIALS.value, 1)
+    local_err /= max(_TRIALS.value, 1)
     np_errors = np.zeros(len(GRID))
     for _ in range(_NUMPY_TRIALS.value):
       xs, ys, w_true = draw(rng, devices=_DEVICES.value, dim=_DIM.value, n=n,
@@ -169,6 +170,8 @@ def main(argv):
         v = (w_hat + lam * w_star) / (1.0 + lam)
         np_errors[g] += np.mean(np.sum((v - w_true)**2, axis=1))
     np_errors /= _NUMPY_TRIALS.value
+    if not _TRIALS.value:
+      errors = np_errors
     best, np_best = GRID[int(np.argmin(errors))], GRID[int(np.argmin(np_errors))]
     curves[tau2] = (errors, np_errors)
     lines.append(

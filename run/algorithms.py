@@ -18,6 +18,11 @@ Robust aggregation (`aggregator`, for fedavg, fedprox, term, deltafl):
 `tff_algos.aggregators`. Update attacks (`attack` = gaussian or
 model_replacement, `attack_scale`) apply to the same algorithms; label
 poisoning is data-level and applies to all (`tff_algos.attacks`).
+| `ditto` | `tff_algos.ditto.build_ditto` | `ditto_lambda` or `ditto_lambda_grid`, `ditto_personal_steps`, `ditto_personal_lr`, `ditto_clip_norm` |
+| `fedavg_plus`, `fedgeomed_plus`, `fedcomed_plus` | `tff_algos.fed_plus.build_fed_plus` | `fedplus_sigma`, `fedplus_delta`, `fedplus_lambda`, `fedplus_local_steps`, `fedplus_iterations`; eta is the client learning rate |
+
+`ditto` and the Fed+ family are stateful-client processes
+(`tff_algos.stateful.StatefulClientsProcess`).
 """
 
 import dataclasses
@@ -31,19 +36,26 @@ from tff_algos import afl
 from tff_algos import aggregators
 from tff_algos import attacks
 from tff_algos import delta_fl
+from tff_algos import ditto
 from tff_algos import fed_avg
+from tff_algos import fed_plus
 from tff_algos import fed_prox
 from tff_algos import q_ffl
 from tff_algos import quantiles
 from tff_algos import term
 
-ALGORITHM_NAMES = ('fedavg', 'fedprox', 'qffl', 'qfedsgd', 'term', 'afl', 'deltafl')
+ALGORITHM_NAMES = ('fedavg', 'fedprox', 'qffl', 'qfedsgd', 'term', 'afl', 'deltafl',
+                   'ditto', 'fedavg_plus', 'fedgeomed_plus', 'fedcomed_plus')
+FED_PLUS_PSI = {'fedavg_plus': 'avg', 'fedgeomed_plus': 'geomed',
+                'fedcomed_plus': 'comed'}
 SECURE_QUANTILES = ('none', 'mm', 'bisection', 'private')
 OPTIMIZERS = ('sgd', 'adam', 'adagrad', 'yogi')
 AGGREGATORS = ('mean', 'geometric_median', 'coordinate_median',
                'trimmed_mean', 'krum', 'clip')
 # Algorithms whose model deltas go through a weighted `model_aggregator`.
 ROBUST_ALGORITHMS = ('fedavg', 'fedprox', 'term', 'deltafl')
+# Algorithms whose (global) model aggregator can be a robust one.
+AGGREGATOR_ALGORITHMS = ROBUST_ALGORITHMS + ('ditto',)
 # Aggregator options: (spec field, the aggregator it belongs to).
 AGGREGATOR_OPTIONS = (
     ('gm_passes', 'geometric_median'), ('trim_fraction', 'trimmed_mean'),
@@ -114,6 +126,26 @@ class AlgorithmSpec:
   clip_target_quantile: Optional[float] = None
   attack: str = 'none'
   attack_scale: Optional[float] = None
+  ditto_lambda: Optional[float] = None
+  ditto_lambda_grid: tuple[float, ...] = ()
+  ditto_personal_steps: int = 0
+  ditto_personal_lr: float = 0.0
+  ditto_clip_norm: float = 0.0
+  fedplus_sigma: Optional[float] = None
+  fedplus_delta: Optional[float] = None
+  fedplus_lambda: Optional[float] = None
+  fedplus_local_steps: int = 0
+  fedplus_iterations: int = 20
+
+  @property
+  def is_stateful(self) -> bool:
+    """Whether clients keep a state across rounds (Ditto, Fed+)."""
+    return self.name == 'ditto' or self.name in FED_PLUS_PSI
+
+  @property
+  def ditto_lambdas(self) -> tuple[float, ...]:
+    return self.ditto_lambda_grid or (
+        (self.ditto_lambda,) if self.ditto_lambda is not None else ())
 
   @property
   def uses_secure_intrinsics(self) -> bool:
@@ -210,16 +242,19 @@ class AlgorithmSpec:
     if self.tilt and self.name != 'term':
       raise ValueError(f'--tilt applies to term only, not {self.name}')
     self._validate_robustness()
+    self._validate_personalized()
 
   def _validate_robustness(self) -> None:
     """Aggregator and attack options (one message per problem)."""
     if self.aggregator not in AGGREGATORS:
       raise ValueError(f'unknown --aggregator={self.aggregator!r}; choose one'
                        f' of: {", ".join(AGGREGATORS)}')
-    if self.aggregator != 'mean' and self.name not in ROBUST_ALGORITHMS:
+    if self.aggregator != 'mean' and self.name not in AGGREGATOR_ALGORITHMS:
       raise ValueError(
           f'--aggregator={self.aggregator} applies to '
-          f'{", ".join(ROBUST_ALGORITHMS)}, not {self.name}')
+          f'{", ".join(AGGREGATOR_ALGORITHMS)}, not {self.name}')
+    if self.aggregator != 'mean' and self.ditto_clip_norm:
+      raise ValueError('give --ditto_clip_norm or --aggregator, not both')
     for field, owner in AGGREGATOR_OPTIONS:
       if getattr(self, field) is not None and self.aggregator != owner:
         raise ValueError(f'--{field} applies to --aggregator={owner}, not '
@@ -246,6 +281,66 @@ class AlgorithmSpec:
     # Build the factory once so its own checks run before anything else.
     model_aggregator(self)
 
+  def _validate_personalized(self) -> None:
+    """Ditto and Fed+ options (one message per problem)."""
+    ditto_given = [f for f in ('ditto_lambda', 'ditto_lambda_grid',
+                               'ditto_personal_steps', 'ditto_personal_lr',
+                               'ditto_clip_norm') if getattr(self, f)
+                   or (f == 'ditto_lambda' and self.ditto_lambda is not None)]
+    if ditto_given and self.name != 'ditto':
+      raise ValueError(f'--{ditto_given[0]} applies to ditto only, not '
+                       f'{self.name}')
+    plus_given = [f for f in ('fedplus_sigma', 'fedplus_delta',
+                              'fedplus_lambda') if getattr(self, f) is not None]
+    plus_given += [f for f in ('fedplus_local_steps',) if getattr(self, f)]
+    if self.fedplus_iterations != 20:
+      plus_given.append('fedplus_iterations')
+    if plus_given and self.name not in FED_PLUS_PSI:
+      raise ValueError(f'--{plus_given[0]} applies to fedavg_plus, '
+                       f'fedgeomed_plus and fedcomed_plus, not {self.name}')
+    if self.name == 'ditto':
+      if self.ditto_lambda is not None and self.ditto_lambda_grid:
+        raise ValueError('give --ditto_lambda or --ditto_lambda_grid, not both')
+      if not self.ditto_lambdas:
+        raise ValueError('ditto needs --ditto_lambda (fixed) or '
+                         '--ditto_lambda_grid (selected per client on '
+                         'validation data)')
+      ditto.check_lambdas(list(self.ditto_lambdas))
+      if self.ditto_personal_steps < 0:
+        raise ValueError('--ditto_personal_steps must be >= 0, got '
+                         f'{self.ditto_personal_steps}')
+      for flag in ('ditto_personal_lr', 'ditto_clip_norm'):
+        value = getattr(self, flag)
+        if not (math.isfinite(value) and value >= 0):
+          raise ValueError(f'--{flag} must be >= 0, got {value}')
+    if self.name in FED_PLUS_PSI:
+      if self.fedplus_sigma is None:
+        raise ValueError(f'{self.name} needs --fedplus_sigma (the paper '
+                         'advises kappa = 1/(1 + lr sigma) in [0.9, 0.999])')
+      checks = (('fedplus_sigma', self.fedplus_sigma, 0.0, math.inf),
+                ('fedplus_delta', self.fedplus_delta, 0.0, math.inf),
+                ('fedplus_lambda', self.fedplus_lambda, 0.0, 1.0))
+      for flag, value, low, high in checks:
+        if value is not None and not (math.isfinite(value)
+                                      and low <= value <= high):
+          raise ValueError(f'--{flag} must be in [{low:g}, {high:g}], got '
+                           f'{value}')
+      if self.fedplus_local_steps < 0:
+        raise ValueError('--fedplus_local_steps must be >= 0, got '
+                         f'{self.fedplus_local_steps}')
+      if self.fedplus_iterations < 1:
+        raise ValueError('--fedplus_iterations must be >= 1, got '
+                         f'{self.fedplus_iterations}')
+      if self.client_optimizer != 'sgd':
+        raise ValueError(f'{self.name} takes plain local steps of size '
+                         '--client_learning_rate; --client_optimizer must be'
+                         ' sgd')
+      if (self.server_optimizer != 'sgd' or self.server_learning_rate != 1.0
+          or self.server_momentum):
+        raise ValueError(f'{self.name} has no server optimizer (its '
+                         'aggregate is the Psi-regularised median/mean); '
+                         'leave the --server_* flags at their defaults')
+
   def describe(self) -> str:
     extra = {
         'fedprox': f', mu={self.proximal_strength:g}',
@@ -258,7 +353,15 @@ class AlgorithmSpec:
                    f'{", strict >" if self.strict_filter else ", >="}',
         'afl': f', gamma_w={self.client_learning_rate:g}, '
                f'gamma_lambda={self.afl_lambda_lr:g}',
+        'ditto': f', lambda={",".join(f"{v:g}" for v in self.ditto_lambdas)}'
+                 f'{", clip=%g" % self.ditto_clip_norm if self.ditto_clip_norm else ""}',
     }.get(self.name, '')
+    if self.name in FED_PLUS_PSI:
+      sigma = self.fedplus_sigma or 0.0
+      kappa = 1.0 / (1.0 + self.client_learning_rate * sigma)
+      extra = (f', sigma={sigma:g} (kappa={kappa:.6g}), delta='
+               f'{self.fedplus_delta if self.fedplus_delta is not None else 0.1:g}'
+               f', lambda={self.fedplus_lambda or 0.0:g}')
     return (f'{self.name} (client {self.client_optimizer} '
             f'lr={self.client_learning_rate:g}, server {self.server_optimizer}'
             f' lr={self.server_learning_rate:g}{extra}'
@@ -342,8 +445,12 @@ def build_process(
   """The `LearningProcess` of `spec` for `model_fn` (AFL: `num_clients`).
 
   `clients_per_round` sets the default A3 scale (-K / server lr).
+
+  Ditto and the Fed+ family give a `stateful.StatefulClientsProcess`.
   """
   spec.validate()
+  if spec.is_stateful:
+    return _build_stateful(spec, model_fn)
   robust = dict(
       model_aggregator=model_aggregator(spec),
       update_attack=update_attack(spec, clients_per_round=clients_per_round))
@@ -398,3 +505,34 @@ def build_process(
   return term.build_term(
       model_fn, client_opt, server_opt, tilt=spec.tilt,
       proximal_strength=spec.proximal_strength, **robust)
+
+
+def _build_stateful(spec: AlgorithmSpec, model_fn):
+  """Ditto and the Fed+ family (`stateful.StatefulClientsProcess`)."""
+  if spec.name == 'ditto':
+    personal_opt = None
+    if spec.ditto_personal_lr:
+      personal_opt = build_optimizer(spec.client_optimizer,
+                                     spec.ditto_personal_lr)
+    aggregator = model_aggregator(spec)
+    if spec.ditto_clip_norm:
+      aggregator = tff.aggregators.clipping_factory(
+          spec.ditto_clip_norm, tff.aggregators.MeanFactory())
+    return ditto.build_ditto(
+        model_fn,
+        build_optimizer(spec.client_optimizer, spec.client_learning_rate),
+        build_optimizer(spec.server_optimizer, spec.server_learning_rate,
+                        spec.server_momentum),
+        lam=list(spec.ditto_lambdas), personal_optimizer_fn=personal_opt,
+        personal_steps=spec.ditto_personal_steps,
+        client_weighting=WEIGHTINGS[spec.client_weighting],
+        model_aggregator=aggregator)
+  if spec.name in FED_PLUS_PSI:
+    return fed_plus.build_fed_plus(
+        model_fn, psi=FED_PLUS_PSI[spec.name],
+        learning_rate=spec.client_learning_rate, sigma=spec.fedplus_sigma,
+        delta=0.1 if spec.fedplus_delta is None else spec.fedplus_delta,
+        lam=spec.fedplus_lambda or 0.0,
+        local_steps=spec.fedplus_local_steps,
+        aggregation_iterations=spec.fedplus_iterations)
+  raise ValueError(f'{spec.name} is not a stateful-client algorithm')

@@ -38,7 +38,9 @@ from tasks import base as task_base
 from tasks import evaluation
 from tasks import tail_metrics
 from tff_algos import attacks
+from tff_algos import client_states as client_states_lib
 from tff_algos import runtime
+from tff_algos import stateful
 from tff_algos import stragglers as stragglers_lib
 
 SAMPLING_SCHEMES = ('uniform', 'examples')
@@ -329,7 +331,7 @@ def summarize(per_client: Mapping[str, Mapping[str, np.ndarray]]
       if metric == 'accuracy':
         kind = 'accuracy'
       elif metric == 'loss':
-        kind = 'train_loss' if split.endswith('train') else 'loss'
+        kind = 'train_loss' if split.split('/')[-1] == 'train' else 'loss'
       else:
         kind = 'loss'
       summaries[f'{split}/{metric}'] = tail_metrics.summarize_clients(
@@ -370,6 +372,7 @@ def run_simulation(
     hparams: Optional[Mapping[str, Any]] = None,
     progress: bool = True,
     log: Callable[[str], None] = lambda s: print(s, file=sys.stderr),
+    client_state_store: Optional[client_states_lib.ClientStateStore] = None,
 ) -> dict[str, Any]:
   """Trains `process` on `task` and evaluates it per client.
 
@@ -383,9 +386,15 @@ def run_simulation(
       folder written with other values (outside `RESUMABLE_KEYS`) is refused.
     progress: Show a progress bar with rounds/s.
     log: Where messages go.
+    client_state_store: For a `stateful.StatefulClientsProcess` (Ditto,
+      Fed+): where the clients' states live (default: in memory, snapshotted
+      to `<output_dir>/client_states`). It is snapshotted with every server
+      checkpoint and restored on resume; personal models are evaluated per
+      client into `personal/<split>/<metric>` summaries.
 
   Returns:
-    `{'state', 'round_num', 'final_summaries', 'per_client', 'history'}`.
+    `{'state', 'round_num', 'final_summaries', 'per_client', 'history'}`
+    (and `'client_state_store'` for a stateful process).
 
   Raises:
     ValueError: For an impossible config.
@@ -399,6 +408,7 @@ def run_simulation(
 
   state = process.initialize()
   start_round = 1
+  store = _client_state_store(process, task, outputs, client_state_store)
   if outputs:
     _check_config(outputs, hparams)
     loaded, version = asyncio.run(
@@ -413,6 +423,8 @@ def run_simulation(
             f'total_rounds={config.total_rounds}; evaluating it only')
     with open(outputs.config_path, 'w') as f:
       json.dump(hparams, f, indent=2, sort_keys=True)
+  if store is not None:
+    store.restore(start_round - 1)
 
   schedule = stragglers_lib.StragglerSchedule(
       fraction=config.straggler_fraction,
@@ -451,7 +463,12 @@ def run_simulation(
             datasets, [p.client_id for p in plans], corrupted,
             seed=attack_seed, round_num=round_num,
             index_of={cid: i for i, cid in enumerate(client_ids)})
-      output = process.next(state, datasets)
+      if store is not None:
+        ids = [p.client_id for p in plans]
+        output = process.next(state, datasets, store.get_many(ids))
+        store.put_many(ids, output.client_states, round_num=round_num)
+      else:
+        output = process.next(state, datasets)
       state = output.state
       metrics.update(flatten_metrics(output.metrics))
     else:
@@ -462,7 +479,7 @@ def run_simulation(
                    round_num % config.rounds_per_eval == 0):
       per_client, summaries = _evaluate(
           process, state, task, eval_computation, config, outputs, round_num,
-          corrupted)
+          corrupted, store)
       for name, summary in summaries.items():
         for key, value in summary.items():
           metrics[f'eval/{name}/{key}'] = value
@@ -472,6 +489,8 @@ def run_simulation(
       outputs.release(metrics, round_num)
       if is_last or (config.rounds_per_checkpoint and
                      round_num % config.rounds_per_checkpoint == 0):
+        if store is not None:  # Before the server state: see client_states.
+          store.snapshot(round_num)
         asyncio.run(outputs.state_manager.save((state, round_num), round_num))
     if bar is not None:
       bar.set_postfix_str(_postfix(metrics), refresh=False)
@@ -482,17 +501,20 @@ def run_simulation(
   if summaries is None:  # Resumed at or past the end: evaluate the model.
     per_client, summaries = _evaluate(
         process, state, task, eval_computation, config, outputs,
-        config.total_rounds, corrupted)
+        config.total_rounds, corrupted, store)
   final_round = max(config.total_rounds, start_round - 1)
   if outputs:
     _write_summary(outputs, summaries, final_round, task)
-  return {
+  result = {
       'state': state,
       'round_num': final_round,
       'final_summaries': summaries,
       'per_client': per_client,
       'history': history,
   }
+  if store is not None:
+    result['client_state_store'] = store
+  return result
 
 
 def _set_up_attack(process, task, config, outputs):
@@ -522,7 +544,7 @@ def _set_up_attack(process, task, config, outputs):
 
 
 def _evaluate(process, state, task, eval_computation, config, outputs,
-              round_num, corrupted=frozenset()):
+              round_num, corrupted=frozenset(), store=None):
   weights = process.get_model_weights(state)
   if isinstance(weights, Mapping):  # A family: one model per member.
     per_client = {}
@@ -541,6 +563,13 @@ def _evaluate(process, state, task, eval_computation, config, outputs,
         os.path.join(outputs.clients_dir, f'round_{round_num:05d}.csv'),
         per_client,
     )
+  if store is not None:
+    personal = evaluate_personal_per_client(
+        process, state, task, store, include_train=config.eval_train_clients)
+    if outputs:
+      _write_client_csv(os.path.join(
+          outputs.clients_dir, f'personal_round_{round_num:05d}.csv'), personal)
+    per_client.update(personal)
   if not corrupted:
     return per_client, summarize(per_client)
   # Under attack: benign clients first, all clients under `all_`.
@@ -548,6 +577,78 @@ def _evaluate(process, state, task, eval_computation, config, outputs,
   for name, summary in summarize(per_client).items():
     summaries[f'all_{name}'] = summary
   return per_client, summaries
+
+
+def _client_state_store(process, task, outputs, store):
+  """The client-state store of a stateful process (None otherwise)."""
+  if not stateful.is_stateful(process):
+    if store is not None:
+      raise ValueError('client_state_store is only for stateful processes '
+                       '(Ditto, Fed+)')
+    return None
+  if (len(process.personal_model_names) > 1 and
+      task.validation_data is None):
+    raise SimulationError(
+        f'{len(process.personal_model_names)} personal models per client '
+        '(a lambda grid) are selected on validation data, and this task has'
+        ' none; give it a validation split (--synthetic_validation_fraction)'
+        ' or a single lambda')
+  if store is None:
+    store = client_states_lib.InMemoryClientStateStore(
+        lambda _: process.initial_client_state(),
+        snapshot_dir=(os.path.join(outputs.dir, 'client_states')
+                      if outputs else None))
+  return store
+
+
+def evaluate_personal_per_client(
+    process: stateful.StatefulClientsProcess,
+    state,
+    task: task_base.FederatedTask,
+    store: client_states_lib.ClientStateStore,
+    *,
+    include_train: bool,
+    chunk_size: int = 100,
+) -> dict[str, dict[str, np.ndarray]]:
+  """Each client's personal model on its data: `{'personal/test': ...}`.
+
+  With G > 1 personal models per client (a Ditto lambda grid) each client is
+  evaluated with the one of lowest loss on its validation data, and the
+  chosen value is reported as the `lambda` metric (thesis section 5.3: each
+  device selects lambda locally). Clients never selected have the initial
+  personal model. At most `chunk_size` client states are in memory at once.
+  """
+  num_models = len(process.personal_model_names)
+  splits = [('test', task.test_data)]
+  if include_train:
+    splits.append(('train', task.train_data))
+  results = {}
+  for split, data in splits:
+    ids = list(data.client_ids)
+    rows, chosen = [], []
+    for start in range(0, len(ids), chunk_size):
+      chunk = ids[start:start + chunk_size]
+      client_states = store.get_many(chunk)
+      if num_models > 1:
+        val_rows = process.evaluate_personal(
+            state, client_states,
+            [task.eval_dataset(cid, 'validation') for cid in chunk])
+        best = [int(np.argmin(r['loss'])) for r in val_rows]
+      else:
+        best = [0] * len(chunk)
+      test_rows = process.evaluate_personal(
+          state, client_states, [task.eval_dataset(cid, split)
+                                 for cid in chunk])
+      rows.extend({k: v[g] for k, v in r.items()}
+                  for r, g in zip(test_rows, best))
+      chosen.extend(best)
+    values = {name: np.asarray([r[name] for r in rows]) for name in rows[0]}
+    if num_models > 1:
+      values['lambda'] = np.asarray(
+          [process.personal_model_values[g] for g in chosen])
+    values['client_id'] = np.asarray(ids)
+    results[f'personal/{split}'] = values
+  return results
 
 
 def _check_finite(metrics: Mapping[str, Any], round_num: int) -> None:

@@ -115,6 +115,46 @@ _Q_TOL = flags.DEFINE_float(
     'quantile_tolerance', 1e-4, 'Bisection quantile: final bracket width.')
 _Q_ITERS = flags.DEFINE_integer(
     'quantile_iterations', 50, 'MM / private quantile: iterations per round.')
+_DITTO_LAMBDA = flags.DEFINE_float(
+    'ditto_lambda', None, 'Ditto: fixed lambda >= 0 of the personal models\' '
+    'pull toward the global model (0: local models).')
+_DITTO_GRID = flags.DEFINE_list(
+    'ditto_lambda_grid', [], 'Ditto: lambdas selected per client on its '
+    'validation data (one personal model each), e.g. 0.1,1,2; needs a '
+    'validation split (--synthetic_validation_fraction).')
+_DITTO_STEPS = flags.DEFINE_integer(
+    'ditto_personal_steps', 0, 'Ditto: personal mini-batch steps s per round '
+    '(0: one pass over the round\'s local stream, as the global update).')
+_DITTO_LR = flags.DEFINE_float(
+    'ditto_personal_lr', 0.0,
+    'Ditto: personal learning rate (0: --client_learning_rate).')
+_DITTO_CLIP = flags.DEFINE_float(
+    'ditto_clip_norm', 0.0, 'Ditto + robust aggregation: clip each global '
+    'update to this l2 norm before the mean (0: plain mean).')
+_FEDPLUS_SIGMA = flags.DEFINE_float(
+    'fedplus_sigma', None, 'Fed+: sigma >= 0; kappa = 1/(1 + lr sigma) (the '
+    'paper advises kappa in [0.9, 0.999]).')
+_FEDPLUS_DELTA = flags.DEFINE_float(
+    'fedplus_delta', None, 'Fed+: smoothing delta >= 0 (default 0.1).')
+_FEDPLUS_LAMBDA = flags.DEFINE_float(
+    'fedplus_lambda', None,
+    'Fed+: local initialisation lambda in [0, 1] (default 0).')
+_FEDPLUS_STEPS = flags.DEFINE_integer(
+    'fedplus_local_steps', 0, 'Fed+: exactly E mini-batch steps per round '
+    '(0: E_k = the batches of the client\'s stream, epochs x batches).')
+_FEDPLUS_ITERS = flags.DEFINE_integer(
+    'fedplus_iterations', 20,
+    'Fed+: fixed-point iterations of the geomed / comed aggregate.')
+_STATE_STORE = flags.DEFINE_string(
+    'client_state_store', 'memory', 'Ditto / Fed+ personal models: memory '
+    '(snapshotted to <experiment>/client_states) or disk (one file per '
+    'client, for many clients or large models).')
+_STATE_DIR = flags.DEFINE_string(
+    'client_state_dir', None, 'Folder of the client-state store (default '
+    '<experiment>/client_states).')
+_VAL_FRACTION = flags.DEFINE_float(
+    'synthetic_validation_fraction', 0.0,
+    'Synthetic per-client validation fraction (Ditto lambda selection).')
 _STRAGGLERS = flags.DEFINE_float(
     'straggler_fraction', 0.0,
     'Fraction of selected clients that straggle (FedAvg drops them, FedProx '
@@ -212,6 +252,11 @@ def task_kwargs() -> dict:
   if _BATCH_SIZE.value < 1:
     raise UsageError(f'--client_batch_size must be >= 1, got {_BATCH_SIZE.value}')
   kwargs = {'seed': _SEED.value, 'batch_size': _BATCH_SIZE.value}
+  if name in registry.REGRESSION_TASKS:
+    # Fed+ section 5.1: 10 parties unless --num_clients is given.
+    if flags.FLAGS['num_clients'].present:
+      kwargs['num_parties'] = _NUM_CLIENTS.value
+    return kwargs
   if name in registry.SYNTHETIC_TASKS:
     if _NUM_CLIENTS.value < 1:
       raise UsageError(f'--num_clients must be >= 1, got {_NUM_CLIENTS.value}')
@@ -220,6 +265,8 @@ def task_kwargs() -> dict:
         size_law=_SIZE_LAW.value, test_fraction=_TEST_FRACTION.value,
         test_clients_fraction=_TEST_CLIENTS.value,
     )
+    if _VAL_FRACTION.value:
+      kwargs['validation_fraction'] = _VAL_FRACTION.value
   else:
     if not _USE_SYNTHETIC.value and not _DATA_DIR.value:
       raise UsageError(
@@ -293,6 +340,17 @@ def prepare():
       clip_target_quantile=_CLIP_QUANTILE.value,
       attack=_ATTACK.value,
       attack_scale=_ATTACK_SCALE.value,
+      ditto_lambda=_DITTO_LAMBDA.value,
+      ditto_lambda_grid=tuple(_parse_floats('ditto_lambda_grid',
+                                            _DITTO_GRID.value)),
+      ditto_personal_steps=_DITTO_STEPS.value,
+      ditto_personal_lr=_DITTO_LR.value,
+      ditto_clip_norm=_DITTO_CLIP.value,
+      fedplus_sigma=_FEDPLUS_SIGMA.value,
+      fedplus_delta=_FEDPLUS_DELTA.value,
+      fedplus_lambda=_FEDPLUS_LAMBDA.value,
+      fedplus_local_steps=_FEDPLUS_STEPS.value,
+      fedplus_iterations=_FEDPLUS_ITERS.value,
   )
   spec.validate()
   if spec.aggregator == 'krum':
@@ -307,6 +365,13 @@ def prepare():
       kind=_ATTACK.value, fraction=_ATTACK_FRACTION.value, seed=_SEED.value,
       num_classes=num_classes_for_attack())
   attack.validate()
+  if _STATE_STORE.value not in ('memory', 'disk'):
+    raise UsageError(f'unknown --client_state_store={_STATE_STORE.value!r}; '
+                     'choose memory or disk')
+  if not spec.is_stateful and (_STATE_STORE.value != 'memory'
+                               or _STATE_DIR.value):
+    raise UsageError('--client_state_store and --client_state_dir apply to '
+                     'ditto and the Fed+ family only')
   config = simulation.SimulationConfig(
       total_rounds=_TOTAL_ROUNDS.value,
       clients_per_round=_CLIENTS_PER_ROUND.value,
@@ -331,6 +396,10 @@ def prepare():
     tff.backends.test.set_sync_test_cpp_execution_context()
     print('secure quantile: running under TFF\'s test execution context',
           file=sys.stderr)
+  if len(spec.ditto_lambdas) > 1 and task.validation_data is None:
+    raise UsageError('--ditto_lambda_grid selects lambda on each client\'s '
+                     'validation data, and this task has none; pass '
+                     '--synthetic_validation_fraction or a fixed --ditto_lambda')
   process = algorithms.build_process(
       spec, task.model_fn, num_clients=len(task.train_data.client_ids),
       clients_per_round=_CLIENTS_PER_ROUND.value)
@@ -344,11 +413,23 @@ def prepare():
   return task, process, config, out_dir
 
 
+def client_state_store(process, out_dir):
+  """The Ditto / Fed+ client-state store named by the flags (or None)."""
+  from tff_algos import client_states  # pylint: disable=g-import-not-at-top
+  from tff_algos import stateful  # pylint: disable=g-import-not-at-top
+  if not stateful.is_stateful(process):
+    return None
+  return client_states.build_store(
+      _STATE_STORE.value, lambda _: process.initial_client_state(),
+      directory=_STATE_DIR.value or os.path.join(out_dir, 'client_states'))
+
+
 def train(task, process, config, out_dir) -> dict:
   """Runs the training job and prints the final per-client table."""
   result = simulation.run_simulation(
       process, task, config, output_dir=out_dir, hparams=hparams(),
       progress=_PROGRESS.value,
+      client_state_store=client_state_store(process, out_dir),
   )
   print(f'\nPer-client metrics after round {result["round_num"]} '
         f'({task.description}):')

@@ -9,6 +9,7 @@
 | `shakespeare_character`| `shakespeare.sqlite` in data_dir     | TFF's character LSTM |
 | `stackoverflow_word`   | `stackoverflow.sqlite` + word counts | TFF's next-word LSTM |
 | `stackoverflow_tag`    | `stackoverflow.sqlite` + counts      | TFF's tag logistic regression |
+| `fedplus_regression`   | Fed+ section 5.1 synthetic regression, built in | linear regression (MSE) |
 
 Every data-file task also runs offline on TFF's synthetic stand-in data
 (`use_synthetic_data=True`).
@@ -22,7 +23,8 @@ from tasks import synthetic
 SYNTHETIC_TASKS = ('synthetic', 'synthetic_iid')
 FILE_TASKS = ('emnist_character', 'shakespeare_character',
               'stackoverflow_word', 'stackoverflow_tag')
-TASK_NAMES = SYNTHETIC_TASKS + FILE_TASKS
+REGRESSION_TASKS = ('fedplus_regression',)
+TASK_NAMES = SYNTHETIC_TASKS + FILE_TASKS + REGRESSION_TASKS
 
 
 def create_task(name: str, **kwargs: Any) -> base.FederatedTask:
@@ -40,6 +42,9 @@ def create_task(name: str, **kwargs: Any) -> base.FederatedTask:
   """
   if name in SYNTHETIC_TASKS:
     return synthetic.create_task(iid=(name == 'synthetic_iid'), **kwargs)
+  if name == 'fedplus_regression':
+    from tasks import fedplus_regression  # pylint: disable=g-import-not-at-top
+    return fedplus_regression.create_task(**kwargs)
   if name == 'emnist_character':
     from tasks import emnist  # pylint: disable=g-import-not-at-top
     return emnist.create_task(**kwargs)

@@ -1,0 +1,262 @@
+# Copyright 2026 The tff-hetero Authors. Licensed under the Apache License 2.0.
+"""Ditto: global model by FedAvg, personal models pulled toward it.
+
+T. Li, S. Hu, A. Beirami, V. Smith, "Ditto: Fair and Robust Federated
+Learning Through Personalization", ICML 2021, https://arxiv.org/abs/2012.04221
+(thesis chapter 5, Algorithm 7; spec `thesis_algorithms.md` section 6).
+
+Each round t, every selected client k receives w^t and
+
+1. trains the global model as FedAvg does (E epochs of mini-batch steps from
+   w^t with the client optimizer) and sends Delta_k = w^t - w_k^t;
+2. updates its personal model v_k, kept across rounds, by mini-batch steps on
+   h_k(v; w^t) = F_k(v) + lambda/2 ||v - w^t||^2, i.e.
+   v <- v - eta_l (grad F_k(v) + lambda (v - w^t)), anchored at the received
+   w^t (not at the freshly trained w_k^t).
+
+The server aggregates the deltas with any weighted `tff.aggregators` factory
+(`model_aggregator`, default the weighted mean: Ditto's global model is then
+exactly FedAvg's) and applies them with the server optimizer (SGD 1.0: w^{t+1}
+= w^t - mean Delta_k). A robust factory (clipping, median, ...) gives "Ditto +
+robust aggregator" (thesis section 5.3.4).
+
+lambda is fixed, or selected per client on its validation data (thesis section
+5.3 "Setup", spec 6.6): with a grid (lambda_1..lambda_G) every client keeps G
+personal models, one per lambda, trained side by side, and is evaluated with
+the one of lowest validation loss (`run.simulation` does the selection).
+
+Decisions where the thesis is silent (docs/algorithms.md): v_k^0 = w^0; the
+personal steps use the same local stream as the global ones (E epochs of the
+round's batches), or exactly `personal_steps` mini-batch steps; eta_l = the
+personal optimizer's learning rate (default: the client optimizer); a
+personal update with a NaN/inf keeps the previous v_k.
+"""
+
+import collections
+from collections.abc import Callable, Sequence
+from typing import Optional, Union
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tensorflow_federated.python.learning import loop_builder
+from tff_algos import client_work as client_work_lib
+from tff_algos import stateful
+
+ModelFn = Callable[[], tff.learning.models.VariableModel]
+
+
+def personal_training(
+    model: tff.learning.models.VariableModel,
+    optimizer: tff.learning.optimizers.Optimizer,
+    personal_weights,
+    anchor_weights: tff.learning.models.ModelWeights,
+    data: tf.data.Dataset,
+    *,
+    lam: float,
+    loop_implementation: tff.learning.LoopImplementation = (
+        tff.learning.LoopImplementation.DATASET_REDUCE),
+):
+  """Ditto's personal update; call inside a `tf.function`.
+
+  Mini-batch steps of `optimizer` on F_k(v) + lam/2 ||v - w^t||^2 starting
+  from v = `personal_weights` (trainable weights), with the anchor w^t =
+  `anchor_weights.trainable` fixed.
+
+  Returns:
+    `(v, num_examples)`: the new trainable weights and examples processed.
+  """
+  weights = tff.learning.models.ModelWeights.from_model(model)
+  tf.nest.map_structure(lambda v, t: v.assign(t), weights.trainable,
+                        list(personal_weights))
+  tf.nest.map_structure(lambda v, t: v.assign(t), weights.non_trainable,
+                        anchor_weights.non_trainable)
+  reduce_loop = loop_builder.build_training_loop(loop_implementation)
+
+  def train_step(state, batch):
+    num_examples, opt_state = state
+    with tf.GradientTape() as tape:
+      output = model.forward_pass(batch, training=True)
+    grads = tape.gradient(output.loss, weights.trainable)
+    grads = tf.nest.map_structure(
+        lambda g, w, w0: g + lam * (w - w0), grads, weights.trainable,
+        list(anchor_weights.trainable))
+    opt_state, new_weights = optimizer.next(
+        opt_state, tuple(weights.trainable), tuple(grads))
+    tf.nest.map_structure(lambda v, t: v.assign(t), tuple(weights.trainable),
+                          new_weights)
+    if output.num_examples is None:
+      n = tf.shape(output.predictions, out_type=tf.int64)[0]
+    else:
+      n = tf.cast(output.num_examples, tf.int64)
+    return num_examples + n, opt_state
+
+  def initial_state():
+    specs = tuple(tf.TensorSpec(v.shape, v.dtype) for v in weights.trainable)
+    return tf.constant(0, tf.int64), optimizer.initialize(specs)
+
+  num_examples, _ = reduce_loop(train_step, data, initial_state)
+  return [tf.identity(v) for v in weights.trainable], num_examples
+
+
+def _check_optimizer(name, optimizer):
+  if not isinstance(optimizer, tff.learning.optimizers.Optimizer):
+    raise TypeError(f'{name} must be a tff.learning.optimizers.Optimizer, got '
+                    f'{type(optimizer).__name__}')
+
+
+def check_lambdas(lam) -> tuple[float, ...]:
+  """The lambda grid of `lam` (a float or a non-empty sequence of floats)."""
+  values = [lam] if not isinstance(lam, (list, tuple)) else list(lam)
+  if not values:
+    raise ValueError('lam must be a float or a non-empty sequence of floats')
+  for v in values:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+      raise TypeError(f'lambda must be a float, got {type(v).__name__}')
+    if not (np.isfinite(v) and v >= 0):
+      raise ValueError(f'lambda must be finite and >= 0, got {v}')
+  if len(set(values)) != len(values):
+    raise ValueError(f'the lambda grid has duplicates: {values}')
+  return tuple(float(v) for v in values)
+
+
+def build_ditto(
+    model_fn: ModelFn,
+    client_optimizer_fn: tff.learning.optimizers.Optimizer,
+    server_optimizer_fn: Optional[tff.learning.optimizers.Optimizer] = None,
+    *,
+    lam: Union[float, Sequence[float]],
+    personal_optimizer_fn: Optional[tff.learning.optimizers.Optimizer] = None,
+    personal_steps: int = 0,
+    client_weighting: tff.learning.ClientWeighting = (
+        tff.learning.ClientWeighting.NUM_EXAMPLES),
+    model_aggregator: Optional[tff.aggregators.WeightedAggregationFactory] = (
+        None),
+    metrics_aggregator: Optional[Callable[..., tff.Computation]] = None,
+    loop_implementation: tff.learning.LoopImplementation = (
+        tff.learning.LoopImplementation.DATASET_REDUCE),
+) -> stateful.StatefulClientsProcess:
+  """Builds Ditto (Li et al., ICML 2021; thesis Algorithm 7).
+
+  Args:
+    model_fn: No-arg callable returning a new `VariableModel`.
+    client_optimizer_fn: Local solver of the global model (FedAvg's).
+    server_optimizer_fn: Applies the aggregated delta (default SGD 1.0).
+    lam: lambda >= 0, or a grid of them (one personal model per value,
+      selected per client on validation data at evaluation).
+    personal_optimizer_fn: Solver of the personal models (default: the
+      client optimizer, eta_l = eta_g as in the thesis experiments).
+    personal_steps: s > 0: exactly s personal mini-batch steps per round
+      (cycling the local stream); 0: one pass over the round's local stream
+      (E epochs, as the global update).
+    client_weighting: Weights of the deltas (`NUM_EXAMPLES` or `UNIFORM`;
+      Algorithm 7 averages uniformly, the experiments' FedAvg by examples).
+    model_aggregator: Weighted `tff.aggregators` factory of the deltas
+      (default `MeanFactory`; a robust one gives Ditto + robust aggregation).
+    metrics_aggregator: Aggregator of the global training metrics.
+    loop_implementation: How local datasets are iterated.
+
+  Returns:
+    A `stateful.StatefulClientsProcess`; client states are
+    `OrderedDict(personal=(v_lambda_1, ..., v_lambda_G))`.
+
+  Raises:
+    TypeError: For a wrong argument type.
+    ValueError: For a negative or non-finite lambda, or negative steps.
+  """
+  if not callable(model_fn):
+    raise TypeError('model_fn must be a no-arg callable returning a model')
+  lambdas = check_lambdas(lam)
+  _check_optimizer('client_optimizer_fn', client_optimizer_fn)
+  if personal_optimizer_fn is None:
+    personal_optimizer_fn = client_optimizer_fn
+  _check_optimizer('personal_optimizer_fn', personal_optimizer_fn)
+  if isinstance(personal_steps, bool) or not isinstance(personal_steps, int):
+    raise TypeError('personal_steps must be an int')
+  if personal_steps < 0:
+    raise ValueError(f'personal_steps must be >= 0, got {personal_steps}')
+  if client_weighting not in (tff.learning.ClientWeighting.NUM_EXAMPLES,
+                              tff.learning.ClientWeighting.UNIFORM):
+    raise ValueError(f'unknown client weighting {client_weighting!r}')
+
+  (initial_weights_fn, initial_weights, weights_type, aggregator,
+   finalizer) = stateful.build_server_parts(
+       model_fn, server_optimizer_fn, model_aggregator)
+  _, data_type, metrics_aggregation_fn = (
+      client_work_lib.model_types_and_metrics(model_fn, metrics_aggregator))
+  initial_client_state = collections.OrderedDict(
+      personal=tuple(list(initial_weights.trainable) for _ in lambdas))
+  client_state_type = tff.types.tensorflow_to_type(tf.nest.map_structure(
+      lambda a: tf.TensorSpec(a.shape, tf.as_dtype(a.dtype)),
+      initial_client_state))
+
+  @tff.tensorflow.computation(weights_type, data_type, client_state_type)
+  def client_update(weights, dataset, client_state):
+    model = model_fn()
+
+    @tf.function
+    def run(weights, dataset, client_state):
+      delta, num_examples, non_finite = client_work_lib.local_training(
+          model, client_optimizer_fn, weights, dataset,
+          loop_implementation=loop_implementation)
+      weight = client_work_lib.client_weight(
+          client_weighting, num_examples, non_finite)
+      train_metrics = model.report_local_unfinalized_metrics()
+      personal_data = dataset
+      if personal_steps:
+        personal_data = dataset.repeat().take(personal_steps)
+      new_personal = []
+      for lam_g, v in zip(lambdas, client_state['personal']):
+        # Metrics were read above; the personal passes must not count.
+        with tf.control_dependencies(tf.nest.flatten(train_metrics)):
+          v_new, _ = personal_training(
+              model, personal_optimizer_fn, v, weights, personal_data,
+              lam=lam_g, loop_implementation=loop_implementation)
+        v_new, _ = stateful.zero_non_finite_to(v_new, list(v))
+        new_personal.append(v_new)
+      return (delta, weight,
+              collections.OrderedDict(personal=tuple(new_personal)),
+              train_metrics)
+
+    return run(weights, dataset, client_state)
+
+  @tff.federated_computation()
+  def init_fn():
+    return tff.federated_zip(collections.OrderedDict(
+        global_model_weights=tff.federated_eval(initial_weights_fn,
+                                                tff.SERVER),
+        aggregator=aggregator.initialize(),
+        finalizer=finalizer.initialize()))
+
+  state_type = init_fn.type_signature.result
+
+  @tff.federated_computation(
+      state_type, tff.FederatedType(data_type, tff.CLIENTS),
+      tff.FederatedType(client_state_type, tff.CLIENTS))
+  def next_fn(state, client_data, client_states):
+    global_weights = state.global_model_weights
+    delta, weight, new_states, model_outputs = tff.federated_map(
+        client_update,
+        (tff.federated_broadcast(global_weights), client_data, client_states))
+    aggregated = aggregator.next(state.aggregator, delta, weight)
+    finalized = finalizer.next(state.finalizer, global_weights,
+                               aggregated.result)
+    new_state = tff.federated_zip(collections.OrderedDict(
+        global_model_weights=finalized.result,
+        aggregator=aggregated.state,
+        finalizer=finalized.state))
+    metrics = tff.federated_zip(collections.OrderedDict(
+        client_work=collections.OrderedDict(
+            train=metrics_aggregation_fn(model_outputs)),
+        aggregator=aggregated.measurements,
+        finalizer=finalized.measurements))
+    return new_state, new_states, metrics
+
+  evaluate = stateful.build_personal_evaluation(
+      model_fn, weights_type, client_state_type, data_type)
+  return stateful.StatefulClientsProcess(
+      init_fn, next_fn, personal_evaluation=evaluate,
+      initial_client_state_fn=lambda: initial_client_state,
+      personal_model_names=[f'lambda={v:g}' for v in lambdas],
+      personal_model_values=lambdas)

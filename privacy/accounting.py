@@ -223,10 +223,16 @@ class EpsilonTracker:
         self._orders, rounds * self._rdp_one_round, self.delta)
     return float(eps)
 
-  def metrics(self, rounds: int) -> dict[str, float]:
-    """`{'dp/epsilon': ..., 'dp/delta': ..., ['dp/epsilon_pld': ...]}`."""
+  def metrics(self, rounds: int, *, with_pld: bool = True
+              ) -> dict[str, float]:
+    """`{'dp/epsilon': ..., 'dp/delta': ..., ['dp/epsilon_pld': ...]}`.
+
+    `dp/epsilon` is RDP; `dp/epsilon_pld` is added when the tracker was
+    built with `pld=True`, the sampling allows it and `with_pld` (a PLD
+    epsilon takes about a second, so per-round metrics leave it out).
+    """
     out = {'dp/epsilon': self.epsilon_rdp(rounds), 'dp/delta': self.delta}
-    if self.pld:
+    if self.pld and with_pld:
       out['dp/epsilon_pld'] = self.mechanism.epsilon(rounds, self.delta, 'pld')
     return out
 

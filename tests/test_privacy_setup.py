@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import dp_accounting
+import numpy as np
 import pytest
 
 from run import algorithms
@@ -123,3 +124,37 @@ def test_binary_writes_epsilon_per_round_and_in_the_summary(tmp_path):
   assert extra['dp/epsilon_pld'] == pytest.approx(pld.get_epsilon(1e-3),
                                                   rel=1e-6)
   assert 'dp/epsilon:' in stdout
+
+
+def test_poisson_client_sampling_is_seeded_and_has_rate_m_over_n():
+  ids = [str(i) for i in range(200)]
+  sizes = [len(simulation.sample_clients(
+      ids, r, clients_per_round=20, seed=1, scheme='poisson'))
+           for r in range(1, 301)]
+  assert np.mean(sizes) == pytest.approx(20, rel=0.05)
+  assert len(set(sizes)) > 5  # The number varies, as Poisson sampling does.
+  again = simulation.sample_clients(ids, 7, clients_per_round=20, seed=1,
+                                    scheme='poisson')
+  assert again == simulation.sample_clients(ids, 7, clients_per_round=20,
+                                            seed=1, scheme='poisson')
+
+
+def test_deltafl_with_dp_counts_its_private_quantile():
+  s = spec(name='deltafl', theta=0.5, uniform_weights=True,
+           secure_quantile='private', quantile_noise_stddev=1.5,
+           quantile_iterations=4)
+  s.validate()
+  estimator = algorithms.quantile_estimator(s, clients_per_round=10)
+  assert estimator.noise_stddev == 1.5
+  assert estimator.expected_num_clients == 10.0
+  config = simulation.SimulationConfig(total_rounds=5, clients_per_round=10,
+                                       client_sampling='poisson')
+  _, tracker = privacy_setup.prepare_dp(s, config, 100, delta=1e-3)
+  assert tracker.mechanism.gaussian_multipliers == [1.0, 3.0, 3.0, 3.0, 3.0]
+  composed = dp_accounting.ComposedDpEvent(
+      [dp_accounting.GaussianDpEvent(1.0)] +
+      [dp_accounting.GaussianDpEvent(3.0)] * 4)
+  acc = dp_accounting.rdp.RdpAccountant()
+  acc.compose(dp_accounting.PoissonSampledDpEvent(0.1, composed), 5)
+  assert tracker.epsilon_rdp(5) == pytest.approx(acc.get_epsilon(1e-3),
+                                                 rel=1e-9)

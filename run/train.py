@@ -314,8 +314,11 @@ def prepare():
 
 def train(task, process, config, out_dir, tracker=None) -> dict:
   """Runs the training job and prints the final per-client table."""
-  dp_hooks = {}
+  dp_hooks, hp = {}, hparams()
   if tracker is not None:
+    # With --target_epsilon, z depends on --total_rounds (resumable): record
+    # it so that resuming with another z is refused.
+    hp['dp_noise_multiplier_used'] = tracker.mechanism.noise_multiplier
     dp_hooks = dict(
         round_metrics_fn=lambda r: tracker.metrics(r, with_pld=False),
         summary_fn=lambda r: dict(
@@ -323,7 +326,7 @@ def train(task, process, config, out_dir, tracker=None) -> dict:
                 'dp/noise_multiplier': tracker.mechanism.noise_multiplier,
                 'dp/sampling': tracker.mechanism.sampling}))
   result = simulation.run_simulation(
-      process, task, config, output_dir=out_dir, hparams=hparams(),
+      process, task, config, output_dir=out_dir, hparams=hp,
       progress=_PROGRESS.value, **dp_hooks,
   )
   print(f'\nPer-client metrics after round {result["round_num"]} '

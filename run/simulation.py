@@ -384,7 +384,8 @@ def run_simulation(
       (under `extra`) and summary.txt, and returned under `extra`.
 
   Returns:
-    `{'state', 'round_num', 'final_summaries', 'per_client', 'history'}`.
+    `{'state', 'round_num', 'final_summaries', 'per_client', 'history',
+    'extra'}` (`extra`: what `summary_fn` returned, else empty).
 
   Raises:
     ValueError: For an impossible config.

@@ -23,6 +23,10 @@ poisoning is data-level and applies to all (`tff_algos.attacks`).
 
 `ditto` and the Fed+ family are stateful-client processes
 (`tff_algos.stateful.StatefulClientsProcess`).
+User-level DP (`privacy.dp_aggregation`, issue 6): `clip` > 0 turns on DP
+aggregation (`noise_multiplier`, `adaptive_clip`, `target_unclipped_quantile`)
+for the algorithms that aggregate a uniform mean (`DP_ALGORITHMS`);
+`server_optimizer='dp2'` is DP^2 (`privacy.dp2`) with the `dp2_*` options.
 """
 
 import dataclasses
@@ -32,6 +36,8 @@ from typing import Optional
 
 import tensorflow_federated as tff
 
+from privacy import dp2
+from privacy import dp_aggregation
 from tff_algos import afl
 from tff_algos import aggregators
 from tff_algos import attacks
@@ -62,6 +68,9 @@ AGGREGATOR_OPTIONS = (
     ('krum_num_byzantine', 'krum'), ('krum_num_selected', 'krum'),
     ('clip_norm', 'clip'), ('clip_target_quantile', 'clip'),
 )
+SERVER_OPTIMIZERS = OPTIMIZERS + ('dp2',)
+# Algorithms whose aggregate is a (uniform) mean of model deltas.
+DP_ALGORITHMS = ('fedavg', 'fedprox', 'deltafl')
 WEIGHTINGS = {
     'num_examples': tff.learning.ClientWeighting.NUM_EXAMPLES,
     'uniform': tff.learning.ClientWeighting.UNIFORM,
@@ -146,6 +155,27 @@ class AlgorithmSpec:
   def ditto_lambdas(self) -> tuple[float, ...]:
     return self.ditto_lambda_grid or (
         (self.ditto_lambda,) if self.ditto_lambda is not None else ())
+  noise_multiplier: float = 0.0
+  clip: float = 0.0
+  adaptive_clip: bool = False
+  target_unclipped_quantile: float = 0.5
+  quantile_noise_stddev: float = 0.0
+  dp2_sgd_steps: int = 1
+  dp2_rmsprop_steps: int = 1
+  dp2_rmsprop_learning_rate: float = 0.01
+  dp2_beta: float = 0.9
+  dp2_epsilon: float = 1e-3
+
+  @property
+  def uses_dp(self) -> bool:
+    """DP aggregation is on (`--clip` > 0)."""
+    return self.clip > 0
+
+  def dp_options(self) -> dp_aggregation.DpOptions:
+    return dp_aggregation.DpOptions(
+        noise_multiplier=self.noise_multiplier, clip=self.clip,
+        adaptive_clip=self.adaptive_clip,
+        target_unclipped_quantile=self.target_unclipped_quantile)
 
   @property
   def uses_secure_intrinsics(self) -> bool:
@@ -163,11 +193,12 @@ class AlgorithmSpec:
           f'unknown algorithm {self.name!r}; choose one of: '
           f'{", ".join(ALGORITHM_NAMES)}'
       )
-    for flag, value in (('client_optimizer', self.client_optimizer),
-                        ('server_optimizer', self.server_optimizer)):
-      if value not in OPTIMIZERS:
+    for flag, value, names in (
+        ('client_optimizer', self.client_optimizer, OPTIMIZERS),
+        ('server_optimizer', self.server_optimizer, SERVER_OPTIMIZERS)):
+      if value not in names:
         raise ValueError(
-            f'unknown --{flag}={value!r}; choose one of: {", ".join(OPTIMIZERS)}'
+            f'unknown --{flag}={value!r}; choose one of: {", ".join(names)}'
         )
     for flag, value in (('client_learning_rate', self.client_learning_rate),
                         ('server_learning_rate', self.server_learning_rate)):
@@ -243,6 +274,7 @@ class AlgorithmSpec:
       raise ValueError(f'--tilt applies to term only, not {self.name}')
     self._validate_robustness()
     self._validate_personalized()
+    self._validate_dp()
 
   def _validate_robustness(self) -> None:
     """Aggregator and attack options (one message per problem)."""
@@ -341,6 +373,55 @@ class AlgorithmSpec:
                          'aggregate is the Psi-regularised median/mean); '
                          'leave the --server_* flags at their defaults')
 
+  def _validate_dp(self) -> None:
+    """The DP and DP^2 options (issue 6)."""
+    if not (math.isfinite(self.clip) and self.clip >= 0):
+      raise ValueError(f'--clip must be >= 0 (0: no DP), got {self.clip}')
+    if not (math.isfinite(self.noise_multiplier)
+            and self.noise_multiplier >= 0):
+      raise ValueError(
+          f'--noise_multiplier must be >= 0, got {self.noise_multiplier}')
+    if self.uses_dp and self.aggregator != 'mean':
+      raise ValueError('DP aggregation (--clip) and --aggregator cannot be '
+                       'combined')
+    if self.uses_dp and self.thetas:
+      raise ValueError('DP aggregation (--clip) applies to one Delta-FL '
+                       'model (--theta), not a family (--thetas)')
+    if not self.uses_dp:
+      for flag, on in (('noise_multiplier', self.noise_multiplier),
+                       ('adaptive_clip', self.adaptive_clip),
+                       ('quantile_noise_stddev', self.quantile_noise_stddev)):
+        if on:
+          raise ValueError(f'--{flag} needs DP aggregation: pass --clip > 0')
+    else:
+      if self.name not in DP_ALGORITHMS:
+        raise ValueError(
+            f'DP aggregation (--clip) applies to algorithms that aggregate a '
+            f'mean ({", ".join(DP_ALGORITHMS)}), not {self.name}')
+      if self.name == 'deltafl':
+        if not self.uniform_weights:
+          raise ValueError('DP needs uniform client weighting: pass '
+                           '--uniform_weights with deltafl')
+        if self.secure_quantile != 'private' or not self.quantile_noise_stddev:
+          raise ValueError(
+              'DP with deltafl needs a private quantile: pass '
+              '--secure_quantile=private and --quantile_noise_stddev > 0')
+      elif self.client_weighting != 'uniform':
+        raise ValueError('DP aggregation needs uniform client weighting: pass '
+                         '--client_weighting=uniform')
+      self.dp_options().validate()
+    if not (math.isfinite(self.quantile_noise_stddev)
+            and self.quantile_noise_stddev >= 0):
+      raise ValueError('--quantile_noise_stddev must be >= 0, got '
+                       f'{self.quantile_noise_stddev}')
+    if self.server_optimizer == 'dp2':
+      dp2.build_dp2(
+          self.server_learning_rate, self.dp2_rmsprop_learning_rate,
+          sgd_steps=self.dp2_sgd_steps, rmsprop_steps=self.dp2_rmsprop_steps,
+          beta=self.dp2_beta, epsilon=self.dp2_epsilon)
+      if self.server_momentum:
+        raise ValueError('--server_sgd_momentum does not apply to dp2')
+
   def describe(self) -> str:
     extra = {
         'fedprox': f', mu={self.proximal_strength:g}',
@@ -362,6 +443,9 @@ class AlgorithmSpec:
       extra = (f', sigma={sigma:g} (kappa={kappa:.6g}), delta='
                f'{self.fedplus_delta if self.fedplus_delta is not None else 0.1:g}'
                f', lambda={self.fedplus_lambda or 0.0:g}')
+    if self.uses_dp:
+      extra += (f', DP z={self.noise_multiplier:g} C={self.clip:g}'
+                f'{" adaptive" if self.adaptive_clip else ""}')
     return (f'{self.name} (client {self.client_optimizer} '
             f'lr={self.client_learning_rate:g}, server {self.server_optimizer}'
             f' lr={self.server_learning_rate:g}{extra}'
@@ -417,7 +501,7 @@ def update_attack(spec: AlgorithmSpec, *,
   return attacks.UpdateAttack(spec.attack, scale)
 
 
-def quantile_estimator(spec: AlgorithmSpec):
+def quantile_estimator(spec: AlgorithmSpec, clients_per_round: int = 0):
   """The Delta-FL quantile estimator of level 1 - theta named by the spec."""
   level = 1.0 - spec.theta
   if spec.secure_quantile == 'none':
@@ -430,9 +514,13 @@ def quantile_estimator(spec: AlgorithmSpec):
     return quantiles.build_estimator(
         'bisection', level=level, lower=0.0, upper=spec.quantile_upper_bound,
         tolerance=spec.quantile_tolerance)
+  noise = {}
+  if spec.quantile_noise_stddev:
+    noise = dict(noise_stddev=spec.quantile_noise_stddev,
+                 expected_num_clients=float(max(clients_per_round, 1)))
   return quantiles.build_estimator(
       'private', level=level, initial_estimate=1.0,
-      num_steps=spec.quantile_iterations)
+      num_steps=spec.quantile_iterations, **noise)
 
 
 def build_process(
@@ -442,59 +530,64 @@ def build_process(
     num_clients: int = 0,
     clients_per_round: int = 10,
 ) -> tff.learning.templates.LearningProcess:
-  """The `LearningProcess` of `spec` for `model_fn` (AFL: `num_clients`).
+  """The `LearningProcess` of `spec` for `model_fn`.
 
-  `clients_per_round` sets the default A3 scale (-K / server lr).
-
-  Ditto and the Fed+ family give a `stateful.StatefulClientsProcess`.
+  AFL needs `num_clients`; `clients_per_round` sets the default A3 scale
+  (-K / server lr) and is the DP mean's denominator (the expected number of
+  clients). Ditto and the Fed+ family give a
+  `stateful.StatefulClientsProcess`.
   """
   spec.validate()
+  if spec.uses_dp and clients_per_round < 1:
+    raise ValueError('DP aggregation needs clients_per_round >= 1')
   if spec.is_stateful:
     return _build_stateful(spec, model_fn)
-  robust = dict(
-      model_aggregator=model_aggregator(spec),
-      update_attack=update_attack(spec, clients_per_round=clients_per_round))
+
+  def aggregation(dp_clients_per_round: float) -> dict:
+    """The model aggregator (DP, robust or mean) and the update attack."""
+    return dict(
+        model_aggregator=(_dp_aggregator(spec, dp_clients_per_round)
+                          if spec.uses_dp else model_aggregator(spec)),
+        update_attack=update_attack(spec, clients_per_round=clients_per_round))
+
   if spec.name == 'deltafl' and spec.thetas:
     return delta_fl.build_delta_fl_family(
         model_fn, build_optimizer(spec.client_optimizer,
                                   spec.client_learning_rate),
-        build_optimizer(spec.server_optimizer, spec.server_learning_rate,
-                        spec.server_momentum),
+        _server_optimizer(spec),
         thetas=spec.thetas,
         quantile_estimator_fn=lambda t: quantile_estimator(
-            dataclasses.replace(spec, theta=t, thetas=())),
+            dataclasses.replace(spec, theta=t, thetas=()), clients_per_round),
         strict_filter=spec.strict_filter,
         uniform_weights=spec.uniform_weights, weight_decay=spec.weight_decay,
-        **robust)
+        **aggregation(clients_per_round))
   if spec.name == 'deltafl':
     return delta_fl.build_delta_fl(
         model_fn, build_optimizer(spec.client_optimizer,
                                   spec.client_learning_rate),
-        build_optimizer(spec.server_optimizer, spec.server_learning_rate,
-                        spec.server_momentum),
-        theta=spec.theta, quantile_estimator=quantile_estimator(spec),
+        _server_optimizer(spec),
+        theta=spec.theta,
+        quantile_estimator=quantile_estimator(spec, clients_per_round),
         strict_filter=spec.strict_filter,
         uniform_weights=spec.uniform_weights, weight_decay=spec.weight_decay,
-        **robust)
+        **aggregation(max(1.0, spec.theta * clients_per_round)))
   if spec.name == 'afl':
     return afl.build_afl(
         model_fn, num_clients=num_clients,
         model_learning_rate=spec.client_learning_rate,
         mixture_learning_rate=spec.afl_lambda_lr)
   client_opt = build_optimizer(spec.client_optimizer, spec.client_learning_rate)
-  server_opt = build_optimizer(
-      spec.server_optimizer, spec.server_learning_rate, spec.server_momentum
-  )
+  server_opt = _server_optimizer(spec)
   weighting = WEIGHTINGS[spec.client_weighting]
   if spec.name == 'fedavg':
     return fed_avg.build_fed_avg(
         model_fn, client_opt, server_opt, client_weighting=weighting,
-        **robust)
+        **aggregation(clients_per_round))
   if spec.name == 'fedprox':
     return fed_prox.build_fed_prox(
         model_fn, client_opt, server_opt,
         proximal_strength=spec.proximal_strength, client_weighting=weighting,
-        **robust)
+        **aggregation(clients_per_round))
   if spec.name == 'qffl':
     return q_ffl.build_q_fedavg(
         model_fn, client_opt, q=spec.q,
@@ -504,7 +597,7 @@ def build_process(
         model_fn, q=spec.q, lipschitz_constant=spec.lipschitz_constant)
   return term.build_term(
       model_fn, client_opt, server_opt, tilt=spec.tilt,
-      proximal_strength=spec.proximal_strength, **robust)
+      proximal_strength=spec.proximal_strength, **aggregation(clients_per_round))
 
 
 def _build_stateful(spec: AlgorithmSpec, model_fn):
@@ -536,3 +629,21 @@ def _build_stateful(spec: AlgorithmSpec, model_fn):
         local_steps=spec.fedplus_local_steps,
         aggregation_iterations=spec.fedplus_iterations)
   raise ValueError(f'{spec.name} is not a stateful-client algorithm')
+
+
+def _server_optimizer(spec: AlgorithmSpec) -> tff.learning.optimizers.Optimizer:
+  if spec.server_optimizer == 'dp2':
+    return dp2.build_dp2(
+        spec.server_learning_rate, spec.dp2_rmsprop_learning_rate,
+        sgd_steps=spec.dp2_sgd_steps, rmsprop_steps=spec.dp2_rmsprop_steps,
+        beta=spec.dp2_beta, epsilon=spec.dp2_epsilon)
+  return build_optimizer(spec.server_optimizer, spec.server_learning_rate,
+                         spec.server_momentum)
+
+
+def _dp_aggregator(spec: AlgorithmSpec, clients_per_round: float):
+  """The DP mean aggregator when DP is on, else None (the default mean)."""
+  if not spec.uses_dp:
+    return None
+  return dp_aggregation.build_dp_aggregator(
+      spec.dp_options(), clients_per_round=float(clients_per_round))

@@ -43,7 +43,7 @@ from tff_algos import runtime
 from tff_algos import stateful
 from tff_algos import stragglers as stragglers_lib
 
-SAMPLING_SCHEMES = ('uniform', 'examples')
+SAMPLING_SCHEMES = ('uniform', 'examples', 'poisson')
 # Hyperparameters that may change when a run is resumed.
 RESUMABLE_KEYS = frozenset({
     'total_rounds', 'rounds_per_eval', 'rounds_per_checkpoint', 'progress',
@@ -71,7 +71,9 @@ class SimulationConfig:
       at the end).
     seed: Seed of sampling, shuffling and the straggler schedule.
     client_sampling: `uniform` (the papers' experiments) or `examples`
-      (probability proportional to local examples, without replacement).
+      (probability proportional to local examples, without replacement), or
+      `poisson` (each client independently with probability
+      clients_per_round / N, the sampling of DP-FedAvg's accounting).
     straggler_fraction: Fraction of selected clients that straggle.
     drop_stragglers: Leave stragglers out (FedAvg) instead of aggregating
       their partial work (FedProx).
@@ -135,6 +137,9 @@ def sample_clients(
 ) -> list[str]:
   """The clients selected in `round_num`; deterministic in (seed, round)."""
   rng = np.random.default_rng([seed, 104729, round_num])
+  if scheme == 'poisson':
+    keep = rng.random(len(client_ids)) < clients_per_round / len(client_ids)
+    return [client_ids[i] for i in np.flatnonzero(keep)]
   if scheme == 'uniform':
     p = None
   elif scheme == 'examples':
@@ -373,6 +378,8 @@ def run_simulation(
     progress: bool = True,
     log: Callable[[str], None] = lambda s: print(s, file=sys.stderr),
     client_state_store: Optional[client_states_lib.ClientStateStore] = None,
+    round_metrics_fn: Optional[Callable[[int], Mapping[str, Any]]] = None,
+    summary_fn: Optional[Callable[[int], Mapping[str, Any]]] = None,
 ) -> dict[str, Any]:
   """Trains `process` on `task` and evaluates it per client.
 
@@ -395,6 +402,14 @@ def run_simulation(
   Returns:
     `{'state', 'round_num', 'final_summaries', 'per_client', 'history'}`
     (and `'client_state_store'` for a stateful process).
+    round_metrics_fn: `round_num -> {name: value}` added to every round's
+      metrics (e.g. the privacy accountant's epsilon).
+    summary_fn: `final_round -> {name: value}` written to summary.json
+      (under `extra`) and summary.txt, and returned under `extra`.
+
+  Returns:
+    `{'state', 'round_num', 'final_summaries', 'per_client', 'history',
+    'extra'}` (`extra`: what `summary_fn` returned, else empty).
 
   Raises:
     ValueError: For an impossible config.
@@ -474,6 +489,8 @@ def run_simulation(
     else:
       metrics['skipped'] = 1
     metrics['round_seconds'] = time.perf_counter() - t0
+    if round_metrics_fn is not None:
+      metrics.update(round_metrics_fn(round_num))
     is_last = round_num == config.total_rounds
     if is_last or (config.rounds_per_eval and
                    round_num % config.rounds_per_eval == 0):
@@ -503,9 +520,11 @@ def run_simulation(
         process, state, task, eval_computation, config, outputs,
         config.total_rounds, corrupted, store)
   final_round = max(config.total_rounds, start_round - 1)
+  extra = dict(summary_fn(final_round)) if summary_fn is not None else {}
   if outputs:
-    _write_summary(outputs, summaries, final_round, task)
+    _write_summary(outputs, summaries, final_round, task, extra)
   result = {
+      'extra': extra,
       'state': state,
       'round_num': final_round,
       'final_summaries': summaries,
@@ -688,10 +707,16 @@ def summary_table(summaries: Mapping[str, Mapping[str, float]]) -> str:
 
 
 def _write_summary(outputs: _Outputs, summaries, round_num: int,
-                   task: task_base.FederatedTask) -> None:
+                   task: task_base.FederatedTask,
+                   extra: Optional[Mapping[str, Any]] = None) -> None:
+  record = {'round_num': round_num, 'task': task.description,
+            'summaries': summaries}
+  if extra:
+    record['extra'] = dict(extra)
   with open(os.path.join(outputs.dir, 'summary.json'), 'w') as f:
-    json.dump({'round_num': round_num, 'task': task.description,
-               'summaries': summaries}, f, indent=2, default=float)
+    json.dump(record, f, indent=2, default=float)
   with open(os.path.join(outputs.dir, 'summary.txt'), 'w') as f:
     f.write(f'{task.description}; after round {round_num}\n')
     f.write(summary_table(summaries) + '\n')
+    for key, value in (extra or {}).items():
+      f.write(f'{key}: {value}\n')

@@ -28,6 +28,7 @@ from absl import flags
 from absl import logging
 
 from run import algorithms
+from run import privacy_setup
 from run import simulation
 from tasks import base as task_base
 from tasks import registry
@@ -53,7 +54,9 @@ _CLIENT_OPT = flags.DEFINE_string(
 _CLIENT_LR = flags.DEFINE_float('client_learning_rate', 0.01, 'Client lr.')
 _SERVER_OPT = flags.DEFINE_string(
     'server_optimizer', 'sgd',
-    f'Server optimizer: {", ".join(algorithms.OPTIMIZERS)}.')
+    f'Server optimizer: {", ".join(algorithms.SERVER_OPTIMIZERS)} (dp2: '
+    'DP^2-RMSProp on the aggregated update, --server_learning_rate in its '
+    'SGD phase).')
 _SERVER_LR = flags.DEFINE_float(
     'server_learning_rate', 1.0,
     'Server lr (1.0 with sgd: the new model is the average of local models).')
@@ -64,7 +67,9 @@ _WEIGHTING = flags.DEFINE_string(
     'Aggregation weights: num_examples or uniform.')
 _SAMPLING = flags.DEFINE_string(
     'client_sampling', 'uniform',
-    'Client sampling: uniform or examples (probability proportional to size).')
+    'Client sampling: uniform (fixed number without replacement), examples '
+    '(probability proportional to size) or poisson (each client with '
+    'probability clients_per_round / N).')
 _ROUNDS_PER_EVAL = flags.DEFINE_integer(
     'rounds_per_eval', 10, 'Per-client evaluation period (0: only at end).')
 _ROUNDS_PER_CHECKPOINT = flags.DEFINE_integer(
@@ -155,6 +160,36 @@ _STATE_DIR = flags.DEFINE_string(
 _VAL_FRACTION = flags.DEFINE_float(
     'synthetic_validation_fraction', 0.0,
     'Synthetic per-client validation fraction (Ditto lambda selection).')
+# User-level differential privacy (privacy/, issue 6).
+_CLIP = flags.DEFINE_float(
+    'clip', 0.0, 'DP: L2 clip C of client updates (> 0 turns on DP '
+    'aggregation; fedavg, fedprox, deltafl; needs uniform weighting). With '
+    '--adaptive_clip, the initial clip.')
+_NOISE = flags.DEFINE_float(
+    'noise_multiplier', 0.0, 'DP: Gaussian noise stddev / clip on the sum of'
+    ' client updates (with --adaptive_clip the total, shared with the count).')
+_ADAPTIVE_CLIP = flags.DEFINE_boolean(
+    'adaptive_clip', False, 'DP: adapt the clip to a quantile of the update '
+    'norms (Andrew et al. 2021).')
+_TARGET_QUANTILE = flags.DEFINE_float(
+    'target_unclipped_quantile', 0.5, 'DP: adaptive clipping\'s quantile.')
+_TARGET_EPSILON = flags.DEFINE_float(
+    'target_epsilon', 0.0, 'DP: calibrate --noise_multiplier so that epsilon'
+    ' after --total_rounds is at most this (RDP accountant).')
+_DP_DELTA = flags.DEFINE_float(
+    'dp_delta', 0.0, 'DP: delta of the reported epsilon (0: 1 / clients).')
+_QUANTILE_NOISE = flags.DEFINE_float(
+    'quantile_noise_stddev', 0.0, 'DP with deltafl: Gaussian noise stddev on'
+    ' each private-quantile count (--secure_quantile=private).')
+_DP2_SGD_STEPS = flags.DEFINE_integer(
+    'dp2_sgd_steps', 1, 'dp2: s1, SGD rounds per cycle.')
+_DP2_RMS_STEPS = flags.DEFINE_integer(
+    'dp2_rmsprop_steps', 1, 'dp2: s2, preconditioned rounds per cycle.')
+_DP2_RMS_LR = flags.DEFINE_float(
+    'dp2_rmsprop_learning_rate', 0.01, 'dp2: server lr of the RMSProp phase.')
+_DP2_BETA = flags.DEFINE_float('dp2_beta', 0.9, 'dp2: moving average of v.')
+_DP2_EPSILON = flags.DEFINE_float(
+    'dp2_epsilon', 1e-3, 'dp2: eps of the denominator sqrt(v) + eps.')
 _STRAGGLERS = flags.DEFINE_float(
     'straggler_fraction', 0.0,
     'Fraction of selected clients that straggle (FedAvg drops them, FedProx '
@@ -351,6 +386,16 @@ def prepare():
       fedplus_lambda=_FEDPLUS_LAMBDA.value,
       fedplus_local_steps=_FEDPLUS_STEPS.value,
       fedplus_iterations=_FEDPLUS_ITERS.value,
+      noise_multiplier=_NOISE.value,
+      clip=_CLIP.value,
+      adaptive_clip=_ADAPTIVE_CLIP.value,
+      target_unclipped_quantile=_TARGET_QUANTILE.value,
+      quantile_noise_stddev=_QUANTILE_NOISE.value,
+      dp2_sgd_steps=_DP2_SGD_STEPS.value,
+      dp2_rmsprop_steps=_DP2_RMS_STEPS.value,
+      dp2_rmsprop_learning_rate=_DP2_RMS_LR.value,
+      dp2_beta=_DP2_BETA.value,
+      dp2_epsilon=_DP2_EPSILON.value,
   )
   spec.validate()
   if spec.aggregator == 'krum':
@@ -389,6 +434,9 @@ def prepare():
   out_dir = experiment_dir()
   task = registry.create_task(_TASK.value, **task_kwargs())
   config.validate(num_clients=len(task.train_data.client_ids))
+  spec, tracker = privacy_setup.prepare_dp(
+      spec, config, len(task.train_data.client_ids),
+      target_epsilon=_TARGET_EPSILON.value, delta=_DP_DELTA.value)
   if spec.uses_secure_intrinsics:
     # TFF 0.87 executes secure sums only in its test context, which replaces
     # them by plain sums: the algorithm is the secure one, the runtime is not.
@@ -402,7 +450,7 @@ def prepare():
                      '--synthetic_validation_fraction or a fixed --ditto_lambda')
   process = algorithms.build_process(
       spec, task.model_fn, num_clients=len(task.train_data.client_ids),
-      clients_per_round=_CLIENTS_PER_ROUND.value)
+      clients_per_round=config.clients_per_round)
   print(f'task: {task.description}', file=sys.stderr)
   print(f'algorithm: {spec.describe()}; output: {out_dir}', file=sys.stderr)
   if attack.kind != 'none':
@@ -410,7 +458,14 @@ def prepare():
         spec, clients_per_round=_CLIENTS_PER_ROUND.value)
     print(f'attack: {attacks.describe(attack, update and update.scale)}; '
           'metrics on benign clients (all clients: all_*)', file=sys.stderr)
-  return task, process, config, out_dir
+  if tracker is not None:
+    m = tracker.mechanism
+    print(f'privacy: noise multiplier {spec.noise_multiplier:.4g}, '
+          f'{m.sampling} sampling of {m.clients_per_round} of '
+          f'{m.num_clients} clients, epsilon after {config.total_rounds} '
+          f'rounds {tracker.epsilon_rdp(config.total_rounds):.4g} at delta '
+          f'{tracker.delta:g} (RDP)', file=sys.stderr)
+  return task, process, config, out_dir, tracker
 
 
 def client_state_store(process, out_dir):
@@ -424,16 +479,29 @@ def client_state_store(process, out_dir):
       directory=_STATE_DIR.value or os.path.join(out_dir, 'client_states'))
 
 
-def train(task, process, config, out_dir) -> dict:
+def train(task, process, config, out_dir, tracker=None) -> dict:
   """Runs the training job and prints the final per-client table."""
+  dp_hooks, hp = {}, hparams()
+  if tracker is not None:
+    # With --target_epsilon, z depends on --total_rounds (resumable): record
+    # it so that resuming with another z is refused.
+    hp['dp_noise_multiplier_used'] = tracker.mechanism.noise_multiplier
+    dp_hooks = dict(
+        round_metrics_fn=lambda r: tracker.metrics(r, with_pld=False),
+        summary_fn=lambda r: dict(
+            tracker.metrics(r), **{
+                'dp/noise_multiplier': tracker.mechanism.noise_multiplier,
+                'dp/sampling': tracker.mechanism.sampling}))
   result = simulation.run_simulation(
-      process, task, config, output_dir=out_dir, hparams=hparams(),
+      process, task, config, output_dir=out_dir, hparams=hp,
       progress=_PROGRESS.value,
-      client_state_store=client_state_store(process, out_dir),
+      client_state_store=client_state_store(process, out_dir), **dp_hooks,
   )
   print(f'\nPer-client metrics after round {result["round_num"]} '
         f'({task.description}):')
   print(simulation.summary_table(result['final_summaries']))
+  for key, value in result.get('extra', {}).items():
+    print(f'{key}: {value}')
   print(f'\nOutputs: {out_dir}/ (metrics.csv, clients/, summary.txt, '
         'tensorboard/, checkpoints/)')
   return result

@@ -20,6 +20,7 @@
 
 import asyncio
 import collections
+import concurrent.futures
 import csv
 import dataclasses
 import json
@@ -48,6 +49,20 @@ RESUMABLE_KEYS = frozenset({
 })
 SUMMARY_COLUMNS = ('mean', 'weighted_mean', 'p10', 'p50', 'p90', 'worst10',
                    'best10', 'variance')
+
+
+def run_async(coroutine):
+  """`asyncio.run(coroutine)`, also where a loop already runs (Jupyter).
+
+  Jupyter and Colab kernels run an event loop, in which `asyncio.run` fails;
+  there the coroutine runs on a fresh loop in a helper thread.
+  """
+  try:
+    asyncio.get_running_loop()
+  except RuntimeError:
+    return asyncio.run(coroutine)
+  with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+    return pool.submit(asyncio.run, coroutine).result()
 
 
 class SimulationError(RuntimeError):
@@ -194,7 +209,7 @@ class _Outputs:
           key=round_num,
       )
 
-    asyncio.run(release_all())
+    run_async(release_all())
 
 
 def _check_config(outputs: _Outputs, hparams: Mapping[str, Any]) -> None:
@@ -389,7 +404,7 @@ def run_simulation(
   start_round = 1
   if outputs:
     _check_config(outputs, hparams)
-    loaded, version = asyncio.run(
+    loaded, version = run_async(
         outputs.state_manager.load_latest((state, 0))
     )
     if loaded is not None:
@@ -454,7 +469,7 @@ def run_simulation(
       outputs.release(metrics, round_num)
       if is_last or (config.rounds_per_checkpoint and
                      round_num % config.rounds_per_checkpoint == 0):
-        asyncio.run(outputs.state_manager.save((state, round_num), round_num))
+        run_async(outputs.state_manager.save((state, round_num), round_num))
     if bar is not None:
       bar.set_postfix_str(_postfix(metrics), refresh=False)
       bar.update(1)

@@ -44,7 +44,6 @@ docs/algorithms.md for how their per-client state is kept in such a program.
 """
 
 import asyncio
-import concurrent.futures
 import csv
 import dataclasses
 import datetime
@@ -507,19 +506,13 @@ def run_program(
       train_spec, split='test', client_index=False)) if evaluate else None)
   context = create_context(secure=secure)
 
-  def run_in_context():
-    # The context stack is per thread: install the context where it runs.
+  async def train_in_context():
+    # The context stack is per thread: install it where the program runs.
     with tff.framework.get_context_stack().install(context):
-      return asyncio.run(_train(process, task.model_fn, train_source,
-                                eval_source, config, output_dir))
+      return await _train(process, task.model_fn, train_source, eval_source,
+                          config, output_dir)
 
-  try:
-    asyncio.get_running_loop()
-  except RuntimeError:  # No loop running here: the usual case.
-    state, round_num = run_in_context()
-  else:  # A Jupyter or Colab kernel: run the program in a helper thread.
-    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-      state, round_num = pool.submit(run_in_context).result()
+  state, round_num = simulation.run_async(train_in_context())
   result = {'state': state, 'round_num': round_num,
             'final_summaries': None, 'per_client': None}
   if config.evaluate_per_client:

@@ -33,12 +33,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Optional
 
 import matplotlib
-
-matplotlib.use('Agg')
-# pylint: disable=g-import-not-at-top,wrong-import-position
+from matplotlib import figure as mpl_figure
 from matplotlib import pyplot as plt
 import numpy as np
-# pylint: enable=g-import-not-at-top,wrong-import-position
 
 FIGURES = ('accuracy.png', 'loss.png', 'error_histogram.png',
            'client_size.png')
@@ -211,8 +208,28 @@ def _colors(n: int):
   return [cycle[i % len(cycle)] for i in range(n)]
 
 
-def plot_curves(runs: Sequence[Run], metric: str, path: str) -> None:
-  """Training and per-client test `metric` (accuracy or loss) over rounds."""
+def _finish(fig: mpl_figure.Figure, path: Optional[str]
+            ) -> mpl_figure.Figure:
+  fig.tight_layout()
+  if path is not None:
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+  return fig
+
+
+def plot_curves(runs: Sequence[Run], metric: str,
+                path: Optional[str] = None) -> mpl_figure.Figure:
+  """Training and per-client test `metric` (accuracy or loss) over rounds.
+
+  Args:
+    runs: The runs, overlaid.
+    metric: `accuracy` or `loss`.
+    path: Where to save the PNG (and close the figure); None: only return it
+      (in a notebook, it is shown).
+
+  Returns:
+    The figure.
+  """
   fig, (train_ax, test_ax) = plt.subplots(1, 2, figsize=(11, 4))
   for run, color in zip(runs, _colors(len(runs))):
     values = run.metrics.get(f'train/{metric}')
@@ -236,13 +253,15 @@ def plot_curves(runs: Sequence[Run], metric: str, path: str) -> None:
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
       ax.legend(fontsize=8)
-  fig.tight_layout()
-  fig.savefig(path, dpi=100)
-  plt.close(fig)
+  return _finish(fig, path)
 
 
-def plot_error_histogram(runs: Sequence[Run], path: str) -> None:
-  """Histogram of the final per-client test error, runs overlaid."""
+def plot_error_histogram(runs: Sequence[Run], path: Optional[str] = None
+                         ) -> mpl_figure.Figure:
+  """Histogram of the final per-client test error, runs overlaid.
+
+  Saved to `path` (and closed) when given; returns the figure.
+  """
   fig, ax = plt.subplots(figsize=(7, 4.5))
   bins = np.linspace(0.0, 1.0, 21)
   for run, color in zip(runs, _colors(len(runs))):
@@ -256,13 +275,15 @@ def plot_error_histogram(runs: Sequence[Run], path: str) -> None:
          ylabel='number of clients', xlim=(0, 1))
   ax.grid(alpha=0.3)
   ax.legend(fontsize=8)
-  fig.tight_layout()
-  fig.savefig(path, dpi=100)
-  plt.close(fig)
+  return _finish(fig, path)
 
 
-def plot_client_size(runs: Sequence[Run], path: str) -> None:
-  """Per-client training loss and test error against client size."""
+def plot_client_size(runs: Sequence[Run], path: Optional[str] = None
+                     ) -> mpl_figure.Figure:
+  """Per-client training loss and test error against client size.
+
+  Saved to `path` (and closed) when given; returns the figure.
+  """
   fig, (train_ax, test_ax) = plt.subplots(1, 2, figsize=(11, 4.5))
   markers = 'ox^sv<>dp*'
   for i, (run, color) in enumerate(zip(runs, _colors(len(runs)))):
@@ -286,9 +307,7 @@ def plot_client_size(runs: Sequence[Run], path: str) -> None:
     train_ax.text(0.5, 0.5, 'no training-client evaluation\n'
                   '(--eval_train_clients=false)', ha='center',
                   transform=train_ax.transAxes)
-  fig.tight_layout()
-  fig.savefig(path, dpi=100)
-  plt.close(fig)
+  return _finish(fig, path)
 
 
 def _format(value: Optional[float]) -> str:
@@ -387,6 +406,7 @@ def main(argv: Sequence[str]) -> int:
                       help='Comma-separated names of the runs (default: the '
                            'folder names).')
   args = parser.parse_args(argv[1:])
+  matplotlib.use('Agg')  # Files only, no display.
   run_dirs = [d for d in args.runs.split(',') if d]
   labels = args.labels.split(',') if args.labels else None
   try:

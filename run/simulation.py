@@ -20,13 +20,13 @@
 
 import asyncio
 import collections
-import concurrent.futures
 import csv
 import dataclasses
 import json
 import math
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Optional
@@ -51,18 +51,37 @@ SUMMARY_COLUMNS = ('mean', 'weighted_mean', 'p10', 'p50', 'p90', 'worst10',
                    'best10', 'variance')
 
 
+_LOOP = None
+_LOOP_LOCK = threading.Lock()
+
+
+def _background_loop() -> asyncio.AbstractEventLoop:
+  """One event loop, running forever on one daemon thread (made once)."""
+  global _LOOP
+  with _LOOP_LOCK:
+    if _LOOP is None:
+      loop = asyncio.new_event_loop()
+      threading.Thread(target=loop.run_forever, name='tff-hetero-async',
+                       daemon=True).start()
+      _LOOP = loop
+  return _LOOP
+
+
 def run_async(coroutine):
   """`asyncio.run(coroutine)`, also where a loop already runs (Jupyter).
 
   Jupyter and Colab kernels run an event loop, in which `asyncio.run` fails;
-  there the coroutine runs on a fresh loop in a helper thread.
+  there the coroutine runs on one long-lived background loop and thread. (One
+  thread for the whole session, not one per call: ipykernel 6.29 maps each
+  thread to the thread that started it, and recycled thread ids can make that
+  map cyclic, which hangs the next print from a thread.)
   """
   try:
     asyncio.get_running_loop()
   except RuntimeError:
     return asyncio.run(coroutine)
-  with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-    return pool.submit(asyncio.run, coroutine).result()
+  return asyncio.run_coroutine_threadsafe(
+      coroutine, _background_loop()).result()
 
 
 class SimulationError(RuntimeError):

@@ -43,12 +43,16 @@ Stateful clients (Ditto, Fed+): see the "Production TFF programs" section of
 docs/algorithms.md for how their per-client state is kept in such a program.
 """
 
+import os
+
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
 import asyncio
 import csv
 import dataclasses
 import datetime
 import json
-import os
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any, Optional
@@ -67,6 +71,7 @@ from tasks import evaluation
 from tasks import registry
 from tff_algos import runtime
 from tff_algos import stragglers as stragglers_lib
+# pylint: enable=g-import-not-at-top,wrong-import-position
 
 PROGRAM_CONFIG = 'program_config.json'
 # Settings that may change when a program is resumed.

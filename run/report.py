@@ -73,6 +73,8 @@ class Run:
       rounds: `round_num`, `accuracy_mean`, `accuracy_worst10`, `loss_mean`,
       `loss_worst10` (NaN where the folder lacks them).
     round_num: The final round.
+    test_curve_kind: What `test_curve`'s `*_mean` is: the mean over clients
+      (`run.train`) or pooled over examples (`run.program`'s evaluations).
     summaries: `summary.json`'s per-client statistics, keyed `split/metric`.
     clients: Final per-client values by split: `{'test': {'num_examples',
       'loss', 'accuracy'}, 'train': {...}}` as arrays.
@@ -86,6 +88,7 @@ class Run:
   round_num: int
   summaries: dict[str, dict[str, float]]
   clients: dict[str, dict[str, np.ndarray]]
+  test_curve_kind: str = 'mean over clients'
 
 
 def _read_csv(path: str) -> dict[str, np.ndarray]:
@@ -195,12 +198,15 @@ def load_run(path: str, label: Optional[str] = None) -> Run:
   clients = _read_clients(clients_path)
   if 'test' not in clients:
     raise ReportError(f'{clients_path}: no test clients')
+  per_client_curve = 'eval/test/accuracy/mean' in metrics
   return Run(
       path=path,
       label=label or os.path.basename(os.path.normpath(path)),
       config=config, metrics=metrics,
       test_curve=_test_curve(path, metrics), round_num=round_num,
-      summaries=summary['summaries'], clients=clients)
+      summaries=summary['summaries'], clients=clients,
+      test_curve_kind=('mean over clients' if per_client_curve
+                       else 'pooled over examples'))
 
 
 def _colors(n: int):
@@ -240,7 +246,7 @@ def plot_curves(runs: Sequence[Run], metric: str,
     curve = run.test_curve
     if len(curve['round_num']):
       test_ax.plot(curve['round_num'], curve[f'{metric}_mean'], 'o-',
-                   color=color, label=f'{run.label}: mean over clients')
+                   color=color, label=f'{run.label}: {run.test_curve_kind}')
       worst = curve[f'{metric}_worst10']
       if not np.all(np.isnan(worst)):
         test_ax.plot(curve['round_num'], worst, 's--', color=color,

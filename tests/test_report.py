@@ -98,6 +98,7 @@ def test_load_run_reads_curves_and_clients(tmp_path):
   accuracy = fabricate_run(tmp_path / 'a', rounds=5, eval_every=2)
   run = report.load_run(str(tmp_path / 'a'))
   assert run.label == 'a' and run.round_num == 5
+  assert run.test_curve_kind == 'mean over clients'
   np.testing.assert_array_equal(run.metrics['round_num'], [1, 2, 3, 4, 5])
   np.testing.assert_allclose(run.metrics['train/loss'], 2.0 / np.arange(1, 6))
   np.testing.assert_array_equal(run.test_curve['round_num'], [2, 4, 5])
@@ -115,6 +116,7 @@ def test_program_folder(tmp_path):
   np.testing.assert_array_equal(run.test_curve['round_num'], [2, 3])
   np.testing.assert_allclose(run.test_curve['accuracy_mean'], [0.5, 0.7])
   assert np.all(np.isnan(run.test_curve['accuracy_worst10']))
+  assert run.test_curve_kind == 'pooled over examples'
   paths = report.write_report([str(tmp_path / 'p')], str(tmp_path / 'out'))
   check_png(paths['accuracy.png'])
 

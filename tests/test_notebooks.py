@@ -100,9 +100,9 @@ def test_notebook_runs(path, kernel_specs):
       # A failed kernel may not shut down cleanly: end its workers here.
       runtime.kill_workers(parent=kernel_pid)
       raise
-    cpu = cpu_seconds(kernel_pid)
     # The notebook ends its TFF workers itself (its last cell).
     left = alive(runtime.worker_pids(parent=kernel_pid))
+    cpu = cpu_seconds(kernel_pid)
     runtime.kill_workers(parent=kernel_pid)
     assert not left, f'TFF workers {left} outlived the notebook'
     # The notebooks check their own numbers and print 'ok' last.

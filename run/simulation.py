@@ -26,6 +26,7 @@ import json
 import math
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Optional
@@ -51,6 +52,39 @@ RESUMABLE_KEYS = frozenset({
 })
 SUMMARY_COLUMNS = ('mean', 'weighted_mean', 'p10', 'p50', 'p90', 'worst10',
                    'best10', 'variance')
+
+
+_LOOP = None
+_LOOP_LOCK = threading.Lock()
+
+
+def _background_loop() -> asyncio.AbstractEventLoop:
+  """One event loop, running forever on one daemon thread (made once)."""
+  global _LOOP
+  with _LOOP_LOCK:
+    if _LOOP is None:
+      loop = asyncio.new_event_loop()
+      threading.Thread(target=loop.run_forever, name='tff-hetero-async',
+                       daemon=True).start()
+      _LOOP = loop
+  return _LOOP
+
+
+def run_async(coroutine):
+  """`asyncio.run(coroutine)`, also where a loop already runs (Jupyter).
+
+  Jupyter and Colab kernels run an event loop, in which `asyncio.run` fails;
+  there the coroutine runs on one long-lived background loop and thread. (One
+  thread for the whole session, not one per call: ipykernel 6.29 maps each
+  thread to the thread that started it, and recycled thread ids can make that
+  map cyclic, which hangs the next print from a thread.)
+  """
+  try:
+    asyncio.get_running_loop()
+  except RuntimeError:
+    return asyncio.run(coroutine)
+  return asyncio.run_coroutine_threadsafe(
+      coroutine, _background_loop()).result()
 
 
 class SimulationError(RuntimeError):
@@ -208,7 +242,7 @@ class _Outputs:
           key=round_num,
       )
 
-    asyncio.run(release_all())
+    run_async(release_all())
 
 
 def _check_config(outputs: _Outputs, hparams: Mapping[str, Any]) -> None:
@@ -426,7 +460,7 @@ def run_simulation(
   store = _client_state_store(process, task, outputs, client_state_store)
   if outputs:
     _check_config(outputs, hparams)
-    loaded, version = asyncio.run(
+    loaded, version = run_async(
         outputs.state_manager.load_latest((state, 0))
     )
     if loaded is not None:
@@ -508,7 +542,7 @@ def run_simulation(
                      round_num % config.rounds_per_checkpoint == 0):
         if store is not None:  # Before the server state: see client_states.
           store.snapshot(round_num)
-        asyncio.run(outputs.state_manager.save((state, round_num), round_num))
+        run_async(outputs.state_manager.save((state, round_num), round_num))
     if bar is not None:
       bar.set_postfix_str(_postfix(metrics), refresh=False)
       bar.update(1)

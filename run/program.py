@@ -1,0 +1,622 @@
+# Copyright 2026 The tff-hetero Authors. Licensed under the Apache License 2.0.
+r"""Runs any of our `LearningProcess`es as a production-style TFF program.
+
+The training binary (`run.train`) drives a process with its own loop. This
+module runs the same processes the way a production TFF deployment does:
+through `tff.learning.programs.train_model`, TFF's asynchronous program
+logic, inside a `tff.program.NativeFederatedContext` over the asynchronous
+local C++ execution context, with
+
+* a `tff.program.FederatedDataSource` over a task's clients
+  (`ClientDataSource`): its iterator is `tff.Serializable` and is saved with
+  the program state, so a resumed program selects the same clients and
+  shuffles as an uninterrupted one (client selection is the training
+  binary's: a pure function of `(seed, round)`, see `run.simulation`);
+* a `tff.program.FileProgramStateManager` (`program_state/`): running the
+  same program again resumes from the last saved round;
+* release managers: training metrics to `metrics.csv`
+  (`tff.program.CSVFileReleaseManager`) and `tensorboard/`
+  (`tff.program.TensorBoardReleaseManager`), the training state every 10
+  rounds and at the end to `models/`
+  (`tff.program.SavedModelFileReleaseManager`);
+* evaluation through `tff.learning.programs.EvaluationManager` and
+  `tff.learning.algorithms.build_fed_eval` on the task's test clients, in
+  parallel with training, every `rounds_per_eval` rounds and after the last
+  one (`evaluation.csv`, `tensorboard/evaluation/`).
+
+At the end the final model is also evaluated on every test and training
+client and written as `clients/round_NNNNN.csv` and `summary.json`, the
+training binary's format, so `run.report` reads a program's folder too.
+
+Example:
+
+  python -m run.program --task=synthetic --algorithm=qffl --q=1 \
+      --total_rounds=20 --clients_per_round=10 --client_learning_rate=0.1 \
+      --experiment_name=qffl_program
+
+The flags are the training binary's (`--help` lists them) plus
+`--eval_clients`. Not supported here: `--straggler_fraction` (the program
+logic has no straggler schedule) and `--rounds_per_checkpoint` (the program
+logic saves its state every round).
+
+Stateful clients (Ditto, Fed+): see the "Production TFF programs" section of
+docs/algorithms.md for how their per-client state is kept in such a program.
+"""
+
+import os
+
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
+import asyncio
+import csv
+import dataclasses
+import datetime
+import json
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any, Optional
+
+from absl import app
+from absl import flags
+from absl import logging
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from run import simulation
+from run import train  # The training binary's flags, reused by main().
+from tasks import base as task_base
+from tasks import evaluation
+from tasks import registry
+from tff_algos import runtime
+from tff_algos import stragglers as stragglers_lib
+# pylint: enable=g-import-not-at-top,wrong-import-position
+
+PROGRAM_CONFIG = 'program_config.json'
+# Settings that may change when a program is resumed.
+RESUMABLE_KEYS = frozenset({'total_rounds', 'rounds_per_eval'})
+
+_TASKS: dict[str, task_base.FederatedTask] = {}
+
+_EVAL_CLIENTS = flags.DEFINE_integer(
+    'eval_clients', 0,
+    'Program evaluations: test clients per evaluation (0: all of them).')
+
+
+def _task_for(task_name: str, task_kwargs: Mapping[str, Any]
+              ) -> task_base.FederatedTask:
+  """The task built from its registry name and arguments (cached)."""
+  key = json.dumps([task_name, dict(task_kwargs)], sort_keys=True)
+  if key not in _TASKS:
+    _TASKS[key] = registry.create_task(task_name, **task_kwargs)
+  return _TASKS[key]
+
+
+@dataclasses.dataclass(frozen=True)
+class DataSpec:
+  """What a `ClientDataSource` selects: JSON-able, so it can be serialized.
+
+  Attributes:
+    task: A `tasks.registry` task name.
+    task_kwargs: Arguments of `tasks.registry.create_task` (JSON-able).
+    split: `train` (local-training streams) or `test` (evaluation streams of
+      the task's test clients).
+    seed: Seed of client selection and shuffles.
+    epochs: Local epochs of a training stream.
+    sampling: `uniform` or `examples` (see `run.simulation.sample_clients`).
+    client_index: Pair each training stream with its client's index (AFL).
+  """
+
+  task: str
+  task_kwargs: Mapping[str, Any]
+  split: str = 'train'
+  seed: int = 0
+  epochs: int = 1
+  sampling: str = 'uniform'
+  client_index: bool = False
+
+  def validate(self) -> None:
+    if self.split not in ('train', 'test'):
+      raise ValueError(f"split must be 'train' or 'test', got {self.split!r}")
+    if self.epochs < 1:
+      raise ValueError(f'epochs must be >= 1, got {self.epochs}')
+    if self.sampling not in simulation.SAMPLING_SCHEMES:
+      raise ValueError(
+          f'unknown sampling {self.sampling!r}; choose one of: '
+          f'{", ".join(simulation.SAMPLING_SCHEMES)}')
+    if self.client_index and self.split != 'train':
+      raise ValueError('client_index applies to the train split only')
+
+  def to_json(self) -> str:
+    return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+  @classmethod
+  def from_json(cls, text: str) -> 'DataSpec':
+    return cls(**json.loads(text))
+
+  @property
+  def task_object(self) -> task_base.FederatedTask:
+    return _task_for(self.task, self.task_kwargs)
+
+  def client_ids(self) -> list[str]:
+    data = (self.task_object.train_data if self.split == 'train'
+            else self.task_object.test_data)
+    return list(data.client_ids)
+
+
+_TYPES: dict[str, tff.FederatedType] = {}
+
+
+def _federated_type(spec: DataSpec) -> tff.FederatedType:
+  """The federated type of the streams `spec` selects (cached)."""
+  key = spec.to_json()
+  if key not in _TYPES:
+    _TYPES[key] = _compute_federated_type(spec)
+  return _TYPES[key]
+
+
+def _compute_federated_type(spec: DataSpec) -> tff.FederatedType:
+  task = spec.task_object
+  cid = spec.client_ids()[0]
+  if spec.split == 'train':
+    element = task.train_dataset(cid, 1, None).element_spec
+  else:
+    element = task.eval_dataset(cid, 'test').element_spec
+  member = tff.SequenceType(tff.types.tensorflow_to_type(element))
+  if spec.client_index:
+    member = tff.StructType([('data', member),
+                             ('client_index', tff.SequenceType(np.int32))])
+  return tff.FederatedType(member, tff.CLIENTS)
+
+
+class ClientDataSourceIterator(tff.program.FederatedDataSourceIterator):
+  """Selects the clients of one round after another, reproducibly.
+
+  The k clients of the r-th `select(k)` are `run.simulation.sample_clients`
+  of round r, with the training binary's per-round shuffles: a program run
+  selects exactly what `run.train` selects with the same seed. Test-split
+  selections of every test client keep their stored order. The iterator is
+  serialized as its `DataSpec` and round counter.
+  """
+
+  def __init__(self, spec: DataSpec, round_num: int = 0):
+    spec.validate()
+    self._spec = spec
+    self._round_num = round_num
+    self._federated_type = _federated_type(spec)
+
+  @classmethod
+  def from_bytes(cls, buffer: bytes) -> 'ClientDataSourceIterator':
+    """Deserializes the iterator from `to_bytes`'s output."""
+    saved = json.loads(bytes(buffer).decode('utf-8'))
+    return cls(DataSpec.from_json(saved['spec']), int(saved['round_num']))
+
+  def to_bytes(self) -> bytes:
+    """Serializes the iterator: its `DataSpec` and round counter."""
+    return json.dumps({'spec': self._spec.to_json(),
+                       'round_num': self._round_num}).encode('utf-8')
+
+  @property
+  def federated_type(self) -> tff.FederatedType:
+    """The type of `select`'s result."""
+    return self._federated_type
+
+  @property
+  def round_num(self) -> int:
+    """The number of selections made so far."""
+    return self._round_num
+
+  def select(self, k: Optional[int] = None) -> list[Any]:
+    """The datasets of the next round's `k` clients.
+
+    Args:
+      k: Number of clients, in [1, number of clients of the split].
+
+    Returns:
+      A list of `tf.data.Dataset`s (with the client's index for AFL).
+
+    Raises:
+      ValueError: If `k` is out of range.
+    """
+    ids = self._spec.client_ids()
+    if k is None or not 1 <= k <= len(ids):
+      raise ValueError(
+          f'k must be in [1, {len(ids)}] (clients of the {self._spec.split} '
+          f'split), got {k}')
+    self._round_num += 1
+    spec, task, round_num = self._spec, self._spec.task_object, self._round_num
+    if spec.split == 'test':
+      chosen = ids if k == len(ids) else simulation.sample_clients(
+          ids, round_num, clients_per_round=k, seed=spec.seed)
+      return [task.eval_dataset(cid, 'test') for cid in chosen]
+    num_examples = None
+    if spec.sampling == 'examples':
+      num_examples = [
+          task_base.count_examples(task.train_data.create_tf_dataset_for_client(
+              cid)) for cid in ids]
+    chosen = simulation.sample_clients(
+        ids, round_num, clients_per_round=k, seed=spec.seed,
+        scheme=spec.sampling, num_examples=num_examples)
+    schedule = stragglers_lib.StragglerSchedule(
+        fraction=0.0, epochs=spec.epochs, drop_stragglers=False,
+        seed=spec.seed)
+    plans = schedule.participants(round_num, chosen)
+    config = simulation.SimulationConfig(
+        total_rounds=round_num, clients_per_round=k,
+        client_epochs_per_round=spec.epochs, seed=spec.seed)
+    datasets = simulation.client_datasets(task, plans, round_num, config)
+    if spec.client_index:
+      datasets = simulation.with_client_index(
+          datasets, plans, {cid: i for i, cid in enumerate(ids)})
+    return datasets
+
+  def __deepcopy__(self, memo) -> 'ClientDataSourceIterator':
+    # `train_model` deep-copies the iterator each round; the spec and the
+    # type are immutable, only the round counter is the iterator's state.
+    del memo
+    return ClientDataSourceIterator(self._spec, self._round_num)
+
+  def __eq__(self, other: object) -> bool:
+    if not isinstance(other, ClientDataSourceIterator):
+      return NotImplemented
+    return (self._spec == other._spec and  # pylint: disable=protected-access
+            self._round_num == other._round_num)  # pylint: disable=protected-access
+
+
+class ClientDataSource(tff.program.FederatedDataSource):
+  """A `tff.program.FederatedDataSource` over a task's clients."""
+
+  def __init__(self, spec: DataSpec):
+    spec.validate()
+    self._spec = spec
+    self._federated_type = _federated_type(spec)
+
+  @property
+  def federated_type(self) -> tff.FederatedType:
+    """The type of the data its iterators select."""
+    return self._federated_type
+
+  @property
+  def num_clients(self) -> int:
+    """Clients of the split."""
+    return len(self._spec.client_ids())
+
+  def iterator(self) -> ClientDataSourceIterator:
+    """A fresh iterator, starting at round 1."""
+    return ClientDataSourceIterator(self._spec)
+
+
+@dataclasses.dataclass(frozen=True)
+class ProgramConfig:
+  """How a program trains and evaluates.
+
+  Attributes:
+    total_rounds: Rounds to train (>= 1).
+    clients_per_round: Clients per training round.
+    rounds_per_eval: Start an evaluation every this many rounds (0: only
+      after the last round).
+    eval_clients: Test clients per evaluation (0: every test client).
+    evaluate_per_client: After training, evaluate the final model on every
+      test and training client and write `clients/` and `summary.json`.
+  """
+
+  total_rounds: int
+  clients_per_round: int
+  rounds_per_eval: int = 0
+  eval_clients: int = 0
+  evaluate_per_client: bool = True
+
+  def validate(self, num_train: int, num_test: int) -> None:
+    checks = [
+        (self.total_rounds >= 1,
+         f'total_rounds must be >= 1, got {self.total_rounds}'),
+        (1 <= self.clients_per_round <= num_train,
+         f'clients_per_round must be in [1, {num_train}] (training clients),'
+         f' got {self.clients_per_round}'),
+        (self.rounds_per_eval >= 0,
+         f'rounds_per_eval must be >= 0, got {self.rounds_per_eval}'),
+        (0 <= self.eval_clients <= num_test,
+         f'eval_clients must be in [0, {num_test}] (test clients), got '
+         f'{self.eval_clients}'),
+    ]
+    for ok, message in checks:
+      if not ok:
+        raise ValueError(message)
+
+
+class ProgramError(RuntimeError):
+  """The program cannot resume the state found in its output folder."""
+
+
+def _check_and_save_config(output_dir: str, settings: Mapping[str, Any]):
+  path = os.path.join(output_dir, PROGRAM_CONFIG)
+  if os.path.exists(path):
+    with open(path) as f:
+      saved = json.load(f)
+    changed = sorted(k for k in set(saved) | set(settings)
+                     if k not in RESUMABLE_KEYS
+                     and saved.get(k) != settings.get(k))
+    if changed:
+      details = ', '.join(f'{k}: {saved.get(k)!r} -> {settings.get(k)!r}'
+                          for k in changed[:4])
+      raise ProgramError(
+          f'{output_dir} holds a program with other settings ({details}); '
+          'use another output folder or remove that one to start over')
+  with open(path, 'w') as f:
+    json.dump(dict(settings), f, indent=2, sort_keys=True, default=str)
+
+
+def create_context(*, secure: bool = False) -> tff.program.NativeFederatedContext:
+  """A `NativeFederatedContext` over TFF's async local C++ context.
+
+  Args:
+    secure: Use TFF's async test context instead, the only TFF 0.87 context
+      that executes secure sums (it replaces them by plain sums): needed by
+      Delta-FL's secure quantile estimators.
+  """
+  if secure:
+    context = tff.backends.test.create_async_test_cpp_execution_context()
+  else:
+    context = tff.backends.native.create_async_local_cpp_execution_context()
+  return tff.program.NativeFederatedContext(context)
+
+
+def _release_managers(output_dir: str, name: str, csv_file: str):
+  return tff.program.GroupingReleaseManager([
+      tff.program.CSVFileReleaseManager(
+          os.path.join(output_dir, csv_file), key_fieldname='round_num'),
+      tff.program.TensorBoardReleaseManager(
+          os.path.join(output_dir, 'tensorboard', name)),
+  ])
+
+
+def build_evaluation_manager(
+    model_fn: task_base.ModelFn,
+    data_source: tff.program.FederatedDataSource,
+    *,
+    output_dir: str,
+    cohort_size: int,
+) -> tff.learning.programs.EvaluationManager:
+  """TFF's `EvaluationManager` running `build_fed_eval` on `data_source`.
+
+  Each evaluation runs one round of `cohort_size` clients; its state lives
+  under `output_dir/evaluation/` so interrupted evaluations resume, and its
+  metrics go to `evaluation.csv` and `tensorboard/evaluation`.
+  """
+  def create_state_manager(name: str) -> tff.program.FileProgramStateManager:
+    return tff.program.FileProgramStateManager(
+        os.path.join(output_dir, 'evaluation', name))
+
+  def create_process(name: str):
+    del name
+    return tff.learning.algorithms.build_fed_eval(model_fn), None
+
+  return tff.learning.programs.EvaluationManager(
+      data_source=data_source,
+      aggregated_metrics_manager=_release_managers(
+          output_dir, 'evaluation', 'evaluation.csv'),
+      create_state_manager_fn=create_state_manager,
+      create_process_fn=create_process,
+      cohort_size=cohort_size,
+      duration=datetime.timedelta(seconds=0),
+  )
+
+
+async def _train(process, model_fn, train_source, eval_source, config,
+                 output_dir):
+  state_manager = tff.program.FileProgramStateManager(
+      os.path.join(output_dir, 'program_state'), keep_total=3,
+      keep_first=True)
+  evaluation_manager = None
+  if eval_source is not None:
+    evaluation_manager = build_evaluation_manager(
+        model_fn, eval_source, output_dir=output_dir,
+        cohort_size=config.eval_clients or eval_source.num_clients)
+  await tff.learning.programs.train_model(
+      train_process=process,
+      train_data_source=train_source,
+      train_per_round_clients=config.clients_per_round,
+      train_total_rounds=config.total_rounds,
+      program_state_manager=state_manager,
+      model_output_manager=tff.program.SavedModelFileReleaseManager(
+          os.path.join(output_dir, 'models'), prefix=''),
+      train_metrics_manager=_release_managers(
+          output_dir, 'train', 'metrics.csv'),
+      evaluation_manager=evaluation_manager,
+      evaluation_periodicity=config.rounds_per_eval or config.total_rounds,
+  )
+  # The state the program ended with, as a resumed program would load it.
+  initial = await tff.program.materialize_value(process.initialize())
+  structure = tff.learning.programs.ProgramState(
+      initial, 0, 0, train_source.iterator())
+  saved, version = await state_manager.load_latest(structure)
+  return saved.state, version
+
+
+def run_program(
+    process: tff.learning.templates.LearningProcess,
+    *,
+    task_name: str,
+    task_kwargs: Mapping[str, Any],
+    config: ProgramConfig,
+    output_dir: str,
+    seed: int = 0,
+    client_epochs_per_round: int = 1,
+    client_sampling: str = 'uniform',
+    evaluate: bool = True,
+    secure: bool = False,
+    settings: Optional[Mapping[str, Any]] = None,
+) -> dict[str, Any]:
+  """Runs `process` under `tff.learning.programs.train_model`.
+
+  Args:
+    process: A `LearningProcess` built for the task's model (any of our
+      `build_*`, or TFF's own).
+    task_name: A `tasks.registry` task name.
+    task_kwargs: Its `create_task` arguments (JSON-able: they are saved with
+      the data iterator in the program state).
+    config: Rounds, cohort and evaluation settings.
+    output_dir: Program state, metrics and models; a program found there is
+      resumed from its last saved round.
+    seed: Seed of client selection and shuffles.
+    client_epochs_per_round: Local epochs per round.
+    client_sampling: `uniform` or `examples`.
+    evaluate: Run `EvaluationManager` evaluations on the test clients.
+    secure: Run under TFF's test context (secure sums executed as sums).
+    settings: Extra JSON-able settings saved to `program_config.json`;
+      resuming with other values (besides `RESUMABLE_KEYS`) is refused.
+
+  Returns:
+    `{'state', 'round_num', 'final_summaries', 'per_client'}`: the final
+    training state as loaded from the program state, its round, and (with
+    `config.evaluate_per_client`) the per-client tables of the final model.
+
+  Raises:
+    ValueError: For impossible settings.
+    ProgramError: If `output_dir` holds a program with other settings.
+  """
+  runtime.install_worker_cleanup()
+  if not isinstance(process, tff.learning.templates.LearningProcess):
+    raise TypeError(
+        f'process must be a tff.learning.templates.LearningProcess, got '
+        f'{type(process).__name__}')
+  if simulation.needs_client_index(process):
+    raise ValueError(
+        'processes whose client data carry the client index (AFL) cannot run'
+        " as a TFF 0.87 program: NativeFederatedContext materializes a"
+        ' CLIENTS-placed struct as one struct, not one per client; use'
+        ' run.train')
+  task = _task_for(task_name, task_kwargs)
+  train_spec = DataSpec(
+      task=task_name, task_kwargs=dict(task_kwargs), split='train', seed=seed,
+      epochs=client_epochs_per_round, sampling=client_sampling,
+      client_index=simulation.needs_client_index(process))
+  train_spec.validate()
+  config.validate(len(task.train_data.client_ids),
+                  len(task.test_data.client_ids))
+  os.makedirs(output_dir, exist_ok=True)
+  _check_and_save_config(output_dir, {
+      **dict(settings or {}), 'task': task_name,
+      'task_kwargs': dict(task_kwargs), 'seed': seed,
+      'client_epochs_per_round': client_epochs_per_round,
+      'client_sampling': client_sampling,
+      'clients_per_round': config.clients_per_round,
+      'eval_clients': config.eval_clients, 'evaluate': evaluate,
+      'total_rounds': config.total_rounds,
+      'rounds_per_eval': config.rounds_per_eval,
+  })
+  train_source = ClientDataSource(train_spec)
+  eval_source = (ClientDataSource(dataclasses.replace(
+      train_spec, split='test', client_index=False)) if evaluate else None)
+  context = create_context(secure=secure)
+
+  async def train_in_context():
+    # The context stack is per thread: install it where the program runs.
+    with tff.framework.get_context_stack().install(context):
+      return await _train(process, task.model_fn, train_source, eval_source,
+                          config, output_dir)
+
+  state, round_num = simulation.run_async(train_in_context())
+  result = {'state': state, 'round_num': round_num,
+            'final_summaries': None, 'per_client': None}
+  if config.evaluate_per_client:
+    result.update(write_per_client(process, state, task, output_dir,
+                                   round_num))
+  return result
+
+
+def write_per_client(process, state, task: task_base.FederatedTask,
+                     output_dir: str, round_num: int) -> dict[str, Any]:
+  """Evaluates `state`'s model on every client; writes the binary's files.
+
+  Writes `clients/round_NNNNN.csv` and `summary.json` / `summary.txt` as
+  `run.simulation` does (so `run.report` reads the folder).
+  """
+  per_client = simulation.evaluate_per_client(
+      task, evaluation.build_per_client_evaluation(task.model_fn),
+      process.get_model_weights(state), include_train=True)
+  summaries = simulation.summarize(per_client)
+  clients_dir = os.path.join(output_dir, 'clients')
+  os.makedirs(clients_dir, exist_ok=True)
+  path = os.path.join(clients_dir, f'round_{round_num:05d}.csv')
+  with open(path, 'w', newline='') as f:
+    writer = None
+    for split, values in per_client.items():
+      names = [k for k in values if k != 'client_id']
+      if writer is None:
+        writer = csv.writer(f)
+        writer.writerow(['split', 'client_id'] + names)
+      for i, cid in enumerate(values['client_id']):
+        writer.writerow([split, cid] + [
+            repr(round(float(values[n][i]), 7)) if n != 'num_examples'
+            else str(int(values[n][i])) for n in names])
+  with open(os.path.join(output_dir, 'summary.json'), 'w') as f:
+    json.dump({'round_num': round_num, 'task': task.description,
+               'summaries': summaries}, f, indent=2, default=float)
+  with open(os.path.join(output_dir, 'summary.txt'), 'w') as f:
+    f.write(f'{task.description}; after round {round_num}\n')
+    f.write(simulation.summary_table(summaries) + '\n')
+  return {'final_summaries': summaries, 'per_client': per_client}
+
+
+def model_weights_arrays(process, state) -> list[np.ndarray]:
+  """The trainable weights of `state` as NumPy arrays."""
+  weights = process.get_model_weights(state)
+  return [np.asarray(w) for w in tf.nest.flatten(weights.trainable)]
+
+
+def main(argv: Sequence[str]) -> int:
+  """`python -m run.program`: the training binary's flags, as a program."""
+  if len(argv) > 1:
+    print(f'program: error: unexpected arguments: {" ".join(argv[1:])}',
+          file=sys.stderr)
+    return 2
+  logging.set_verbosity(logging.WARNING)
+  runtime.install_worker_cleanup()
+  values = flags.FLAGS
+  try:
+    if values.straggler_fraction:
+      raise ValueError('--straggler_fraction is not supported by the program'
+                       ' logic (use run.train)')
+    task, process, sim_config, out_dir = train.prepare()
+    config = ProgramConfig(
+        total_rounds=sim_config.total_rounds,
+        clients_per_round=sim_config.clients_per_round,
+        rounds_per_eval=sim_config.rounds_per_eval,
+        eval_clients=_EVAL_CLIENTS.value)
+    config.validate(len(task.train_data.client_ids),
+                    len(task.test_data.client_ids))
+    secure = (values.algorithm == 'deltafl'
+              and values.secure_quantile != 'none')
+  except (ValueError, TypeError, OSError) as e:
+    print(f'program: error: {e}', file=sys.stderr)
+    return 2
+  try:
+    result = run_program(
+        process, task_name=values.task, task_kwargs=train.task_kwargs(),
+        config=config, output_dir=out_dir, seed=sim_config.seed,
+        client_epochs_per_round=sim_config.client_epochs_per_round,
+        client_sampling=sim_config.client_sampling, secure=secure,
+        settings={k: v for k, v in train.hparams().items()
+                  if k not in ('progress', 'root_output_dir', 'data_dir')})
+  except (ProgramError, task_base.TaskError) as e:
+    print(f'program: error: {e}', file=sys.stderr)
+    return 1
+  finally:
+    runtime.kill_workers()
+  print(f'Per-client metrics after round {result["round_num"]} '
+        f'({task.description}):')
+  print(simulation.summary_table(result['final_summaries']))
+  print(f'\nOutputs: {out_dir}/ (metrics.csv, evaluation.csv, clients/, '
+        'summary.txt, tensorboard/, program_state/, models/)')
+  return 0
+
+
+def run_main() -> None:
+  """Console-script entry point."""
+  app.run(lambda argv: runtime.exit_now(main(argv)))
+
+
+if __name__ == '__main__':
+  run_main()

@@ -1,0 +1,185 @@
+"""Production TFF programs: `train_model` runs, resumes, and matches run.train.
+
+Each algorithm runs under `tff.learning.programs.train_model` in a
+`NativeFederatedContext` in two calls (2 rounds, then resumed from the
+program state up to 3) and must end with the same weights as an
+uninterrupted `run.simulation` run of 3 rounds with the same seed (the
+program's data source selects exactly the simulation's clients and shuffles).
+"""
+
+import csv
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from run import algorithms
+from run import program
+from run import simulation
+from tasks import registry
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TASK_KWARGS = {'num_clients': 8, 'seed': 2, 'batch_size': 5,
+               'size_law': 'constant', 'constant_size': 30}
+SEED = 5
+PER_ROUND = 3
+
+
+@pytest.fixture(scope='module')
+def task():
+  return registry.create_task('synthetic', **TASK_KWARGS)
+
+
+def weights(process, state):
+  return program.model_weights_arrays(process, state)
+
+
+def simulate(process, task, rounds):
+  result = simulation.run_simulation(
+      process, task,
+      simulation.SimulationConfig(total_rounds=rounds,
+                                  clients_per_round=PER_ROUND, seed=SEED,
+                                  rounds_per_eval=0, eval_train_clients=False),
+      progress=False)
+  return weights(process, result['state'])
+
+
+def run(process, out_dir, rounds, **kwargs):
+  config = program.ProgramConfig(
+      total_rounds=rounds, clients_per_round=PER_ROUND,
+      rounds_per_eval=kwargs.pop('rounds_per_eval', 0),
+      evaluate_per_client=kwargs.pop('evaluate_per_client', False))
+  return program.run_program(
+      process, task_name='synthetic', task_kwargs=TASK_KWARGS, config=config,
+      output_dir=str(out_dir), seed=SEED, **kwargs)
+
+
+def read_rows(path):
+  with open(path) as f:
+    return list(csv.DictReader(f))
+
+
+def assert_same(actual, expected):
+  assert len(actual) == len(expected)
+  for a, e in zip(actual, expected):
+    np.testing.assert_allclose(a, e, rtol=0, atol=1e-6)
+  assert max(np.abs(e).max() for e in expected) > 1e-3  # Trained, not zero.
+
+
+SPECS = {
+    'fedavg': algorithms.AlgorithmSpec('fedavg', client_learning_rate=0.05),
+    'qffl': algorithms.AlgorithmSpec('qffl', q=1.0, client_learning_rate=0.05),
+    'deltafl': algorithms.AlgorithmSpec('deltafl', theta=0.5,
+                                        client_learning_rate=0.05),
+}
+
+
+@pytest.mark.parametrize('name', sorted(SPECS))
+def test_resumed_program_matches_uninterrupted_run(name, task, tmp_path):
+  process = algorithms.build_process(SPECS[name], task.model_fn)
+  first = run(process, tmp_path, 2, evaluate=False)
+  assert first['round_num'] == 2
+  resumed = run(process, tmp_path, 3, evaluate=False)
+  assert resumed['round_num'] == 3
+  assert_same(weights(process, resumed['state']), simulate(process, task, 3))
+  # The second call resumed: it trained round 3 only, so round 2's state is
+  # the one the first call saved (and the CSV holds each round once).
+  rounds = [int(r['round_num']) for r in read_rows(tmp_path / 'metrics.csv')]
+  assert rounds == [1, 2, 3]
+  assert_same(weights(process, first['state']), simulate(process, task, 2))
+  versions = sorted(int(v.removeprefix('program_state_'))
+                    for v in os.listdir(tmp_path / 'program_state'))
+  assert versions == [0, 2, 3]  # keep_total=3: the first and last two.
+
+
+def test_uninterrupted_program_with_evaluation_and_outputs(task, tmp_path):
+  process = algorithms.build_process(SPECS['fedavg'], task.model_fn)
+  result = run(process, tmp_path, 3, rounds_per_eval=2,
+               evaluate_per_client=True)
+  assert_same(weights(process, result['state']), simulate(process, task, 3))
+  train_rows = read_rows(tmp_path / 'metrics.csv')
+  assert [int(r['round_num']) for r in train_rows] == [1, 2, 3]
+  assert all(int(r['model_metrics/num_examples']) == PER_ROUND * 24
+             for r in train_rows)  # 30 examples, 80% for training.
+  # EvaluationManager: rounds 2 (periodic) and 3 (last), on all 8 clients.
+  eval_rows = read_rows(tmp_path / 'evaluation.csv')
+  assert sorted(int(r['round_num']) for r in eval_rows) == [2, 3]
+  assert all(int(r['model_metrics/num_examples']) == 8 * 6
+             for r in eval_rows)
+  # The final per-client table, in the training binary's format, agrees with
+  # the EvaluationManager's pooled accuracy over the same test clients.
+  per_client = result['per_client']['test']
+  pooled = (np.sum(per_client['accuracy'] * per_client['num_examples'])
+            / np.sum(per_client['num_examples']))
+  last = [r for r in eval_rows if r['round_num'] == '3'][0]
+  assert float(last['model_metrics/accuracy']) == pytest.approx(pooled,
+                                                                abs=1e-6)
+  with open(tmp_path / 'summary.json') as f:
+    summary = json.load(f)
+  assert summary['round_num'] == 3
+  assert summary['summaries']['test/accuracy']['weighted_mean'] == (
+      pytest.approx(pooled, abs=1e-6))
+  assert os.listdir(tmp_path / 'models')  # The released training state.
+  assert os.path.isdir(tmp_path / 'tensorboard' / 'train')
+  # A finished program asked for no more rounds trains nothing and keeps
+  # its state.
+  again = run(process, tmp_path, 3, rounds_per_eval=2)
+  assert_same(weights(process, again['state']),
+              weights(process, result['state']))
+
+
+def test_afl_is_refused_with_the_reason(task, tmp_path):
+  spec = algorithms.AlgorithmSpec('afl', client_learning_rate=0.05,
+                                  afl_lambda_lr=0.1)
+  process = algorithms.build_process(spec, task.model_fn, num_clients=8)
+  with pytest.raises(ValueError, match='NativeFederatedContext materializes'):
+    run(process, tmp_path, 1, evaluate=False)
+
+
+def test_iterator_serialization_round_trip(task):
+  del task
+  spec = program.DataSpec(task='synthetic', task_kwargs=TASK_KWARGS,
+                          seed=SEED)
+  iterator = program.ClientDataSource(spec).iterator()
+  iterator.select(2)
+  restored = program.ClientDataSourceIterator.from_bytes(iterator.to_bytes())
+  assert restored == iterator and restored.round_num == 1
+  a = [list(ds.as_numpy_iterator()) for ds in iterator.select(2)]
+  b = [list(ds.as_numpy_iterator()) for ds in restored.select(2)]
+  for x, y in zip(a, b):
+    for bx, by in zip(x, y):
+      np.testing.assert_array_equal(bx[0], by[0])
+  with pytest.raises(ValueError, match=r'k must be in \[1, 8\]'):
+    iterator.select(9)
+
+
+def test_bad_settings(task, tmp_path):
+  process = algorithms.build_process(SPECS['fedavg'], task.model_fn)
+  with pytest.raises(ValueError, match='clients_per_round must be in'):
+    program.run_program(
+        process, task_name='synthetic', task_kwargs=TASK_KWARGS,
+        config=program.ProgramConfig(total_rounds=1, clients_per_round=20),
+        output_dir=str(tmp_path))
+  with pytest.raises(TypeError, match='LearningProcess'):
+    program.run_program(
+        process.next, task_name='synthetic', task_kwargs=TASK_KWARGS,
+        config=program.ProgramConfig(total_rounds=1, clients_per_round=2),
+        output_dir=str(tmp_path))
+  (tmp_path / program.PROGRAM_CONFIG).write_text(json.dumps({'seed': 99}))
+  with pytest.raises(program.ProgramError, match='other settings'):
+    run(process, tmp_path, 1)
+
+
+def test_binary_bad_flag_is_one_line():
+  proc = subprocess.run(
+      [sys.executable, '-m', 'run.program', '--straggler_fraction=0.5',
+       '--progress=false'],
+      cwd=ROOT, capture_output=True, text=True, timeout=300,
+      start_new_session=True)
+  assert proc.returncode == 2
+  lines = [l for l in proc.stderr.splitlines() if l.strip()]
+  assert lines == ['program: error: --straggler_fraction is not supported by'
+                   ' the program logic (use run.train)']

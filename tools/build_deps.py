@@ -35,11 +35,14 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import dataclasses
+import io
 import os
 import re
 import sys
 import sysconfig
+import tokenize
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Optional
@@ -118,6 +121,17 @@ class Module:
   is_init: bool
   tree: Optional[ast.Module] = None
   source: str = ''
+
+  @property
+  def comments(self) -> str:
+    """The module's comment lines (directives live there, not in strings)."""
+    lines = []
+    # A module that does not tokenize is reported as unparsable elsewhere.
+    with contextlib.suppress(tokenize.TokenError, SyntaxError):
+      for token in tokenize.generate_tokens(io.StringIO(self.source).readline):
+        if token.type == tokenize.COMMENT:
+          lines.append(token.string)
+    return '\n'.join(lines)
 
   @property
   def label(self) -> str:
@@ -267,7 +281,7 @@ def _import_names(module: Module, tree: Tree
 
 
 def _size(module: Module, imports_subprocess: bool) -> tuple[str, list[str]]:
-  match = SIZE_OVERRIDE.search(module.source)
+  match = SIZE_OVERRIDE.search(module.comments)
   if match:
     if match.group(1) in SIZES:
       return match.group(1), []
@@ -320,7 +334,7 @@ def _data_files(module: Module, tree: Tree) -> tuple[list[Path], list[str]]:
         and text.rsplit('/', 1)[-1] not in BAZEL_FILES
         and (tree.root / text).is_file()):
       found.add(Path(text))
-  for match in DATA_DIRECTIVE.finditer(module.source):
+  for match in DATA_DIRECTIVE.finditer(module.comments):
     for text in match.group(1).split():
       if _is_data_path(text) and (tree.root / text).is_file():
         found.add(Path(text))
@@ -331,7 +345,7 @@ def _data_files(module: Module, tree: Tree) -> tuple[list[Path], list[str]]:
 
 
 def _tags(module: Module) -> list[str]:
-  return sorted({tag for match in TAGS_DIRECTIVE.finditer(module.source)
+  return sorted({tag for match in TAGS_DIRECTIVE.finditer(module.comments)
                  for tag in match.group(1).split()})
 
 
@@ -387,7 +401,8 @@ class Graph:
           size=size,
           testonly=(not module.is_test
                     and module.package.rsplit('.', 1)[-1] == 'tests'),
-          data=[self.file_label(f, module.package) for f in data],
+          data=sorted((self.file_label(f, module.package) for f in data),
+                      key=_dep_sort_key),
           tags=_tags(module),
           third_party=sorted(third_of[dotted]),
           module=module,

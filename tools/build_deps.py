@@ -12,18 +12,33 @@ are the first-party import roots. Each package's BUILD file gets:
     the package (`//tasks` = `//tasks:tasks`) for its `__init__.py`;
   * `py_test(name = <module>)` per `test_*.py` / `*_test.py` module, with
     `size = "large"` when the module imports `subprocess` (it runs a binary end
-    to end) and `"medium"` otherwise; a `# bazel-size: <size>` line in the
+    to end) and `"medium"` otherwise; a `# bazel-size: <size>` comment in the
     module overrides that. Libraries in a package named `tests` are `testonly`.
+
+The rules come from //tools/bazel:defs.bzl, whose `py_test` runs the module
+with pytest under `bazel test` (see the README's "Bazel" section).
 
 `deps` mirror the module's first-party imports exactly, found with `ast`
 anywhere in the module (function-level lazy imports included): `import a.b`,
 `from a import b` and `from a.b import name` all give `//a:b`; `from a import
 name`, where `a/name.py` does not exist, gives the package target `//a`.
-Same-package deps are written `:b`. The one addition: a `py_test` also depends
-on the `conftest` libraries of its package and of the packages above it, which
-pytest loads without an import. Third-party imports are not Bazel deps (they
-come from the pinned .venv); a `# third-party: ...` line above each target
-records them.
+Same-package deps are written `:b`. The additions, all things Python runs
+without an import statement in the module:
+
+  * the module's package `__init__` (and a package `__init__`'s parent
+    package's), which Python runs before the module, unless that would close
+    a cycle (an `__init__` that imports the module), which Bazel cannot build;
+  * for a `py_test`, the `conftest` libraries of its package and of the
+    packages above it, which pytest loads;
+  * first-party modules the module names in a whole string, such as
+    `[sys.executable, '-m', 'run.train']` (run in a child process).
+
+Third-party imports are not Bazel deps (they come from the pinned .venv); a
+`# third-party: ...` line above each target records them. `data` lists the
+repository files the module names in a whole string holding a directory
+(`'scripts/bootstrap.sh'`; not Python sources or BUILD files) or declares in
+`# bazel-data: PATH ...` comments (paths from the repository root); their
+packages export them. `# bazel-tags: TAG ...` comments set `tags`.
 
 Besides differing BUILD text, `--check` reports (and `--write` warns about,
 exiting 1) first-party imports that resolve to no module, dependency cycles,

@@ -6,7 +6,8 @@
 The path is relative to the runfiles root of this workspace, which Bazel makes
 the working directory. pytest runs with the repository's pytest.ini, its
 temporary directories under TEST_TMPDIR and a JUnit report at XML_OUTPUT_FILE,
-as Bazel expects; the exit status is pytest's (0 when every test passed).
+as Bazel expects; `bazel test --test_filter=EXPR` becomes `pytest -k EXPR`.
+The exit status is pytest's (0 when every test passed).
 """
 
 import os
@@ -32,6 +33,9 @@ def main(argv: list[str]) -> int:
   xml = os.environ.get('XML_OUTPUT_FILE')
   if xml:
     args.append('--junitxml=' + xml)
+  only = os.environ.get('TESTBRIDGE_TEST_ONLY')  # bazel test --test_filter=
+  if only:
+    args += ['-k', only]
   return int(pytest.main(args + [argv[1]] + argv[2:]))
 
 

@@ -25,7 +25,7 @@ def _inside(path: str, roots: list[str]) -> bool:
 
 
 def isolate(environ=os.environ) -> list[str]:
-  """Removes the sys.path entries outside runfiles and prefixes; returns them."""
+  """Drops the sys.path entries outside runfiles and prefixes; returns them."""
   runfiles = environ.get('RUNFILES_DIR') or environ.get('TEST_SRCDIR')
   if not runfiles:
     return []

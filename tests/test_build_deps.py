@@ -2,6 +2,9 @@
 """Tests for tools/build_deps.py: BUILD files generated from the imports."""
 
 # bazel-size: medium
+# bazel-tags: external
+# (Under Bazel the last test checks the real checkout, which the test's
+# runfiles do not hold: `external` keeps Bazel from caching its result.)
 
 import subprocess
 import sys
@@ -88,6 +91,8 @@ def test_generated_pkg_build(tree):
   assert sorted(map(str, files)) == [
       'BUILD', 'other/BUILD', 'pkg/BUILD', 'tests/BUILD']
   assert files[Path('pkg/BUILD')] == build_deps.GENERATED_HEADER + '''
+load("//tools/bazel:defs.bzl", "py_library")
+
 package(default_visibility = ["//visibility:public"])
 
 licenses(["notice"])
@@ -98,6 +103,7 @@ py_library(
     srcs = ["a.py"],
     deps = [
         ":b",
+        ":pkg",
         "//other:c",
     ],
 )
@@ -107,6 +113,7 @@ py_library(
     name = "b",
     srcs = ["b.py"],
     deps = [
+        ":pkg",
         "//other:d",
     ],
 )
@@ -136,6 +143,7 @@ py_library(
     srcs = ["c.py"],
     deps = [
         ":d",
+        ":other",
     ],
 )
 ''' in other
@@ -144,6 +152,9 @@ py_library(
 py_library(
     name = "d",
     srcs = ["d.py"],
+    deps = [
+        ":other",
+    ],
 )
 ''' in other
   assert 'exports_files([\n    "requirements.txt",\n])' in files[Path('BUILD')]
@@ -153,7 +164,8 @@ py_library(
 def test_generated_tests_build(tree):
   files, _ = build_deps.expected_files(tree)
   text = files[Path('tests/BUILD')]
-  assert 'pytest-style' in text and "issue #8's job" in text
+  assert 'runs its pytest module with pytest' in text
+  assert 'load("//tools/bazel:defs.bzl", "py_library", "py_test")' in text
   assert '''
 # third-party: pytest
 py_test(
@@ -163,6 +175,7 @@ py_test(
     deps = [
         ":conftest",
         ":helpers",
+        ":tests",
         "//pkg:a",
     ],
 )
@@ -174,6 +187,7 @@ py_test(
     srcs = ["test_cli.py"],
     deps = [
         ":conftest",
+        ":tests",
     ],
 )
 ''' in text
@@ -183,6 +197,7 @@ py_library(
     testonly = True,
     srcs = ["conftest.py"],
     deps = [
+        ":tests",
         "//other:d",
     ],
 )
@@ -277,6 +292,99 @@ def test_size_override(tree):
   files, _ = build_deps.expected_files(tree)
   assert 'name = "test_cli",\n    size = "enormous",' in files[
       Path('tests/BUILD')]
+
+
+def test_package_init_dep_is_left_out_where_it_would_close_a_cycle(tmp_path):
+  make_tree(tmp_path, {
+      'top/__init__.py': '',
+      'top/sub/__init__.py': 'from top.sub.impl import run\n',
+      'top/sub/impl.py': 'def run():\n  return 1\n',
+      'top/sub/other.py': 'import top.sub.impl\n',
+  })
+  _, graph = build_deps.expected_files(tmp_path)
+  assert graph.problems == []
+  targets = {t.name: t for t in graph.targets['top.sub']}
+  # `impl` is imported by its package's __init__: no dep back on it.
+  assert {n: t.deps for n, t in targets.items()} == {
+      'impl': [], 'other': [':impl', ':sub'], 'sub': [':impl', '//top']}
+  assert targets['other'].dep_reasons == {':impl': 'imported',
+                                          ':sub': 'package'}
+  assert targets['sub'].dep_reasons == {':impl': 'imported',
+                                        '//top': 'package'}
+
+
+CLI_TEST = """
+import subprocess
+# bazel-data: docs/notes.md requirements.txt
+# bazel-tags: external
+COMMANDS = [['python', '-m', 'pkg.names'], ['bash', 'scripts/run.sh']]
+TABLE = 'pkg/table.csv'
+IGNORED = ['tests/BUILD', 'pkg/a.py', 'requirements.txt', 'no/such.txt']
+"""
+
+CLI_TARGET = """
+py_test(
+    name = "test_cli",
+    size = "large",
+    srcs = ["test_cli.py"],
+    data = [
+        "//:docs/notes.md",
+        "//:requirements.txt",
+        "//:scripts/run.sh",
+        "//pkg:table.csv",
+    ],
+    tags = [
+        "external",
+    ],
+    deps = [
+        ":conftest",
+        ":tests",
+        "//pkg:names",
+    ],
+)
+"""
+
+
+def test_named_module_and_data_files(tree, capsys):
+  (tree / 'scripts' / 'run.sh').write_text('echo hi\n')
+  (tree / 'docs').mkdir()
+  (tree / 'docs' / 'notes.md').write_text('notes\n')
+  (tree / 'pkg' / 'table.csv').write_text('1\n')
+  (tree / 'tests' / 'test_cli.py').write_text(CLI_TEST)
+  files, graph = build_deps.expected_files(tree)
+  assert graph.problems == []
+  assert CLI_TARGET in files[Path('tests/BUILD')]
+  assert files[Path('BUILD')].endswith(
+      '\nexports_files([\n    "docs/notes.md",\n    "requirements.txt",\n'
+      '    "scripts/run.sh",\n])\n')
+  assert '\nexports_files([\n    "table.csv",\n])\n' in files[
+      Path('pkg/BUILD')]
+  test_cli = next(t for t in graph.targets['tests'] if t.name == 'test_cli')
+  assert test_cli.dep_reasons['//pkg:names'] == 'named'
+  assert build_deps.main(['--write', '--root', str(tree)]) == 0
+  build = tree / 'tests' / 'BUILD'
+  build.write_text(build.read_text().replace(
+      '        "//:scripts/run.sh",\n', ''))
+  capsys.readouterr()
+  rc, out = run_main(capsys, '--check', '--root', str(tree))
+  assert rc == 1
+  assert out == [
+      "tests/BUILD: :test_cli (tests/test_cli.py) has data ['//:docs/notes.md',"
+      " '//:requirements.txt', '//pkg:table.csv'], expected"
+      " ['//:docs/notes.md', '//:requirements.txt', '//:scripts/run.sh',"
+      " '//pkg:table.csv']"]
+
+
+def test_bad_data_directive_is_reported(tree):
+  (tree / 'tests' / 'test_cli.py').write_text(
+      '# bazel-data: docs/missing.md ../outside.txt\n')
+  _, graph = build_deps.expected_files(tree)
+  assert graph.problems == [
+      "tests/test_cli.py: bazel-data 'docs/missing.md' names no file of this"
+      ' repository (a path from its root)',
+      "tests/test_cli.py: bazel-data '../outside.txt' names no file of this"
+      ' repository (a path from its root)',
+  ]
 
 
 def test_check_on_the_real_repository():

@@ -12,18 +12,33 @@ are the first-party import roots. Each package's BUILD file gets:
     the package (`//tasks` = `//tasks:tasks`) for its `__init__.py`;
   * `py_test(name = <module>)` per `test_*.py` / `*_test.py` module, with
     `size = "large"` when the module imports `subprocess` (it runs a binary end
-    to end) and `"medium"` otherwise; a `# bazel-size: <size>` line in the
+    to end) and `"medium"` otherwise; a `# bazel-size: <size>` comment in the
     module overrides that. Libraries in a package named `tests` are `testonly`.
+
+The rules come from //tools/bazel:defs.bzl, whose `py_test` runs the module
+with pytest under `bazel test` (see the README's "Bazel" section).
 
 `deps` mirror the module's first-party imports exactly, found with `ast`
 anywhere in the module (function-level lazy imports included): `import a.b`,
 `from a import b` and `from a.b import name` all give `//a:b`; `from a import
 name`, where `a/name.py` does not exist, gives the package target `//a`.
-Same-package deps are written `:b`. The one addition: a `py_test` also depends
-on the `conftest` libraries of its package and of the packages above it, which
-pytest loads without an import. Third-party imports are not Bazel deps (they
-come from the pinned .venv); a `# third-party: ...` line above each target
-records them.
+Same-package deps are written `:b`. The additions, all things Python runs
+without an import statement in the module:
+
+  * the module's package `__init__` (and a package `__init__`'s parent
+    package's), which Python runs before the module, unless that would close
+    a cycle (an `__init__` that imports the module), which Bazel cannot build;
+  * for a `py_test`, the `conftest` libraries of its package and of the
+    packages above it, which pytest loads;
+  * first-party modules the module names in a whole string, such as
+    `[sys.executable, '-m', 'run.train']` (run in a child process).
+
+Third-party imports are not Bazel deps (they come from the pinned .venv); a
+`# third-party: ...` line above each target records them. `data` lists the
+repository files the module names in a whole string holding a directory
+(`'scripts/bootstrap.sh'`; not Python sources or BUILD files) or declares in
+`# bazel-data: PATH ...` comments (paths from the repository root); their
+packages export them. `# bazel-tags: TAG ...` comments set `tags`.
 
 Besides differing BUILD text, `--check` reports (and `--write` warns about,
 exiting 1) first-party imports that resolve to no module, dependency cycles,
@@ -35,11 +50,14 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import dataclasses
+import io
 import os
 import re
 import sys
 import sysconfig
+import tokenize
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Optional
@@ -53,19 +71,28 @@ GENERATED_HEADER = (
 
 TESTS_NOTE = (
     '#\n'
-    '# The tests are pytest-style: run them with `scripts/test.sh` (pytest).'
-    ' A py_test\n'
-    '# here records a test\'s sources, size and deps (its imports, plus the'
-    ' conftest\n'
-    '# libraries pytest loads implicitly); wiring `bazel test` to run them'
-    ' under pytest\n'
-    '# is issue #8\'s job.\n'
+    '# Each py_test (//tools/bazel:defs.bzl) runs its pytest module with'
+    ' pytest; its\n'
+    '# deps are the module\'s imports plus the conftest libraries pytest'
+    ' loads\n'
+    '# implicitly. `bazel test //...` runs them (README, "Bazel").\n'
 )
 
 ROOT_FILES_EXPORTED = ('pytest.ini', 'requirements*.txt')
 SKIPPED_DIRS = frozenset({'__pycache__', 'node_modules', 'bazel-out'})
 SIZES = ('small', 'medium', 'large', 'enormous')
 SIZE_OVERRIDE = re.compile(r'^#\s*bazel-size:\s*(\w+)\s*$', re.MULTILINE)
+DATA_DIRECTIVE = re.compile(r'^#\s*bazel-data:(.*)$', re.MULTILINE)
+TAGS_DIRECTIVE = re.compile(r'^#\s*bazel-tags:(.*)$', re.MULTILINE)
+DEFS_BZL = '//tools/bazel:defs.bzl'
+BAZEL_FILES = frozenset({'BUILD', 'BUILD.bazel', 'WORKSPACE',
+                         'WORKSPACE.bazel'})
+DEP_REASONS = {
+    'imported': 'imported by the module',
+    'named': 'a module the module names, e.g. to run it with python -m',
+    'conftest': 'pytest conftest',
+    'package': 'the package __init__ Python runs on import',
+}
 
 
 def default_root() -> Path:
@@ -109,6 +136,17 @@ class Module:
   is_init: bool
   tree: Optional[ast.Module] = None
   source: str = ''
+
+  @property
+  def comments(self) -> str:
+    """The module's comment lines (directives live there, not in strings)."""
+    lines = []
+    # A module that does not tokenize is reported as unparsable elsewhere.
+    with contextlib.suppress(tokenize.TokenError, SyntaxError):
+      for token in tokenize.generate_tokens(io.StringIO(self.source).readline):
+        if token.type == tokenize.COMMENT:
+          lines.append(token.string)
+    return '\n'.join(lines)
 
   @property
   def label(self) -> str:
@@ -203,6 +241,8 @@ class Target:
   deps: list[str]  # Labels, relative to the target's package where local.
   size: Optional[str] = None
   testonly: bool = False
+  data: list[str] = dataclasses.field(default_factory=list)  # Labels.
+  tags: list[str] = dataclasses.field(default_factory=list)
   third_party: list[str] = dataclasses.field(default_factory=list)
   module: Optional[Module] = None
   dep_reasons: dict[str, str] = dataclasses.field(default_factory=dict)
@@ -256,7 +296,7 @@ def _import_names(module: Module, tree: Tree
 
 
 def _size(module: Module, imports_subprocess: bool) -> tuple[str, list[str]]:
-  match = SIZE_OVERRIDE.search(module.source)
+  match = SIZE_OVERRIDE.search(module.comments)
   if match:
     if match.group(1) in SIZES:
       return match.group(1), []
@@ -276,6 +316,54 @@ def _imports_subprocess(module: Module) -> bool:
   return False
 
 
+def _strings(module: Module) -> set[str]:
+  return {node.value for node in ast.walk(module.tree)
+          if isinstance(node, ast.Constant) and isinstance(node.value, str)}
+
+
+def _named_modules(module: Module, tree: Tree) -> set[str]:
+  """First-party dotted modules named by a whole string (`python -m a.b`)."""
+  return {s for s in _strings(module)
+          if '.' in s and s in tree.modules and s != module.dotted}
+
+
+def _is_data_path(text: str) -> bool:
+  parts = text.split('/')
+  return (bool(text) and not text.startswith('/') and '\\' not in text
+          and all(p and p not in ('.', '..') and not p.startswith('.')
+                  for p in parts)
+          and not any(c in text for c in '*?[]{}$ \n\t'))
+
+
+def _data_files(module: Module, tree: Tree) -> tuple[list[Path], list[str]]:
+  """Repository files the module names as a whole string, or declares.
+
+  A string equal to the path (from the repository root, with a directory) of
+  an existing file that is neither Python source nor a BUILD file
+  (`'scripts/bootstrap.sh'`) is a runtime input; `# bazel-data: PATH ...`
+  lines declare more (paths the module builds from parts, root files).
+  """
+  found, problems = set(), []
+  for text in _strings(module):
+    if ('/' in text and _is_data_path(text) and not text.endswith('.py')
+        and text.rsplit('/', 1)[-1] not in BAZEL_FILES
+        and (tree.root / text).is_file()):
+      found.add(Path(text))
+  for match in DATA_DIRECTIVE.finditer(module.comments):
+    for text in match.group(1).split():
+      if _is_data_path(text) and (tree.root / text).is_file():
+        found.add(Path(text))
+      else:
+        problems.append(f'{module.path}: bazel-data {text!r} names no file'
+                        ' of this repository (a path from its root)')
+  return sorted(found), problems
+
+
+def _tags(module: Module) -> list[str]:
+  return sorted({tag for match in TAGS_DIRECTIVE.finditer(module.comments)
+                 for tag in match.group(1).split()})
+
+
 def _dep_sort_key(label: str) -> tuple[int, list[str]]:
   """Buildifier's order: local labels, then absolute ones, by their parts."""
   return (0 if label.startswith(':') else 1,
@@ -290,24 +378,35 @@ class Graph:
     self.targets: dict[str, list[Target]] = {p: [] for p in tree.packages}
     self.problems: list[str] = list(tree.problems)
     self.deps_of: dict[str, set[str]] = {}  # Module dotted -> dotted deps.
+    reasons_of: dict[str, dict[str, str]] = {}
+    third_of: dict[str, set[str]] = {}
     for dotted in sorted(tree.modules):
       module = tree.modules[dotted]
       first, third, problems = _import_names(module, tree)
       self.problems.extend(problems)
+      third_of[dotted] = third
       reasons = {d: 'imported' for d in first}
+      for named in sorted(_named_modules(module, tree)):
+        reasons.setdefault(named, 'named')
       if module.is_test:
         for conftest in self._conftests(module.package):
           if conftest != dotted:
             reasons.setdefault(conftest, 'conftest')
+      reasons_of[dotted] = reasons
       self.deps_of[dotted] = set(reasons)
+    self._add_package_deps(reasons_of)
+    for dotted in sorted(tree.modules):
+      module = tree.modules[dotted]
       size = None
       if module.is_test:
         size, problems = _size(module, _imports_subprocess(module))
         self.problems.extend(problems)
+      data, problems = _data_files(module, tree)
+      self.problems.extend(problems)
       dep_reasons = {
           label_for(tree.modules[d].package, tree.modules[d].target,
                     module.package): reason
-          for d, reason in reasons.items()
+          for d, reason in reasons_of[dotted].items()
       }
       self.targets[module.package].append(Target(
           rule='py_test' if module.is_test else 'py_library',
@@ -317,13 +416,61 @@ class Graph:
           size=size,
           testonly=(not module.is_test
                     and module.package.rsplit('.', 1)[-1] == 'tests'),
-          third_party=sorted(third),
+          data=sorted((self.file_label(f, module.package) for f in data),
+                      key=_dep_sort_key),
+          tags=_tags(module),
+          third_party=sorted(third_of[dotted]),
           module=module,
           dep_reasons=dep_reasons,
       ))
     for targets in self.targets.values():
       targets.sort(key=lambda t: t.name)
     self._check_graph()
+
+  def _add_package_deps(self, reasons_of: dict[str, dict[str, str]]) -> None:
+    """Each module depends on its package's `__init__` (Python runs it).
+
+    A package's `__init__` likewise depends on its parent package's. The dep
+    is left out where it would close a cycle (an `__init__` that imports,
+    directly or not, the module itself), which Bazel cannot express.
+    """
+    for dotted in sorted(self.tree.modules):
+      module = self.tree.modules[dotted]
+      package = module.package
+      if module.is_init:
+        package = package.rpartition('.')[0]
+      if not package or package not in self.tree.modules:
+        continue
+      if package not in self.deps_of[dotted] and not self._reaches(
+          package, dotted):
+        reasons_of[dotted][package] = 'package'
+        self.deps_of[dotted].add(package)
+
+  def _reaches(self, start: str, goal: str) -> bool:
+    seen, frontier = {start}, [start]
+    while frontier:
+      node = frontier.pop()
+      if node == goal:
+        return True
+      for child in self.deps_of[node] - seen:
+        seen.add(child)
+        frontier.append(child)
+    return False
+
+  def file_label(self, path: Path, from_package: str) -> str:
+    """The label of a repository file: in the package of its nearest BUILD."""
+    directory = path.parent
+    while directory != Path('.') and not (
+        (self.tree.root / directory / 'BUILD').is_file()
+        or directory in self.tree.packages.values()):
+      directory = directory.parent
+    inside = path.relative_to(directory).as_posix()
+    package = next((p for p, d in self.tree.packages.items()
+                    if d == directory), None)
+    if package is not None and package == from_package:
+      return ':' + inside
+    prefix = '' if directory == Path('.') else directory.as_posix()
+    return f'//{prefix}:{inside}'
 
   def _conftests(self, package: str) -> list[str]:
     parts = package.split('.')
@@ -453,40 +600,65 @@ def render_target(target: Target) -> str:
   if target.testonly:
     lines.append('    testonly = True,')
   lines.append('    srcs = [' + ', '.join(f'"{s}"' for s in target.srcs) + '],')
+  if target.data:
+    lines.append(f'    data = {_string_list(target.data, "    ")},')
+  if target.tags:
+    lines.append(f'    tags = {_string_list(target.tags, "    ")},')
   if target.deps:
     lines.append(f'    deps = {_string_list(target.deps, "    ")},')
   lines.append(')')
   return '\n'.join(lines) + '\n'
 
 
-def _preamble(note: str = '') -> str:
-  return (GENERATED_HEADER + note + '\n'
+def _preamble(note: str = '', rules: Sequence[str] = ()) -> str:
+  load = ''
+  if rules:
+    names = ', '.join(f'"{r}"' for r in rules)
+    load = f'\nload("{DEFS_BZL}", {names})\n'
+  return (GENERATED_HEADER + note + load + '\n'
           'package(default_visibility = ["//visibility:public"])\n\n'
           'licenses(["notice"])\n')
 
 
-def render_package(graph: Graph, package: str) -> str:
+def _exports(exported: Sequence[str]) -> str:
+  return f'\nexports_files({_string_list(exported, "")})\n' if exported else ''
+
+
+def exported_files(graph: Graph) -> dict[str, list[str]]:
+  """{package path ('' for the root): files other packages use as data}."""
+  exported: dict[str, set[str]] = {}
+  for targets in graph.targets.values():
+    for target in targets:
+      for label in target.data:
+        if label.startswith('//'):
+          package, _, name = label[2:].partition(':')
+          exported.setdefault(package, set()).add(name)
+  return {p: sorted(names) for p, names in exported.items()}
+
+
+def render_package(graph: Graph, package: str,
+                   exported: Sequence[str] = ()) -> str:
   note = TESTS_NOTE if package.rsplit('.', 1)[-1] == 'tests' else ''
-  parts = [_preamble(note)]
+  rules = sorted({t.rule for t in graph.targets[package]})
+  parts = [_preamble(note, rules) + _exports(exported)]
   parts.extend(render_target(t) for t in graph.targets[package])
   return '\n'.join(parts)
 
 
-def render_root(root: Path) -> str:
-  exported = sorted({p.name for pattern in ROOT_FILES_EXPORTED
-                     for p in root.glob(pattern) if p.is_file()})
-  text = _preamble()
-  if exported:
-    text += f'\nexports_files({_string_list(exported, "")})\n'
-  return text
+def render_root(root: Path, exported: Sequence[str] = ()) -> str:
+  names = {p.name for pattern in ROOT_FILES_EXPORTED
+           for p in root.glob(pattern) if p.is_file()}
+  return _preamble() + _exports(sorted(names | set(exported)))
 
 
 def expected_files(root: Path) -> tuple[dict[Path, str], Graph]:
   """{BUILD path relative to root: text}, and the graph behind it."""
   graph = Graph(Tree(root))
-  files = {Path('BUILD'): render_root(root)}
+  exported = exported_files(graph)
+  files = {Path('BUILD'): render_root(root, exported.get('', []))}
   for package, directory in graph.tree.packages.items():
-    files[directory / 'BUILD'] = render_package(graph, package)
+    files[directory / 'BUILD'] = render_package(
+        graph, package, exported.get(directory.as_posix(), []))
   return files, graph
 
 
@@ -553,8 +725,7 @@ def _diff_package(rel: Path, text: str, package_dir: Path,
     deps = deps if isinstance(deps, list) else []
     for dep in target.deps:
       if dep not in deps:
-        why = ('pytest conftest' if target.dep_reasons[dep] == 'conftest'
-               else 'imported by the module')
+        why = DEP_REASONS[target.dep_reasons[dep]]
         problems.append(f'{where}: :{name} ({path}) lacks dep {dep}'
                         f' ({why})')
     for dep in deps:
@@ -562,7 +733,8 @@ def _diff_package(rel: Path, text: str, package_dir: Path,
         problems.append(f'{where}: :{name} ({path}) has dep {dep} that the'
                         ' module does not import')
     want = {'rule': target.rule, 'srcs': target.srcs, 'size': target.size,
-            'testonly': target.testonly or None}
+            'testonly': target.testonly or None, 'data': target.data or None,
+            'tags': target.tags or None}
     for attr, value in want.items():
       if have.get(attr) != value:
         problems.append(f'{where}: :{name} ({path}) has {attr}'

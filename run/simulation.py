@@ -37,6 +37,7 @@ import tensorflow_federated as tff
 from tasks import base as task_base
 from tasks import evaluation
 from tasks import tail_metrics
+from tff_algos import batched
 from tff_algos import runtime
 from tff_algos import stragglers as stragglers_lib
 
@@ -240,6 +241,38 @@ class _ClientCounts:
     return self._batches[cid]
 
 
+def client_shuffle_seed(config: SimulationConfig, round_num: int,
+                        i: int) -> Optional[int]:
+  """The local shuffle seed of a round's `i`-th participant (None: none)."""
+  if not config.shuffle:
+    return None
+  return int(np.random.default_rng([config.seed, round_num, i]).integers(2**31))
+
+
+def batched_round_plan(
+    task: task_base.FederatedTask,
+    plans: Sequence[stragglers_lib.ClientPlan],
+    round_num: int,
+    config: SimulationConfig,
+    counts: Optional[_ClientCounts] = None,
+) -> batched.RoundPlan:
+  """`client_datasets`'s settings as a `tff_algos.batched.RoundPlan`."""
+  max_batches = []
+  for plan in plans:
+    if plan.epoch_fraction < 1.0:
+      counts = counts or _ClientCounts(task)
+      max_batches.append(plan.num_batches(counts.batches(plan.client_id)))
+    else:
+      max_batches.append(-1)
+  return batched.RoundPlan(
+      client_ids=[p.client_id for p in plans],
+      epochs=[p.epochs for p in plans],
+      shuffle_seeds=([client_shuffle_seed(config, round_num, i)
+                      for i in range(len(plans))] if config.shuffle else None),
+      max_batches=max_batches,
+  )
+
+
 def client_datasets(
     task: task_base.FederatedTask,
     plans: Sequence[stragglers_lib.ClientPlan],
@@ -250,11 +283,8 @@ def client_datasets(
   """The preprocessed training datasets of a round's participants."""
   datasets = []
   for i, plan in enumerate(plans):
-    shuffle_seed = (
-        int(np.random.default_rng([config.seed, round_num, i]).integers(2**31))
-        if config.shuffle else None
-    )
-    ds = task.train_dataset(plan.client_id, plan.epochs, shuffle_seed)
+    ds = task.train_dataset(plan.client_id, plan.epochs,
+                            client_shuffle_seed(config, round_num, i))
     if plan.epoch_fraction < 1.0:
       counts = counts or _ClientCounts(task)
       ds = ds.take(plan.num_batches(counts.batches(plan.client_id)))

@@ -207,9 +207,16 @@ def build_process(
     model_fn: Callable[[], tff.learning.models.VariableModel],
     *,
     num_clients: int = 0,
+    loop_implementation: tff.learning.LoopImplementation = (
+        tff.learning.LoopImplementation.DATASET_REDUCE),
 ) -> tff.learning.templates.LearningProcess:
-  """The `LearningProcess` of `spec` for `model_fn` (AFL: `num_clients`)."""
+  """The `LearningProcess` of `spec` for `model_fn` (AFL: `num_clients`).
+
+  `loop_implementation` goes to every builder that iterates local data with
+  TFF's loop builder (all but AFL and q-FedSGD).
+  """
   spec.validate()
+  loop = {'loop_implementation': loop_implementation}
   if spec.name == 'deltafl':
     return delta_fl.build_delta_fl(
         model_fn, build_optimizer(spec.client_optimizer,
@@ -218,7 +225,8 @@ def build_process(
                         spec.server_momentum),
         theta=spec.theta, quantile_estimator=quantile_estimator(spec),
         strict_filter=spec.strict_filter,
-        uniform_weights=spec.uniform_weights, weight_decay=spec.weight_decay)
+        uniform_weights=spec.uniform_weights, weight_decay=spec.weight_decay,
+        **loop)
   if spec.name == 'afl':
     return afl.build_afl(
         model_fn, num_clients=num_clients,
@@ -231,20 +239,20 @@ def build_process(
   weighting = WEIGHTINGS[spec.client_weighting]
   if spec.name == 'fedavg':
     return fed_avg.build_fed_avg(
-        model_fn, client_opt, server_opt, client_weighting=weighting
+        model_fn, client_opt, server_opt, client_weighting=weighting, **loop
     )
   if spec.name == 'fedprox':
     return fed_prox.build_fed_prox(
         model_fn, client_opt, server_opt,
         proximal_strength=spec.proximal_strength, client_weighting=weighting,
-    )
+        **loop)
   if spec.name == 'qffl':
     return q_ffl.build_q_fedavg(
         model_fn, client_opt, q=spec.q,
-        lipschitz_constant=spec.lipschitz_constant)
+        lipschitz_constant=spec.lipschitz_constant, **loop)
   if spec.name == 'qfedsgd':
     return q_ffl.build_q_fedsgd(
         model_fn, q=spec.q, lipschitz_constant=spec.lipschitz_constant)
   return term.build_term(
       model_fn, client_opt, server_opt, tilt=spec.tilt,
-      proximal_strength=spec.proximal_strength)
+      proximal_strength=spec.proximal_strength, **loop)

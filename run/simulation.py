@@ -46,6 +46,9 @@ SAMPLING_SCHEMES = ('uniform', 'examples')
 RESUMABLE_KEYS = frozenset({
     'total_rounds', 'rounds_per_eval', 'rounds_per_checkpoint', 'progress',
     'root_output_dir', 'data_dir',
+    # How rounds execute, not what they compute.
+    'simulation_engine', 'workers', 'max_concurrent_computation_calls',
+    'loop_implementation',
 })
 SUMMARY_COLUMNS = ('mean', 'weighted_mean', 'p10', 'p50', 'p90', 'worst10',
                    'best10', 'variance')
@@ -388,6 +391,7 @@ def run_simulation(
     hparams: Optional[Mapping[str, Any]] = None,
     progress: bool = True,
     log: Callable[[str], None] = lambda s: print(s, file=sys.stderr),
+    engine: Optional[batched.BatchedEngine] = None,
 ) -> dict[str, Any]:
   """Trains `process` on `task` and evaluates it per client.
 
@@ -401,6 +405,10 @@ def run_simulation(
       folder written with other values (outside `RESUMABLE_KEYS`) is refused.
     progress: Show a progress bar with rounds/s.
     log: Where messages go.
+    engine: Run the training rounds with this `tff_algos.batched`
+      engine (the same clients, batches and result as `process.next`, in
+      one TensorFlow call per round) instead of `process.next`; `process`
+      still initializes, evaluates and checkpoints.
 
   Returns:
     `{'state', 'round_num', 'final_summaries', 'per_client', 'history'}`.
@@ -459,7 +467,11 @@ def run_simulation(
     plans = schedule.participants(round_num, selected)
     metrics = {'round_num': round_num, 'clients': len(plans),
                'stragglers': sum(p.straggler for p in plans)}
-    if plans:
+    if plans and engine is not None:
+      state, round_metrics = engine.next(
+          state, batched_round_plan(task, plans, round_num, config, counts))
+      metrics.update(flatten_metrics(round_metrics))
+    elif plans:
       datasets = client_datasets(task, plans, round_num, config, counts)
       if index_of is not None:
         datasets = with_client_index(datasets, plans, index_of)

@@ -28,6 +28,8 @@ from absl import flags
 from absl import logging
 
 from run import algorithms
+from run import contexts
+from run import engines
 from run import simulation
 from tasks import base as task_base
 from tasks import registry
@@ -117,6 +119,24 @@ _EVAL_TRAIN = flags.DEFINE_boolean(
     'eval_train_clients', True,
     'Also evaluate every training client on its training data.')
 _PROGRESS = flags.DEFINE_boolean('progress', True, 'Show a progress bar.')
+# Execution (results do not depend on these).
+_ENGINE = flags.DEFINE_string(
+    'simulation_engine', 'tff',
+    'tff: rounds through TFF\'s runtime (process.next); batched: each round '
+    'in one TensorFlow call (fedavg, fedprox, qffl, deltafl; same result, '
+    'simulation only; see docs/performance.md).')
+_WORKERS = flags.DEFINE_list(
+    'workers', [],
+    'host:port,... of running TFF worker_binary processes: each round\'s '
+    'clients are split across them (see docs/deployment.md).')
+_MAX_CALLS = flags.DEFINE_integer(
+    'max_concurrent_computation_calls', -1,
+    'Limit on concurrent TensorFlow computations in TFF\'s runtime (e.g. to '
+    'bound GPU memory); -1: no limit.')
+_LOOP = flags.DEFINE_string(
+    'loop_implementation', 'dataset_reduce',
+    'How clients iterate their data in TFF: dataset_reduce or '
+    'dataset_iterator (TFF\'s advice for GPUs).')
 # Task options.
 _DATA_DIR = flags.DEFINE_string(
     'data_dir', None, "Folder with TFF's cached dataset files (~/.tff).")
@@ -226,6 +246,12 @@ def prepare():
       quantile_iterations=_Q_ITERS.value,
   )
   spec.validate()
+  engines.check_engine(_ENGINE.value, spec)
+  loop_implementation = engines.loop_implementation(_LOOP.value)
+  context_kind = contexts.check(
+      workers=_WORKERS.value,
+      max_concurrent_computation_calls=_MAX_CALLS.value,
+      secure=spec.uses_secure_intrinsics)
   config = simulation.SimulationConfig(
       total_rounds=_TOTAL_ROUNDS.value,
       clients_per_round=_CLIENTS_PER_ROUND.value,
@@ -249,18 +275,26 @@ def prepare():
     tff.backends.test.set_sync_test_cpp_execution_context()
     print('secure quantile: running under TFF\'s test execution context',
           file=sys.stderr)
+  elif context_kind != 'default':
+    contexts.set_context(
+        workers=_WORKERS.value,
+        max_concurrent_computation_calls=_MAX_CALLS.value)
   process = algorithms.build_process(
-      spec, task.model_fn, num_clients=len(task.train_data.client_ids))
+      spec, task.model_fn, num_clients=len(task.train_data.client_ids),
+      loop_implementation=loop_implementation)
+  engine = None
+  if _ENGINE.value == 'batched':
+    engine = engines.build_batched_engine(spec, task, shuffle=config.shuffle)
   print(f'task: {task.description}', file=sys.stderr)
   print(f'algorithm: {spec.describe()}; output: {out_dir}', file=sys.stderr)
-  return task, process, config, out_dir
+  return task, process, config, out_dir, engine
 
 
-def train(task, process, config, out_dir) -> dict:
+def train(task, process, config, out_dir, engine=None) -> dict:
   """Runs the training job and prints the final per-client table."""
   result = simulation.run_simulation(
       process, task, config, output_dir=out_dir, hparams=hparams(),
-      progress=_PROGRESS.value,
+      progress=_PROGRESS.value, engine=engine,
   )
   print(f'\nPer-client metrics after round {result["round_num"]} '
         f'({task.description}):')

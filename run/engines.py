@@ -57,10 +57,8 @@ def build_batched_engine(
       quantile).
     task: The task whose model, preprocessing and clients it uses.
     shuffle: As `SimulationConfig.shuffle`.
-    loop_implementation: How each client's stream is iterated inside the
-      round's graph (default `DATASET_ITERATOR`, several times faster there
-      than `DATASET_REDUCE`, whose reduce function is instantiated per
-      client; both give the same result).
+    loop_implementation: The loop the process was built with (default
+      `DATASET_REDUCE`); see `BatchedEngine` for where it matters.
 
   Returns:
     A `BatchedEngine`.
@@ -71,7 +69,7 @@ def build_batched_engine(
       shuffle=shuffle,
       loop_implementation=(
           loop_implementation or
-          tff.learning.LoopImplementation.DATASET_ITERATOR))
+          tff.learning.LoopImplementation.DATASET_REDUCE))
 
 
 def loop_implementation(name: str) -> tff.learning.LoopImplementation:

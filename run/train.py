@@ -284,7 +284,9 @@ def prepare():
       loop_implementation=loop_implementation)
   engine = None
   if _ENGINE.value == 'batched':
-    engine = engines.build_batched_engine(spec, task, shuffle=config.shuffle)
+    engine = engines.build_batched_engine(
+        spec, task, shuffle=config.shuffle,
+        loop_implementation=loop_implementation)
   print(f'task: {task.description}', file=sys.stderr)
   print(f'algorithm: {spec.describe()}; output: {out_dir}', file=sys.stderr)
   return task, process, config, out_dir, engine

@@ -212,6 +212,15 @@ class BatchedEngine:
 
   `next` returns the process's state type, updated as `process.next` would,
   and metrics shaped like `process.next`'s (`client_work/train/...`).
+
+  Loops: a client's first pass over a fresh dataset is iterated with
+  `DATASET_ITERATOR` (several times faster here than `DATASET_REDUCE`, whose
+  reduce function is instantiated per client, and the same batches). A
+  second pass over the same dataset object (q-FFL trains on the stream its
+  loss pass read) gets the next reshuffle of a seeded
+  `reshuffle_each_iteration` shuffle, and that order was seen to differ
+  between the two loops in TF 2.14; so that pass uses `loop_implementation`,
+  which must be the process's (its builders' default `DATASET_REDUCE`).
   """
 
   def __init__(
@@ -284,6 +293,7 @@ class BatchedEngine:
         lambda t: tf.TensorSpec(t.shape, t.dtype),
         model.report_local_unfinalized_metrics())
     shuffle = self._shuffle
+    fast_loop = tff.learning.LoopImplementation.DATASET_ITERATOR
 
     def client_dataset(raw, offsets, seeds, epochs, takes, k):
       examples = tf.nest.map_structure(
@@ -325,7 +335,7 @@ class BatchedEngine:
         delta, n, non_finite = client_work_lib.local_training(
             model, alg.client_optimizer, weights, ds,
             proximal_strength=alg.proximal_strength,
-            loop_implementation=loop_implementation)
+            loop_implementation=fast_loop)
         w = client_work_lib.client_weight(alg.client_weighting, n, non_finite)
         acc = tuple(a + d * w for a, d in zip(acc, tf.nest.flatten(delta)))
         total += w
@@ -349,7 +359,10 @@ class BatchedEngine:
       for k in tf.range(num_clients):
         ds = client_dataset(raw, offsets, seeds, epochs, takes, k)
         model.reset_metrics()
-        loss, _ = client_work_lib.local_loss(model, weights, ds)
+        loss, _ = client_work_lib.local_loss(
+            model, weights, ds, loop_implementation=fast_loop)
+        # The second pass over the same dataset: its shuffle order depends
+        # on the loop (see the class docstring), so use the process's.
         delta, _, non_finite = client_work_lib.local_training(
             model, alg.client_optimizer, weights, ds,
             loop_implementation=loop_implementation)
@@ -387,7 +400,8 @@ class BatchedEngine:
       for k in tf.range(num_clients):
         ds = client_dataset(raw, offsets, seeds, epochs, takes, k)
         model.reset_metrics()
-        loss, n = client_work_lib.local_loss(model, weights, ds)
+        loss, n = client_work_lib.local_loss(
+            model, weights, ds, loop_implementation=fast_loop)
         alpha = (tf.constant(1.0) if alg.uniform_weights
                  else tf.cast(n, tf.float32))
         losses = losses.write(k, loss)
@@ -412,7 +426,7 @@ class BatchedEngine:
         delta, _, non_finite = client_work_lib.local_training(
             model, alg.client_optimizer, weights, ds,
             weight_decay=alg.weight_decay,
-            loop_implementation=loop_implementation)
+            loop_implementation=fast_loop)
         w = tf.where(tf.logical_and(kept, tf.logical_not(non_finite)),
                      alphas[k], 0.0)
         acc = tuple(a + d * w for a, d in zip(acc, tf.nest.flatten(delta)))

@@ -247,6 +247,9 @@ def prepare():
   )
   spec.validate()
   engines.check_engine(_ENGINE.value, spec)
+  if _ENGINE.value == 'batched' and _WORKERS.value:
+    raise UsageError('--simulation_engine=batched runs in this process; it '
+                     'cannot use --workers')
   loop_implementation = engines.loop_implementation(_LOOP.value)
   context_kind = contexts.check(
       workers=_WORKERS.value,

@@ -155,6 +155,11 @@ class ClientArrays:
       self._cache[client_id] = arrays
     return self._cache[client_id]
 
+  def preload(self, client_ids: Sequence[str]) -> None:
+    """Reads these clients now (O(len(client_ids)), once), not on demand."""
+    for cid in client_ids:
+      self.get(cid)
+
   def __len__(self) -> int:
     return len(self._cache)
 

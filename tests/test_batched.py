@@ -177,10 +177,12 @@ def test_bad_arguments():
                           batched.BatchedAlgorithm('fedavg', sgd()))
 
 
-def test_binary_refuses_unsupported_algorithm(tmp_path):
+@pytest.mark.parametrize('args', [
+    ['--algorithm=afl'], ['--algorithm=fedavg', '--workers=127.0.0.1:1']])
+def test_binary_refuses_unsupported_combinations(tmp_path, args):
   proc = subprocess.run(
       [sys.executable, '-m', 'run.train', '--simulation_engine=batched',
-       '--algorithm=afl', f'--root_output_dir={tmp_path}', '--progress=false'],
+       f'--root_output_dir={tmp_path}', '--progress=false'] + args,
       cwd=ROOT, capture_output=True, text=True, timeout=300,
       start_new_session=True)
   assert proc.returncode == 2

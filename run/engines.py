@@ -48,7 +48,8 @@ def build_batched_engine(
     task: task_base.FederatedTask,
     *,
     shuffle: bool = True,
-    loop_implementation: Optional[tff.learning.LoopImplementation] = None,
+    loop_implementation: tff.learning.LoopImplementation = (
+        tff.learning.LoopImplementation.DATASET_ITERATOR),
 ) -> batched.BatchedEngine:
   """The batched engine running `spec` on `task`.
 
@@ -57,8 +58,8 @@ def build_batched_engine(
       quantile).
     task: The task whose model, preprocessing and clients it uses.
     shuffle: As `SimulationConfig.shuffle`.
-    loop_implementation: The loop the process was built with (default
-      `DATASET_REDUCE`); see `BatchedEngine` for where it matters.
+    loop_implementation: How the engine iterates client streams (the
+      result does not depend on it; see `BatchedEngine`).
 
   Returns:
     A `BatchedEngine`.
@@ -66,10 +67,7 @@ def build_batched_engine(
   return batched.BatchedEngine(
       task.model_fn, task.preprocess_train,
       batched.ClientArrays(task.train_data), batched_algorithm(spec),
-      shuffle=shuffle,
-      loop_implementation=(
-          loop_implementation or
-          tff.learning.LoopImplementation.DATASET_REDUCE))
+      shuffle=shuffle, loop_implementation=loop_implementation)
 
 
 def loop_implementation(name: str) -> tff.learning.LoopImplementation:

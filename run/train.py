@@ -287,9 +287,7 @@ def prepare():
       loop_implementation=loop_implementation)
   engine = None
   if _ENGINE.value == 'batched':
-    engine = engines.build_batched_engine(
-        spec, task, shuffle=config.shuffle,
-        loop_implementation=loop_implementation)
+    engine = engines.build_batched_engine(spec, task, shuffle=config.shuffle)
   print(f'task: {task.description}', file=sys.stderr)
   print(f'algorithm: {spec.describe()}; output: {out_dir}', file=sys.stderr)
   return task, process, config, out_dir, engine

@@ -218,14 +218,18 @@ class BatchedEngine:
   `next` returns the process's state type, updated as `process.next` would,
   and metrics shaped like `process.next`'s (`client_work/train/...`).
 
-  Loops: a client's first pass over a fresh dataset is iterated with
-  `DATASET_ITERATOR` (several times faster here than `DATASET_REDUCE`, whose
-  reduce function is instantiated per client, and the same batches). A
-  second pass over the same dataset object (q-FFL trains on the stream its
-  loss pass read) gets the next reshuffle of a seeded
-  `reshuffle_each_iteration` shuffle, and that order was seen to differ
-  between the two loops in TF 2.14; so that pass uses `loop_implementation`,
-  which must be the process's (its builders' default `DATASET_REDUCE`).
+  Loops: client streams are iterated with `loop_implementation`, by
+  default `DATASET_ITERATOR`. Inside the engine's while loop it is several
+  times faster than `DATASET_REDUCE`, whose reduce function is instantiated
+  once per client. The batches, and so the result, are the same with
+  either.
+
+  q-FFL trains on the same dataset object that its loss pass read, so a
+  seeded `reshuffle_each_iteration` shuffle gives training the next order.
+  That holds only if the training iterator is created after the loss pass.
+  Within one graph nothing orders two passes over one dataset: in TF 2.14 an
+  iterator op was seen to run before an earlier `reduce`. The engine
+  therefore makes the training stream depend on the loss.
   """
 
   def __init__(
@@ -237,7 +241,7 @@ class BatchedEngine:
       *,
       shuffle: bool = True,
       loop_implementation: tff.learning.LoopImplementation = (
-          tff.learning.LoopImplementation.DATASET_REDUCE),
+          tff.learning.LoopImplementation.DATASET_ITERATOR),
       session_config: Optional[tf.compat.v1.ConfigProto] = None,
   ):
     if not callable(model_fn) or not callable(preprocess_train):
@@ -298,7 +302,7 @@ class BatchedEngine:
         lambda t: tf.TensorSpec(t.shape, t.dtype),
         model.report_local_unfinalized_metrics())
     shuffle = self._shuffle
-    fast_loop = tff.learning.LoopImplementation.DATASET_ITERATOR
+    fast_loop = loop_implementation
 
     def client_dataset(raw, offsets, seeds, epochs, takes, k):
       examples = tf.nest.map_structure(
@@ -366,11 +370,16 @@ class BatchedEngine:
         model.reset_metrics()
         loss, _ = client_work_lib.local_loss(
             model, weights, ds, loop_implementation=fast_loop)
-        # The second pass over the same dataset: its shuffle order depends
-        # on the loop (see the class docstring), so use the process's.
+        # The training pass reads the same dataset object after the loss
+        # pass, so a seeded reshuffling shuffle gives it the next order. Its
+        # iterator must be created after the loss pass: nothing else orders
+        # the two in the graph (see the class docstring).
+        with tf.control_dependencies([loss]):
+          variant = tf.identity(tf.data.experimental.to_variant(ds))
+        train_ds = tf.data.experimental.from_variant(variant, ds.element_spec)
         delta, _, non_finite = client_work_lib.local_training(
-            model, alg.client_optimizer, weights, ds,
-            loop_implementation=loop_implementation)
+            model, alg.client_optimizer, weights, train_ds,
+            loop_implementation=fast_loop)
         dw = tf.nest.map_structure(lambda d: lipschitz * d, delta)
         ok = tf.logical_not(non_finite)
         message, h = q_ffl.q_ffl_client_message(

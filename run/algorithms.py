@@ -529,15 +529,20 @@ def build_process(
     *,
     num_clients: int = 0,
     clients_per_round: int = 10,
+    loop_implementation: tff.learning.LoopImplementation = (
+        tff.learning.LoopImplementation.DATASET_REDUCE),
 ) -> tff.learning.templates.LearningProcess:
   """The `LearningProcess` of `spec` for `model_fn`.
 
   AFL needs `num_clients`; `clients_per_round` sets the default A3 scale
   (-K / server lr) and is the DP mean's denominator (the expected number of
   clients). Ditto and the Fed+ family give a
-  `stateful.StatefulClientsProcess`.
+  `stateful.StatefulClientsProcess`. `loop_implementation` goes to every
+  builder that iterates local data with TFF's loop builder (all but AFL,
+  q-FedSGD and the stateful ones).
   """
   spec.validate()
+  loop = {'loop_implementation': loop_implementation}
   if spec.uses_dp and clients_per_round < 1:
     raise ValueError('DP aggregation needs clients_per_round >= 1')
   if spec.is_stateful:
@@ -560,7 +565,7 @@ def build_process(
             dataclasses.replace(spec, theta=t, thetas=()), clients_per_round),
         strict_filter=spec.strict_filter,
         uniform_weights=spec.uniform_weights, weight_decay=spec.weight_decay,
-        **aggregation(clients_per_round))
+        **aggregation(clients_per_round), **loop)
   if spec.name == 'deltafl':
     return delta_fl.build_delta_fl(
         model_fn, build_optimizer(spec.client_optimizer,
@@ -570,7 +575,7 @@ def build_process(
         quantile_estimator=quantile_estimator(spec, clients_per_round),
         strict_filter=spec.strict_filter,
         uniform_weights=spec.uniform_weights, weight_decay=spec.weight_decay,
-        **aggregation(max(1.0, spec.theta * clients_per_round)))
+        **aggregation(max(1.0, spec.theta * clients_per_round)), **loop)
   if spec.name == 'afl':
     return afl.build_afl(
         model_fn, num_clients=num_clients,
@@ -582,22 +587,22 @@ def build_process(
   if spec.name == 'fedavg':
     return fed_avg.build_fed_avg(
         model_fn, client_opt, server_opt, client_weighting=weighting,
-        **aggregation(clients_per_round))
+        **aggregation(clients_per_round), **loop)
   if spec.name == 'fedprox':
     return fed_prox.build_fed_prox(
         model_fn, client_opt, server_opt,
         proximal_strength=spec.proximal_strength, client_weighting=weighting,
-        **aggregation(clients_per_round))
+        **aggregation(clients_per_round), **loop)
   if spec.name == 'qffl':
     return q_ffl.build_q_fedavg(
         model_fn, client_opt, q=spec.q,
-        lipschitz_constant=spec.lipschitz_constant)
+        lipschitz_constant=spec.lipschitz_constant, **loop)
   if spec.name == 'qfedsgd':
     return q_ffl.build_q_fedsgd(
         model_fn, q=spec.q, lipschitz_constant=spec.lipschitz_constant)
   return term.build_term(
       model_fn, client_opt, server_opt, tilt=spec.tilt,
-      proximal_strength=spec.proximal_strength, **aggregation(clients_per_round))
+      proximal_strength=spec.proximal_strength, **aggregation(clients_per_round), **loop)
 
 
 def _build_stateful(spec: AlgorithmSpec, model_fn):

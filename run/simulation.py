@@ -40,6 +40,7 @@ from tasks import evaluation
 from tasks import tail_metrics
 from tff_algos import attacks
 from tff_algos import client_states as client_states_lib
+from tff_algos import batched
 from tff_algos import runtime
 from tff_algos import stateful
 from tff_algos import stragglers as stragglers_lib
@@ -49,6 +50,9 @@ SAMPLING_SCHEMES = ('uniform', 'examples', 'poisson')
 RESUMABLE_KEYS = frozenset({
     'total_rounds', 'rounds_per_eval', 'rounds_per_checkpoint', 'progress',
     'root_output_dir', 'data_dir',
+    # How rounds execute, not what they compute.
+    'simulation_engine', 'workers', 'max_concurrent_computation_calls',
+    'loop_implementation',
 })
 SUMMARY_COLUMNS = ('mean', 'weighted_mean', 'p10', 'p50', 'p90', 'worst10',
                    'best10', 'variance')
@@ -288,6 +292,38 @@ class _ClientCounts:
     return self._batches[cid]
 
 
+def client_shuffle_seed(config: SimulationConfig, round_num: int,
+                        i: int) -> Optional[int]:
+  """The local shuffle seed of a round's `i`-th participant (None: none)."""
+  if not config.shuffle:
+    return None
+  return int(np.random.default_rng([config.seed, round_num, i]).integers(2**31))
+
+
+def batched_round_plan(
+    task: task_base.FederatedTask,
+    plans: Sequence[stragglers_lib.ClientPlan],
+    round_num: int,
+    config: SimulationConfig,
+    counts: Optional[_ClientCounts] = None,
+) -> batched.RoundPlan:
+  """`client_datasets`'s settings as a `tff_algos.batched.RoundPlan`."""
+  max_batches = []
+  for plan in plans:
+    if plan.epoch_fraction < 1.0:
+      counts = counts or _ClientCounts(task)
+      max_batches.append(plan.num_batches(counts.batches(plan.client_id)))
+    else:
+      max_batches.append(-1)
+  return batched.RoundPlan(
+      client_ids=[p.client_id for p in plans],
+      epochs=[p.epochs for p in plans],
+      shuffle_seeds=([client_shuffle_seed(config, round_num, i)
+                      for i in range(len(plans))] if config.shuffle else None),
+      max_batches=max_batches,
+  )
+
+
 def client_datasets(
     task: task_base.FederatedTask,
     plans: Sequence[stragglers_lib.ClientPlan],
@@ -298,11 +334,8 @@ def client_datasets(
   """The preprocessed training datasets of a round's participants."""
   datasets = []
   for i, plan in enumerate(plans):
-    shuffle_seed = (
-        int(np.random.default_rng([config.seed, round_num, i]).integers(2**31))
-        if config.shuffle else None
-    )
-    ds = task.train_dataset(plan.client_id, plan.epochs, shuffle_seed)
+    ds = task.train_dataset(plan.client_id, plan.epochs,
+                            client_shuffle_seed(config, round_num, i))
     if plan.epoch_fraction < 1.0:
       counts = counts or _ClientCounts(task)
       ds = ds.take(plan.num_batches(counts.batches(plan.client_id)))
@@ -414,6 +447,7 @@ def run_simulation(
     client_state_store: Optional[client_states_lib.ClientStateStore] = None,
     round_metrics_fn: Optional[Callable[[int], Mapping[str, Any]]] = None,
     summary_fn: Optional[Callable[[int], Mapping[str, Any]]] = None,
+    engine: Optional[batched.BatchedEngine] = None,
 ) -> dict[str, Any]:
   """Trains `process` on `task` and evaluates it per client.
 
@@ -432,6 +466,10 @@ def run_simulation(
       to `<output_dir>/client_states`). It is snapshotted with every server
       checkpoint and restored on resume; personal models are evaluated per
       client into `personal/<split>/<metric>` summaries.
+    engine: Run the training rounds with this `tff_algos.batched`
+      engine (the same clients, batches and result as `process.next`, in
+      one TensorFlow call per round) instead of `process.next`; `process`
+      still initializes, evaluates and checkpoints.
 
   Returns:
     `{'state', 'round_num', 'final_summaries', 'per_client', 'history'}`
@@ -503,7 +541,11 @@ def run_simulation(
     plans = schedule.participants(round_num, selected)
     metrics = {'round_num': round_num, 'clients': len(plans),
                'stragglers': sum(p.straggler for p in plans)}
-    if plans:
+    if plans and engine is not None:
+      state, round_metrics = engine.next(
+          state, batched_round_plan(task, plans, round_num, config, counts))
+      metrics.update(flatten_metrics(round_metrics))
+    elif plans:
       datasets = client_datasets(task, plans, round_num, config, counts)
       if index_of is not None:
         datasets = with_client_index(datasets, plans, index_of)

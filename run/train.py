@@ -29,6 +29,8 @@ from absl import logging
 
 from run import algorithms
 from run import privacy_setup
+from run import contexts
+from run import engines
 from run import simulation
 from tasks import base as task_base
 from tasks import registry
@@ -228,6 +230,24 @@ _EVAL_TRAIN = flags.DEFINE_boolean(
     'eval_train_clients', True,
     'Also evaluate every training client on its training data.')
 _PROGRESS = flags.DEFINE_boolean('progress', True, 'Show a progress bar.')
+# Execution (results do not depend on these).
+_ENGINE = flags.DEFINE_string(
+    'simulation_engine', 'tff',
+    'tff: rounds through TFF\'s runtime (process.next); batched: each round '
+    'in one TensorFlow call (fedavg, fedprox, qffl, deltafl; same result, '
+    'simulation only; see docs/performance.md).')
+_WORKERS = flags.DEFINE_list(
+    'workers', [],
+    'host:port,... of running TFF worker_binary processes: each round\'s '
+    'clients are split across them (see docs/deployment.md).')
+_MAX_CALLS = flags.DEFINE_integer(
+    'max_concurrent_computation_calls', -1,
+    'Limit on concurrent TensorFlow computations in TFF\'s runtime (e.g. to '
+    'bound GPU memory); -1: no limit.')
+_LOOP = flags.DEFINE_string(
+    'loop_implementation', 'dataset_reduce',
+    'How clients iterate their data in TFF: dataset_reduce or '
+    'dataset_iterator (TFF\'s advice for GPUs).')
 # Task options.
 _DATA_DIR = flags.DEFINE_string(
     'data_dir', None, "Folder with TFF's cached dataset files (~/.tff).")
@@ -417,6 +437,23 @@ def prepare():
                                or _STATE_DIR.value):
     raise UsageError('--client_state_store and --client_state_dir apply to '
                      'ditto and the Fed+ family only')
+  engines.check_engine(_ENGINE.value, spec)
+  if _ENGINE.value == 'batched' and _WORKERS.value:
+    raise UsageError('--simulation_engine=batched runs in this process; it '
+                     'cannot use --workers')
+  loop_implementation = engines.loop_implementation(_LOOP.value)
+  context_kind = contexts.check(
+      workers=_WORKERS.value,
+      max_concurrent_computation_calls=_MAX_CALLS.value,
+      secure=spec.uses_secure_intrinsics)
+  if _ENGINE.value == 'batched' and (
+      spec.aggregator != 'mean' or spec.uses_dp or spec.thetas
+      or _ATTACK.value != 'none' or spec.is_stateful
+      or spec.server_optimizer == 'dp2'):
+    raise UsageError(
+        '--simulation_engine=batched runs plain mean aggregation of one '
+        'model; drop --aggregator, --clip, --attack, --thetas and dp2, or '
+        'use --simulation_engine=tff')
   config = simulation.SimulationConfig(
       total_rounds=_TOTAL_ROUNDS.value,
       clients_per_round=_CLIENTS_PER_ROUND.value,
@@ -444,13 +481,21 @@ def prepare():
     tff.backends.test.set_sync_test_cpp_execution_context()
     print('secure quantile: running under TFF\'s test execution context',
           file=sys.stderr)
+  elif context_kind != 'default':
+    contexts.set_context(
+        workers=_WORKERS.value,
+        max_concurrent_computation_calls=_MAX_CALLS.value)
   if len(spec.ditto_lambdas) > 1 and task.validation_data is None:
     raise UsageError('--ditto_lambda_grid selects lambda on each client\'s '
                      'validation data, and this task has none; pass '
                      '--synthetic_validation_fraction or a fixed --ditto_lambda')
   process = algorithms.build_process(
       spec, task.model_fn, num_clients=len(task.train_data.client_ids),
-      clients_per_round=config.clients_per_round)
+      clients_per_round=config.clients_per_round,
+      loop_implementation=loop_implementation)
+  engine = None
+  if _ENGINE.value == 'batched':
+    engine = engines.build_batched_engine(spec, task, shuffle=config.shuffle)
   print(f'task: {task.description}', file=sys.stderr)
   print(f'algorithm: {spec.describe()}; output: {out_dir}', file=sys.stderr)
   if attack.kind != 'none':
@@ -465,7 +510,7 @@ def prepare():
           f'{m.num_clients} clients, epsilon after {config.total_rounds} '
           f'rounds {tracker.epsilon_rdp(config.total_rounds):.4g} at delta '
           f'{tracker.delta:g} (RDP)', file=sys.stderr)
-  return task, process, config, out_dir, tracker
+  return task, process, config, out_dir, tracker, engine
 
 
 def client_state_store(process, out_dir):
@@ -479,7 +524,7 @@ def client_state_store(process, out_dir):
       directory=_STATE_DIR.value or os.path.join(out_dir, 'client_states'))
 
 
-def train(task, process, config, out_dir, tracker=None) -> dict:
+def train(task, process, config, out_dir, tracker=None, engine=None) -> dict:
   """Runs the training job and prints the final per-client table."""
   dp_hooks, hp = {}, hparams()
   if tracker is not None:
@@ -494,7 +539,7 @@ def train(task, process, config, out_dir, tracker=None) -> dict:
                 'dp/sampling': tracker.mechanism.sampling}))
   result = simulation.run_simulation(
       process, task, config, output_dir=out_dir, hparams=hp,
-      progress=_PROGRESS.value,
+      progress=_PROGRESS.value, engine=engine,
       client_state_store=client_state_store(process, out_dir), **dp_hooks,
   )
   print(f'\nPer-client metrics after round {result["round_num"]} '

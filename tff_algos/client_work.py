@@ -112,6 +112,9 @@ def local_loss(
     *,
     with_gradient: bool = False,
     reset_metrics: bool = True,
+    loop_implementation: tff.learning.LoopImplementation = (
+        tff.learning.LoopImplementation.DATASET_REDUCE
+    ),
 ):
   """The client's loss F_k(w) over all of `data` at `weights`, before training.
 
@@ -128,6 +131,8 @@ def local_loss(
     with_gradient: Also return the mean gradient of the loss (q-FedSGD).
     reset_metrics: Reset the model's metrics after the pass (keep them when
       the pass is the client's only work, as in q-FedSGD).
+    loop_implementation: How `data` is iterated (the values do not depend
+      on it).
 
   Returns:
     `(mean_loss, num_examples)` as float32 and int64 scalars, plus the mean
@@ -153,8 +158,9 @@ def local_loss(
       grad_sum = tuple(a + batch_w * g for a, g in zip(grad_sum, grads))
     return loss_sum + batch_w * tf.cast(output.loss, tf.float32), n + batch_n, grad_sum
 
-  loss_sum, n, grad_sum = data.reduce(
-      (tf.constant(0.0), tf.constant(0, tf.int64), zeros), step)
+  loop = loop_builder.build_training_loop(loop_implementation)
+  loss_sum, n, grad_sum = loop(
+      step, data, lambda: (tf.constant(0.0), tf.constant(0, tf.int64), zeros))
   if reset_metrics:
     model.reset_metrics()
   denom = tf.maximum(tf.cast(n, tf.float32), 1.0)

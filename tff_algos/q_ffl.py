@@ -57,6 +57,13 @@ def q_ffl_client_message(loss, dw, *, q: float, lipschitz: float):
   return delta, h
 
 
+def q_ffl_server_update(trainable, delta_sum, h_sum):
+  """w <- w - sum(Delta) / sum(h); unchanged when sum(h) is 0."""
+  safe = tf.maximum(h_sum, 1e-12)
+  return tf.nest.map_structure(
+      lambda w, d: tf.where(h_sum > 0, w - d / safe, w), trainable, delta_sum)
+
+
 def _validate(q, lipschitz):
   for name, value in (('q', q), ('lipschitz_constant', lipschitz)):
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -154,10 +161,7 @@ def build_q_ffl_finalizer(
   @tff.tensorflow.computation(weights_type, update_type)
   def apply_update(weights, update):
     delta_sum, h_sum = update
-    safe = tf.maximum(h_sum, 1e-12)
-    trainable = tf.nest.map_structure(
-        lambda w, d: tf.where(h_sum > 0, w - d / safe, w),
-        weights.trainable, delta_sum)
+    trainable = q_ffl_server_update(weights.trainable, delta_sum, h_sum)
     return tff.learning.models.ModelWeights(
         trainable=trainable, non_trainable=weights.non_trainable)
 

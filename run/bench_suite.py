@@ -1,0 +1,372 @@
+# Copyright 2026 The tff-hetero Authors. Licensed under the Apache License 2.0.
+r"""Speed of the simulation engines on three models and three algorithms.
+
+Example (what docs/performance.md records):
+
+  python -m run.bench_suite --rounds=6 --warmup_rounds=2 \
+      --output_json=/tmp/suite.json
+
+For each model (`--models`):
+
+* `softmax`: Synthetic(1, 1) softmax regression 60x10 (the papers' model);
+* `emnist_cnn`: the Delta-FL EMNIST ConvNet (conv 32 5x5, pool, conv 64 5x5,
+  pool, dense 62; 1.1M parameters) on random 28x28 pixels and 62 labels:
+  EMNIST's sizes without its file;
+* `shakespeare`: TFF's character LSTM (embedding 8, 2 x LSTM 256) on random
+  snippets of Shakespeare's vocabulary;
+
+and each algorithm (`--algorithms`: fedavg, qffl, deltafl), the systems run
+the same rounds (same sampled clients, shuffle seeds and batches),
+interleaved round by round in a rotating order:
+
+* `tff`: our `LearningProcess` through TFF's runtime (`process.next`);
+* `batched`: `tff_algos.batched.BatchedEngine` (one TF call per round);
+* `stock` (fedavg only): TFF's `build_weighted_fed_avg`;
+* `plain` (fedavg only): a plain graph-mode SGD loop on the same Keras
+  model over the round's batches read into tensors before its timer starts
+  (the arithmetic alone: no tf.data, no metrics, no TFF).
+
+Per system: examples/s and seconds/round (wall), CPU seconds/round (this
+process and its TFF worker), and the ratios to stock FedAvg and to the plain
+loop on the same model. `tff` and `batched` must end with equal weights
+(the L-inf difference is reported). Peak memory (VmHWM) of this process and
+of its TFF worker is reported per model (all systems share the process).
+"""
+
+import os
+import sys
+
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
+import collections
+import json
+import statistics
+import time
+from typing import Any
+
+from absl import app
+from absl import flags
+import numpy as np
+import tensorflow as tf  # Before app.run (see run/bench.py).
+import tensorflow_federated as tff
+
+from run import algorithms
+from run import bench
+from run import engines
+from run import simulation
+from tasks import base as task_base
+from tasks import emnist
+from tasks import shakespeare
+from tasks import synthetic
+from tff_algos import composition
+from tff_algos import runtime
+from tff_algos import stragglers
+# pylint: enable=g-import-not-at-top,wrong-import-position
+
+MODELS = ('softmax', 'emnist_cnn', 'shakespeare')
+ALGORITHMS = ('fedavg', 'qffl', 'deltafl')
+
+_MODELS = flags.DEFINE_list('models', list(MODELS), 'Models to time.')
+_ALGORITHMS = flags.DEFINE_list('algorithms', list(ALGORITHMS),
+                                'Algorithms to time.')
+_ROUNDS = flags.DEFINE_integer('rounds', 6, 'Timed rounds per system.')
+_WARMUP = flags.DEFINE_integer('warmup_rounds', 2, 'Untimed rounds first.')
+_CLIENTS = flags.DEFINE_integer('clients_per_round', 10, 'Clients per round.')
+_NUM_CLIENTS = flags.DEFINE_integer('num_clients', 100, 'Population.')
+_OUTPUT = flags.DEFINE_string('output_json', None, 'Write every number here.')
+
+# (examples per client, batch size, client learning rate) per model.
+_SIZES = {'softmax': (150, 10, 0.01), 'emnist_cnn': (100, 20, 0.01),
+          'shakespeare': (40, 4, 0.5)}
+
+
+def _client_data(model: str, num_clients: int, seed: int = 0):
+  rng = np.random.default_rng(seed)
+  n = _SIZES[model][0]
+  if model == 'emnist_cnn':
+    return tff.simulation.datasets.TestClientData({
+        f'w{k:05d}': collections.OrderedDict(
+            label=rng.integers(0, 62, n).astype(np.int32),
+            pixels=rng.random((n, 28, 28), np.float32))
+        for k in range(num_clients)})
+  vocab = np.array(list(shakespeare.CHAR_VOCAB))
+  return tff.simulation.datasets.TestClientData({
+      f'r{k:05d}': collections.OrderedDict(snippets=np.array([
+          ''.join(rng.choice(vocab, 60)) for _ in range(n)]))
+      for k in range(num_clients)})
+
+
+def build_task(model: str, num_clients: int) -> task_base.FederatedTask:
+  """A task of the model's real sizes on generated data."""
+  _, batch, _ = _SIZES[model]
+  if model == 'softmax':
+    return bench.build_task(bench.BenchConfig(
+        num_clients=num_clients, examples_per_client=_SIZES[model][0],
+        client_batch_size=batch))
+  data = _client_data(model, num_clients)
+  if model == 'emnist_cnn':
+    train, evaluate = emnist.make_preprocess_fns(batch)
+    model_fn = emnist.create_model_fn('convnet')
+  else:
+    train, evaluate = shakespeare.make_preprocess_fns(batch)
+    model_fn = shakespeare.create_model_fn()
+  return task_base.FederatedTask(
+      name=model, train_data=data, test_data=data, model_fn=model_fn,
+      preprocess_train=train, preprocess_eval=evaluate,
+      description=f'{model} on generated data')
+
+
+def keras_model(model: str) -> tuple[tf.keras.Model, Any]:
+  """The Keras model of the task and its loss (for the plain loop)."""
+  if model == 'softmax':
+    net = tf.keras.Sequential([
+        tf.keras.layers.InputLayer(input_shape=(synthetic.NUM_FEATURES,)),
+        tf.keras.layers.Dense(synthetic.NUM_CLASSES, kernel_initializer='zeros',
+                              bias_initializer='zeros')])
+  elif model == 'emnist_cnn':
+    net = emnist.create_keras_model('convnet')
+  else:
+    net = shakespeare.create_keras_model()
+  return net, tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+class PlainLoop:
+  """FedAvg rounds as a plain graph-mode SGD loop over preloaded batches."""
+
+  def __init__(self, model: str, learning_rate: float):
+    self._graph = tf.Graph()
+    with self._graph.as_default():
+      net, loss_fn = keras_model(model)
+      variables = net.trainable_variables
+      spec = net.input_shape
+      x_dtype = tf.int64 if model == 'shakespeare' else tf.float32
+      self._x = tf.compat.v1.placeholder(x_dtype, spec)
+      y_shape = [None, spec[1]] if model == 'shakespeare' else [None]
+      self._y = tf.compat.v1.placeholder(
+          tf.int64 if model == 'shakespeare' else tf.int32, y_shape)
+      self._offsets = tf.compat.v1.placeholder(tf.int64, [None])
+      self._ends = tf.compat.v1.placeholder(tf.int64, [None])
+
+      @tf.function
+      def run(x_all, y_all, offsets, client_ends):
+        initial = [tf.identity(v) for v in variables]
+        acc = [tf.zeros_like(v) for v in variables]
+        total = tf.constant(0.0)
+        n = tf.constant(0.0)
+        current = tf.constant(0, tf.int64)
+        for step in tf.range(tf.size(offsets, out_type=tf.int64) - 1):
+          k = tf.searchsorted(client_ends, [step], side='right',
+                              out_type=tf.int64)[0]
+          if tf.not_equal(k, current):
+            acc = [a + n * (w0 - v) for a, w0, v in
+                   zip(acc, initial, variables)]
+            total += n
+            n = tf.constant(0.0)
+            current = k
+            for v, w0 in zip(variables, initial):
+              v.assign(w0)
+          x = x_all[offsets[step]:offsets[step + 1]]
+          y = y_all[offsets[step]:offsets[step + 1]]
+          with tf.GradientTape() as tape:
+            loss = loss_fn(y, net(x, training=True))
+          grads = tape.gradient(loss, variables)
+          for v, g in zip(variables, grads):
+            v.assign_sub(learning_rate * g)
+          n += tf.cast(tf.shape(x)[0], tf.float32)
+        acc = [a + n * (w0 - v) for a, w0, v in zip(acc, initial, variables)]
+        total += n
+        for v, w0, a in zip(variables, initial, acc):
+          v.assign(w0 - a / total)
+        return total
+
+      self._out = run(self._x, self._y, self._offsets, self._ends)
+      init = tf.compat.v1.global_variables_initializer()
+    self._session = tf.compat.v1.Session(graph=self._graph)
+    self._session.run(init)
+
+  @staticmethod
+  def preload(datasets):
+    xs, ys, sizes, ends = [], [], [0], []
+    for ds in datasets:
+      for x, y in ds:
+        xs.append(x.numpy())
+        ys.append(y.numpy())
+        sizes.append(len(y))
+      ends.append(len(xs))
+    return (np.concatenate(xs), np.concatenate(ys),
+            np.cumsum(sizes).astype(np.int64), np.asarray(ends, np.int64))
+
+  def next(self, batches) -> int:
+    x, y, offsets, ends = batches
+    return int(self._session.run(self._out, {
+        self._x: x, self._y: y, self._offsets: offsets, self._ends: ends}))
+
+
+def _vm_hwm_mb(pid: int) -> float:
+  try:
+    with open(f'/proc/{pid}/status') as f:
+      for line in f:
+        if line.startswith('VmHWM:'):
+          return int(line.split()[1]) / 1024.0
+  except OSError:
+    pass
+  return float('nan')
+
+
+def memory_mb() -> dict[str, float]:
+  """Peak resident memory (MB) of this process and its TFF workers."""
+  workers = runtime.worker_pids(os.getpid())
+  return {'driver_peak_mb': _vm_hwm_mb(os.getpid()),
+          'worker_peak_mb': sum(_vm_hwm_mb(p) for p in workers)}
+
+
+def run_model(model: str, algorithm_names, *, rounds: int, warmup: int,
+              clients_per_round: int, num_clients: int, log) -> dict:
+  """Times every system on one model; returns its numbers."""
+  task = build_task(model, num_clients)
+  n, batch, lr = _SIZES[model]
+  del n, batch
+  config = simulation.SimulationConfig(
+      total_rounds=warmup + rounds, clients_per_round=clients_per_round,
+      seed=0)
+  systems = {}  # name -> (kind, object, state)
+  for name in algorithm_names:
+    spec = algorithms.AlgorithmSpec(
+        name=name, client_learning_rate=lr,
+        q=1.0 if name == 'qffl' else 0.0,
+        theta=0.5 if name == 'deltafl' else 1.0)
+    process = algorithms.build_process(spec, task.model_fn)
+    systems[f'{name}/tff'] = ['process', process, process.initialize()]
+    systems[f'{name}/batched'] = [
+        'engine', engines.build_batched_engine(spec, task),
+        process.initialize()]
+    if name == 'fedavg':
+      stock = tff.learning.algorithms.build_weighted_fed_avg(
+          task.model_fn, algorithms.build_optimizer('sgd', lr))
+      systems['fedavg/stock'] = ['process', stock, stock.initialize()]
+      systems['fedavg/plain'] = ['plain', PlainLoop(model, lr), None]
+  names = list(systems)
+  ids = list(task.train_data.client_ids)
+  times = {k: [] for k in names}
+  cpus = {k: [] for k in names}
+  examples = []
+  for r in range(1, warmup + rounds + 1):
+    selected = simulation.sample_clients(
+        ids, r, clients_per_round=clients_per_round, seed=0)
+    plans = [stragglers.ClientPlan(cid, False, 1) for cid in selected]
+    shift = r % len(names)
+    seen = {}
+    for key in names[shift:] + names[:shift]:
+      kind, obj, state = systems[key]
+      batches = None
+      if kind == 'plain':  # Untimed: the batches as tensors.
+        batches = PlainLoop.preload(
+            simulation.client_datasets(task, plans, r, config))
+      t0, c0 = time.perf_counter(), bench._cpu_seconds()  # pylint: disable=protected-access
+      if kind == 'process':
+        out = obj.next(state, simulation.client_datasets(task, plans, r,
+                                                         config))
+        systems[key][2] = out.state
+        metrics = simulation.flatten_metrics(out.metrics)
+      elif kind == 'engine':
+        systems[key][2], m = obj.next(
+            state, simulation.batched_round_plan(task, plans, r, config))
+        metrics = simulation.flatten_metrics(m)
+      else:
+        metrics = {'train/num_examples': obj.next(batches)}
+      dt, dc = time.perf_counter() - t0, bench._cpu_seconds() - c0  # pylint: disable=protected-access
+      seen[key] = metrics.get('train/num_examples')
+      if r > warmup:
+        times[key].append(dt)
+        cpus[key].append(dc)
+    if r > warmup:
+      examples.append(seen['fedavg/tff'] if 'fedavg/tff' in seen else
+                      sum(len(task.train_data.create_tf_dataset_for_client(c))
+                          for c in selected))
+    log(f'{model} round {r}: ' + ', '.join(
+        f'{k} {times[k][-1]:.3f}s' for k in names if r > warmup))
+  out = {'task': task.description, 'systems': {}, 'memory': memory_mb()}
+  total_examples = sum(examples)
+  for key in names:
+    secs = sum(times[key])
+    out['systems'][key] = {
+        'examples_per_s': total_examples / secs,
+        'seconds_per_round': secs / rounds,
+        'median_round_seconds': statistics.median(times[key]),
+        'cpu_seconds_per_round': sum(cpus[key]) / rounds,
+    }
+  ref = out['systems']
+  for key in names:
+    s = ref[key]
+    if 'fedavg/stock' in ref:
+      s['ratio_to_stock'] = s['examples_per_s'] / ref['fedavg/stock'][
+          'examples_per_s']
+      s['cpu_ratio_to_stock'] = ref['fedavg/stock'][
+          'cpu_seconds_per_round'] / s['cpu_seconds_per_round']
+    if 'fedavg/plain' in ref:
+      s['ratio_to_plain'] = s['examples_per_s'] / ref['fedavg/plain'][
+          'examples_per_s']
+  diffs = {}
+  for name in algorithm_names:
+    proc = systems[f'{name}/tff'][1]
+    a = composition.model_weights_as_numpy(proc, systems[f'{name}/tff'][2])
+    b = composition.model_weights_as_numpy(proc, systems[f'{name}/batched'][2])
+    diffs[name] = float(max(np.abs(x - y).max() for x, y in zip(a, b)))
+  out['tff_vs_batched_linf'] = diffs
+  for key in names:
+    if systems[key][0] == 'engine':
+      systems[key][1].close()
+  return out
+
+
+def format_table(results: dict) -> str:
+  lines = ['| model | system | examples/s | s/round | cpu s/round | '
+           'x stock | x plain |', '|---|---|---:|---:|---:|---:|---:|']
+  for model, res in results.items():
+    for key, s in res['systems'].items():
+      lines.append(
+          f'| {model} | {key} | {s["examples_per_s"]:,.0f} | '
+          f'{s["seconds_per_round"]:.3f} | {s["cpu_seconds_per_round"]:.3f} |'
+          f' {s.get("ratio_to_stock", float("nan")):.2f} | '
+          f'{s.get("ratio_to_plain", float("nan")):.2f} |')
+  for model, res in results.items():
+    lines.append(f'\n{model}: peak memory {res["memory"]}; tff vs batched '
+                 f'L-inf {res["tff_vs_batched_linf"]}')
+  return '\n'.join(lines)
+
+
+def main(argv) -> int:
+  if len(argv) > 1:
+    print(f'bench_suite: error: unexpected arguments {argv[1:]}',
+          file=sys.stderr)
+    return 2
+  bad = [m for m in _MODELS.value if m not in MODELS] + [
+      a for a in _ALGORITHMS.value if a not in ALGORITHMS]
+  if bad or _ROUNDS.value < 1 or _WARMUP.value < 0 or 'fedavg' not in (
+      _ALGORITHMS.value):
+    print(f'bench_suite: error: --models in {MODELS}, --algorithms in '
+          f'{ALGORITHMS} including fedavg, --rounds >= 1', file=sys.stderr)
+    return 2
+  runtime.install_worker_cleanup()
+  log = lambda s: print(s, file=sys.stderr, flush=True)
+  results = {'machine': bench.machine_info(), 'load_start': os.getloadavg()}
+  per_model = {}
+  for model in _MODELS.value:
+    per_model[model] = run_model(
+        model, _ALGORITHMS.value, rounds=_ROUNDS.value, warmup=_WARMUP.value,
+        clients_per_round=_CLIENTS.value, num_clients=_NUM_CLIENTS.value,
+        log=log)
+  results['models'] = per_model
+  results['load_end'] = os.getloadavg()
+  print(format_table(per_model))
+  print(f'load average at start {results["load_start"]}, end '
+        f'{results["load_end"]}')
+  if _OUTPUT.value:
+    with open(_OUTPUT.value, 'w') as f:
+      json.dump(results, f, indent=2, default=float)
+  return 0
+
+
+if __name__ == '__main__':
+  app.run(lambda argv: runtime.exit_now(main(argv)))

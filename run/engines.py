@@ -1,0 +1,78 @@
+# Copyright 2026 The tff-hetero Authors. Licensed under the Apache License 2.0.
+"""How the training loop executes rounds: simulation engines by name.
+
+* `tff` (default): `process.next` through TFF's runtime, one client
+  computation per selected client, as a production TFF pipeline runs it.
+* `batched`: `tff_algos.batched.BatchedEngine`, the same round (same clients,
+  batches, math and resulting state) in one TensorFlow call; simulation only.
+"""
+
+from typing import Optional
+
+import tensorflow_federated as tff
+
+from run import algorithms
+from tasks import base as task_base
+from tff_algos import batched
+
+ENGINE_NAMES = ('tff', 'batched')
+LOOP_IMPLEMENTATIONS = {
+    'dataset_reduce': tff.learning.LoopImplementation.DATASET_REDUCE,
+    'dataset_iterator': tff.learning.LoopImplementation.DATASET_ITERATOR,
+}
+
+
+def check_engine(name: str, spec: algorithms.AlgorithmSpec) -> None:
+  """Raises `ValueError` for an unknown engine or an unsupported algorithm."""
+  if name not in ENGINE_NAMES:
+    raise ValueError(f'unknown --simulation_engine={name!r}; choose one of: '
+                     f'{", ".join(ENGINE_NAMES)}')
+  if name == 'batched':
+    batched_algorithm(spec)
+
+
+def batched_algorithm(spec: algorithms.AlgorithmSpec
+                      ) -> batched.BatchedAlgorithm:
+  """The `BatchedAlgorithm` of an algorithm spec (same optimizers)."""
+  client_opt = algorithms.build_optimizer(
+      spec.client_optimizer, spec.client_learning_rate)
+  server_opt = algorithms.build_optimizer(
+      spec.server_optimizer, spec.server_learning_rate, spec.server_momentum)
+  return batched.algorithm_from_spec(
+      spec, client_optimizer=client_opt, server_optimizer=server_opt,
+      client_weighting=algorithms.WEIGHTINGS[spec.client_weighting])
+
+
+def build_batched_engine(
+    spec: algorithms.AlgorithmSpec,
+    task: task_base.FederatedTask,
+    *,
+    shuffle: bool = True,
+    loop_implementation: tff.learning.LoopImplementation = (
+        tff.learning.LoopImplementation.DATASET_ITERATOR),
+) -> batched.BatchedEngine:
+  """The batched engine running `spec` on `task`.
+
+  Args:
+    spec: The algorithm (fedavg, fedprox, qffl, deltafl with the exact
+      quantile).
+    task: The task whose model, preprocessing and clients it uses.
+    shuffle: As `SimulationConfig.shuffle`.
+    loop_implementation: How the engine iterates client streams (the
+      result does not depend on it; see `BatchedEngine`).
+
+  Returns:
+    A `BatchedEngine`.
+  """
+  return batched.BatchedEngine(
+      task.model_fn, task.preprocess_train,
+      batched.ClientArrays(task.train_data), batched_algorithm(spec),
+      shuffle=shuffle, loop_implementation=loop_implementation)
+
+
+def loop_implementation(name: str) -> tff.learning.LoopImplementation:
+  """`--loop_implementation` by name (raises `ValueError` if unknown)."""
+  if name not in LOOP_IMPLEMENTATIONS:
+    raise ValueError(f'unknown --loop_implementation={name!r}; choose one of:'
+                     f' {", ".join(LOOP_IMPLEMENTATIONS)}')
+  return LOOP_IMPLEMENTATIONS[name]

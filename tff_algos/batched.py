@@ -1,0 +1,571 @@
+# Copyright 2026 The tff-hetero Authors. Licensed under the Apache License 2.0.
+"""A batched simulation engine: a whole round in one TensorFlow call.
+
+TFF's local runtime pays a fixed cost per client and round (the client's
+dataset graph is serialized to the worker and rebuilt, the computation is
+dispatched, values are moved; about 20 ms per client here, see
+docs/performance.md), and on small models that cost, not the arithmetic,
+sets the speed. `BatchedEngine` runs a round of the same algorithm without
+it: every selected client's local work and the server update happen in one
+`tf.compat.v1.Session.run` of one graph, built once.
+
+What is the same as the federated path (and tested equal to float tolerance
+in tests/test_batched.py):
+
+* the client math: the clients run the algorithms' own TensorFlow functions
+  (`client_work.local_training`, `client_work.local_loss`,
+  `q_ffl.q_ffl_client_message`, `quantiles.tf_weighted_quantile`,
+  `delta_fl.keep_client`) on the task's own `VariableModel`;
+* the data: each client's local stream is the task's own `preprocess_train`
+  applied, inside the graph, to the client's raw examples, with the same
+  epochs, shuffle seed and straggler truncation as
+  `run.simulation.client_datasets` (a seeded tf.data shuffle depends only on
+  its seed and input, so the batches are identical);
+* the server: the weighted mean (`tff.aggregators.MeanFactory`), or the
+  sums of q-FFL, then the algorithm's server optimizer, rejecting a
+  non-finite update as `build_apply_optimizer_finalizer` does;
+* the state: `next` takes and returns the process's own
+  `LearningAlgorithmState` (global model and server-optimizer state), so
+  checkpoints, evaluation and resumption are shared with the federated path.
+
+What differs: clients run one after another inside the graph on one model
+object (its metrics are reset per client and summed, as
+`tff.learning.metrics.sum_then_finalize` does), and client updates are summed
+in client order. This path is for simulation only; the `LearningProcess` is
+what a production TFF pipeline runs.
+
+Raw client examples are read once per client and cached (`ClientArrays`), so
+a round costs O(selected clients), never O(population).
+
+Supported algorithms: FedAvg and FedProx (`tff_algos.fed_prox`), q-FedAvg
+(`tff_algos.q_ffl`, Li et al., "Fair Resource Allocation in Federated
+Learning", ICLR 2020, arXiv:1905.10497) and Delta-FL with the exact quantile
+(`tff_algos.delta_fl`, Pillutla et al., "Federated Learning with
+Superquantile Aggregation for Heterogeneous Data", arXiv:2112.09429).
+"""
+
+import collections
+from collections.abc import Callable, Mapping, Sequence
+import dataclasses
+from typing import Any, Optional
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tff_algos import client_work as client_work_lib
+from tff_algos import delta_fl
+from tff_algos import q_ffl
+from tff_algos import quantiles
+
+ModelFn = Callable[[], tff.learning.models.VariableModel]
+ALGORITHMS = ('fedavg', 'fedprox', 'qffl', 'deltafl')
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchedAlgorithm:
+  """The algorithm a `BatchedEngine` runs, with its hyperparameters.
+
+  Attributes:
+    name: One of `ALGORITHMS`.
+    client_optimizer: The client optimizer (as given to the builder).
+    server_optimizer: The server optimizer (None: SGD with lr 1.0, the
+      builders' default). Unused by q-FFL.
+    client_weighting: FedAvg/FedProx weighting.
+    proximal_strength: FedProx's mu.
+    q: q-FFL's q.
+    lipschitz_constant: q-FFL's L.
+    theta: Delta-FL's conformity level.
+    strict_filter: Delta-FL's `F_k > eta` rule.
+    uniform_weights: Delta-FL's workshop weighting.
+    weight_decay: Delta-FL's local weight decay.
+  """
+
+  name: str
+  client_optimizer: tff.learning.optimizers.Optimizer
+  server_optimizer: Optional[tff.learning.optimizers.Optimizer] = None
+  client_weighting: tff.learning.ClientWeighting = (
+      tff.learning.ClientWeighting.NUM_EXAMPLES)
+  proximal_strength: float = 0.0
+  q: float = 0.0
+  lipschitz_constant: float = 1.0
+  theta: float = 1.0
+  strict_filter: bool = False
+  uniform_weights: bool = False
+  weight_decay: float = 0.0
+
+  def validate(self) -> None:
+    """Raises `TypeError`/`ValueError` for an unsupported configuration."""
+    if self.name not in ALGORITHMS:
+      raise ValueError(
+          f'the batched engine supports {", ".join(ALGORITHMS)}, not '
+          f'{self.name!r}')
+    for label, opt in (('client_optimizer', self.client_optimizer),
+                       ('server_optimizer', self.server_optimizer)):
+      if opt is not None and not isinstance(
+          opt, tff.learning.optimizers.Optimizer):
+        raise TypeError(f'{label} must be a tff.learning.optimizers.Optimizer,'
+                        f' got {type(opt).__name__}')
+    if self.client_optimizer is None:
+      raise TypeError('client_optimizer is required')
+    if not isinstance(self.client_weighting, tff.learning.ClientWeighting):
+      raise TypeError('client_weighting must be a tff.learning.ClientWeighting'
+                      f', got {self.client_weighting!r}')
+    for label in ('proximal_strength', 'q', 'weight_decay'):
+      value = getattr(self, label)
+      if not (np.isfinite(value) and value >= 0):
+        raise ValueError(f'{label} must be a finite float >= 0, got {value}')
+    if not (np.isfinite(self.lipschitz_constant)
+            and self.lipschitz_constant > 0):
+      raise ValueError('lipschitz_constant must be > 0, got '
+                       f'{self.lipschitz_constant}')
+    if not 0.0 < self.theta <= 1.0:
+      raise ValueError(f'theta must be in (0, 1], got {self.theta}')
+
+  @property
+  def server(self) -> tff.learning.optimizers.Optimizer:
+    if self.server_optimizer is None:
+      return tff.learning.optimizers.build_sgdm(learning_rate=1.0)
+    return self.server_optimizer
+
+
+class ClientArrays:
+  """Each client's raw training examples as NumPy arrays, read once.
+
+  `get(client_id)` reads the client's raw `tf.data.Dataset` (the
+  `ClientData` element structure) the first time and caches it; nothing is
+  done per round for clients that are not selected.
+  """
+
+  def __init__(self, client_data: tff.simulation.datasets.ClientData):
+    self._client_data = client_data
+    self._cache: dict[str, Any] = {}
+    self.element_spec = client_data.element_type_structure
+
+  def get(self, client_id: str):
+    if client_id not in self._cache:
+      ds = self._client_data.create_tf_dataset_for_client(client_id)
+      arrays = None
+      for arrays in ds.batch(2**31 - 1).take(1):
+        arrays = tf.nest.map_structure(lambda t: t.numpy(), arrays)
+      if arrays is None:  # An empty client.
+        arrays = tf.nest.map_structure(
+            lambda s: np.zeros([0] + s.shape.as_list(), s.dtype.as_numpy_dtype),
+            self.element_spec)
+      self._cache[client_id] = arrays
+    return self._cache[client_id]
+
+  def preload(self, client_ids: Sequence[str]) -> None:
+    """Reads these clients now (O(len(client_ids)), once), not on demand."""
+    for cid in client_ids:
+      self.get(cid)
+
+  def __len__(self) -> int:
+    return len(self._cache)
+
+  def concatenate(self, client_ids: Sequence[str]):
+    """`(flat arrays, offsets)`: the clients' examples end to end."""
+    parts = [self.get(cid) for cid in client_ids]
+    sizes = [len(tf.nest.flatten(p)[0]) for p in parts]
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    flat = tf.nest.map_structure(lambda *xs: np.concatenate(xs, 0), *parts)
+    return flat, offsets
+
+
+@dataclasses.dataclass(frozen=True)
+class RoundPlan:
+  """What each selected client does in a round (as the federated path).
+
+  Attributes:
+    client_ids: The participants, in order.
+    epochs: Local epochs of each.
+    shuffle_seeds: The tf.data shuffle seed of each (None: no shuffle).
+    max_batches: Batches each may run (-1: all; stragglers' truncation).
+  """
+
+  client_ids: Sequence[str]
+  epochs: Sequence[int]
+  shuffle_seeds: Optional[Sequence[int]]
+  max_batches: Sequence[int]
+
+
+def _placeholders(structure, prefix: str):
+  return tf.nest.map_structure(
+      lambda s: tf.compat.v1.placeholder(
+          s.dtype, s.shape, name=f'{prefix}_ph'), structure)
+
+
+def _nest_add(a, b):
+  return tf.nest.map_structure(lambda x, y: x + tf.cast(y, x.dtype), a, b)
+
+
+def _any_non_finite(structure):
+  flat = tf.nest.flatten(structure)
+  return tf.logical_not(tf.reduce_all(
+      [tf.reduce_all(tf.math.is_finite(t)) for t in flat]))
+
+
+class BatchedEngine:
+  """Runs rounds of a supported algorithm in one TensorFlow call each.
+
+  Usage with a process built by the matching builder:
+
+    engine = BatchedEngine(task.model_fn, task.preprocess_train,
+                           ClientArrays(task.train_data), algorithm)
+    state = process.initialize()
+    state, metrics = engine.next(state, plan)
+
+  `next` returns the process's state type, updated as `process.next` would,
+  and metrics shaped like `process.next`'s (`client_work/train/...`).
+
+  Loops: client streams are iterated with `loop_implementation`, by
+  default `DATASET_ITERATOR`. Inside the engine's while loop it is several
+  times faster than `DATASET_REDUCE`, whose reduce function is instantiated
+  once per client. The batches, and so the result, are the same with
+  either.
+
+  q-FFL trains on the same dataset object that its loss pass read, so a
+  seeded `reshuffle_each_iteration` shuffle gives training the next order.
+  That holds only if the training iterator is created after the loss pass.
+  Within one graph nothing orders two passes over one dataset: in TF 2.14 an
+  iterator op was seen to run before an earlier `reduce`. The engine
+  therefore makes the training stream depend on the loss.
+  """
+
+  def __init__(
+      self,
+      model_fn: ModelFn,
+      preprocess_train: Callable[..., tf.data.Dataset],
+      client_arrays: ClientArrays,
+      algorithm: BatchedAlgorithm,
+      *,
+      shuffle: bool = True,
+      loop_implementation: tff.learning.LoopImplementation = (
+          tff.learning.LoopImplementation.DATASET_ITERATOR),
+      session_config: Optional[tf.compat.v1.ConfigProto] = None,
+  ):
+    if not callable(model_fn) or not callable(preprocess_train):
+      raise TypeError('model_fn and preprocess_train must be callables')
+    if not isinstance(client_arrays, ClientArrays):
+      raise TypeError('client_arrays must be a ClientArrays, got '
+                      f'{type(client_arrays).__name__}')
+    if not isinstance(algorithm, BatchedAlgorithm):
+      raise TypeError('algorithm must be a BatchedAlgorithm, got '
+                      f'{type(algorithm).__name__}')
+    algorithm.validate()
+    self.algorithm = algorithm
+    self.client_arrays = client_arrays
+    self._shuffle = bool(shuffle)
+    self._graph = tf.Graph()
+    with self._graph.as_default():
+      self._build(model_fn, preprocess_train, loop_implementation)
+      init_ops = [tf.compat.v1.global_variables_initializer(),
+                  tf.compat.v1.local_variables_initializer(),
+                  tf.compat.v1.tables_initializer()]
+    self._session = tf.compat.v1.Session(graph=self._graph,
+                                         config=session_config)
+    self._session.run(init_ops)
+    self._graph.finalize()
+
+  # -------------------------------------------------------------------------
+  # Graph construction.
+
+  def _build(self, model_fn, preprocess_train, loop_implementation):
+    alg = self.algorithm
+    model = model_fn()
+    if not isinstance(model, tff.learning.models.VariableModel):
+      raise TypeError('model_fn must return a tff.learning.models.'
+                      f'VariableModel, got {type(model).__name__}')
+    model_weights = tff.learning.models.ModelWeights.from_model(model)
+    weight_specs = tf.nest.map_structure(
+        lambda v: tf.TensorSpec(v.shape, v.dtype), model_weights)
+    server_opt = alg.server
+    trainable_specs = tuple(tf.nest.flatten(weight_specs.trainable))
+    opt_state_specs = tf.nest.map_structure(
+        lambda t: tf.TensorSpec(t.shape, t.dtype),
+        tf.nest.map_structure(tf.convert_to_tensor,
+                              server_opt.initialize(trainable_specs)))
+    if alg.name == 'qffl':  # Its finalizer has no state.
+      opt_state_specs = ()
+    raw_specs = tf.nest.map_structure(
+        lambda s: tf.TensorSpec([None] + s.shape.as_list(), s.dtype),
+        self.client_arrays.element_spec)
+
+    self._weights_ph = _placeholders(weight_specs, 'weights')
+    self._opt_state_ph = _placeholders(opt_state_specs, 'server_opt')
+    self._raw_ph = _placeholders(raw_specs, 'raw')
+    self._offsets_ph = tf.compat.v1.placeholder(tf.int64, [None], 'offsets')
+    self._seeds_ph = tf.compat.v1.placeholder(tf.int64, [None], 'seeds')
+    self._epochs_ph = tf.compat.v1.placeholder(tf.int64, [None], 'epochs')
+    self._takes_ph = tf.compat.v1.placeholder(tf.int64, [None], 'takes')
+    metric_specs = tf.nest.map_structure(
+        lambda t: tf.TensorSpec(t.shape, t.dtype),
+        model.report_local_unfinalized_metrics())
+    shuffle = self._shuffle
+    fast_loop = loop_implementation
+
+    def client_dataset(raw, offsets, seeds, epochs, takes, k):
+      examples = tf.nest.map_structure(
+          lambda t: t[offsets[k]:offsets[k + 1]], raw)
+      ds = tf.data.Dataset.from_tensor_slices(examples)
+      ds = preprocess_train(ds, epochs[k], seeds[k] if shuffle else None)
+      return ds.take(takes[k])
+
+    def zeros(specs):
+      return tf.nest.map_structure(
+          lambda s: tf.zeros(s.shape, s.dtype), specs)
+
+    def as_weights(weights):
+      return tff.learning.models.ModelWeights(
+          trainable=list(tf.nest.flatten(weights.trainable)),
+          non_trainable=list(tf.nest.flatten(weights.non_trainable)))
+
+    def server_step(opt_state, trainable, update):
+      """The optimizer step, rejected (no change) if the update is not finite."""
+      trainable = tuple(trainable)
+      new_state, new_trainable = server_opt.next(
+          opt_state, trainable, tuple(tf.nest.flatten(update)))
+      bad = _any_non_finite(update)
+      new_trainable = tf.nest.map_structure(
+          lambda n, o: tf.where(bad, o, n), tuple(new_trainable), trainable)
+      new_state = tf.nest.map_structure(
+          lambda n, o: tf.where(bad, o, n), new_state, opt_state)
+      return new_state, new_trainable, bad
+
+    @tf.function
+    def fedprox_round(weights, opt_state, raw, offsets, seeds, epochs, takes):
+      weights = as_weights(weights)
+      acc = zeros(trainable_specs)
+      total = tf.constant(0.0)
+      metrics = zeros(metric_specs)
+      for k in tf.range(tf.size(seeds)):
+        ds = client_dataset(raw, offsets, seeds, epochs, takes, k)
+        model.reset_metrics()
+        delta, n, non_finite = client_work_lib.local_training(
+            model, alg.client_optimizer, weights, ds,
+            proximal_strength=alg.proximal_strength,
+            loop_implementation=fast_loop)
+        w = client_work_lib.client_weight(alg.client_weighting, n, non_finite)
+        acc = tuple(a + d * w for a, d in zip(acc, tf.nest.flatten(delta)))
+        total += w
+        metrics = _nest_add(metrics, model.report_local_unfinalized_metrics())
+      update = tuple(a / total for a in acc)
+      opt_state, trainable, bad = server_step(
+          opt_state, weights.trainable, update)
+      return trainable, opt_state, metrics, collections.OrderedDict(
+          update_non_finite=tf.cast(bad, tf.int32))
+
+    @tf.function
+    def qffl_round(weights, opt_state, raw, offsets, seeds, epochs, takes):
+      del opt_state  # q-FFL's finalizer has no state.
+      weights = as_weights(weights)
+      delta_sum = zeros(trainable_specs)
+      h_sum = tf.constant(0.0)
+      loss_sum = tf.constant(0.0)
+      metrics = zeros(metric_specs)
+      num_clients = tf.size(seeds)
+      lipschitz = alg.lipschitz_constant
+      for k in tf.range(num_clients):
+        ds = client_dataset(raw, offsets, seeds, epochs, takes, k)
+        model.reset_metrics()
+        loss, _ = client_work_lib.local_loss(
+            model, weights, ds, loop_implementation=fast_loop)
+        # The training pass reads the same dataset object after the loss
+        # pass, so a seeded reshuffling shuffle gives it the next order. Its
+        # iterator must be created after the loss pass: nothing else orders
+        # the two in the graph (see the class docstring).
+        with tf.control_dependencies([loss]):
+          variant = tf.identity(tf.data.experimental.to_variant(ds))
+        train_ds = tf.data.experimental.from_variant(variant, ds.element_spec)
+        delta, _, non_finite = client_work_lib.local_training(
+            model, alg.client_optimizer, weights, train_ds,
+            loop_implementation=fast_loop)
+        dw = tf.nest.map_structure(lambda d: lipschitz * d, delta)
+        ok = tf.logical_not(non_finite)
+        message, h = q_ffl.q_ffl_client_message(
+            loss, dw, q=alg.q, lipschitz=lipschitz)
+        (message, h), bad = client_work_lib.zero_all_if_any_non_finite(
+            (message, h))
+        ok = tf.logical_and(ok, tf.logical_not(bad))
+        h = tf.where(ok, h, 0.0)
+        message = tf.nest.map_structure(
+            lambda m: tf.where(ok, m, tf.zeros_like(m)), message)
+        delta_sum = tuple(
+            a + m for a, m in zip(delta_sum, tf.nest.flatten(message)))
+        h_sum += h
+        loss_sum += loss
+        metrics = _nest_add(metrics, model.report_local_unfinalized_metrics())
+      trainable = q_ffl.q_ffl_server_update(
+          tuple(weights.trainable), delta_sum, h_sum)
+      extra = collections.OrderedDict(
+          loss_at_broadcast=loss_sum / tf.cast(num_clients, tf.float32),
+          h_sum=h_sum)
+      return tuple(trainable), (), metrics, extra
+
+    estimator = quantiles.build_estimator('exact', level=1.0 - alg.theta)
+    slack = delta_fl.filter_slack(estimator)
+
+    @tf.function
+    def deltafl_round(weights, opt_state, raw, offsets, seeds, epochs, takes):
+      weights = as_weights(weights)
+      num_clients = tf.size(seeds)
+      losses = tf.TensorArray(tf.float32, size=num_clients)
+      alphas = tf.TensorArray(tf.float32, size=num_clients)
+      for k in tf.range(num_clients):
+        ds = client_dataset(raw, offsets, seeds, epochs, takes, k)
+        model.reset_metrics()
+        loss, n = client_work_lib.local_loss(
+            model, weights, ds, loop_implementation=fast_loop)
+        alpha = (tf.constant(1.0) if alg.uniform_weights
+                 else tf.cast(n, tf.float32))
+        losses = losses.write(k, loss)
+        alphas = alphas.write(k, alpha)
+      losses = losses.stack()
+      alphas = alphas.stack()
+      threshold = quantiles.tf_weighted_quantile(
+          losses, alphas, estimator.level)
+      acc = zeros(trainable_specs)
+      total = tf.constant(0.0)
+      kept_count = tf.constant(0.0)
+      metrics = zeros(metric_specs)
+      for k in tf.range(num_clients):
+        model.reset_metrics()
+        kept = delta_fl.keep_client(
+            losses[k], threshold, strict=alg.strict_filter, slack=slack)
+        # A filtered client does no work: its stream is cut to no batch
+        # (no step, no metric update, a zero delta), as the federated
+        # path's skip branch.
+        ds = client_dataset(raw, offsets, seeds, epochs, takes, k)
+        ds = ds.take(tf.where(kept, tf.constant(-1, tf.int64), 0))
+        delta, _, non_finite = client_work_lib.local_training(
+            model, alg.client_optimizer, weights, ds,
+            weight_decay=alg.weight_decay,
+            loop_implementation=fast_loop)
+        w = tf.where(tf.logical_and(kept, tf.logical_not(non_finite)),
+                     alphas[k], 0.0)
+        acc = tuple(a + d * w for a, d in zip(acc, tf.nest.flatten(delta)))
+        total += w
+        kept_count += tf.cast(kept, tf.float32)
+        metrics = _nest_add(metrics, model.report_local_unfinalized_metrics())
+      update = tuple(tf.math.divide_no_nan(a, total) for a in acc)
+      opt_state, trainable, bad = server_step(
+          opt_state, weights.trainable, update)
+      count = tf.cast(num_clients, tf.float32)
+      extra = collections.OrderedDict(
+          eta=threshold,
+          fraction_kept=kept_count / count,
+          loss_at_broadcast=tf.reduce_sum(losses) / count,
+          update_non_finite=tf.cast(bad, tf.int32))
+      return trainable, opt_state, metrics, extra
+
+    round_fn = {'fedavg': fedprox_round, 'fedprox': fedprox_round,
+                'qffl': qffl_round, 'deltafl': deltafl_round}[alg.name]
+    trainable, opt_state, metric_sums, extra = round_fn(
+        self._weights_ph, self._opt_state_ph, self._raw_ph, self._offsets_ph,
+        self._seeds_ph, self._epochs_ph, self._takes_ph)
+    # sum_then_finalize: the finalizers run on the summed unfinalized values
+    # (outside the tf.function: Keras finalizers create variables).
+    finalizers = model.metric_finalizers()
+    finalized = collections.OrderedDict(
+        (name, finalizers[name](metric_sums[name])) for name in metric_sums)
+    self._outputs = (
+        tf.nest.pack_sequence_as(weight_specs.trainable, list(trainable)),
+        opt_state, finalized, extra)
+    self._weight_specs = weight_specs
+    self._opt_state_specs = opt_state_specs
+
+  # -------------------------------------------------------------------------
+  # Running.
+
+  def run_round(self, weights, server_state, plan: RoundPlan):
+    """One round on raw values: `(trainable, server_state, train, extra)`.
+
+    Args:
+      weights: `ModelWeights` (or a structure matching it) of NumPy arrays.
+      server_state: The server optimizer's state (`()` for q-FFL).
+      plan: The round's participants and their data settings.
+    """
+    if not plan.client_ids:
+      raise ValueError('a round needs at least one client')
+    raw, offsets = self.client_arrays.concatenate(plan.client_ids)
+    seeds = (plan.shuffle_seeds if plan.shuffle_seeds is not None
+             else [0] * len(plan.client_ids))
+    feed = {}
+    for ph, value in zip(tf.nest.flatten(self._weights_ph),
+                         tf.nest.flatten(weights)):
+      feed[ph] = value
+    flat_state = tf.nest.flatten(server_state)
+    state_phs = tf.nest.flatten(self._opt_state_ph)
+    if len(flat_state) != len(state_phs):
+      raise ValueError(
+          f'the server state has {len(flat_state)} tensors, the engine\'s '
+          f'server optimizer {len(state_phs)}: build the engine with the '
+          'process\'s server optimizer')
+    feed.update(zip(state_phs, flat_state))
+    feed.update(zip(tf.nest.flatten(self._raw_ph), tf.nest.flatten(raw)))
+    feed[self._offsets_ph] = offsets
+    feed[self._seeds_ph] = np.asarray(seeds, np.int64)
+    feed[self._epochs_ph] = np.asarray(plan.epochs, np.int64)
+    feed[self._takes_ph] = np.asarray(plan.max_batches, np.int64)
+    trainable, opt_state, train, extra = self._session.run(
+        self._outputs, feed_dict=feed)
+    return trainable, opt_state, train, extra
+
+  def next(self, state, plan: RoundPlan):
+    """`process.next` on the process's state: `(new_state, metrics)`."""
+    weights = state.global_model_weights
+    trainable, opt_state, train, extra = self.run_round(
+        weights, state.finalizer, plan)
+    new_weights = tff.learning.models.ModelWeights(
+        trainable=trainable, non_trainable=weights.non_trainable)
+    if self.algorithm.name == 'qffl':
+      finalizer_state = state.finalizer
+    else:
+      finalizer_state = tf.nest.pack_sequence_as(
+          state.finalizer, tf.nest.flatten(opt_state))
+    new_state = state._replace(
+        global_model_weights=new_weights, finalizer=finalizer_state)
+    client_work = collections.OrderedDict(train=train)
+    finalizer = collections.OrderedDict()
+    for key, value in extra.items():
+      if key in ('update_non_finite', 'h_sum'):
+        finalizer[key] = value
+      else:
+        client_work[key] = value
+    metrics = collections.OrderedDict(
+        client_work=client_work, finalizer=finalizer)
+    return new_state, metrics
+
+  def close(self) -> None:
+    self._session.close()
+
+
+def algorithm_from_spec(spec, *, client_optimizer, server_optimizer,
+                        client_weighting) -> BatchedAlgorithm:
+  """The `BatchedAlgorithm` of a `run.algorithms.AlgorithmSpec`-like object."""
+  if spec.name not in ALGORITHMS:
+    raise ValueError(
+        f'--simulation_engine=batched supports --algorithm='
+        f'{", ".join(ALGORITHMS)}, not {spec.name}')
+  if getattr(spec, 'secure_quantile', 'none') != 'none':
+    raise ValueError('--simulation_engine=batched runs Delta-FL with the '
+                     'exact quantile only (--secure_quantile=none)')
+  return BatchedAlgorithm(
+      name=spec.name,
+      client_optimizer=client_optimizer,
+      server_optimizer=None if spec.name == 'qffl' else server_optimizer,
+      client_weighting=client_weighting,
+      proximal_strength=spec.proximal_strength,
+      q=spec.q,
+      lipschitz_constant=spec.lipschitz_constant,
+      theta=spec.theta,
+      strict_filter=spec.strict_filter,
+      uniform_weights=spec.uniform_weights,
+      weight_decay=spec.weight_decay,
+  )
+
+
+def metrics_as_mapping(metrics: Mapping[str, Any]) -> dict[str, Any]:
+  """Plain dicts of the engine's metrics (for logging)."""
+  return {k: (metrics_as_mapping(v) if isinstance(v, Mapping) else v)
+          for k, v in metrics.items()}

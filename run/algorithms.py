@@ -60,7 +60,8 @@ AGGREGATORS = ('mean', 'geometric_median', 'coordinate_median',
                'trimmed_mean', 'krum', 'clip')
 # Algorithms whose model deltas go through a weighted `model_aggregator`.
 ROBUST_ALGORITHMS = ('fedavg', 'fedprox', 'term', 'deltafl')
-# Algorithms whose (global) model aggregator can be a robust one.
+# Algorithms whose (global) model aggregator can be a robust one, and whose
+# (global) updates the A2/A3 attacks can corrupt.
 AGGREGATOR_ALGORITHMS = ROBUST_ALGORITHMS + ('ditto',)
 # Aggregator options: (spec field, the aggregator it belongs to).
 AGGREGATOR_OPTIONS = (
@@ -301,10 +302,10 @@ class AlgorithmSpec:
       raise ValueError(f'unknown --attack={self.attack!r}; choose one of: '
                        f'{", ".join(attacks.ATTACKS)}')
     if (self.attack in attacks.UPDATE_ATTACKS
-        and self.name not in ROBUST_ALGORITHMS):
+        and self.name not in AGGREGATOR_ALGORITHMS):
       raise ValueError(
           f'--attack={self.attack} applies to '
-          f'{", ".join(ROBUST_ALGORITHMS)}, not {self.name}')
+          f'{", ".join(AGGREGATOR_ALGORITHMS)}, not {self.name}')
     if self.attack_scale is not None:
       if self.attack not in attacks.UPDATE_ATTACKS:
         raise ValueError('--attack_scale applies to --attack=gaussian or '
@@ -546,7 +547,7 @@ def build_process(
   if spec.uses_dp and clients_per_round < 1:
     raise ValueError('DP aggregation needs clients_per_round >= 1')
   if spec.is_stateful:
-    return _build_stateful(spec, model_fn)
+    return _build_stateful(spec, model_fn, clients_per_round)
 
   def aggregation(dp_clients_per_round: float) -> dict:
     """The model aggregator (DP, robust or mean) and the update attack."""
@@ -605,7 +606,7 @@ def build_process(
       proximal_strength=spec.proximal_strength, **aggregation(clients_per_round), **loop)
 
 
-def _build_stateful(spec: AlgorithmSpec, model_fn):
+def _build_stateful(spec: AlgorithmSpec, model_fn, clients_per_round: int):
   """Ditto and the Fed+ family (`stateful.StatefulClientsProcess`)."""
   if spec.name == 'ditto':
     personal_opt = None
@@ -624,7 +625,8 @@ def _build_stateful(spec: AlgorithmSpec, model_fn):
         lam=list(spec.ditto_lambdas), personal_optimizer_fn=personal_opt,
         personal_steps=spec.ditto_personal_steps,
         client_weighting=WEIGHTINGS[spec.client_weighting],
-        model_aggregator=aggregator)
+        model_aggregator=aggregator,
+        update_attack=update_attack(spec, clients_per_round=clients_per_round))
   if spec.name in FED_PLUS_PSI:
     return fed_plus.build_fed_plus(
         model_fn, psi=FED_PLUS_PSI[spec.name],

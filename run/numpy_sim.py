@@ -177,17 +177,23 @@ def _end_workers() -> None:
   runtime.disarm_service_managers()
 
 
-_ALGORITHM = flags.DEFINE_enum('algorithm', 'qffl', ['qffl', 'term'],
-                               'q-FedAvg or TERM.')
-_QS = flags.DEFINE_list('q', ['0', '1'], 'q values (qffl).')
-_TILTS = flags.DEFINE_list('tilt', ['0', '1'], 'Tilts (term).')
-_ROUNDS = flags.DEFINE_integer('rounds', 1000, 'Rounds.')
-_SEEDS = flags.DEFINE_list('seeds', ['0', '1', '2'], 'Data/sampling seeds.')
-_SIZE_LAW = flags.DEFINE_enum('size_law', 'table_4_4', list(synthetic.SIZE_LAWS),
-                              'Client-size law.')
-_SAMPLING = flags.DEFINE_enum('client_sampling', 'examples',
-                              ['examples', 'uniform'], 'Client sampling.')
-_LR = flags.DEFINE_float('learning_rate', 0.1, 'Local lr (= 1/L for q-FFL).')
+FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+  """Defines the flags (at start-up only: absl flags are global)."""
+  flags.DEFINE_enum('algorithm', 'qffl', ['qffl', 'term'],
+                    'q-FedAvg or TERM.')
+  flags.DEFINE_list('q', ['0', '1'], 'q values (qffl).')
+  flags.DEFINE_list('tilt', ['0', '1'], 'Tilts (term).')
+  flags.DEFINE_integer('rounds', 1000, 'Rounds.')
+  flags.DEFINE_list('seeds', ['0', '1', '2'], 'Data/sampling seeds.')
+  flags.DEFINE_enum('size_law', 'table_4_4', list(synthetic.SIZE_LAWS),
+                    'Client-size law.')
+  flags.DEFINE_enum('client_sampling', 'examples', ['examples', 'uniform'],
+                    'Client sampling.')
+  flags.DEFINE_float('learning_rate', 0.1, 'Local lr (= 1/L for q-FFL).')
+
 
 COLUMNS = ('weighted_mean', 'mean', 'worst10', 'best10', 'variance',
            'angle_deg', 'kl_uniform')
@@ -197,22 +203,22 @@ def main(argv) -> int:
   del argv
   log = lambda s: print(s, file=sys.stderr, flush=True)
   try:
-    values = [float(v) for v in (_QS.value if _ALGORITHM.value == 'qffl'
-                                 else _TILTS.value)]
-    seeds = [int(s) for s in _SEEDS.value]
+    values = [float(v) for v in (FLAGS.q if FLAGS.algorithm == 'qffl'
+                                 else FLAGS.tilt)]
+    seeds = [int(s) for s in FLAGS.seeds]
   except ValueError as e:
     print(f'numpy_sim: error: {e}', file=sys.stderr)
     return 2
-  name = 'q' if _ALGORITHM.value == 'qffl' else 't'
+  name = 'q' if FLAGS.algorithm == 'qffl' else 't'
   print(f'| {name} | seed | ' + ' | '.join(COLUMNS) + ' |')
   print('|' + '---|' * (len(COLUMNS) + 2))
   rows = {}
   for value in values:
     for seed in seeds:
       setting = Setting(
-          algorithm=_ALGORITHM.value, rounds=_ROUNDS.value, seed=seed,
-          size_law=_SIZE_LAW.value, sampling=_SAMPLING.value,
-          learning_rate=_LR.value,
+          algorithm=FLAGS.algorithm, rounds=FLAGS.rounds, seed=seed,
+          size_law=FLAGS.size_law, sampling=FLAGS.client_sampling,
+          learning_rate=FLAGS.learning_rate,
           **({'q': value} if name == 'q' else {'tilt': value}))
       try:
         summary = simulate(setting, log=log)
@@ -236,4 +242,5 @@ def main(argv) -> int:
 
 
 if __name__ == '__main__':
+  define_flags()
   app.run(lambda argv: sys.exit(main(argv)))

@@ -190,20 +190,25 @@ EXPERIMENTS['robust_clean'] = {
     'columns': ('mean', 'worst10', 'weighted_mean'),
 }
 
-_EXPERIMENT = flags.DEFINE_string(
-    'experiment', None, f'One of: {", ".join(EXPERIMENTS)}.')
-_SEEDS = flags.DEFINE_list('seeds', ['0', '1', '2'], 'Seeds to run.')
-_ROUNDS = flags.DEFINE_integer(
-    'rounds', None, 'Override the experiment\'s number of rounds.')
-_ROOT = flags.DEFINE_string('root_output_dir', 'output/reproduce',
-                            'Where the runs write their outputs.')
-_OUTPUT_MD = flags.DEFINE_string('output_md', None,
-                                 'Write the Markdown table here.')
-_JOBS = flags.DEFINE_integer(
-    'jobs', 1, 'Runs to execute at the same time (each is its own process).')
-_EXTRA = flags.DEFINE_list(
-    'extra_flags', [], 'More flags for every run, e.g. '
-    '--extra_flags=--synthetic_size_law=table_4_4')
+FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+  """Defines the command-line flags (at start-up only: absl flags are global,
+  and the test suite imports several binaries into one process)."""
+  flags.DEFINE_string(
+      'experiment', None, f'One of: {", ".join(EXPERIMENTS)}.')
+  flags.DEFINE_list('seeds', ['0', '1', '2'], 'Seeds to run.')
+  flags.DEFINE_integer(
+      'rounds', None, 'Override the experiment\'s number of rounds.')
+  flags.DEFINE_string('root_output_dir', 'output/reproduce',
+                      'Where the runs write their outputs.')
+  flags.DEFINE_string('output_md', None, 'Write the Markdown table here.')
+  flags.DEFINE_integer(
+      'jobs', 1, 'Runs to execute at the same time (each is its own process).')
+  flags.DEFINE_list(
+      'extra_flags', [], 'More flags for every run, e.g. '
+      '--extra_flags=--synthetic_size_law=table_4_4')
 
 
 def run_one(args: list[str], log) -> dict:
@@ -307,25 +312,25 @@ def write_histogram(experiment: dict, results: dict[str, list[dict]],
 
 def main(argv) -> int:
   del argv
-  name = _EXPERIMENT.value
+  name = FLAGS.experiment
   if name not in EXPERIMENTS:
     print(f'reproduce: error: unknown --experiment={name!r}; choose one of: '
           f'{", ".join(EXPERIMENTS)}', file=sys.stderr)
     return 2
   experiment = EXPERIMENTS[name]
-  rounds = _ROUNDS.value or experiment['rounds']
+  rounds = FLAGS.rounds or experiment['rounds']
   if rounds < 1:
     print('reproduce: error: --rounds must be >= 1', file=sys.stderr)
     return 2
   try:
-    seeds = [int(s) for s in _SEEDS.value]
+    seeds = [int(s) for s in FLAGS.seeds]
   except ValueError:
-    print(f'reproduce: error: --seeds must be integers, got {_SEEDS.value}',
+    print(f'reproduce: error: --seeds must be integers, got {FLAGS.seeds}',
           file=sys.stderr)
     return 2
   log = lambda s: print(s, file=sys.stderr, flush=True)
-  root = os.path.join(_ROOT.value, name)
-  if _JOBS.value < 1:
+  root = os.path.join(FLAGS.root_output_dir, name)
+  if FLAGS.jobs < 1:
     print('reproduce: error: --jobs must be >= 1', file=sys.stderr)
     return 2
   results, commands, jobs = {}, [], []
@@ -333,13 +338,13 @@ def main(argv) -> int:
     results[variant] = []
     for seed in seeds:
       tag = ''.join(ch if ch.isalnum() else '_' for ch in variant)
-      args = (experiment['base'] + variant_flags + list(_EXTRA.value) + [
+      args = (experiment['base'] + variant_flags + list(FLAGS.extra_flags) + [
           f'--total_rounds={rounds}', f'--rounds_per_eval={rounds}',
           f'--rounds_per_checkpoint={max(1, rounds // 5)}', f'--seed={seed}',
           f'--root_output_dir={root}', f'--experiment_name={tag}_seed{seed}'])
       commands.append('python -m run.train ' + ' '.join(args))
       jobs.append((variant, args))
-  with concurrent.futures.ThreadPoolExecutor(_JOBS.value) as pool:
+  with concurrent.futures.ThreadPoolExecutor(FLAGS.jobs) as pool:
     futures = [(variant, pool.submit(run_one, args, log))
                for variant, args in jobs]
     for variant, future in futures:
@@ -353,18 +358,19 @@ def main(argv) -> int:
           'accuracies in percent, variance in percent^2\n\n'
           + table(experiment, results) + '\n')
   print(text)
-  if _OUTPUT_MD.value:
-    os.makedirs(os.path.dirname(_OUTPUT_MD.value) or '.', exist_ok=True)
-    with open(_OUTPUT_MD.value, 'w') as f:
+  if FLAGS.output_md:
+    os.makedirs(os.path.dirname(FLAGS.output_md) or '.', exist_ok=True)
+    with open(FLAGS.output_md, 'w') as f:
       f.write(text + '\nCommands:\n\n```\n' + '\n'.join(commands) + '\n```\n')
     if 'histogram' in experiment:
-      png = os.path.splitext(_OUTPUT_MD.value)[0] + '_histogram.png'
+      png = os.path.splitext(FLAGS.output_md)[0] + '_histogram.png'
       write_histogram(experiment, results, png)
       print(f'histogram: {png}')
   return 0
 
 
 def run_main() -> None:
+  define_flags()
   app.run(lambda argv: sys.exit(main(argv)))
 
 

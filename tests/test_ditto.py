@@ -1,5 +1,7 @@
 """Ditto: NumPy oracle (global + personal), global == FedAvg, robust mean."""
 
+import collections
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -157,3 +159,45 @@ def test_validation(kwargs, error):
   with pytest.raises(error):
     ditto.build_ditto(synthetic.create_softmax_regression_model_fn(), sgd(),
                       **kwargs)
+
+
+def test_update_attack_corrupts_only_marked_global_deltas(clients):
+  """A3 on Ditto: a marked client's global delta is scaled; personal models
+  (what the client keeps) are those of the clean run."""
+  from tff_algos import attacks  # pylint: disable=g-import-not-at-top
+  model_fn = synthetic.create_softmax_regression_model_fn()
+  scale = -3.0
+  attacked = ditto.build_ditto(
+      model_fn, sgd(), lam=0.5,
+      client_weighting=tff.learning.ClientWeighting.UNIFORM,
+      update_attack=attacks.UpdateAttack('model_replacement', scale))
+  clean = ditto.build_ditto(
+      model_fn, sgd(), lam=0.5,
+      client_weighting=tff.learning.ClientWeighting.UNIFORM)
+  assert attacks.needs_attack_marker(attacked)
+  assert not attacks.needs_attack_marker(clean)
+  round_clients = [(c, *clients[c]) for c in 'abc']
+  data = datasets(round_clients)
+  marked = [collections.OrderedDict(
+      data=ds, attack=attacks.marker_dataset(c == 'b', 7))
+      for ds, (c, _, _) in zip(data, round_clients)]
+  initial = [clean.initial_client_state() for _ in round_clients]
+  out_attacked = attacked.next(attacked.initialize(), marked, initial)
+  out_clean = clean.next(clean.initialize(), data, initial)
+  # Each client's honest delta, from one-client rounds of the clean process.
+  deltas = []
+  for i in range(3):
+    one = clean.next(clean.initialize(), [data[i]], [initial[i]])
+    w0 = composition.model_weights_as_numpy(clean, clean.initialize())
+    w1 = composition.model_weights_as_numpy(clean, one.state)
+    deltas.append([a - b for a, b in zip(w0, w1)])
+  w0 = composition.model_weights_as_numpy(clean, clean.initialize())
+  expected = [w - (d0 + scale * d1 + d2) / 3
+              for w, d0, d1, d2 in zip(w0, *deltas)]
+  got = composition.model_weights_as_numpy(attacked, out_attacked.state)
+  for a, b in zip(got, expected):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+  for s_attacked, s_clean in zip(out_attacked.client_states,
+                                 out_clean.client_states):
+    for a, b in zip(tf.nest.flatten(s_attacked), tf.nest.flatten(s_clean)):
+      np.testing.assert_allclose(a, b, atol=1e-7)

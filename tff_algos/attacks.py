@@ -51,7 +51,7 @@ ATTACKS = ('none', 'label_poison', 'gaussian', 'model_replacement')
 UPDATE_ATTACKS = ('gaussian', 'model_replacement')
 MARKER_KEY = 'attack'
 LABEL_KEYS = ('y', 'label')
-_MARKER_TYPE = tff.SequenceType(tff.TensorType(np.int32, [2]))
+MARKER_TYPE = tff.SequenceType(tff.TensorType(np.int32, [2]))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -279,7 +279,7 @@ def wrap_client_work(
   result_type = client_work.next.type_signature.result.result.member
   kind, scale = attack.kind, float(attack.scale)
 
-  @tff.tensorflow.computation(result_type, _MARKER_TYPE)
+  @tff.tensorflow.computation(result_type, MARKER_TYPE)
   def attack_result(result, markers):
     marker = markers.reduce(tf.zeros([2], tf.int32), lambda _, m: m)
     return tff.learning.templates.ClientResult(
@@ -290,7 +290,7 @@ def wrap_client_work(
       state_type, weights_type,
       tff.FederatedType(
           collections.OrderedDict(data=data_type.member,
-                                  attack=_MARKER_TYPE), tff.CLIENTS))
+                                  attack=MARKER_TYPE), tff.CLIENTS))
   def next_fn(state, weights, client_data):
     output = client_work.next(state, weights, client_data.data)
     result = tff.federated_map(

@@ -41,6 +41,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tensorflow_federated.python.learning import loop_builder
+from tff_algos import attacks
 from tff_algos import client_work as client_work_lib
 from tff_algos import stateful
 
@@ -136,6 +137,7 @@ def build_ditto(
     metrics_aggregator: Optional[Callable[..., tff.Computation]] = None,
     loop_implementation: tff.learning.LoopImplementation = (
         tff.learning.LoopImplementation.DATASET_REDUCE),
+    update_attack: Optional[attacks.UpdateAttack] = None,
 ) -> stateful.StatefulClientsProcess:
   """Builds Ditto (Li et al., ICML 2021; thesis Algorithm 7).
 
@@ -156,6 +158,10 @@ def build_ditto(
       (default `MeanFactory`; a robust one gives Ditto + robust aggregation).
     metrics_aggregator: Aggregator of the global training metrics.
     loop_implementation: How local datasets are iterated.
+    update_attack: Optional simulated A2/A3 attack on the global-model deltas
+      of marked clients (`tff_algos.attacks`); client data are then
+      `OrderedDict(data=..., attack=marker)`. Personal models are untouched:
+      the attack is on what a corrupted client sends.
 
   Returns:
     A `stateful.StatefulClientsProcess`; client states are
@@ -230,15 +236,33 @@ def build_ditto(
         finalizer=finalizer.initialize()))
 
   state_type = init_fn.type_signature.result
+  if update_attack is not None and not isinstance(update_attack,
+                                                  attacks.UpdateAttack):
+    raise TypeError('update_attack must be a tff_algos.attacks.UpdateAttack')
+  next_data_type = data_type
+  if update_attack is not None:
+    next_data_type = collections.OrderedDict(
+        [('data', data_type), (attacks.MARKER_KEY, attacks.MARKER_TYPE)])
+    delta_type = client_update.type_signature.result[0]
+
+    @tff.tensorflow.computation(delta_type, attacks.MARKER_TYPE)
+    def attack_delta(delta, markers):
+      marker = markers.reduce(tf.zeros([2], tf.int32), lambda _, m: m)
+      return attacks.attacked_update(delta, marker, kind=update_attack.kind,
+                                     scale=float(update_attack.scale))
 
   @tff.federated_computation(
-      state_type, tff.FederatedType(data_type, tff.CLIENTS),
+      state_type, tff.FederatedType(next_data_type, tff.CLIENTS),
       tff.FederatedType(client_state_type, tff.CLIENTS))
   def next_fn(state, client_data, client_states):
     global_weights = state.global_model_weights
+    data = client_data.data if update_attack is not None else client_data
     delta, weight, new_states, model_outputs = tff.federated_map(
         client_update,
-        (tff.federated_broadcast(global_weights), client_data, client_states))
+        (tff.federated_broadcast(global_weights), data, client_states))
+    if update_attack is not None:
+      delta = tff.federated_map(
+          attack_delta, (delta, client_data[attacks.MARKER_KEY]))
     aggregated = aggregator.next(state.aggregator, delta, weight)
     finalized = finalizer.next(state.finalizer, global_weights,
                                aggregated.result)

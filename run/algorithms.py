@@ -25,7 +25,8 @@ poisoning is data-level and applies to all (`tff_algos.attacks`).
 (`tff_algos.stateful.StatefulClientsProcess`).
 User-level DP (`privacy.dp_aggregation`, issue 6): `clip` > 0 turns on DP
 aggregation (`noise_multiplier`, `adaptive_clip`, `target_unclipped_quantile`)
-for the algorithms that aggregate a uniform mean (`DP_ALGORITHMS`);
+for the algorithms that aggregate a uniform mean (`DP_ALGORITHMS`, with Ditto's
+global model);
 `server_optimizer='dp2'` is DP^2 (`privacy.dp2`) with the `dp2_*` options.
 """
 
@@ -71,7 +72,7 @@ AGGREGATOR_OPTIONS = (
 )
 SERVER_OPTIMIZERS = OPTIMIZERS + ('dp2',)
 # Algorithms whose aggregate is a (uniform) mean of model deltas.
-DP_ALGORITHMS = ('fedavg', 'fedprox', 'deltafl')
+DP_ALGORITHMS = ('fedavg', 'fedprox', 'deltafl', 'ditto')
 WEIGHTINGS = {
     'num_examples': tff.learning.ClientWeighting.NUM_EXAMPLES,
     'uniform': tff.learning.ClientWeighting.UNIFORM,
@@ -286,6 +287,8 @@ class AlgorithmSpec:
       raise ValueError(
           f'--aggregator={self.aggregator} applies to '
           f'{", ".join(AGGREGATOR_ALGORITHMS)}, not {self.name}')
+    if self.ditto_clip_norm and self.clip:
+      raise ValueError('give --ditto_clip_norm or DP (--clip), not both')
     if self.aggregator != 'mean' and self.ditto_clip_norm:
       raise ValueError('give --ditto_clip_norm or --aggregator, not both')
     for field, owner in AGGREGATOR_OPTIONS:
@@ -613,7 +616,8 @@ def _build_stateful(spec: AlgorithmSpec, model_fn, clients_per_round: int):
     if spec.ditto_personal_lr:
       personal_opt = build_optimizer(spec.client_optimizer,
                                      spec.ditto_personal_lr)
-    aggregator = model_aggregator(spec)
+    aggregator = (_dp_aggregator(spec, clients_per_round) if spec.uses_dp
+                  else model_aggregator(spec))
     if spec.ditto_clip_norm:
       aggregator = tff.aggregators.clipping_factory(
           spec.ditto_clip_norm, tff.aggregators.MeanFactory())

@@ -158,3 +158,36 @@ def test_deltafl_with_dp_counts_its_private_quantile():
   acc.compose(dp_accounting.PoissonSampledDpEvent(0.1, composed), 5)
   assert tracker.epsilon_rdp(5) == pytest.approx(acc.get_epsilon(1e-3),
                                                  rel=1e-9)
+
+
+def test_ditto_global_model_takes_the_dp_mean():
+  """Ditto's global model through the DP aggregator: with no noise and a
+  large clip it is Ditto's uniform mean; a tiny clip changes it."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  from tasks import synthetic  # pylint: disable=g-import-not-at-top
+  from tff_algos import composition  # pylint: disable=g-import-not-at-top
+  from tff_algos import ditto  # pylint: disable=g-import-not-at-top
+  model_fn = synthetic.create_softmax_regression_model_fn()
+  rng = np.random.default_rng(5)
+  data = [tf.data.Dataset.from_tensor_slices(
+      (rng.normal(size=(n, 60)).astype(np.float32),
+       rng.integers(0, 10, n).astype(np.int32))).batch(5) for n in (7, 9, 12)]
+
+  def one_round(process):
+    initial = [process.initial_client_state() for _ in data]
+    out = process.next(process.initialize(), data, initial)
+    return composition.model_weights_as_numpy(process, out.state)
+
+  reference = one_round(ditto.build_ditto(
+      model_fn, tff.learning.optimizers.build_sgdm(
+          learning_rate=spec().client_learning_rate),
+      lam=0.5, client_weighting=tff.learning.ClientWeighting.UNIFORM))
+  results = {}
+  for clip in (1e6, 1e-3):
+    results[clip] = one_round(algorithms.build_process(
+        spec(name='ditto', ditto_lambda=0.5, clip=clip, noise_multiplier=0.0),
+        model_fn, clients_per_round=3))
+  for a, b in zip(results[1e6], reference):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+  assert not np.allclose(results[1e-3][0], reference[0], atol=1e-5)

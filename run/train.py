@@ -165,7 +165,8 @@ _VAL_FRACTION = flags.DEFINE_float(
 # User-level differential privacy (privacy/, issue 6).
 _CLIP = flags.DEFINE_float(
     'clip', 0.0, 'DP: L2 clip C of client updates (> 0 turns on DP '
-    'aggregation; fedavg, fedprox, deltafl, ditto's global model; needs uniform weighting). With '
+    'aggregation; fedavg, fedprox, deltafl and the global model of ditto; '
+    'needs uniform weighting). With '
     '--adaptive_clip, the initial clip.')
 _NOISE = flags.DEFINE_float(
     'noise_multiplier', 0.0, 'DP: Gaussian noise stddev / clip on the sum of'

@@ -40,6 +40,7 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import collections
+import contextlib
 import json
 import statistics
 import time
@@ -204,13 +205,12 @@ class PlainLoop:
 
 
 def _vm_hwm_mb(pid: int) -> float:
-  try:
+  """Peak resident memory of `pid` in MB (NaN once the process is gone)."""
+  with contextlib.suppress(OSError):
     with open(f'/proc/{pid}/status') as f:
       for line in f:
         if line.startswith('VmHWM:'):
           return int(line.split()[1]) / 1024.0
-  except OSError:
-    pass
   return float('nan')
 
 

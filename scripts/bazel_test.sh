@@ -51,7 +51,12 @@ else
 fi
 
 worker_pattern="$(pwd)/.venv/lib/.*/worker_binary"
-sleep 1
+# Workers of the last test targets may take a few seconds to be reaped after
+# their sandbox ends; only those still alive after 20 s are leaks.
+for _ in $(seq 20); do
+  pgrep -f "$worker_pattern" >/dev/null || break
+  sleep 1
+done
 if pgrep -f "$worker_pattern" >/dev/null; then
   echo "bazel_test: error: TFF worker processes outlived the tests: $(pgrep -f "$worker_pattern" | tr '\n' ' ')" >&2
   kill -9 $(pgrep -f "$worker_pattern") 2>/dev/null

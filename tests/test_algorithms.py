@@ -12,7 +12,7 @@ from tff_algos import attacks
 @pytest.mark.parametrize('kwargs, message', [
     (dict(aggregator='average'), "unknown --aggregator='average'"),
     (dict(name='qffl', aggregator='krum', krum_num_byzantine=1),
-     'applies to fedavg, fedprox, term, deltafl, not qffl'),
+     'applies to fedavg, fedprox, term, deltafl, ditto, not qffl'),
     (dict(gm_passes=3), '--gm_passes applies to --aggregator=geometric_median'),
     (dict(aggregator='krum', trim_fraction=0.1),
      '--trim_fraction applies to --aggregator=trimmed_mean'),

@@ -49,6 +49,25 @@ _QFFL_BASE = [
     '--client_learning_rate=0.1', '--client_epochs_per_round=1',
     '--client_sampling=examples', '--eval_train_clients=false',
 ]
+_DELTAFL_TRAINING = [
+    '--synthetic_size_law=table_4_4', '--clients_per_round=20',
+    '--client_batch_size=10', '--client_learning_rate=0.1',
+    '--client_epochs_per_round=1',
+]
+_DELTAFL_UNSEEN = ['--task=synthetic', '--num_clients=200',
+                   '--test_clients_fraction=0.5'] + _DELTAFL_TRAINING
+_DELTAFL_VARIANTS = {
+    'FedAvg': ['--algorithm=fedavg'],
+    'Delta-FL theta=0.8': ['--algorithm=deltafl', '--theta=0.8'],
+    'Delta-FL theta=0.5': ['--algorithm=deltafl', '--theta=0.5'],
+    'Delta-FL theta=0.1': ['--algorithm=deltafl', '--theta=0.1'],
+}
+_DELTAFL_REPORT = {
+    'metric': 'test/error',
+    'columns': ('mean', 'p50', 'p80', 'p90', 'p95'),
+    'extra_metrics': (('train/loss', 'weighted_mean'), ('train/loss', 'p90')),
+    'histogram': 'test/error',
+}
 EXPERIMENTS = {
     'qffl_synthetic': {
         'base': _QFFL_BASE,
@@ -73,55 +92,24 @@ EXPERIMENTS = {
                     'angle_deg', 'kl_uniform'),
     },
     'deltafl_synthetic': {
-        'base': [
-            '--task=synthetic', '--num_clients=200', '--test_clients_fraction=0.5',
-            '--synthetic_size_law=table_4_4', '--clients_per_round=20',
-            '--client_batch_size=10', '--client_learning_rate=0.1',
-            '--client_epochs_per_round=1',
-        ],
-        'variants': {
-            'FedAvg': ['--algorithm=fedavg'],
-            'Delta-FL theta=0.8': ['--algorithm=deltafl', '--theta=0.8'],
-            'Delta-FL theta=0.5': ['--algorithm=deltafl', '--theta=0.5'],
-            'Delta-FL theta=0.1': ['--algorithm=deltafl', '--theta=0.1'],
-        },
+        'base': _DELTAFL_UNSEEN,
+        'variants': dict(_DELTAFL_VARIANTS),
         'rounds': 500,
-        'metric': 'test/error',
-        'columns': ('mean', 'p50', 'p80', 'p90', 'p95'),
-        'extra_metrics': (('train/loss', 'weighted_mean'), ('train/loss', 'p90')),
-        'histogram': 'test/error',
+        **_DELTAFL_REPORT,
     },
     'deltafl_synthetic_heldout': {
         # Synthetic(alpha, beta) draws a new labelling model per client, so
         # unseen test clients are at chance for any global model; this
         # variant evaluates each training client on its own held-out 20%.
-        'base': [
-            '--task=synthetic', '--num_clients=100',
-            '--synthetic_size_law=table_4_4', '--clients_per_round=20',
-            '--client_batch_size=10', '--client_learning_rate=0.1',
-            '--client_epochs_per_round=1',
-        ],
-        'variants': {
-            'FedAvg': ['--algorithm=fedavg'],
-            'Delta-FL theta=0.8': ['--algorithm=deltafl', '--theta=0.8'],
-            'Delta-FL theta=0.5': ['--algorithm=deltafl', '--theta=0.5'],
-            'Delta-FL theta=0.1': ['--algorithm=deltafl', '--theta=0.1'],
-        },
+        'base': ['--task=synthetic', '--num_clients=100'] + _DELTAFL_TRAINING,
+        'variants': dict(_DELTAFL_VARIANTS),
         'rounds': 300,
-        'metric': 'test/error',
-        'columns': ('mean', 'p50', 'p80', 'p90', 'p95'),
-        'extra_metrics': (('train/loss', 'weighted_mean'), ('train/loss', 'p90')),
-        'histogram': 'test/error',
+        **_DELTAFL_REPORT,
     },
     'deltafl_family_synthetic': {
         # The same comparison as deltafl_synthetic, with the four models
         # trained side by side in one run per seed on identical client draws.
-        'base': [
-            '--task=synthetic', '--num_clients=200', '--test_clients_fraction=0.5',
-            '--synthetic_size_law=table_4_4', '--clients_per_round=20',
-            '--client_batch_size=10', '--client_learning_rate=0.1',
-            '--client_epochs_per_round=1',
-        ],
+        'base': _DELTAFL_UNSEEN,
         'variants': {
             'family': ['--algorithm=deltafl', '--thetas=1,0.8,0.5,0.1'],
         },
@@ -132,10 +120,7 @@ EXPERIMENTS = {
             'Delta-FL theta=0.1': 'theta_0.1',
         },
         'rounds': 300,
-        'metric': 'test/error',
-        'columns': ('mean', 'p50', 'p80', 'p90', 'p95'),
-        'extra_metrics': (('train/loss', 'weighted_mean'), ('train/loss', 'p90')),
-        'histogram': 'test/error',
+        **_DELTAFL_REPORT,
     },
     'fedprox_stragglers': {
         'base': [

@@ -2,10 +2,6 @@
 
 import csv
 import json
-import os
-import signal
-import subprocess
-import sys
 
 import dp_accounting
 import numpy as np
@@ -14,25 +10,11 @@ import pytest
 from run import algorithms
 from run import privacy_setup
 from run import simulation
+from tests import binary
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL = ['--task=synthetic', '--num_clients=12', '--synthetic_size_law=constant',
          '--clients_per_round=4', '--client_batch_size=5',
          '--client_learning_rate=0.05', '--seed=3', '--progress=false']
-
-
-def run_train(args, out_dir, timeout=400):
-  """The binary in its own process group, killed whole if it overruns."""
-  proc = subprocess.Popen(
-      [sys.executable, '-m', 'run.train', f'--root_output_dir={out_dir}']
-      + args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-      text=True, start_new_session=True)
-  try:
-    stdout, stderr = proc.communicate(timeout=timeout)
-  finally:
-    if proc.poll() is None:
-      os.killpg(proc.pid, signal.SIGKILL)
-  return proc.returncode, stdout, stderr
 
 
 def spec(**kw):
@@ -90,7 +72,7 @@ def test_prepare_dp_refusals_and_calibration():
 
 
 def test_binary_refuses_dp_with_qffl_in_one_line(tmp_path):
-  code, _, stderr = run_train(
+  code, _, stderr = binary.run_train(
       SMALL + ['--total_rounds=2', '--algorithm=qffl', '--q=1',
                           '--clip=1', '--noise_multiplier=1'], tmp_path)
   lines = [line for line in stderr.splitlines() if line.strip()]
@@ -104,7 +86,7 @@ def test_binary_writes_epsilon_per_round_and_in_the_summary(tmp_path):
       '--clip=0.5', '--noise_multiplier=1.2', '--client_sampling=poisson',
       '--dp_delta=1e-3', '--rounds_per_eval=0', '--eval_train_clients=false',
       '--experiment_name=dp']
-  code, stdout, stderr = run_train(args, tmp_path)
+  code, stdout, stderr = binary.run_train(args, tmp_path)
   assert code == 0, stderr
   with open(tmp_path / 'dp' / 'metrics.csv') as f:
     rows = list(csv.DictReader(f))

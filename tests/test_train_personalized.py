@@ -1,38 +1,16 @@
 """The training binary with Ditto and the Fed+ family: options and a run."""
 
 import json
-import os
-import signal
-import subprocess
-import sys
 
 import pytest
 
 from run import algorithms
+from tests import binary
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL = ['--task=synthetic', '--num_clients=12', '--synthetic_size_law=constant',
          '--clients_per_round=4', '--client_batch_size=5',
          '--client_learning_rate=0.05', '--rounds_per_eval=4', '--seed=3',
          '--progress=false']
-
-
-def run_train(args, out_dir, timeout=300):
-  """Runs the binary in its own process group, killed if it overruns."""
-  proc = subprocess.Popen(
-      [sys.executable, '-m', 'run.train', f'--root_output_dir={out_dir}']
-      + args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-      text=True, start_new_session=True)
-  try:
-    stdout, stderr = proc.communicate(timeout=timeout)
-  finally:
-    if proc.poll() is None:
-      os.killpg(proc.pid, signal.SIGKILL)
-  return proc.returncode, stdout, stderr
-
-
-def error_lines(stderr):
-  return [line for line in stderr.splitlines() if line.strip()]
 
 
 @pytest.mark.parametrize('kwargs, message', [
@@ -73,7 +51,7 @@ def test_describe_reports_kappa():
 
 
 def test_binary_runs_fed_plus_with_disk_store_and_refuses_bad_input(tmp_path):
-  code, stdout, stderr = run_train(
+  code, stdout, stderr = binary.run_train(
       SMALL + ['--total_rounds=2', '--algorithm=fedcomed_plus',
                '--fedplus_sigma=1', '--fedplus_iterations=3',
                '--client_state_store=disk', '--experiment_name=plus'],
@@ -90,9 +68,9 @@ def test_binary_runs_fed_plus_with_disk_store_and_refuses_bad_input(tmp_path):
       (['--algorithm=ditto', '--ditto_lambda_grid=0.1,x'], 'comma-separated'),
       (['--client_state_store=disk'], 'apply to ditto and the Fed+'),
   ):
-    code, _, stderr = run_train(SMALL + ['--total_rounds=2'] + args,
+    code, _, stderr = binary.run_train(SMALL + ['--total_rounds=2'] + args,
                                 tmp_path)
-    lines = error_lines(stderr)
+    lines = binary.error_lines(stderr)
     assert code == 2, stderr
     assert len(lines) == 1 and lines[0].startswith('train: error: '), stderr
     assert message in lines[0], stderr

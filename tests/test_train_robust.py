@@ -1,37 +1,14 @@
 """The training binary's robustness flags: one error line for bad input."""
 
 import json
-import os
-import signal
-import subprocess
-import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests import binary
+
 SMALL = ['--task=synthetic', '--num_clients=12', '--synthetic_size_law=constant',
          '--clients_per_round=4', '--client_batch_size=5',
          '--client_learning_rate=0.05', '--seed=3', '--progress=false']
-
-
-def run_train(args, out_dir, timeout=300):
-  """Runs the binary in its own process group, ended afterwards."""
-  proc = subprocess.Popen(
-      [sys.executable, '-m', 'run.train', f'--root_output_dir={out_dir}']
-      + args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-      text=True, start_new_session=True)
-  try:
-    stdout, stderr = proc.communicate(timeout=timeout)
-  finally:
-    try:
-      os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-      pass
-  return proc.returncode, stdout, stderr
-
-
-def error_lines(stderr):
-  return [line for line in stderr.splitlines() if line.strip()]
 
 
 @pytest.mark.parametrize('args, message', [
@@ -42,15 +19,16 @@ def error_lines(stderr):
       '--attack_fraction=0.2'], 'not qffl'),
 ])
 def test_bad_robustness_flags_give_one_line(args, message, tmp_path):
-  code, _, stderr = run_train(SMALL + ['--total_rounds=2'] + args, tmp_path)
-  lines = error_lines(stderr)
+  code, _, stderr = binary.run_train(
+      SMALL + ['--total_rounds=2'] + args, tmp_path)
+  lines = binary.error_lines(stderr)
   assert code == 2, stderr
   assert len(lines) == 1, stderr
   assert lines[0].startswith('train: error: ') and message in lines[0], stderr
 
 
 def test_attacked_run_with_robust_aggregator(tmp_path):
-  code, stdout, stderr = run_train(
+  code, stdout, stderr = binary.run_train(
       SMALL + ['--total_rounds=2', '--rounds_per_eval=0',
                '--aggregator=geometric_median', '--attack=label_poison',
                '--attack_fraction=0.25', '--experiment_name=robust'],

@@ -65,6 +65,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from run import algorithms
 from run import simulation
 from run import train  # The training binary's flags, reused by main().
 from tasks import base as task_base
@@ -590,10 +591,10 @@ def main(argv: Sequence[str]) -> int:
     if values.straggler_fraction:
       raise ValueError('--straggler_fraction is not supported by the program'
                        ' logic (use run.train)')
-    task, process, sim_config, out_dir = train.prepare()
-    if stateful.is_stateful(process):
+    if algorithms.AlgorithmSpec(values.algorithm).is_stateful:
       raise ValueError(f'--algorithm={values.algorithm} keeps per-client '
                        'state: run it with python -m run.stateful_program')
+    task, process, sim_config, out_dir = train.prepare()
     config = ProgramConfig(
         total_rounds=sim_config.total_rounds,
         clients_per_round=sim_config.clients_per_round,

@@ -81,6 +81,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from run import algorithms
 from run import program
 from run import simulation
 from run import train  # The training binary's flags, reused by main().
@@ -452,6 +453,9 @@ def run_stateful_program(
     raise TypeError(
         'process must be a stateful.StatefulClientsProcess (Ditto, Fed+); '
         'run LearningProcesses with run.program.run_program')
+  if client_state_store not in ('memory', 'disk'):
+    raise ValueError(f'unknown client-state store {client_state_store!r}; '
+                     'choose memory or disk')
   task = program._task_for(task_name, task_kwargs)  # pylint: disable=protected-access
   if len(process.personal_model_names) > 1 and task.validation_data is None:
     raise ValueError(
@@ -507,10 +511,10 @@ def main(argv: Sequence[str]) -> int:
     if values.straggler_fraction:
       raise ValueError('--straggler_fraction is not supported by the program'
                        ' logic (use run.train)')
-    task, process, sim_config, out_dir = train.prepare()
-    if not stateful.is_stateful(process):
+    if not algorithms.AlgorithmSpec(values.algorithm).is_stateful:
       raise ValueError(f'--algorithm={values.algorithm} keeps no client '
                        'state; run it with python -m run.program')
+    task, process, sim_config, out_dir = train.prepare()
     config = program.ProgramConfig(
         total_rounds=sim_config.total_rounds,
         clients_per_round=sim_config.clients_per_round)

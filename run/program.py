@@ -552,15 +552,16 @@ def write_per_client(process, state, task: task_base.FederatedTask,
   clients_dir = os.path.join(output_dir, 'clients')
   os.makedirs(clients_dir, exist_ok=True)
   path = os.path.join(clients_dir, f'round_{round_num:05d}.csv')
+  # Splits may have other columns (a personal split's `lambda`): the union.
+  names = list(dict.fromkeys(k for values in per_client.values()
+                             for k in values if k != 'client_id'))
   with open(path, 'w', newline='') as f:
-    writer = None
+    writer = csv.writer(f)
+    writer.writerow(['split', 'client_id'] + names)
     for split, values in per_client.items():
-      names = [k for k in values if k != 'client_id']
-      if writer is None:
-        writer = csv.writer(f)
-        writer.writerow(['split', 'client_id'] + names)
       for i, cid in enumerate(values['client_id']):
         writer.writerow([split, cid] + [
+            '' if n not in values else
             repr(round(float(values[n][i]), 7)) if n != 'num_examples'
             else str(int(values[n][i])) for n in names])
   with open(os.path.join(output_dir, 'summary.json'), 'w') as f:
@@ -594,7 +595,7 @@ def main(argv: Sequence[str]) -> int:
     if algorithms.AlgorithmSpec(values.algorithm).is_stateful:
       raise ValueError(f'--algorithm={values.algorithm} keeps per-client '
                        'state: run it with python -m run.stateful_program')
-    task, process, sim_config, out_dir = train.prepare()
+    task, process, sim_config, out_dir = train.prepare()[:4]
     config = ProgramConfig(
         total_rounds=sim_config.total_rounds,
         clients_per_round=sim_config.clients_per_round,

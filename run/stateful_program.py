@@ -514,7 +514,7 @@ def main(argv: Sequence[str]) -> int:
     if not algorithms.AlgorithmSpec(values.algorithm).is_stateful:
       raise ValueError(f'--algorithm={values.algorithm} keeps no client '
                        'state; run it with python -m run.program')
-    task, process, sim_config, out_dir = train.prepare()
+    task, process, sim_config, out_dir = train.prepare()[:4]
     config = program.ProgramConfig(
         total_rounds=sim_config.total_rounds,
         clients_per_round=sim_config.clients_per_round)

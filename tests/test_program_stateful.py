@@ -8,9 +8,11 @@ same seed. An interruption between the store's snapshot and the program
 state's save (the window the ordering protects) is resumed too.
 """
 
+import contextlib
 import csv
 import os
 import shutil
+import signal
 import subprocess
 import sys
 
@@ -213,13 +215,37 @@ def test_bad_input(task, processes, tmp_path):
     run(processes['ditto'], tmp_path / 'x', 1, store='cloud')
 
 
-def test_binary_refuses_a_stateless_algorithm_in_one_line():
-  proc = subprocess.run(
-      [sys.executable, '-m', 'run.stateful_program', '--algorithm=fedavg',
-       '--progress=false'],
-      cwd=ROOT, capture_output=True, text=True, timeout=300,
-      start_new_session=True)
-  assert proc.returncode == 2
-  lines = [l for l in proc.stderr.splitlines() if l.strip()]
+def test_binary(tmp_path):
+  """`python -m run.stateful_program`: a Ditto lambda grid, and a refusal."""
+  out = binary(['--task=synthetic', '--num_clients=8', '--algorithm=ditto',
+                '--ditto_lambda_grid=0.1,1',
+                '--synthetic_validation_fraction=0.1', '--total_rounds=1',
+                '--clients_per_round=3', '--client_learning_rate=0.05',
+                f'--root_output_dir={tmp_path}', '--experiment_name=ditto'])
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert 'personal/test/lambda' in out.stdout
+  with open(tmp_path / 'ditto' / 'clients' / 'round_00001.csv') as f:
+    rows = list(csv.DictReader(f))
+  assert len(rows) == 4 * 8  # Global and personal, test and train splits.
+  assert {r['lambda'] for r in rows if r['split'] == 'personal/test'} <= {
+      '0.1', '1.0'}
+  refused = binary(['--algorithm=fedavg'])
+  assert refused.returncode == 2
+  lines = [l for l in refused.stderr.splitlines() if l.strip()]
   assert lines == ['program: error: --algorithm=fedavg keeps no client '
                    'state; run it with python -m run.program']
+
+
+def binary(args):
+  """Runs the binary in its own process group, ended afterwards."""
+  proc = subprocess.Popen(
+      [sys.executable, '-m', 'run.stateful_program', '--progress=false']
+      + args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+      text=True, start_new_session=True)
+  try:
+    stdout, stderr = proc.communicate(timeout=600)
+  finally:
+    with contextlib.suppress(ProcessLookupError):
+      os.killpg(proc.pid, signal.SIGKILL)
+  return subprocess.CompletedProcess(proc.args, proc.returncode, stdout,
+                                     stderr)

@@ -90,6 +90,8 @@ from tff_algos import client_states as client_states_lib
 from tff_algos import runtime
 from tff_algos import stateful
 # pylint: enable=g-import-not-at-top,wrong-import-position
+# This module extends run.program's data source and reuses its helpers.
+# pylint: disable=protected-access
 
 BATCH = 'batch'
 CLIENT_STATE = 'client_state'
@@ -241,7 +243,7 @@ class StatefulClientDataSourceIterator(program.ClientDataSourceIterator):
   def __eq__(self, other: object) -> bool:
     if not isinstance(other, StatefulClientDataSourceIterator):
       return NotImplemented
-    return super().__eq__(other) and self._leaves == other._leaves  # pylint: disable=protected-access
+    return super().__eq__(other) and self._leaves == other._leaves
 
 
 class StatefulClientDataSource(tff.program.FederatedDataSource):
@@ -357,7 +359,7 @@ async def _train(process, source, store, config, output_dir):
   state_manager = tff.program.FileProgramStateManager(
       os.path.join(output_dir, 'program_state'), keep_total=3,
       keep_first=True)
-  metrics_manager = program._release_managers(  # pylint: disable=protected-access
+  metrics_manager = program._release_managers(
       output_dir, 'train', 'metrics.csv')
   model_manager = tff.program.SavedModelFileReleaseManager(
       os.path.join(output_dir, 'models'), prefix='')
@@ -456,7 +458,7 @@ def run_stateful_program(
   if client_state_store not in ('memory', 'disk'):
     raise ValueError(f'unknown client-state store {client_state_store!r}; '
                      'choose memory or disk')
-  task = program._task_for(task_name, task_kwargs)  # pylint: disable=protected-access
+  task = program._task_for(task_name, task_kwargs)
   if len(process.personal_model_names) > 1 and task.validation_data is None:
     raise ValueError(
         'a lambda grid is selected on validation data, and this task has '
@@ -468,7 +470,7 @@ def run_stateful_program(
   config.validate(len(task.train_data.client_ids),
                   len(task.test_data.client_ids))
   os.makedirs(output_dir, exist_ok=True)
-  program._check_and_save_config(output_dir, {  # pylint: disable=protected-access
+  program._check_and_save_config(output_dir, {
       **dict(settings or {}), 'task': task_name,
       'task_kwargs': dict(task_kwargs), 'seed': seed,
       'client_epochs_per_round': client_epochs_per_round,

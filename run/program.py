@@ -39,8 +39,9 @@ The flags are the training binary's (`--help` lists them) plus
 logic has no straggler schedule) and `--rounds_per_checkpoint` (the program
 logic saves its state every round).
 
-Stateful clients (Ditto, Fed+): see the "Production TFF programs" section of
-docs/algorithms.md for how their per-client state is kept in such a program.
+Stateful clients (Ditto, Fed+) cannot run under `train_model`: they run as a
+program through `run.stateful_program`, which keeps their per-client state
+(see docs/programs.md).
 """
 
 import os
@@ -64,12 +65,14 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from run import algorithms
 from run import simulation
 from run import train  # The training binary's flags, reused by main().
 from tasks import base as task_base
 from tasks import evaluation
 from tasks import registry
 from tff_algos import runtime
+from tff_algos import stateful
 from tff_algos import stragglers as stragglers_lib
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
@@ -477,6 +480,11 @@ def run_program(
     ProgramError: If `output_dir` holds a program with other settings.
   """
   runtime.install_worker_cleanup()
+  if stateful.is_stateful(process):
+    raise TypeError(
+        'stateful-client processes (Ditto, Fed+) keep per-client state that '
+        'train_model cannot carry; run them with '
+        'run.stateful_program.run_stateful_program')
   if not isinstance(process, tff.learning.templates.LearningProcess):
     raise TypeError(
         f'process must be a tff.learning.templates.LearningProcess, got '
@@ -527,28 +535,33 @@ def run_program(
 
 
 def write_per_client(process, state, task: task_base.FederatedTask,
-                     output_dir: str, round_num: int) -> dict[str, Any]:
+                     output_dir: str, round_num: int,
+                     extra: Optional[Mapping[str, Any]] = None
+                     ) -> dict[str, Any]:
   """Evaluates `state`'s model on every client; writes the binary's files.
 
   Writes `clients/round_NNNNN.csv` and `summary.json` / `summary.txt` as
-  `run.simulation` does (so `run.report` reads the folder).
+  `run.simulation` does (so `run.report` reads the folder). `extra`: more
+  per-client tables (e.g. `personal/test`) summarized with them.
   """
   per_client = simulation.evaluate_per_client(
       task, evaluation.build_per_client_evaluation(task.model_fn),
       process.get_model_weights(state), include_train=True)
+  per_client.update(extra or {})
   summaries = simulation.summarize(per_client)
   clients_dir = os.path.join(output_dir, 'clients')
   os.makedirs(clients_dir, exist_ok=True)
   path = os.path.join(clients_dir, f'round_{round_num:05d}.csv')
+  # Splits may have other columns (a personal split's `lambda`): the union.
+  names = list(dict.fromkeys(k for values in per_client.values()
+                             for k in values if k != 'client_id'))
   with open(path, 'w', newline='') as f:
-    writer = None
+    writer = csv.writer(f)
+    writer.writerow(['split', 'client_id'] + names)
     for split, values in per_client.items():
-      names = [k for k in values if k != 'client_id']
-      if writer is None:
-        writer = csv.writer(f)
-        writer.writerow(['split', 'client_id'] + names)
       for i, cid in enumerate(values['client_id']):
         writer.writerow([split, cid] + [
+            '' if n not in values else
             repr(round(float(values[n][i]), 7)) if n != 'num_examples'
             else str(int(values[n][i])) for n in names])
   with open(os.path.join(output_dir, 'summary.json'), 'w') as f:
@@ -579,7 +592,10 @@ def main(argv: Sequence[str]) -> int:
     if values.straggler_fraction:
       raise ValueError('--straggler_fraction is not supported by the program'
                        ' logic (use run.train)')
-    task, process, sim_config, out_dir = train.prepare()
+    if algorithms.AlgorithmSpec(values.algorithm).is_stateful:
+      raise ValueError(f'--algorithm={values.algorithm} keeps per-client '
+                       'state: run it with python -m run.stateful_program')
+    task, process, sim_config, out_dir = train.prepare()[:4]
     config = ProgramConfig(
         total_rounds=sim_config.total_rounds,
         clients_per_round=sim_config.clients_per_round,

@@ -69,7 +69,8 @@ def kernel_specs(tmp_path_factory):
 
 def test_the_examples_are_there():
   names = {os.path.basename(path) for path in NOTEBOOKS}
-  assert {'quickstart.ipynb', 'tail_objectives.ipynb'} <= names
+  assert {'quickstart.ipynb', 'tail_objectives.ipynb',
+          'personalization_robustness.ipynb', 'privacy.ipynb'} <= names
 
 
 def test_notebooks_are_committed_lean():

@@ -1,0 +1,557 @@
+# Copyright 2026 The tff-hetero Authors. Licensed under the Apache License 2.0.
+r"""Stateful-client algorithms (Ditto, Fed+) as production-style TFF programs.
+
+`run.program` runs `LearningProcess`es under
+`tff.learning.programs.train_model`. Ditto (Li et al., "Ditto: Fair and
+Robust Federated Learning Through Personalization", ICML 2021,
+arXiv:2012.04221) and Fed+ (Kundu et al., "Robustness and Personalization in
+Federated Learning: A Unified Approach via Regularization", arXiv:2009.06303)
+keep a model per client across rounds (`tff_algos.stateful`), and
+`train_model` cannot carry it:
+
+* their `next` takes and returns the selected clients' states
+  (`(state, data, client_states) -> (state, client_states, metrics)`),
+  while `train_model` calls `next(state, data)`;
+* `tff.program.NativeFederatedContext` only returns server-placed values, and
+  materializes a CLIENTS-placed argument only when it is what a data-source
+  iterator selects (a sequence per client);
+* `train_model` hands a round's output only to its metrics release manager,
+  so nothing could write the returned states back before it saves the round.
+
+This module is the equivalent program loop, built from the same TFF program
+components:
+
+* `StatefulClientDataSource`, a `tff.program.FederatedDataSource` whose
+  iterator selects exactly `run.program.ClientDataSource`'s clients and
+  shuffles (so `run.train`'s) and yields each selected client's training
+  data together with its stored state: one sequence per client whose first
+  element (the header) holds the state and the client's position in the
+  cohort, the next ones its batches (`client_sequence`). The iterator is
+  `tff.Serializable` (task, seed, round counter); the states are not in it,
+  they are read from a `tff_algos.client_states.ClientStateStore` bound to
+  it.
+* `build_program_round`: a `tff.Computation` `(state@SERVER,
+  {header+batches}@CLIENTS) -> <state, client states, metrics>@SERVER`. Each
+  client splits its sequence into its state and its batches, runs the
+  algorithm's own round computation, and places its new state at its
+  position in a `[k, ...]` tensor per weight, all zero elsewhere; the
+  `federated_sum` of these is exact (x + 0 = x) and brings the cohort's new
+  states to the server in selection order.
+* The loop (`run_stateful_program`), in a `NativeFederatedContext`: load the
+  latest program state from a `tff.program.FileProgramStateManager` and
+  restore the store to the same round; each round select, run the round,
+  write the returned states to the store (`put_many`), snapshot the store,
+  then save the program state `(state, round_num, iterator)` as version
+  `round_num`, then release the round's metrics to `metrics.csv`
+  (`tff.program.CSVFileReleaseManager`) and `tensorboard/train`
+  (`tff.program.TensorBoardReleaseManager`), and every 10 rounds and at the
+  end the training state to `models/`
+  (`tff.program.SavedModelFileReleaseManager`), as `train_model` does.
+  The store is snapshotted before the program state is saved, so the latest
+  program-state version always has its client states; a program interrupted
+  between the two resumes from the previous version and the store's
+  restore drops the newer states.
+
+At the end the global model and every client's personal model are evaluated
+on every client (`clients/round_NNNNN.csv`, `clients/personal_...`,
+`summary.json`, `run.train`'s format).
+
+Example:
+
+  python -m run.stateful_program --task=synthetic --algorithm=ditto \
+      --ditto_lambda=1 --total_rounds=20 --clients_per_round=10 \
+      --client_learning_rate=0.05 --experiment_name=ditto_program
+"""
+
+import os
+
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
+import collections
+import json
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any, Optional
+
+from absl import app
+from absl import flags
+from absl import logging
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from run import algorithms
+from run import program
+from run import simulation
+from run import train  # The training binary's flags, reused by main().
+from tasks import base as task_base
+from tff_algos import client_states as client_states_lib
+from tff_algos import runtime
+from tff_algos import stateful
+# pylint: enable=g-import-not-at-top,wrong-import-position
+# This module extends run.program's data source and reuses its helpers.
+# pylint: disable=protected-access
+
+BATCH = 'batch'
+CLIENT_STATE = 'client_state'
+POSITION = 'position'
+# `train_model` releases the model every this many rounds (TFF 0.87).
+MODEL_RELEASE_PERIOD = 10
+
+
+def _leaf_specs(process: stateful.StatefulClientsProcess
+                ) -> list[tuple[list[int], str]]:
+  """`(shape, dtype name)` of each leaf of a client state (JSON-able)."""
+  return [(list(np.shape(a)), np.asarray(a).dtype.name)
+          for a in tf.nest.flatten(process.initial_client_state())]
+
+
+def _batch_spec(spec: program.DataSpec):
+  task = spec.task_object
+  return task.train_dataset(spec.client_ids()[0], 1, None).element_spec
+
+
+def _element_spec(spec: program.DataSpec, leaves):
+  """The `tf.TensorSpec` structure of one element of a client's sequence."""
+  return collections.OrderedDict([
+      (BATCH, _batch_spec(spec)),
+      (CLIENT_STATE, tuple(tf.TensorSpec([None] + list(shape), dtype)
+                           for shape, dtype in leaves)),
+      (POSITION, tf.TensorSpec([], tf.int32)),
+  ])
+
+
+def _empty_batch(batch_spec):
+  """A batch of 0 examples with `batch_spec`'s structure."""
+  def empty(s: tf.TensorSpec):
+    if not s.shape or s.shape[0] is not None:
+      raise ValueError(
+          'client batches need an unknown leading (batch) dimension to carry '
+          f'a state header, got {s}')
+    shape = [0] + [d if d is not None else 0 for d in s.shape[1:]]
+    return np.zeros(shape, s.dtype.as_numpy_dtype)
+  return tf.nest.map_structure(empty, batch_spec)
+
+
+def client_sequence(batches: tf.data.Dataset, client_state,
+                    position: int) -> tf.data.Dataset:
+  """A client's batches with its state in front, as the program feeds them.
+
+  Element 0 (the header) holds an empty batch, the state's leaves each with a
+  leading dimension of 1, and `position`; the next elements hold the batches
+  with empty (0-row) state leaves, so the state is carried once.
+
+  Args:
+    batches: The client's training batches (leading dimension unknown).
+    client_state: Its stored state (a `tf.nest` structure of arrays).
+    position: Its index in the round's cohort.
+
+  Returns:
+    A `tf.data.Dataset` of `OrderedDict(batch, client_state, position)`.
+  """
+  leaves = [np.asarray(a) for a in tf.nest.flatten(client_state)]
+  header = tf.data.Dataset.from_tensors(collections.OrderedDict([
+      (BATCH, _empty_batch(batches.element_spec)),
+      (CLIENT_STATE, tuple(a[np.newaxis] for a in leaves)),
+      (POSITION, np.int32(position)),
+  ]))
+  empty = tuple(np.zeros((0,) + a.shape, a.dtype) for a in leaves)
+  def with_empty_state(*batch):
+    # `map` unpacks tuple elements: pack them again.
+    return collections.OrderedDict([
+        (BATCH, batch[0] if len(batch) == 1 else batch),
+        (CLIENT_STATE, empty), (POSITION, np.int32(position))])
+
+  body = batches.map(with_empty_state)
+  return header.concatenate(body)
+
+
+class StatefulClientDataSourceIterator(program.ClientDataSourceIterator):
+  """`ClientDataSourceIterator`'s clients, each with its stored state.
+
+  `select(k)` returns one `client_sequence` per selected client; the states
+  come from the bound `ClientStateStore` (`bind`), and `selected_ids` names
+  the clients of the last selection. Serialized as the parent (data spec,
+  round counter) plus the state leaves' shapes; the store is not serialized:
+  it is versioned by round next to the program state.
+  """
+
+  def __init__(self, spec: program.DataSpec, leaves, round_num: int = 0,
+               store: Optional[client_states_lib.ClientStateStore] = None):
+    if spec.split != 'train' or spec.client_index:
+      raise ValueError('stateful clients train on the train split, without '
+                       'a client index')
+    super().__init__(spec, round_num)
+    self._leaves = [(list(s), str(d)) for s, d in leaves]
+    self._federated_type = tff.FederatedType(
+        tff.SequenceType(tff.types.tensorflow_to_type(
+            _element_spec(spec, self._leaves))), tff.CLIENTS)
+    self._store = store
+    self._selected: list[str] = []
+
+  @classmethod
+  def from_bytes(cls, buffer: bytes) -> 'StatefulClientDataSourceIterator':
+    """Deserializes the iterator (unbound: call `bind`)."""
+    saved = json.loads(bytes(buffer).decode('utf-8'))
+    return cls(program.DataSpec.from_json(saved['spec']), saved['leaves'],
+               int(saved['round_num']))
+
+  def to_bytes(self) -> bytes:
+    """Serializes the data spec, round counter and state leaf specs."""
+    return json.dumps({'spec': self._spec.to_json(),
+                       'round_num': self._round_num,
+                       'leaves': self._leaves}).encode('utf-8')
+
+  def bind(self, store: client_states_lib.ClientStateStore) -> None:
+    """Reads the clients' states from `store` from now on."""
+    self._store = store
+
+  @property
+  def selected_ids(self) -> list[str]:
+    """The client ids of the last `select`, in cohort order."""
+    return list(self._selected)
+
+  def select(self, k: Optional[int] = None) -> list[tf.data.Dataset]:
+    """The next round's `k` clients' sequences (state header + batches).
+
+    Raises:
+      ValueError: If `k` is out of range or no store is bound.
+    """
+    if self._store is None:
+      raise ValueError('bind a ClientStateStore to the iterator first')
+    datasets = super().select(k)
+    ids = self._spec.client_ids()
+    num_examples = None
+    if self._spec.sampling == 'examples':
+      task = self._spec.task_object
+      num_examples = [
+          task_base.count_examples(task.train_data.create_tf_dataset_for_client(
+              cid)) for cid in ids]
+    self._selected = simulation.sample_clients(
+        ids, self._round_num, clients_per_round=k, seed=self._spec.seed,
+        scheme=self._spec.sampling, num_examples=num_examples)
+    states = self._store.get_many(self._selected)
+    return [client_sequence(ds, s, i)
+            for i, (ds, s) in enumerate(zip(datasets, states))]
+
+  def __deepcopy__(self, memo) -> 'StatefulClientDataSourceIterator':
+    del memo
+    return StatefulClientDataSourceIterator(
+        self._spec, self._leaves, self._round_num, self._store)
+
+  def __eq__(self, other: object) -> bool:
+    if not isinstance(other, StatefulClientDataSourceIterator):
+      return NotImplemented
+    return super().__eq__(other) and self._leaves == other._leaves
+
+
+class StatefulClientDataSource(tff.program.FederatedDataSource):
+  """A `tff.program.FederatedDataSource` of clients with stored states."""
+
+  def __init__(self, spec: program.DataSpec,
+               process: stateful.StatefulClientsProcess,
+               store: client_states_lib.ClientStateStore):
+    self._spec = spec
+    self._leaves = _leaf_specs(process)
+    self._store = store
+    self._federated_type = self.iterator().federated_type
+
+  @property
+  def federated_type(self) -> tff.FederatedType:
+    """The type of what its iterators select."""
+    return self._federated_type
+
+  def iterator(self) -> StatefulClientDataSourceIterator:
+    """A fresh iterator bound to the store, starting at round 1."""
+    return StatefulClientDataSourceIterator(self._spec, self._leaves,
+                                            store=self._store)
+
+
+def _next_computation(process: stateful.StatefulClientsProcess
+                      ) -> tff.Computation:
+  # The round `tff.Computation` itself (the process's `next` wraps it).
+  return tff.templates.IterativeProcess.next.fget(process)
+
+
+def build_program_round(process: stateful.StatefulClientsProcess,
+                        data_type: tff.FederatedType,
+                        clients_per_round: int) -> tff.Computation:
+  """The round as a program computation: server-placed results only.
+
+  Args:
+    process: A `stateful.StatefulClientsProcess` (Ditto, Fed+).
+    data_type: `StatefulClientDataSource.federated_type`.
+    clients_per_round: k, the cohort size (the positions are in [0, k)).
+
+  Returns:
+    A `tff.Computation` `(state@SERVER, {header+batches}@CLIENTS) ->
+    <state@SERVER, client_states@SERVER, metrics@SERVER>`, where
+    `client_states` holds, for each leaf of a client state, a `[k, ...]`
+    array whose row i is the new state of the cohort's i-th client.
+
+  Raises:
+    TypeError: If `process` is not stateful.
+    ValueError: If its client data are not plain sequences (attack markers).
+  """
+  if not stateful.is_stateful(process):
+    raise TypeError('process must be a stateful.StatefulClientsProcess, got '
+                    f'{type(process).__name__}')
+  if clients_per_round < 1:
+    raise ValueError(f'clients_per_round must be >= 1, got '
+                     f'{clients_per_round}')
+  inner = _next_computation(process)
+  state_type, inner_data, inner_states = inner.type_signature.parameter
+  if not isinstance(inner_data.member, tff.SequenceType):
+    raise ValueError(
+        'the program feeds plain client sequences; this process expects '
+        f'{inner_data.member} (attack markers are for run.train)')
+  client_state_type = inner_states.member
+  template = process.initial_client_state()
+  shapes = [np.shape(a) for a in tf.nest.flatten(template)]
+  sequence_type = data_type.member
+  k = int(clients_per_round)
+
+  @tff.tensorflow.computation(sequence_type)
+  def split(sequence):
+    initial = (tuple(tf.zeros(s, dtype=t.dtype) for s, t in zip(
+        shapes, sequence.element_spec[CLIENT_STATE])), tf.constant(0))
+    leaves, position = sequence.take(1).reduce(
+        initial, lambda _, e: (tuple(  # pylint: disable=g-long-lambda
+            tf.reshape(a[0], s) for a, s in zip(e[CLIENT_STATE], shapes)),
+                               e[POSITION]))
+    batches = sequence.skip(1).map(lambda e: e[BATCH])
+    return (batches, tf.nest.pack_sequence_as(template, list(leaves)),
+            position)
+
+  @tff.tensorflow.computation(client_state_type, np.int32)
+  def place(client_state, position):
+    return tuple(
+        tf.scatter_nd([[position]], a[tf.newaxis], [k] + list(s))
+        for a, s in zip(tf.nest.flatten(client_state), shapes))
+
+  @tff.federated_computation(state_type, data_type)
+  def program_round(state, data):
+    parts = tff.federated_map(split, data)
+    output = inner(state, parts[0], parts[1])
+    placed = tff.federated_map(place, (output[1], parts[2]))
+    return output[0], tff.federated_sum(placed), output[2]
+
+  return program_round
+
+
+def unstack_states(process: stateful.StatefulClientsProcess, stacked,
+                   count: int) -> list[Any]:
+  """Row i of every `[k, ...]` leaf, packed as a client state, for i < count.
+  """
+  template = process.initial_client_state()
+  leaves = [np.asarray(a) for a in tf.nest.flatten(stacked)]
+  return [tf.nest.pack_sequence_as(template, [a[i] for a in leaves])
+          for i in range(count)]
+
+
+def _program_state(state, round_num, iterator):
+  return collections.OrderedDict(
+      state=state, round_num=round_num, iterator=iterator)
+
+
+async def _train(process, source, store, config, output_dir):
+  state_manager = tff.program.FileProgramStateManager(
+      os.path.join(output_dir, 'program_state'), keep_total=3,
+      keep_first=True)
+  metrics_manager = program._release_managers(
+      output_dir, 'train', 'metrics.csv')
+  model_manager = tff.program.SavedModelFileReleaseManager(
+      os.path.join(output_dir, 'models'), prefix='')
+  round_fn = build_program_round(process, source.federated_type,
+                                 config.clients_per_round)
+  initial = process.initialize()
+  loaded, version = await state_manager.load_latest(
+      _program_state(initial, 0, source.iterator()))
+  if loaded is None:
+    state, start, iterator = initial, 0, source.iterator()
+    store.restore(0)  # Drops states of a program that never saved a round.
+    await state_manager.save(_program_state(state, 0, iterator), 0)
+  else:
+    state, start, iterator = (loaded['state'], int(loaded['round_num']),
+                              loaded['iterator'])
+    store.restore(version)
+    logging.info('resuming the program from round %d', start)
+  iterator.bind(store)
+  for round_num in range(start + 1, config.total_rounds + 1):
+    datasets = iterator.select(config.clients_per_round)
+    state, stacked, metrics = round_fn(state, datasets)
+    stacked = await tff.program.materialize_value(stacked)
+    store.put_many(iterator.selected_ids,
+                   unstack_states(process, stacked, len(datasets)),
+                   round_num=round_num)
+    store.snapshot(round_num)  # Before the program state: see the docstring.
+    await state_manager.save(_program_state(state, round_num, iterator),
+                             round_num)
+    await metrics_manager.release(metrics, key=round_num)
+    if (round_num % MODEL_RELEASE_PERIOD == 0
+        or round_num == config.total_rounds):
+      await model_manager.release(state, key=round_num)
+  saved, version = await state_manager.load_latest(
+      _program_state(initial, 0, source.iterator()))
+  return saved['state'], version
+
+
+def build_client_state_store(
+    process: stateful.StatefulClientsProcess, output_dir: str,
+    kind: str = 'memory') -> client_states_lib.ClientStateStore:
+  """The program's store: `memory` (snapshots in `client_states/`) or `disk`.
+
+  Its snapshots live next to `program_state/` and keep as many rounds (3)
+  as the `FileProgramStateManager`.
+  """
+  return client_states_lib.build_store(
+      kind, lambda _: process.initial_client_state(),
+      directory=os.path.join(output_dir, 'client_states'), keep_snapshots=3)
+
+
+def run_stateful_program(
+    process: stateful.StatefulClientsProcess,
+    *,
+    task_name: str,
+    task_kwargs: Mapping[str, Any],
+    config: program.ProgramConfig,
+    output_dir: str,
+    seed: int = 0,
+    client_epochs_per_round: int = 1,
+    client_sampling: str = 'uniform',
+    client_state_store: str = 'memory',
+    settings: Optional[Mapping[str, Any]] = None,
+) -> dict[str, Any]:
+  """Runs a stateful-client process as a TFF program (see module docstring).
+
+  Args:
+    process: A `stateful.StatefulClientsProcess` (Ditto, Fed+) built for the
+      task's model.
+    task_name: A `tasks.registry` task name.
+    task_kwargs: Its `create_task` arguments (JSON-able).
+    config: Rounds and cohort (`rounds_per_eval` and `eval_clients` are not
+      used: the models are evaluated per client after training).
+    output_dir: Program state, client states, metrics and models; a program
+      found there is resumed from its last saved round.
+    seed: Seed of client selection and shuffles.
+    client_epochs_per_round: Local epochs per round.
+    client_sampling: `uniform` or `examples`.
+    client_state_store: `memory` or `disk` (`client_states/` either way).
+    settings: Extra JSON-able settings saved to `program_config.json`.
+
+  Returns:
+    `{'state', 'round_num', 'client_state_store', 'final_summaries',
+    'per_client'}`; the last two (global and `personal/` splits) with
+    `config.evaluate_per_client`, else None.
+
+  Raises:
+    TypeError: If `process` is not stateful.
+    ValueError: For impossible settings.
+    program.ProgramError: If `output_dir` holds a program with other settings.
+  """
+  runtime.install_worker_cleanup()
+  if not stateful.is_stateful(process):
+    raise TypeError(
+        'process must be a stateful.StatefulClientsProcess (Ditto, Fed+); '
+        'run LearningProcesses with run.program.run_program')
+  if client_state_store not in ('memory', 'disk'):
+    raise ValueError(f'unknown client-state store {client_state_store!r}; '
+                     'choose memory or disk')
+  task = program._task_for(task_name, task_kwargs)
+  if len(process.personal_model_names) > 1 and task.validation_data is None:
+    raise ValueError(
+        'a lambda grid is selected on validation data, and this task has '
+        'none; give it a validation split or a single lambda')
+  spec = program.DataSpec(
+      task=task_name, task_kwargs=dict(task_kwargs), split='train', seed=seed,
+      epochs=client_epochs_per_round, sampling=client_sampling)
+  spec.validate()
+  config.validate(len(task.train_data.client_ids),
+                  len(task.test_data.client_ids))
+  os.makedirs(output_dir, exist_ok=True)
+  program._check_and_save_config(output_dir, {
+      **dict(settings or {}), 'task': task_name,
+      'task_kwargs': dict(task_kwargs), 'seed': seed,
+      'client_epochs_per_round': client_epochs_per_round,
+      'client_sampling': client_sampling,
+      'clients_per_round': config.clients_per_round,
+      'client_state_store': client_state_store,
+      'total_rounds': config.total_rounds,
+      'rounds_per_eval': config.rounds_per_eval,
+  })
+  store = build_client_state_store(process, output_dir, client_state_store)
+  source = StatefulClientDataSource(spec, process, store)
+  context = program.create_context()
+
+  async def train_in_context():
+    with tff.framework.get_context_stack().install(context):
+      return await _train(process, source, store, config, output_dir)
+
+  state, round_num = simulation.run_async(train_in_context())
+  result = {'state': state, 'round_num': round_num,
+            'client_state_store': store, 'final_summaries': None,
+            'per_client': None}
+  if config.evaluate_per_client:
+    personal = simulation.evaluate_personal_per_client(
+        process, state, task, store, include_train=True)
+    result.update(program.write_per_client(
+        process, state, task, output_dir, round_num, extra=personal))
+  return result
+
+
+def main(argv: Sequence[str]) -> int:
+  """`python -m run.stateful_program`: the training binary's flags."""
+  if len(argv) > 1:
+    print(f'program: error: unexpected arguments: {" ".join(argv[1:])}',
+          file=sys.stderr)
+    return 2
+  logging.set_verbosity(logging.WARNING)
+  runtime.install_worker_cleanup()
+  values = flags.FLAGS
+  try:
+    if values.straggler_fraction:
+      raise ValueError('--straggler_fraction is not supported by the program'
+                       ' logic (use run.train)')
+    if not algorithms.AlgorithmSpec(values.algorithm).is_stateful:
+      raise ValueError(f'--algorithm={values.algorithm} keeps no client '
+                       'state; run it with python -m run.program')
+    task, process, sim_config, out_dir = train.prepare()[:4]
+    config = program.ProgramConfig(
+        total_rounds=sim_config.total_rounds,
+        clients_per_round=sim_config.clients_per_round)
+    config.validate(len(task.train_data.client_ids),
+                    len(task.test_data.client_ids))
+  except (ValueError, TypeError, OSError) as e:
+    print(f'program: error: {e}', file=sys.stderr)
+    return 2
+  try:
+    result = run_stateful_program(
+        process, task_name=values.task, task_kwargs=train.task_kwargs(),
+        config=config, output_dir=out_dir, seed=sim_config.seed,
+        client_epochs_per_round=sim_config.client_epochs_per_round,
+        client_sampling=sim_config.client_sampling,
+        client_state_store=values.client_state_store,
+        settings={k: v for k, v in train.hparams().items()
+                  if k not in ('progress', 'root_output_dir', 'data_dir')})
+  except (program.ProgramError, task_base.TaskError,
+          client_states_lib.ClientStateError, ValueError) as e:
+    print(f'program: error: {e}', file=sys.stderr)
+    return 1
+  finally:
+    runtime.kill_workers()
+  print(f'Per-client metrics after round {result["round_num"]} '
+        f'({task.description}):')
+  print(simulation.summary_table(result['final_summaries']))
+  print(f'\nOutputs: {out_dir}/ (metrics.csv, clients/, summary.txt, '
+        'tensorboard/, program_state/, client_states/, models/)')
+  return 0
+
+
+def run_main() -> None:
+  """Console-script entry point."""
+  app.run(lambda argv: runtime.exit_now(main(argv)))
+
+
+if __name__ == '__main__':
+  run_main()

@@ -55,7 +55,7 @@ def build_batched_engine(
 
   Args:
     spec: The algorithm (fedavg, fedprox, qffl, deltafl with the exact
-      quantile).
+      quantile, term).
     task: The task whose model, preprocessing and clients it uses.
     shuffle: As `SimulationConfig.shuffle`.
     loop_implementation: How the engine iterates client streams (the

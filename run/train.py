@@ -235,7 +235,8 @@ _PROGRESS = flags.DEFINE_boolean('progress', True, 'Show a progress bar.')
 _ENGINE = flags.DEFINE_string(
     'simulation_engine', 'tff',
     'tff: rounds through TFF\'s runtime (process.next); batched: each round '
-    'in one TensorFlow call (fedavg, fedprox, qffl, deltafl; same result, '
+    'in one TensorFlow call (fedavg, fedprox, qffl, deltafl, term; same '
+    'result, '
     'simulation only; see docs/performance.md).')
 _WORKERS = flags.DEFINE_list(
     'workers', [],

@@ -19,6 +19,7 @@ from tff_algos import delta_fl
 from tff_algos import fed_prox
 from tff_algos import q_ffl
 from tff_algos import stragglers
+from tff_algos import term
 
 LR = 0.1
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -124,6 +125,43 @@ def test_delta_fl_equals_federated_path(task):
   assert any(m['client_work/fraction_kept'] < 1.0 for m in fm[1:])
 
 
+@pytest.mark.parametrize('tilt', [2.0, -1.0])
+def test_term_equals_federated_path(task, tilt):
+  # Tilted weights, FedProx's term, server momentum and stragglers.
+  server = sgd(1.0, momentum=0.5)
+  process = term.build_term(task.model_fn, sgd(), server, tilt=tilt,
+                            proximal_strength=0.1)
+  algorithm = batched.BatchedAlgorithm(
+      'term', sgd(), server, tilt=tilt, proximal_strength=0.1)
+  tff_w, fast_w, tff_s, fast_s, tm, fm = run_both(
+      task, process, algorithm, straggler_fraction=0.5)
+  assert_same(tff_w, fast_w)
+  for a, b in zip(tf.nest.flatten(tff_s.finalizer),
+                  tf.nest.flatten(fast_s.finalizer)):
+    np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
+  assert_same_metrics(tm, fm, ['train/loss', 'train/accuracy',
+                               'train/num_examples',
+                               'client_work/loss_at_broadcast',
+                               'client_work/max_loss_at_broadcast',
+                               'finalizer/update_non_finite'])
+
+
+def test_term_binary_flags_equal_federated_path(task):
+  spec = algorithms.AlgorithmSpec(name='term', tilt=1.0,
+                                  client_learning_rate=LR)
+  config = simulation.SimulationConfig(
+      total_rounds=2, clients_per_round=4, rounds_per_eval=0, seed=5,
+      eval_train_clients=False)
+  states = []
+  for engine in (None, engines.build_batched_engine(spec, task)):
+    process = algorithms.build_process(spec, task.model_fn)
+    states.append(simulation.run_simulation(
+        process, task, config, progress=False, engine=engine)['state'])
+  w0, w1 = (composition.model_weights_as_numpy(process, s) for s in states)
+  for a, b in zip(w0, w1):
+    np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
+
+
 def test_run_simulation_with_engine_equals_without(task):
   spec = algorithms.AlgorithmSpec(name='qffl', q=2.0, client_learning_rate=LR)
   config = simulation.SimulationConfig(
@@ -168,7 +206,9 @@ def test_bad_arguments():
   with pytest.raises(ValueError, match='simulation_engine'):
     engines.check_engine('fast', algorithms.AlgorithmSpec(name='fedavg'))
   with pytest.raises(ValueError, match='supports'):
-    engines.check_engine('batched', algorithms.AlgorithmSpec(name='term'))
+    engines.check_engine('batched', algorithms.AlgorithmSpec(name='afl'))
+  with pytest.raises(ValueError, match='tilt'):
+    batched.BatchedAlgorithm('term', sgd(), tilt=float('inf')).validate()
   with pytest.raises(ValueError, match='exact quantile'):
     engines.check_engine('batched', algorithms.AlgorithmSpec(
         name='deltafl', theta=0.5, secure_quantile='mm'))

@@ -41,7 +41,12 @@ Supported algorithms: FedAvg and FedProx (`tff_algos.fed_prox`), q-FedAvg
 (`tff_algos.q_ffl`, Li et al., "Fair Resource Allocation in Federated
 Learning", ICLR 2020, arXiv:1905.10497) and Delta-FL with the exact quantile
 (`tff_algos.delta_fl`, Pillutla et al., "Federated Learning with
-Superquantile Aggregation for Heterogeneous Data", arXiv:2112.09429).
+Superquantile Aggregation for Heterogeneous Data", arXiv:2112.09429)
+and TERM (`tff_algos.term`, Li et al., "Tilted Empirical Risk
+Minimization", ICLR 2021, arXiv:2007.01162): each client's loss at the
+broadcast model, then local training on a fresh copy of its stream (the
+federated path's two client computations each rebuild the dataset), and the
+deltas averaged with `term.tilted_weight`.
 """
 
 import collections
@@ -57,9 +62,10 @@ from tff_algos import client_work as client_work_lib
 from tff_algos import delta_fl
 from tff_algos import q_ffl
 from tff_algos import quantiles
+from tff_algos import term as term_lib
 
 ModelFn = Callable[[], tff.learning.models.VariableModel]
-ALGORITHMS = ('fedavg', 'fedprox', 'qffl', 'deltafl')
+ALGORITHMS = ('fedavg', 'fedprox', 'qffl', 'deltafl', 'term')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,13 +78,14 @@ class BatchedAlgorithm:
     server_optimizer: The server optimizer (None: SGD with lr 1.0, the
       builders' default). Unused by q-FFL.
     client_weighting: FedAvg/FedProx weighting.
-    proximal_strength: FedProx's mu.
+    proximal_strength: FedProx's (and TERM's) mu.
     q: q-FFL's q.
     lipschitz_constant: q-FFL's L.
     theta: Delta-FL's conformity level.
     strict_filter: Delta-FL's `F_k > eta` rule.
     uniform_weights: Delta-FL's workshop weighting.
     weight_decay: Delta-FL's local weight decay.
+    tilt: TERM's t.
   """
 
   name: str
@@ -93,6 +100,7 @@ class BatchedAlgorithm:
   strict_filter: bool = False
   uniform_weights: bool = False
   weight_decay: float = 0.0
+  tilt: float = 0.0
 
   def validate(self) -> None:
     """Raises `TypeError`/`ValueError` for an unsupported configuration."""
@@ -121,6 +129,10 @@ class BatchedAlgorithm:
                        f'{self.lipschitz_constant}')
     if not 0.0 < self.theta <= 1.0:
       raise ValueError(f'theta must be in (0, 1], got {self.theta}')
+    if isinstance(self.tilt, bool) or not isinstance(self.tilt, (int, float)):
+      raise TypeError(f'tilt must be a float, got {type(self.tilt).__name__}')
+    if not np.isfinite(self.tilt):
+      raise ValueError(f'tilt must be finite, got {self.tilt}')
 
   @property
   def server(self) -> tff.learning.optimizers.Optimizer:
@@ -458,8 +470,53 @@ class BatchedEngine:
           update_non_finite=tf.cast(bad, tf.int32))
       return trainable, opt_state, metrics, extra
 
+    @tf.function
+    def term_round(weights, opt_state, raw, offsets, seeds, epochs, takes):
+      weights = as_weights(weights)
+      num_clients = tf.size(seeds)
+      losses = tf.TensorArray(tf.float32, size=num_clients)
+      counts = tf.TensorArray(tf.int64, size=num_clients)
+      for k in tf.range(num_clients):
+        ds = client_dataset(raw, offsets, seeds, epochs, takes, k)
+        model.reset_metrics()
+        loss, n = client_work_lib.local_loss(
+            model, weights, ds, loop_implementation=fast_loop)
+        losses = losses.write(k, loss)
+        counts = counts.write(k, n)
+      losses = losses.stack()
+      counts = counts.stack()
+      max_tilted = tf.reduce_max(alg.tilt * losses)
+      acc = zeros(trainable_specs)
+      total = tf.constant(0.0)
+      metrics = zeros(metric_specs)
+      for k in tf.range(num_clients):
+        # A fresh copy of the stream (first shuffle order), as the federated
+        # path's training computation, which rebuilds the client's dataset.
+        ds = client_dataset(raw, offsets, seeds, epochs, takes, k)
+        model.reset_metrics()
+        delta, _, non_finite = client_work_lib.local_training(
+            model, alg.client_optimizer, weights, ds,
+            proximal_strength=alg.proximal_strength,
+            loop_implementation=fast_loop)
+        w = term_lib.tilted_weight(losses[k], counts[k], tilt=alg.tilt,
+                                   max_tilted_loss=max_tilted)
+        w = tf.where(non_finite, 0.0, w)
+        acc = tuple(a + d * w for a, d in zip(acc, tf.nest.flatten(delta)))
+        total += w
+        metrics = _nest_add(metrics, model.report_local_unfinalized_metrics())
+      update = tuple(a / total for a in acc)
+      opt_state, trainable, bad = server_step(
+          opt_state, weights.trainable, update)
+      extra = collections.OrderedDict(
+          loss_at_broadcast=(tf.reduce_sum(losses)
+                             / tf.cast(num_clients, tf.float32)),
+          max_loss_at_broadcast=tf.reduce_max(losses),
+          update_non_finite=tf.cast(bad, tf.int32))
+      return trainable, opt_state, metrics, extra
+
     round_fn = {'fedavg': fedprox_round, 'fedprox': fedprox_round,
-                'qffl': qffl_round, 'deltafl': deltafl_round}[alg.name]
+                'qffl': qffl_round, 'deltafl': deltafl_round,
+                'term': term_round}[alg.name]
     trainable, opt_state, metric_sums, extra = round_fn(
         self._weights_ph, self._opt_state_ph, self._raw_ph, self._offsets_ph,
         self._seeds_ph, self._epochs_ph, self._takes_ph)
@@ -562,6 +619,7 @@ def algorithm_from_spec(spec, *, client_optimizer, server_optimizer,
       strict_filter=spec.strict_filter,
       uniform_weights=spec.uniform_weights,
       weight_decay=spec.weight_decay,
+      tilt=spec.tilt,
   )
 
 

@@ -81,7 +81,7 @@ def build_stacked_engine(
     task: task_base.FederatedTask,
     *,
     shuffle: bool = True,
-    vectorize: bool = True,
+    vectorize: Optional[bool] = None,
 ) -> stacked.StackedEngine:
   """The stacked engine running `spec` on `task`.
 
@@ -90,7 +90,7 @@ def build_stacked_engine(
     task: The task whose model, preprocessing and clients it uses.
     shuffle: As `SimulationConfig.shuffle`.
     vectorize: Train the clients together (False: one after another through
-      the same functional step; see `StackedEngine`).
+      the same functional step; None: by the model, see `StackedEngine`).
 
   Returns:
     A `StackedEngine`.

@@ -24,19 +24,19 @@ the Keras `VariableModel` (metrics, variable assignments) at every step.
   updated per step. The training metrics the federated path reports
   (loss, accuracy, num_examples, num_batches) are computed from the same
   masked sums and finalized with the model's own finalizers.
-* **Clients together.** With `vectorize=True` (default) every client's
-  weights are stacked on a leading client axis and one `tf.while_loop` runs
-  all clients' step `t` at once (`tf.vectorized_map` of the functional
+* **Clients together.** With `vectorize=True` (the default for models
+  without convolutions) every client's weights are stacked on a leading
+  client axis and one `tf.while_loop` runs all clients' step `t` at once (`tf.vectorized_map` of the functional
   forward pass over the clients; one gradient of the sum of the clients'
   losses gives each client its own gradient). Batches are padded to the
   batch size and clients to the longest client's step count and masked: a
   padded example has weight 0 in its client's loss and metrics, and a step
   with no real example leaves that client's weights and optimizer state
   exactly unchanged (`tf.where` on the step's result). With
-  `vectorize=False` the clients run one after another through the same
-  functional step (no padding beyond the last partial batch), which is
-  faster for convolutions with per-client filters, where `vectorized_map`
-  falls back to a loop.
+  `vectorize=False` (the default for models with convolutions) the clients
+  run one after another through the same functional step (no padding beyond
+  the last partial batch), which is faster for convolutions with per-client
+  filters, where `vectorized_map` falls back to a loop.
 
 The algorithms' own TF math is reused: `q_ffl.q_ffl_client_message`,
 `q_ffl.q_ffl_server_update`, `quantiles.tf_weighted_quantile`,
@@ -120,19 +120,22 @@ class ClientExamples:
     if client_id not in self._cache:
       ds = self.preprocess_train(
           self.client_data.create_tf_dataset_for_client(client_id), 1, None)
-      xs, ys = [], []
-      for element in ds:
+      arrays = None
+      # One read of the whole client (unbatched, then one batch).
+      for element in ds.unbatch().batch(2**31 - 1).take(1):
         x, y = _as_xy(element)
-        xs.append(x.numpy())
-        ys.append(y.numpy())
-      if xs:
-        arrays = (np.concatenate(xs), np.concatenate(ys))
-      else:
+        arrays = (x.numpy(), y.numpy())
+      if arrays is None:  # An empty client.
         arrays = (np.zeros([0] + self.x_spec.shape.as_list(),
                            self.x_spec.dtype.as_numpy_dtype),
                   np.zeros([0], self.y_spec.dtype.as_numpy_dtype))
       self._cache[client_id] = arrays
     return self._cache[client_id]
+
+  def preload(self, client_ids) -> None:
+    """Reads these clients now (O(len(client_ids)), once), not on demand."""
+    for cid in client_ids:
+      self.get(cid)
 
   def __len__(self) -> int:
     return len(self._cache)
@@ -274,7 +277,7 @@ class StackedEngine:
       algorithm: batched.BatchedAlgorithm,
       *,
       shuffle: bool = True,
-      vectorize: bool = True,
+      vectorize: Optional[bool] = None,
       shuffle_buffer_size: int = 10_000,
       session_config: Optional[tf.compat.v1.ConfigProto] = None,
   ):
@@ -288,7 +291,9 @@ class StackedEngine:
       algorithm: The algorithm and its hyperparameters.
       shuffle: As `SimulationConfig.shuffle`.
       vectorize: Train the round's clients together (stacked); False runs
-        them one after another through the same functional step.
+        them one after another through the same functional step; None
+        (default): False for models with convolutions (per-client filters
+        make `vectorized_map` fall back to a slow loop), else True.
       shuffle_buffer_size: The task's shuffle buffer (any size >= every
         client's example count gives the same orders).
       session_config: Optional `tf.compat.v1.ConfigProto`.
@@ -311,12 +316,13 @@ class StackedEngine:
                        f'{shuffle_buffer_size!r}')
     algorithm.validate()
     self.algorithm = algorithm
-    self.vectorize = bool(vectorize)
+    self._vectorize_arg = vectorize
     self._shuffle = bool(shuffle)
     self._buffer = shuffle_buffer_size
     self.examples = ClientExamples(client_data, preprocess_train)
     self._passes = 2 if algorithm.name == 'qffl' else 1
     functional, loss_none = self._functional_model(model_fn)
+    self.vectorize = bool(self._vectorize_arg)
     # The batch size is the first full batch of a probe of the task's
     # preprocessing (the layout is checked against it on the first round).
     probe = preprocess_train(
@@ -368,6 +374,10 @@ class StackedEngine:
           'the stacked engine reports the metrics '
           f'{", ".join(SUPPORTED_METRICS)}; the model also has '
           f'{", ".join(sorted(names - set(SUPPORTED_METRICS)))}')
+    if self._vectorize_arg is None:
+      self._vectorize_arg = not any(
+          type(layer).__name__.startswith('Conv')
+          for layer in keras_model.submodules)
     functional = tff.learning.models.functional_model_from_keras(
         keras_model, loss, model.input_spec)
     return functional, loss_none

@@ -15,12 +15,16 @@ For each model (`--models`):
 * `shakespeare`: TFF's character LSTM (embedding 8, 2 x LSTM 256) on random
   snippets of Shakespeare's vocabulary;
 
-and each algorithm (`--algorithms`: fedavg, qffl, deltafl), the systems run
-the same rounds (same sampled clients, shuffle seeds and batches),
-interleaved round by round in a rotating order:
+and each algorithm (`--algorithms`: fedavg, qffl, deltafl, term), the
+systems run the same rounds (same sampled clients, shuffle seeds and
+batches), interleaved round by round in a rotating order:
 
 * `tff`: our `LearningProcess` through TFF's runtime (`process.next`);
 * `batched`: `tff_algos.batched.BatchedEngine` (one TF call per round);
+* `stacked` and `stacked_seq`: `tff_algos.stacked.StackedEngine`, the
+  round's clients trained together (vectorized) or one after another
+  through the same functional step (`--stacked_modes`); models the engine
+  does not run (the LSTM's per-token labels) are left out with a note;
 * `stock` (fedavg only): TFF's `build_weighted_fed_avg`;
 * `plain` (fedavg only): a plain graph-mode SGD loop on the same Keras
   model over the round's batches read into tensors before its timer starts
@@ -28,9 +32,9 @@ interleaved round by round in a rotating order:
 
 Per system: examples/s and seconds/round (wall), CPU seconds/round (this
 process and its TFF worker), and the ratios to stock FedAvg and to the plain
-loop on the same model. `tff` and `batched` must end with equal weights
-(the L-inf difference is reported). Peak memory (VmHWM) of this process and
-of its TFF worker is reported per model (all systems share the process).
+loop on the same model. `tff`, `batched` and `stacked` must end with equal
+weights (the L-inf differences to `tff` are reported). Peak memory (VmHWM)
+of this process and of its TFF worker is reported per model (all systems share the process).
 """
 
 import os
@@ -62,20 +66,29 @@ from tasks import shakespeare
 from tasks import synthetic
 from tff_algos import composition
 from tff_algos import runtime
+from tff_algos import stacked
 from tff_algos import stragglers
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 MODELS = ('softmax', 'emnist_cnn', 'shakespeare')
-ALGORITHMS = ('fedavg', 'qffl', 'deltafl')
+ALGORITHMS = ('fedavg', 'qffl', 'deltafl', 'term')
 
 _MODELS = flags.DEFINE_list('models', list(MODELS), 'Models to time.')
-_ALGORITHMS = flags.DEFINE_list('algorithms', list(ALGORITHMS),
-                                'Algorithms to time.')
+_ALGORITHMS = flags.DEFINE_list('algorithms', ['fedavg', 'qffl', 'deltafl'],
+                                f'Algorithms to time, of {ALGORITHMS}.')
 _ROUNDS = flags.DEFINE_integer('rounds', 6, 'Timed rounds per system.')
 _WARMUP = flags.DEFINE_integer('warmup_rounds', 2, 'Untimed rounds first.')
 _CLIENTS = flags.DEFINE_integer('clients_per_round', 10, 'Clients per round.')
 _NUM_CLIENTS = flags.DEFINE_integer('num_clients', 100, 'Population.')
 _OUTPUT = flags.DEFINE_string('output_json', None, 'Write every number here.')
+_STACKED_MODES = flags.DEFINE_list(
+    'stacked_modes', ['vectorized', 'sequential'],
+    'Stacked-engine systems to time: vectorized (`stacked`), sequential '
+    '(`stacked_seq`); empty for none.')
+_STACKED_ONLY = flags.DEFINE_boolean(
+    'stacked_only', False,
+    'Time only stock and plain FedAvg and the stacked engine (not our TFF '
+    'path nor the batched engine).')
 
 # (examples per client, batch size, client learning rate) per model.
 _SIZES = {'softmax': (150, 10, 0.01), 'emnist_cnn': (100, 20, 0.01),
@@ -222,7 +235,8 @@ def memory_mb() -> dict[str, float]:
 
 
 def run_model(model: str, algorithm_names, *, rounds: int, warmup: int,
-              clients_per_round: int, num_clients: int, log) -> dict:
+              clients_per_round: int, num_clients: int, log,
+              stacked_modes=(), stacked_only: bool = False) -> dict:
   """Times every system on one model; returns its numbers."""
   task = build_task(model, num_clients)
   n, batch, lr = _SIZES[model]
@@ -231,16 +245,33 @@ def run_model(model: str, algorithm_names, *, rounds: int, warmup: int,
       total_rounds=warmup + rounds, clients_per_round=clients_per_round,
       seed=0)
   systems = {}  # name -> (kind, object, state)
+  processes = {}
   for name in algorithm_names:
     spec = algorithms.AlgorithmSpec(
         name=name, client_learning_rate=lr,
         q=1.0 if name == 'qffl' else 0.0,
-        theta=0.5 if name == 'deltafl' else 1.0)
+        theta=0.5 if name == 'deltafl' else 1.0,
+        tilt=1.0 if name == 'term' else 0.0)
     process = algorithms.build_process(spec, task.model_fn)
-    systems[f'{name}/tff'] = ['process', process, process.initialize()]
-    systems[f'{name}/batched'] = [
-        'engine', engines.build_batched_engine(spec, task),
-        process.initialize()]
+    processes[name] = process
+    if not stacked_only:
+      systems[f'{name}/tff'] = ['process', process, process.initialize()]
+      systems[f'{name}/batched'] = [
+          'engine', engines.build_batched_engine(spec, task),
+          process.initialize()]
+    for mode in stacked_modes:
+      key = f'{name}/stacked' + ('' if mode == 'vectorized' else '_seq')
+      try:
+        engine = engines.build_stacked_engine(
+            spec, task, vectorize=(mode == 'vectorized'))  # Both, explicitly.
+      except stacked.StackedEngineError as e:
+        log(f'{model}: no {key}: {e}')
+        continue
+      c0 = time.process_time()
+      engine.examples.preload(task.train_data.client_ids)
+      log(f'{model}: {key} preloaded {num_clients} clients in '
+          f'{time.process_time() - c0:.2f} CPU s (setup, untimed)')
+      systems[key] = ['engine', engine, process.initialize()]
     if name == 'fedavg':
       stock = tff.learning.algorithms.build_weighted_fed_avg(
           task.model_fn, algorithms.build_optimizer('sgd', lr))
@@ -281,9 +312,9 @@ def run_model(model: str, algorithm_names, *, rounds: int, warmup: int,
         times[key].append(dt)
         cpus[key].append(dc)
     if r > warmup:
-      examples.append(seen['fedavg/tff'] if 'fedavg/tff' in seen else
-                      sum(len(task.train_data.create_tf_dataset_for_client(c))
-                          for c in selected))
+      examples.append(sum(
+          len(task.train_data.create_tf_dataset_for_client(c))
+          for c in selected))
     log(f'{model} round {r}: ' + ', '.join(
         f'{k} {times[k][-1]:.3f}s' for k in names if r > warmup))
   out = {'task': task.description, 'systems': {}, 'memory': memory_mb()}
@@ -309,11 +340,15 @@ def run_model(model: str, algorithm_names, *, rounds: int, warmup: int,
           'examples_per_s']
   diffs = {}
   for name in algorithm_names:
-    proc = systems[f'{name}/tff'][1]
+    proc = processes[name]
+    if f'{name}/tff' not in systems:
+      continue
     a = composition.model_weights_as_numpy(proc, systems[f'{name}/tff'][2])
-    b = composition.model_weights_as_numpy(proc, systems[f'{name}/batched'][2])
-    diffs[name] = float(max(np.abs(x - y).max() for x, y in zip(a, b)))
-  out['tff_vs_batched_linf'] = diffs
+    for key in systems:
+      if key.startswith(f'{name}/') and systems[key][0] == 'engine':
+        b = composition.model_weights_as_numpy(proc, systems[key][2])
+        diffs[key] = float(max(np.abs(x - y).max() for x, y in zip(a, b)))
+  out['tff_vs_engines_linf'] = diffs
   for key in names:
     if systems[key][0] == 'engine':
       systems[key][1].close()
@@ -331,8 +366,8 @@ def format_table(results: dict) -> str:
           f' {s.get("ratio_to_stock", float("nan")):.2f} | '
           f'{s.get("ratio_to_plain", float("nan")):.2f} |')
   for model, res in results.items():
-    lines.append(f'\n{model}: peak memory {res["memory"]}; tff vs batched '
-                 f'L-inf {res["tff_vs_batched_linf"]}')
+    lines.append(f'\n{model}: peak memory {res["memory"]}; tff vs engines '
+                 f'L-inf {res["tff_vs_engines_linf"]}')
   return '\n'.join(lines)
 
 
@@ -342,11 +377,14 @@ def main(argv) -> int:
           file=sys.stderr)
     return 2
   bad = [m for m in _MODELS.value if m not in MODELS] + [
-      a for a in _ALGORITHMS.value if a not in ALGORITHMS]
+      a for a in _ALGORITHMS.value if a not in ALGORITHMS] + [
+          m for m in _STACKED_MODES.value
+          if m not in ('vectorized', 'sequential')]
   if bad or _ROUNDS.value < 1 or _WARMUP.value < 0 or 'fedavg' not in (
       _ALGORITHMS.value):
     print(f'bench_suite: error: --models in {MODELS}, --algorithms in '
-          f'{ALGORITHMS} including fedavg, --rounds >= 1', file=sys.stderr)
+          f'{ALGORITHMS} including fedavg, --stacked_modes in vectorized, '
+          'sequential, --rounds >= 1', file=sys.stderr)
     return 2
   runtime.install_worker_cleanup()
   log = lambda s: print(s, file=sys.stderr, flush=True)
@@ -356,7 +394,8 @@ def main(argv) -> int:
     per_model[model] = run_model(
         model, _ALGORITHMS.value, rounds=_ROUNDS.value, warmup=_WARMUP.value,
         clients_per_round=_CLIENTS.value, num_clients=_NUM_CLIENTS.value,
-        log=log)
+        log=log, stacked_modes=_STACKED_MODES.value,
+        stacked_only=_STACKED_ONLY.value)
   results['models'] = per_model
   results['load_end'] = os.getloadavg()
   print(format_table(per_model))

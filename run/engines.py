@@ -14,8 +14,9 @@ import tensorflow_federated as tff
 from run import algorithms
 from tasks import base as task_base
 from tff_algos import batched
+from tff_algos import stacked
 
-ENGINE_NAMES = ('tff', 'batched')
+ENGINE_NAMES = ('tff', 'batched', 'stacked')
 LOOP_IMPLEMENTATIONS = {
     'dataset_reduce': tff.learning.LoopImplementation.DATASET_REDUCE,
     'dataset_iterator': tff.learning.LoopImplementation.DATASET_ITERATOR,
@@ -29,6 +30,11 @@ def check_engine(name: str, spec: algorithms.AlgorithmSpec) -> None:
                      f'{", ".join(ENGINE_NAMES)}')
   if name == 'batched':
     batched_algorithm(spec)
+  if name == 'stacked':
+    try:
+      batched_algorithm(spec)
+    except ValueError as e:
+      raise ValueError(str(e).replace('=batched', '=stacked')) from None
 
 
 def batched_algorithm(spec: algorithms.AlgorithmSpec
@@ -68,6 +74,35 @@ def build_batched_engine(
       task.model_fn, task.preprocess_train,
       batched.ClientArrays(task.train_data), batched_algorithm(spec),
       shuffle=shuffle, loop_implementation=loop_implementation)
+
+
+def build_stacked_engine(
+    spec: algorithms.AlgorithmSpec,
+    task: task_base.FederatedTask,
+    *,
+    shuffle: bool = True,
+    vectorize: Optional[bool] = None,
+) -> stacked.StackedEngine:
+  """The stacked engine running `spec` on `task`.
+
+  Args:
+    spec: The algorithm (as `build_batched_engine`).
+    task: The task whose model, preprocessing and clients it uses.
+    shuffle: As `SimulationConfig.shuffle`.
+    vectorize: Train the clients together (False: one after another through
+      the same functional step; None: by the model, see `StackedEngine`).
+
+  Returns:
+    A `StackedEngine`.
+
+  Raises:
+    ValueError: For an algorithm, model, task or client optimizer the engine
+      does not run.
+  """
+  check_engine('stacked', spec)
+  return stacked.StackedEngine(
+      task.model_fn, task.preprocess_train, task.train_data,
+      batched_algorithm(spec), shuffle=shuffle, vectorize=vectorize)
 
 
 def loop_implementation(name: str) -> tff.learning.LoopImplementation:

@@ -236,8 +236,10 @@ _ENGINE = flags.DEFINE_string(
     'simulation_engine', 'tff',
     'tff: rounds through TFF\'s runtime (process.next); batched: each round '
     'in one TensorFlow call (fedavg, fedprox, qffl, deltafl, term; same '
-    'result, '
-    'simulation only; see docs/performance.md).')
+    'result, simulation only); stacked: as batched with the round\'s clients '
+    'trained together (same algorithms; SGD/Adagrad client optimizer; '
+    '(x, y) tasks such as synthetic and emnist; same result, simulation '
+    'only; see docs/performance.md).')
 _WORKERS = flags.DEFINE_list(
     'workers', [],
     'host:port,... of running TFF worker_binary processes: each round\'s '
@@ -440,20 +442,22 @@ def prepare():
     raise UsageError('--client_state_store and --client_state_dir apply to '
                      'ditto and the Fed+ family only')
   engines.check_engine(_ENGINE.value, spec)
-  if _ENGINE.value == 'batched' and _WORKERS.value:
-    raise UsageError('--simulation_engine=batched runs in this process; it '
+  if _ENGINE.value in ('batched', 'stacked') and _WORKERS.value:
+    raise UsageError(f'--simulation_engine={_ENGINE.value} runs in this '
+                     'process; it '
                      'cannot use --workers')
   loop_implementation = engines.loop_implementation(_LOOP.value)
   context_kind = contexts.check(
       workers=_WORKERS.value,
       max_concurrent_computation_calls=_MAX_CALLS.value,
       secure=spec.uses_secure_intrinsics)
-  if _ENGINE.value == 'batched' and (
+  if _ENGINE.value in ('batched', 'stacked') and (
       spec.aggregator != 'mean' or spec.uses_dp or spec.thetas
       or _ATTACK.value != 'none' or spec.is_stateful
       or spec.server_optimizer == 'dp2'):
     raise UsageError(
-        '--simulation_engine=batched runs plain mean aggregation of one '
+        f'--simulation_engine={_ENGINE.value} runs plain mean aggregation of '
+        'one '
         'model; drop --aggregator, --clip, --attack, --thetas and dp2, or '
         'use --simulation_engine=tff')
   config = simulation.SimulationConfig(
@@ -498,6 +502,8 @@ def prepare():
   engine = None
   if _ENGINE.value == 'batched':
     engine = engines.build_batched_engine(spec, task, shuffle=config.shuffle)
+  elif _ENGINE.value == 'stacked':
+    engine = engines.build_stacked_engine(spec, task, shuffle=config.shuffle)
   print(f'task: {task.description}', file=sys.stderr)
   print(f'algorithm: {spec.describe()}; output: {out_dir}', file=sys.stderr)
   if attack.kind != 'none':

@@ -1,0 +1,797 @@
+# Copyright 2026 The tff-hetero Authors. Licensed under the Apache License 2.0.
+"""A stacked simulation engine: a round's clients trained together.
+
+`tff_algos.batched.BatchedEngine` runs a round in one TensorFlow call but
+its clients one after another, each with an in-graph tf.data pipeline and
+the Keras `VariableModel` (metrics, variable assignments) at every step.
+`StackedEngine` removes those costs:
+
+* **Data.** Each client's examples are preprocessed once (the task's own
+  `preprocess_train`, one epoch, no shuffle) and cached as arrays
+  (`ClientExamples`). A round gathers its batches from them by index. The
+  indices reproduce the federated path's batches exactly: the shuffle order
+  of a seeded `tf.data` shuffle depends only on its seed, buffer and number
+  of elements, so the engine shuffles `Dataset.range(n)` with the client's
+  seed (all of a round's clients in one small `flat_map`), with the same
+  epochs, straggler truncation and, for q-FFL (whose training pass re-reads
+  the dataset its loss pass read), the second pass's orders. The layout
+  (epochs of `ceil(n / b)` batches, the last one partial) is checked once
+  against the task's own `preprocess_train`: a task whose preprocessing is
+  not "per-example map, shuffle, batch, repeat" is refused.
+* **Model.** The model runs in functional form
+  (`tff.learning.models.functional_model_from_keras` on the task's Keras
+  model): weights are tensors, not variables, and no Keras metric is
+  updated per step. The training metrics the federated path reports
+  (loss, accuracy, num_examples, num_batches) are computed from the same
+  masked sums and finalized with the model's own finalizers.
+* **Clients together.** With `vectorize=True` (the default for models
+  without convolutions) every client's weights are stacked on a leading
+  client axis and one `tf.while_loop` runs all clients' step `t` at once (`tf.vectorized_map` of the functional
+  forward pass over the clients; one gradient of the sum of the clients'
+  losses gives each client its own gradient). Batches are padded to the
+  batch size and clients to the longest client's step count and masked: a
+  padded example has weight 0 in its client's loss and metrics, and a step
+  with no real example leaves that client's weights and optimizer state
+  exactly unchanged (`tf.where` on the step's result). With
+  `vectorize=False` (the default for models with convolutions) the clients
+  run one after another through the same functional step (no padding beyond
+  the last partial batch), which is faster for convolutions with per-client
+  filters, where `vectorized_map` falls back to a loop.
+
+The algorithms' own TF math is reused: `q_ffl.q_ffl_client_message`,
+`q_ffl.q_ffl_server_update`, `quantiles.tf_weighted_quantile`,
+`delta_fl.keep_client`, `term.tilted_weight`,
+`client_work.zero_all_if_any_non_finite`; the server step (and its rejection
+of a non-finite update) and the weighted mean are the batched engine's. The
+client optimizer is applied to the stacked weights; it must be elementwise
+with per-weight state (SGD with or without momentum, Adagrad): an optimizer
+with a step counter (Adam, Yogi) is refused.
+
+`next` takes and returns the process's own `LearningAlgorithmState`, so
+checkpoints, evaluation and resumption are shared with the federated path,
+which stays what a production TFF pipeline runs; this engine is for
+simulation. Tested equal to the federated path in tests/test_stacked.py.
+"""
+
+import collections
+from collections.abc import Callable
+from typing import Optional
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tff_algos import batched
+from tff_algos import client_work as client_work_lib
+from tff_algos import delta_fl
+from tff_algos import q_ffl
+from tff_algos import quantiles
+from tff_algos import term as term_lib
+
+ALGORITHMS = batched.ALGORITHMS
+SUPPORTED_METRICS = ('accuracy', 'loss', 'num_examples', 'num_batches')
+_CHECK_SEED = 20261122
+
+
+class StackedEngineError(ValueError):
+  """A task, model or optimizer the stacked engine cannot run."""
+
+
+def _as_xy(element):
+  """`(x, y)` of a preprocessed element (a pair or an `x`/`y` mapping)."""
+  if isinstance(element, collections.abc.Mapping):
+    if set(element) != {'x', 'y'}:
+      raise StackedEngineError(
+          'the stacked engine needs (x, y) examples, got keys '
+          f'{sorted(element)}')
+    return element['x'], element['y']
+  if not isinstance(element, (tuple, list)) or len(element) != 2:
+    raise StackedEngineError('the stacked engine needs (x, y) examples')
+  return element[0], element[1]
+
+
+class ClientExamples:
+  """Each client's preprocessed training examples as arrays, read once.
+
+  `get(client_id)` applies the task's `preprocess_train` (one epoch, no
+  shuffle) to the client's raw dataset the first time, unbatches it and
+  caches `(x, y)` arrays; clients that are never selected are never read.
+  """
+
+  def __init__(self, client_data: tff.simulation.datasets.ClientData,
+               preprocess_train: Callable[..., tf.data.Dataset]):
+    self.client_data = client_data
+    self.preprocess_train = preprocess_train
+    self._cache: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    spec = _as_xy(preprocess_train(
+        client_data.create_tf_dataset_for_client(client_data.client_ids[0]),
+        1, None).element_spec)
+    for s in spec:
+      if not isinstance(s, tf.TensorSpec):
+        raise StackedEngineError('the stacked engine needs dense tensor x, y')
+    self.x_spec = tf.TensorSpec(spec[0].shape[1:], spec[0].dtype)
+    self.y_spec = tf.TensorSpec(spec[1].shape[1:], spec[1].dtype)
+    if self.y_spec.shape.rank != 0:
+      raise StackedEngineError(
+          'the stacked engine needs one label per example (y of shape [B]), '
+          f'got y of shape {spec[1].shape}')
+
+  def get(self, client_id: str) -> tuple[np.ndarray, np.ndarray]:
+    if client_id not in self._cache:
+      ds = self.preprocess_train(
+          self.client_data.create_tf_dataset_for_client(client_id), 1, None)
+      arrays = None
+      # One read of the whole client (unbatched, then one batch).
+      for element in ds.unbatch().batch(2**31 - 1).take(1):
+        x, y = _as_xy(element)
+        arrays = (x.numpy(), y.numpy())
+      if arrays is None:  # An empty client.
+        arrays = (np.zeros([0] + self.x_spec.shape.as_list(),
+                           self.x_spec.dtype.as_numpy_dtype),
+                  np.zeros([0], self.y_spec.dtype.as_numpy_dtype))
+      self._cache[client_id] = arrays
+    return self._cache[client_id]
+
+  def preload(self, client_ids) -> None:
+    """Reads these clients now (O(len(client_ids)), once), not on demand."""
+    for cid in client_ids:
+      self.get(cid)
+
+  def __len__(self) -> int:
+    return len(self._cache)
+
+
+def stream_layout(sizes, epochs, takes, batch_size: int, *, shuffle: bool,
+                  passes: int = 1, train_pass: int = 0):
+  """Where each padded batch slot of a round reads its example.
+
+  The federated path's stream of client k is `ceil(n_k / b)` batches per
+  epoch (the last one partial), `epochs_k` epochs, cut to `takes_k` batches
+  (-1: no cut); a pass reads `L_k = (s_k // B_k) n_k + (s_k % B_k) b`
+  examples in `s_k` steps. With a shuffle, the engine's order stream holds,
+  client after client, `passes` passes of each client's shuffled positions;
+  slot `(t, k, i)` reads position `e n_k + j b + i` of pass `train_pass`
+  (epoch `e = t // B_k`, batch `j = t % B_k`). Without a shuffle it reads the
+  client's example `j b + i` directly.
+
+  Args:
+    sizes: Examples of each client (n_k).
+    epochs: Epochs of each client.
+    takes: Batches each client may run (-1: all).
+    batch_size: b.
+    shuffle: Whether positions index the shuffled order stream.
+    passes: Passes held in the order stream per client (2 for q-FFL).
+    train_pass: The pass these slots read (q-FFL trains on pass 1).
+
+  Returns:
+    `(positions [S, K, b] int64, -1 on padding; steps [K] int64)`.
+  """
+  n = np.asarray(sizes, np.int64)
+  e = np.asarray(epochs, np.int64)
+  takes = np.asarray(takes, np.int64)
+  b = int(batch_size)
+  per_epoch = (n + b - 1) // b
+  total = e * per_epoch
+  steps = np.where(takes < 0, total, np.minimum(takes, total))
+  safe_b = np.maximum(per_epoch, 1)
+  pass_len = (steps // safe_b) * n + (steps % safe_b) * b
+  starts = np.concatenate([[0], np.cumsum(passes * pass_len)])[:-1]
+  num_steps = int(steps.max()) if len(steps) else 0
+  t = np.arange(num_steps, dtype=np.int64)[:, None, None]
+  i = np.arange(b, dtype=np.int64)[None, None, :]
+  j = t % safe_b[None, :, None]
+  within = j * b + i
+  valid = (t < steps[None, :, None]) & (within < n[None, :, None])
+  if shuffle:
+    pos = (starts[None, :, None] + train_pass * pass_len[None, :, None]
+           + (t // safe_b[None, :, None]) * n[None, :, None] + within)
+  else:
+    pos = within
+  return np.where(valid, pos, -1).astype(np.int64), steps
+
+
+def order_stream(seeds, sizes, epochs, takes, batch_size, *, passes: int,
+                 buffer_size: int):
+  """The clients' shuffled positions, pass after pass, as one int64 vector.
+
+  For each client, the positions `0..n-1` go through the same dataset
+  structure as the task's stream (`shuffle(buffer, seed,
+  reshuffle_each_iteration=True)`, `batch`, `repeat(epochs)`, `take`) and
+  the dataset is read `passes` times. The structure follows what tf.data
+  runs for the federated path's Python-built dataset, where a `repeat(1)`
+  and a missing `take` are absent (constant folding removes them): they
+  change how many shuffle orders a pass draws.
+  """
+
+  def client_orders(row):
+    seed, n, reps, take = row[0], row[1], row[2], row[3]
+
+    def base(on):
+      return tf.data.Dataset.range(
+          tf.where(on, n, tf.constant(0, tf.int64))).shuffle(
+              buffer_size, seed=seed,
+              reshuffle_each_iteration=True).batch(batch_size)
+
+    once = tf.equal(reps, 1)
+    plain = base(tf.logical_and(once, take < 0))
+    cut = base(tf.logical_and(once, take >= 0)).take(take)
+    repeated = base(tf.logical_not(once)).repeat(reps).take(take)
+    ds = plain.concatenate(cut).concatenate(repeated)
+    stream = ds
+    for _ in range(passes - 1):
+      stream = stream.concatenate(ds)
+    return stream.unbatch()
+
+  rows = tf.stack([seeds, sizes, epochs, takes], axis=1)
+  ds = tf.data.Dataset.from_tensor_slices(rows).flat_map(client_orders)
+  ds = ds.concatenate(tf.data.Dataset.from_tensors(tf.constant(0, tf.int64)))
+  return ds.batch(2**40).get_single_element()
+
+
+def _server_step(server_opt, opt_state, trainable, update):
+  """The optimizer step, rejected (no change) if the update is not finite."""
+  trainable = tuple(trainable)
+  new_state, new_trainable = server_opt.next(
+      opt_state, trainable, tuple(tf.nest.flatten(update)))
+  bad = batched._any_non_finite(update)  # pylint: disable=protected-access
+  new_trainable = tf.nest.map_structure(
+      lambda n, o: tf.where(bad, o, n), tuple(new_trainable), trainable)
+  new_state = tf.nest.map_structure(
+      lambda n, o: tf.where(bad, o, n), new_state, opt_state)
+  return new_state, new_trainable, bad
+
+
+def _per_client(mask, tensor):
+  """`mask` [K] broadcast against `tensor` [K, ...]."""
+  shape = tf.concat([tf.shape(mask), tf.ones([tf.rank(tensor) - 1], tf.int32)],
+                    0)
+  return tf.reshape(mask, shape)
+
+
+def _finite_per_client(stacked):
+  """[K] bool: every entry of client k's slices is finite."""
+  flags = [tf.reduce_all(tf.reshape(tf.math.is_finite(t), [tf.shape(t)[0], -1]),
+                         axis=1) for t in stacked]
+  return tf.reduce_all(tf.stack(flags, axis=0), axis=0)
+
+
+class StackedEngine:
+  """Runs rounds of a supported algorithm with the clients stacked.
+
+  Usage, with a process built by the matching builder:
+
+    engine = StackedEngine(task.model_fn, task.preprocess_train,
+                           task.train_data, algorithm)
+    state = process.initialize()
+    state, metrics = engine.next(state, plan)   # a batched.RoundPlan
+
+  `next` returns the process's state type, updated as `process.next` would,
+  and metrics shaped like `process.next`'s (as `BatchedEngine.next`).
+  """
+
+  def __init__(
+      self,
+      model_fn: Callable[[], tff.learning.models.VariableModel],
+      preprocess_train: Callable[..., tf.data.Dataset],
+      client_data: tff.simulation.datasets.ClientData,
+      algorithm: batched.BatchedAlgorithm,
+      *,
+      shuffle: bool = True,
+      vectorize: Optional[bool] = None,
+      shuffle_buffer_size: int = 10_000,
+      session_config: Optional[tf.compat.v1.ConfigProto] = None,
+  ):
+    """Builds the engine's graph.
+
+    Args:
+      model_fn: The task's model function (a model built by
+        `tff.learning.models.from_keras_model` with one Keras loss).
+      preprocess_train: The task's `(dataset, epochs, seed)` preprocessing.
+      client_data: The clients' raw training data.
+      algorithm: The algorithm and its hyperparameters.
+      shuffle: As `SimulationConfig.shuffle`.
+      vectorize: Train the round's clients together (stacked); False runs
+        them one after another through the same functional step; None
+        (default): False for models with convolutions (per-client filters
+        make `vectorized_map` fall back to a slow loop), else True.
+      shuffle_buffer_size: The task's shuffle buffer (any size >= every
+        client's example count gives the same orders).
+      session_config: Optional `tf.compat.v1.ConfigProto`.
+
+    Raises:
+      TypeError, ValueError: For bad arguments or an unsupported model,
+        task or client optimizer (`StackedEngineError`).
+    """
+    if not callable(model_fn) or not callable(preprocess_train):
+      raise TypeError('model_fn and preprocess_train must be callables')
+    if not isinstance(client_data, tff.simulation.datasets.ClientData):
+      raise TypeError('client_data must be a tff.simulation.datasets.'
+                      f'ClientData, got {type(client_data).__name__}')
+    if not isinstance(algorithm, batched.BatchedAlgorithm):
+      raise TypeError('algorithm must be a batched.BatchedAlgorithm, got '
+                      f'{type(algorithm).__name__}')
+    if isinstance(shuffle_buffer_size, bool) or not isinstance(
+        shuffle_buffer_size, int) or shuffle_buffer_size < 1:
+      raise ValueError('shuffle_buffer_size must be an int >= 1, got '
+                       f'{shuffle_buffer_size!r}')
+    algorithm.validate()
+    self.algorithm = algorithm
+    self._vectorize_arg = vectorize
+    self._shuffle = bool(shuffle)
+    self._buffer = shuffle_buffer_size
+    self.examples = ClientExamples(client_data, preprocess_train)
+    self._passes = 2 if algorithm.name == 'qffl' else 1
+    functional, loss_none = self._functional_model(model_fn)
+    self.vectorize = bool(self._vectorize_arg)
+    # The batch size is the first full batch of a probe of the task's
+    # preprocessing (the layout is checked against it on the first round).
+    probe = preprocess_train(
+        client_data.create_tf_dataset_for_client(
+            client_data.client_ids[0]).repeat(), 1, None)
+    self.batch_size = int(_as_xy(next(iter(probe)))[1].shape[0])
+    self._graph = tf.Graph()
+    with self._graph.as_default():
+      self._build(model_fn, functional, loss_none)
+    self._session = tf.compat.v1.Session(graph=self._graph,
+                                         config=session_config)
+    self._session.run(self._init_ops)
+    self._graph.finalize()
+    self._check_layout(client_data.client_ids[0])
+
+  # -------------------------------------------------------------------------
+  # Model.
+
+  def _functional_model(self, model_fn):
+    model = model_fn()
+    keras_model = getattr(model, '_keras_model', None)
+    loss_fns = getattr(model, '_loss_fns', None)
+    if keras_model is None or not loss_fns or len(loss_fns) != 1:
+      raise StackedEngineError(
+          'the stacked engine needs a model built by tff.learning.models.'
+          'from_keras_model with one loss')
+    if keras_model.losses:
+      raise StackedEngineError('the stacked engine does not run models with '
+                               'regularization losses')
+    if any(isinstance(layer, (tf.keras.layers.Dropout,
+                              tf.keras.layers.BatchNormalization))
+           for layer in keras_model.submodules):
+      raise StackedEngineError('the stacked engine does not run models with '
+                               'dropout or batch normalization')
+    loss = loss_fns[0]
+    if not isinstance(loss, tf.keras.losses.Loss):
+      raise StackedEngineError('the stacked engine needs a tf.keras.losses.'
+                               'Loss object as the model\'s loss')
+    loss_none = type(loss).from_config(
+        dict(loss.get_config(), reduction=tf.keras.losses.Reduction.NONE))
+    metrics = [m for m in getattr(model, '_metrics', [])
+               if m.name == 'accuracy']
+    if any(type(m).__name__ != 'SparseCategoricalAccuracy' for m in metrics):
+      raise StackedEngineError('the stacked engine computes accuracy as '
+                               'SparseCategoricalAccuracy only')
+    names = set(model.report_local_unfinalized_metrics())
+    if not names <= set(SUPPORTED_METRICS):
+      raise StackedEngineError(
+          'the stacked engine reports the metrics '
+          f'{", ".join(SUPPORTED_METRICS)}; the model also has '
+          f'{", ".join(sorted(names - set(SUPPORTED_METRICS)))}')
+    if self._vectorize_arg is None:
+      self._vectorize_arg = not any(
+          type(layer).__name__.startswith('Conv')
+          for layer in keras_model.submodules)
+    functional = tff.learning.models.functional_model_from_keras(
+        keras_model, loss, model.input_spec)
+    return functional, loss_none
+
+  # -------------------------------------------------------------------------
+  # Graph construction.
+
+  def _build(self, model_fn, functional, loss_none):
+    alg = self.algorithm
+    model = model_fn()  # For the metric structure and finalizers.
+    weights = tff.learning.models.ModelWeights.from_model(model)
+    weight_specs = tf.nest.map_structure(
+        lambda v: tf.TensorSpec(v.shape, v.dtype), weights)
+    trainable_specs = tuple(tf.nest.flatten(weight_specs.trainable))
+    server_opt = alg.server
+    opt_state_specs = tf.nest.map_structure(
+        lambda t: tf.TensorSpec(t.shape, t.dtype),
+        tf.nest.map_structure(tf.convert_to_tensor,
+                              server_opt.initialize(trainable_specs)))
+    if alg.name == 'qffl':
+      opt_state_specs = ()
+    client_opt = alg.client_optimizer
+    client_state = client_opt.initialize(trainable_specs)
+    hparams = set(client_opt.get_hparams(client_state))
+    per_weight = []
+    for key, value in client_state.items():
+      if key in hparams:
+        continue
+      shapes = [tuple(np.shape(v)) for v in tf.nest.flatten(value)]
+      if shapes != [tuple(s.shape) for s in trainable_specs]:
+        raise StackedEngineError(
+            f'the stacked engine needs a client optimizer with per-weight '
+            f'state (SGD, momentum, Adagrad); its state {key!r} is not')
+      per_weight.append(key)
+    metric_specs = tf.nest.map_structure(
+        lambda t: tf.TensorSpec(t.shape, t.dtype),
+        model.report_local_unfinalized_metrics())
+    x_spec, y_spec = self.examples.x_spec, self.examples.y_spec
+    b = self.batch_size
+    vectorize = self.vectorize
+    non_trainable = None
+
+    ph = tf.compat.v1.placeholder
+    placeholders = batched._placeholders  # pylint: disable=protected-access
+    self._weights_ph = placeholders(weight_specs, 'weights')
+    self._opt_state_ph = placeholders(opt_state_specs, 'server')
+    self._x_ph = ph(x_spec.dtype, [None] + x_spec.shape.as_list(), 'x')
+    self._y_ph = ph(y_spec.dtype, [None], 'y')
+    self._base_ph = ph(tf.int64, [None], 'base')  # First example of client k.
+    self._train_pos_ph = ph(tf.int64, [None, None, b], 'train_pos')
+    self._loss_pos_ph = ph(tf.int64, [None, None, b], 'loss_pos')
+    self._steps_ph = ph(tf.int64, [None], 'steps')
+    self._seeds_ph = ph(tf.int64, [None], 'seeds')
+    self._sizes_ph = ph(tf.int64, [None], 'sizes')
+    self._epochs_ph = ph(tf.int64, [None], 'epochs')
+    self._takes_ph = ph(tf.int64, [None], 'takes')
+    self._order = order_stream(
+        self._seeds_ph, self._sizes_ph, self._epochs_ph, self._takes_ph, b,
+        passes=self._passes, buffer_size=self._buffer)
+
+    def indices(pos, x_all):
+      """Example indices of padded slots (the last, dummy, row on padding)."""
+      dummy = tf.cast(tf.shape(x_all)[0] - 1, tf.int64)
+      safe = tf.maximum(pos, 0)
+      if self._shuffle:
+        local = tf.gather(self._order, safe)
+      else:
+        local = safe
+      base = self._base_ph[None, :, None]
+      return tf.where(pos >= 0, base + local, dummy)
+
+    def predict(w, x, training):
+      return functional.predict_on_batch(
+          (list(w), list(non_trainable)), x, training)
+
+    def forward(w_stacked, x):
+      """Predictions [K, b, ...] of each client's weights on its batch."""
+      if vectorize:
+        return tf.vectorized_map(
+            lambda a: predict(a[0], a[1], True), (w_stacked, x),
+            fallback_to_while_loop=True)
+      return predict([w[0] for w in w_stacked], x[0], True)[None]
+
+    def per_example_loss(y, preds):
+      shape = tf.shape(y)
+      flat_preds = tf.reshape(
+          preds, tf.concat([[-1], tf.shape(preds)[2:]], 0))
+      losses = loss_none(tf.reshape(y, [-1]), flat_preds)
+      return tf.reshape(tf.cast(losses, tf.float32), shape)
+
+    def correct(y, preds):
+      labels = tf.cast(tf.argmax(preds, axis=-1), y.dtype)
+      return tf.cast(tf.equal(labels, y), tf.float32)
+
+    def train(w0, x_all, y_all, idx, valid, proximal, decay):
+      """Local training of the clients of `idx` [S, K, b] from `w0`."""
+      k = tf.shape(idx)[1]
+      stack = lambda t: tf.broadcast_to(
+          t[None], tf.concat([[k], tf.shape(t)], 0))
+      w_start = tuple(stack(w) for w in w0)
+      state = collections.OrderedDict(
+          (key, tf.nest.map_structure(tf.convert_to_tensor, value))
+          for key, value in client_state.items())
+      for key in per_weight:
+        state[key] = tuple(stack(tf.convert_to_tensor(v))
+                           for v in tf.nest.flatten(client_state[key]))
+      w = w_start
+      zeros_k = tf.zeros([k], tf.float32)
+      sums = (zeros_k, zeros_k, zeros_k, zeros_k)
+      for t in tf.range(tf.shape(idx)[0]):
+        slots = idx[t]
+        mask = tf.cast(valid[t], tf.float32)
+        active = tf.reduce_any(valid[t], axis=1)
+        x = tf.gather(x_all, slots)
+        y = tf.gather(y_all, slots)
+        with tf.GradientTape() as tape:
+          tape.watch(w)
+          preds = forward(w, x)
+          losses = per_example_loss(y, preds)
+          count = tf.reduce_sum(mask, axis=1)
+          client_loss = (tf.reduce_sum(losses * mask, axis=1)
+                         / tf.maximum(count, 1.0))
+          total = tf.reduce_sum(client_loss)
+        grads = tape.gradient(total, w)
+        if proximal:
+          grads = tuple(g + proximal * (v - v0)
+                        for g, v, v0 in zip(grads, w, w_start))
+        if decay:
+          grads = tuple(g + decay * v for g, v in zip(grads, w))
+        new_state, new_w = client_opt.next(state, w, grads)
+        keep = lambda n, o: tf.where(_per_client(active, o), n, o)
+        w = tuple(keep(n, o) for n, o in zip(new_w, w))
+        merged = collections.OrderedDict(
+            (key, tf.nest.map_structure(tf.convert_to_tensor, value))
+            for key, value in new_state.items())
+        for key in per_weight:
+          merged[key] = tuple(keep(n, o) for n, o in zip(
+              tf.nest.flatten(new_state[key]), state[key]))
+        state = merged
+        loss_sum, correct_sum, n_sum, batches = sums
+        sums = (loss_sum + client_loss * count,
+                correct_sum + tf.reduce_sum(correct(y, preds) * mask, axis=1),
+                n_sum + count,
+                batches + tf.cast(active, tf.float32))
+      delta = tuple(a - c for a, c in zip(w_start, w))
+      return delta, sums
+
+    def train_clients(w0, x_all, y_all, idx, valid, steps, proximal=0.0,
+                      decay=0.0):
+      """`(deltas [K, ...], (loss, correct, examples, batches) [K])`."""
+      if vectorize:
+        return train(w0, x_all, y_all, idx, valid, proximal, decay)
+      k_count = tf.shape(idx)[1]
+      deltas = [tf.TensorArray(s.dtype, size=k_count) for s in
+                trainable_specs]
+      sums = [tf.TensorArray(tf.float32, size=k_count) for _ in range(4)]
+      for k in tf.range(k_count):
+        s = tf.cast(steps[k], tf.int32)
+        d, m = train(w0, x_all, y_all, idx[:s, k:k + 1], valid[:s, k:k + 1],
+                     proximal, decay)
+        deltas = [ta.write(k, v[0]) for ta, v in zip(deltas, d)]
+        sums = [ta.write(k, v[0]) for ta, v in zip(sums, m)]
+      return (tuple(ta.stack() for ta in deltas),
+              tuple(ta.stack() for ta in sums))
+
+    def loss_at(w0, x_all, y_all, idx, valid):
+      """Each client's mean loss over its (loss-pass) stream at `w0`.
+
+      Summed as `client_work.local_loss` does (batch means, weighted by
+      batch sizes, accumulated batch after batch), so that exact ties, e.g.
+      at a zero-initialised model, tie the same way in Delta-FL's filter.
+      """
+      preds = predict(w0, x_all, False)
+      losses = tf.reshape(
+          per_example_loss(y_all[None], preds[None]), [-1])
+      mask = tf.cast(valid, tf.float32)
+      counts = tf.reduce_sum(mask, axis=2)
+      means = tf.math.divide_no_nan(
+          tf.reduce_sum(tf.gather(losses, idx) * mask, axis=2), counts)
+      k = tf.shape(idx)[1]
+      total = tf.zeros([k], tf.float32)
+      n = tf.zeros([k], tf.float32)
+      for t in tf.range(tf.shape(idx)[0]):
+        total += counts[t] * means[t]
+        n += counts[t]
+      return total / tf.maximum(n, 1.0), n
+
+    def clean(deltas):
+      """Deltas zeroed where non-finite, and the [K] non-finite flags."""
+      ok = _finite_per_client(deltas)
+      return tuple(tf.where(_per_client(ok, d), d, tf.zeros_like(d))
+                   for d in deltas), tf.logical_not(ok)
+
+    def weighted_mean(deltas, w, no_nan=False):
+      total = tf.reduce_sum(w)
+      div = tf.math.divide_no_nan if no_nan else tf.divide
+      return tuple(div(tf.reduce_sum(d * _per_client(w, d), axis=0), total)
+                   for d in deltas)
+
+    @tf.function
+    def round_fn(weights, opt_state, x_all, y_all, train_pos, loss_pos,
+                 steps):
+      w0 = tuple(tf.nest.flatten(weights.trainable))
+      idx = indices(train_pos, x_all)
+      valid = train_pos >= 0
+      k_count = tf.shape(train_pos)[1]
+      count = tf.cast(k_count, tf.float32)
+      extra = collections.OrderedDict()
+      if alg.name in ('fedavg', 'fedprox'):
+        deltas, sums = train_clients(w0, x_all, y_all, idx, valid, steps,
+                                     alg.proximal_strength)
+        deltas, bad = clean(deltas)
+        if alg.client_weighting == tff.learning.ClientWeighting.NUM_EXAMPLES:
+          w = sums[2]
+        else:
+          w = tf.ones([k_count], tf.float32)
+        w = tf.where(bad, 0.0, w)
+        update = weighted_mean(deltas, w)
+      elif alg.name == 'term':
+        losses, counts = loss_at(w0, x_all, y_all, idx, valid)
+        deltas, sums = train_clients(w0, x_all, y_all, idx, valid, steps,
+                                     alg.proximal_strength)
+        deltas, bad = clean(deltas)
+        w = term_lib.tilted_weight(
+            losses, counts, tilt=alg.tilt,
+            max_tilted_loss=tf.reduce_max(alg.tilt * losses))
+        update = weighted_mean(deltas, tf.where(bad, 0.0, w))
+        extra['loss_at_broadcast'] = tf.reduce_sum(losses) / count
+        extra['max_loss_at_broadcast'] = tf.reduce_max(losses)
+      elif alg.name == 'deltafl':
+        losses, counts = loss_at(w0, x_all, y_all, idx, valid)
+        alphas = (tf.ones_like(counts) if alg.uniform_weights else counts)
+        threshold = quantiles.tf_weighted_quantile(
+            losses, alphas, estimator.level)
+        kept = delta_fl.keep_client(losses, threshold,
+                                    strict=alg.strict_filter, slack=slack)
+        # A filtered client does no work (no step, no metric, zero delta).
+        valid = tf.logical_and(valid, kept[None, :, None])
+        steps = tf.where(kept, steps, tf.zeros_like(steps))
+        deltas, sums = train_clients(w0, x_all, y_all, idx, valid, steps,
+                                     decay=alg.weight_decay)
+        deltas, bad = clean(deltas)
+        w = tf.where(tf.logical_and(kept, tf.logical_not(bad)), alphas, 0.0)
+        update = weighted_mean(deltas, w, no_nan=True)
+        extra['eta'] = threshold
+        extra['fraction_kept'] = tf.reduce_sum(
+            tf.cast(kept, tf.float32)) / count
+        extra['loss_at_broadcast'] = tf.reduce_sum(losses) / count
+      else:  # q-FFL: the loss pass reads pass 0, training pass 1.
+        lidx = indices(loss_pos, x_all)
+        losses, _ = loss_at(w0, x_all, y_all, lidx, loss_pos >= 0)
+        deltas, sums = train_clients(w0, x_all, y_all, idx, valid, steps)
+        deltas, bad = clean(deltas)
+        lipschitz = alg.lipschitz_constant
+
+        def message(args):
+          loss, delta = args
+          dw = tuple(lipschitz * d for d in delta)
+          msg, h = q_ffl.q_ffl_client_message(loss, dw, q=alg.q,
+                                              lipschitz=lipschitz)
+          (msg, h), non_finite = client_work_lib.zero_all_if_any_non_finite(
+              (tuple(msg), h))
+          return msg, h, non_finite
+
+        msgs, hs, msg_bad = tf.map_fn(
+            message, (losses, deltas),
+            fn_output_signature=(
+                tuple(tf.TensorSpec(s.shape, s.dtype)
+                      for s in trainable_specs),
+                tf.TensorSpec([], tf.float32), tf.TensorSpec([], tf.bool)))
+        ok = tf.logical_not(tf.logical_or(bad, msg_bad))
+        hs = tf.where(ok, hs, 0.0)
+        msgs = tuple(tf.where(_per_client(ok, m), m, tf.zeros_like(m))
+                     for m in msgs)
+        h_sum = tf.reduce_sum(hs)
+        trainable = q_ffl.q_ffl_server_update(
+            w0, tuple(tf.reduce_sum(m, axis=0) for m in msgs), h_sum)
+        extra['loss_at_broadcast'] = tf.reduce_sum(losses) / count
+        extra['h_sum'] = h_sum
+      if alg.name != 'qffl':
+        opt_state, trainable, rejected = _server_step(
+            server_opt, opt_state, w0, update)
+        extra['update_non_finite'] = tf.cast(rejected, tf.int32)
+      loss_sum, correct_sum, n_sum, batches = (
+          tf.reduce_sum(s) for s in sums)
+      metrics = collections.OrderedDict()
+      values = {'accuracy': [correct_sum, n_sum], 'loss': [loss_sum, n_sum],
+                'num_examples': [n_sum], 'num_batches': [batches]}
+      for name, spec in metric_specs.items():
+        metrics[name] = tf.nest.pack_sequence_as(spec, [
+            tf.cast(tf.reshape(v, s.shape), s.dtype)
+            for v, s in zip(values[name], tf.nest.flatten(spec))])
+      return tuple(trainable), opt_state, metrics, extra
+
+    estimator = quantiles.build_estimator('exact', level=1.0 - alg.theta)
+    slack = delta_fl.filter_slack(estimator)
+    non_trainable = tuple(
+        tf.nest.flatten(self._weights_ph.non_trainable))
+    weights_in = tff.learning.models.ModelWeights(
+        trainable=list(tf.nest.flatten(self._weights_ph.trainable)),
+        non_trainable=list(non_trainable))
+    trainable, opt_state, metric_sums, extra = round_fn(
+        weights_in, self._opt_state_ph, self._x_ph, self._y_ph,
+        self._train_pos_ph, self._loss_pos_ph, self._steps_ph)
+    finalizers = model.metric_finalizers()
+    finalized = collections.OrderedDict(
+        (name, finalizers[name](metric_sums[name])) for name in metric_sums)
+    self._outputs = (
+        tf.nest.pack_sequence_as(weight_specs.trainable, list(trainable)),
+        opt_state, finalized, extra)
+    init = [tf.compat.v1.global_variables_initializer(),
+            tf.compat.v1.local_variables_initializer()]
+    self._init_ops = init
+
+  # -------------------------------------------------------------------------
+  # Running.
+
+  def _check_layout(self, client_id: str) -> None:
+    """Checks, once, that cached arrays + orders give the task's batches."""
+    x, y = self.examples.get(client_id)
+    seed = _CHECK_SEED if self._shuffle else None
+    raw = self.examples.client_data.create_tf_dataset_for_client(client_id)
+    expected = [_as_xy(e) for e in self.examples.preprocess_train(
+        raw, 2, seed)]
+    pos, _ = stream_layout([len(y)], [2], [-1], self.batch_size,
+                           shuffle=self._shuffle, passes=self._passes)
+    if self._shuffle:
+      order = self._session.run(self._order, {
+          self._seeds_ph: [seed], self._sizes_ph: [len(y)],
+          self._epochs_ph: [2], self._takes_ph: [-1]})
+      local = np.where(pos >= 0, order[np.maximum(pos, 0)], -1)
+    else:
+      local = pos
+    got = [local[t, 0][local[t, 0] >= 0] for t in range(local.shape[0])]
+    same = len(got) == len(expected) and all(
+        np.array_equal(y[g], e[1].numpy()) and np.array_equal(
+            x[g], e[0].numpy()) for g, e in zip(got, expected))
+    if not same:
+      raise StackedEngineError(
+          'the task\'s preprocess_train is not of the form the stacked '
+          'engine reproduces (per-example map, seeded shuffle with buffer '
+          f'{self._buffer}, batch, repeat): use --simulation_engine=tff or '
+          'batched')
+
+  def run_round(self, weights, server_state, plan: batched.RoundPlan):
+    """One round on raw values: `(trainable, server_state, train, extra)`."""
+    if not plan.client_ids:
+      raise ValueError('a round needs at least one client')
+    parts = [self.examples.get(cid) for cid in plan.client_ids]
+    sizes = np.array([len(p[1]) for p in parts], np.int64)
+    x_all = np.concatenate(
+        [p[0] for p in parts] + [np.zeros_like(parts[0][0][:1])])
+    y_all = np.concatenate(
+        [p[1] for p in parts] + [np.zeros_like(parts[0][1][:1])])
+    base = np.concatenate([[0], np.cumsum(sizes)])[:-1].astype(np.int64)
+    seeds = (plan.shuffle_seeds if plan.shuffle_seeds is not None
+             else [0] * len(sizes))
+    epochs = np.asarray(plan.epochs, np.int64)
+    takes = np.asarray(plan.max_batches, np.int64)
+    layout = lambda p: stream_layout(
+        sizes, epochs, takes, self.batch_size, shuffle=self._shuffle,
+        passes=self._passes, train_pass=p)
+    train_pos, steps = layout(1 if self._passes == 2 else 0)
+    loss_pos = layout(0)[0] if self._passes == 2 else train_pos[:0]
+    feed = dict(zip(tf.nest.flatten(self._weights_ph),
+                    tf.nest.flatten(weights)))
+    flat_state = tf.nest.flatten(server_state)
+    state_phs = tf.nest.flatten(self._opt_state_ph)
+    if len(flat_state) != len(state_phs):
+      raise ValueError(
+          f'the server state has {len(flat_state)} tensors, the engine\'s '
+          f'server optimizer {len(state_phs)}: build the engine with the '
+          'process\'s server optimizer')
+    feed.update(zip(state_phs, flat_state))
+    feed.update({
+        self._x_ph: x_all, self._y_ph: y_all, self._base_ph: base,
+        self._train_pos_ph: train_pos, self._loss_pos_ph: loss_pos,
+        self._steps_ph: steps, self._seeds_ph: np.asarray(seeds, np.int64),
+        self._sizes_ph: sizes, self._epochs_ph: epochs,
+        self._takes_ph: takes})
+    return self._session.run(self._outputs, feed_dict=feed)
+
+  def next(self, state, plan: batched.RoundPlan):
+    """`process.next` on the process's state: `(new_state, metrics)`."""
+    weights = state.global_model_weights
+    trainable, opt_state, train, extra = self.run_round(
+        weights, state.finalizer, plan)
+    new_weights = tff.learning.models.ModelWeights(
+        trainable=trainable, non_trainable=weights.non_trainable)
+    if self.algorithm.name == 'qffl':
+      finalizer_state = state.finalizer
+    else:
+      finalizer_state = tf.nest.pack_sequence_as(
+          state.finalizer, tf.nest.flatten(opt_state))
+    new_state = state._replace(
+        global_model_weights=new_weights, finalizer=finalizer_state)
+    client_work = collections.OrderedDict(train=train)
+    finalizer = collections.OrderedDict()
+    for key, value in extra.items():
+      if key in ('update_non_finite', 'h_sum'):
+        finalizer[key] = value
+      else:
+        client_work[key] = value
+    return new_state, collections.OrderedDict(
+        client_work=client_work, finalizer=finalizer)
+
+  def close(self) -> None:
+    self._session.close()
+
+
+def algorithm_from_spec(spec, **kwargs) -> batched.BatchedAlgorithm:
+  """As `batched.algorithm_from_spec`, with the stacked engine's wording."""
+  try:
+    return batched.algorithm_from_spec(spec, **kwargs)
+  except ValueError as e:
+    raise ValueError(str(e).replace('=batched', '=stacked')) from None
+

@@ -12,6 +12,9 @@ standard deviation over seeds, with the exact commands.
 Experiments:
   qffl_synthetic      q-FFL q = 0 vs q = 1 on Synthetic(1,1), thesis Tab 4.5.
   term_synthetic      TERM t = 0 vs t = 1 on the same setting.
+  term_synthetic_sweep
+                      TERM t in {0, 0.1, 0.5, 1} with uniform client sampling
+                      (TERM reweights uniformly sampled updates, spec 9.5).
   deltafl_synthetic   FedAvg vs Delta-FL theta in {0.8, 0.5, 0.1} on unseen
                       test clients, the Delta-FL paper's Tables 2-3 metrics.
   deltafl_synthetic_heldout
@@ -87,6 +90,19 @@ EXPERIMENTS = {
             't=1': ['--algorithm=term', '--tilt=1'],
         },
         'rounds': 1000,
+        'metric': 'test/accuracy',
+        'columns': ('weighted_mean', 'mean', 'worst10', 'best10', 'variance',
+                    'angle_deg', 'kl_uniform'),
+    },
+    'term_synthetic_sweep': {
+        'base': _QFFL_BASE + ['--client_sampling=uniform'],
+        'variants': {
+            't=0 (FedAvg)': ['--algorithm=term', '--tilt=0'],
+            't=0.1': ['--algorithm=term', '--tilt=0.1'],
+            't=0.5': ['--algorithm=term', '--tilt=0.5'],
+            't=1': ['--algorithm=term', '--tilt=1'],
+        },
+        'rounds': 5000,
         'metric': 'test/accuracy',
         'columns': ('weighted_mean', 'mean', 'worst10', 'best10', 'variance',
                     'angle_deg', 'kl_uniform'),

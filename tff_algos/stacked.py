@@ -197,10 +197,12 @@ def order_stream(seeds, sizes, epochs, takes, batch_size, *, passes: int,
   For each client, the positions `0..n-1` go through the same dataset
   structure as the task's stream (`shuffle(buffer, seed,
   reshuffle_each_iteration=True)`, `batch`, `repeat(epochs)`, `take`) and
-  the dataset is read `passes` times. The structure follows what tf.data
-  runs for the federated path's Python-built dataset, where a `repeat(1)`
-  and a missing `take` are absent (constant folding removes them): they
-  change how many shuffle orders a pass draws.
+  the dataset is read `passes` times. How many shuffle orders a pass draws
+  depends on the structure (a `repeat(E)` over E >= 2 epochs draws E + 1;
+  a `take(-1)` around a one-epoch stream changes the next pass), so a
+  one-epoch stream has no `repeat` and only a cut stream has a `take`: the
+  structure that gave the federated path's Python-built datasets' orders
+  in every case checked (1 to 3 epochs, with and without cuts).
   """
 
   def client_orders(row):

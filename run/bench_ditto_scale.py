@@ -239,6 +239,55 @@ def _summary(rows, keys):
   return out
 
 
+def format_report(results: dict) -> str:
+  """The numbers docs/performance.md quotes, as Markdown."""
+  lines = [
+      f'state {results["state_mb"]:.2f} MB '
+      f'({results["state_parameters"]:,} parameters); memory at start '
+      f'{results["memory_at_start"]["driver_rss_mb"]:.0f} MB, after '
+      f'building {results["memory_after_build"]["driver_rss_mb"]:.0f} MB',
+      '',
+      '| rounds | data s | load s | train s | save s | snapshot s | '
+      'load+save CPU s | train CPU s | driver RSS MB (max) | '
+      'worker RSS MB (max) |',
+      '|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|']
+  for name, summary in results['rounds'].items():
+    if not summary:
+      continue
+    med = lambda k, s=summary: s[k]['median'] if k in s else float('nan')
+    lines.append(
+        f'| {name} (n={summary["train_s"]["n"]}) | {med("data_s"):.3f} | '
+        f'{med("load_s"):.3f} | {med("train_s"):.2f} | {med("save_s"):.3f} |'
+        f' {med("snapshot_s"):.3f} | '
+        f'{med("load_cpu_s") + med("save_cpu_s"):.3f} | '
+        f'{med("train_cpu_s"):.2f} | '
+        f'{summary["driver_rss_mb"]["max"]:.0f} | '
+        f'{summary["worker_rss_mb"]["max"]:.0f} |')
+  touch = results['touch']
+  if touch['write']:
+    lines.append(
+        f'\ntouch pass: {touch["write"]["save_s"]["n"]} chunks written, '
+        f'median {touch["write"]["save_s"]["median"]:.3f} s '
+        f'({touch["write"]["save_cpu_s"]["median"]:.3f} s CPU) per chunk; '
+        f'read back median {touch["read"]["load_s"]["median"]:.3f} s '
+        f'({touch["read"]["load_cpu_s"]["median"]:.3f} s CPU) per chunk; '
+        f'driver RSS max {touch["write"]["driver_rss_mb"]["max"]:.0f} MB '
+        f'(write), {touch["read"]["driver_rss_mb"]["max"]:.0f} MB (read)')
+  for key in ('usage_after_rounds', 'usage_after_touch', 'usage_at_end'):
+    u = results[key]
+    lines.append(f'{key}: {u["state_files"]} files, '
+                 f'{u["store_bytes"] / 1e9:.3f} GB, '
+                 f'{u["bytes_per_file"] / 1e6:.3f} MB per file')
+  end = results['memory_at_end']
+  lines.append(
+      f'projected store for {results["flags"]["num_clients"]} clients '
+      f'(one version each): {results["projected_store_gb"]:.1f} GB; peak '
+      f'memory: driver {end["driver_peak_mb"]:.0f} MB, worker '
+      f'{end["worker_peak_mb"]:.0f} MB; load {results["load_start"]} -> '
+      f'{results["load_end"]}')
+  return '\n'.join(lines)
+
+
 def main(argv) -> int:
   if len(argv) > 1:
     print(f'bench_ditto_scale: error: unexpected arguments {argv[1:]}',
@@ -318,8 +367,7 @@ def main(argv) -> int:
       usage['bytes_per_file'] * _NUM_CLIENTS.value / 1e9)
   results['raw'] = {'rounds_before': rows1, 'touch': touch_rows,
                     'rounds_after': rows2}
-  print(json.dumps({k: v for k, v in results.items() if k != 'raw'},
-                   indent=1, default=float))
+  print(format_report(results))
   if _OUTPUT.value:
     with open(_OUTPUT.value, 'w') as f:
       json.dump(results, f, indent=1, default=float)

@@ -24,7 +24,9 @@ worker):
 2. a store-only pass writing the states of `--touch_clients` further
    distinct clients (a trained state, perturbed per client), in chunks of
    `--clients_per_round` (one round number per chunk), then reading them all
-   back, so the store holds hundreds to thousands of states;
+   back with an empty cache (and, with `--cold_reads`, with the files
+   dropped from the page cache), so the store holds hundreds to thousands
+   of states;
 3. `--rounds_after` more Ditto rounds with that full store (is anything
    O(stored states) per round?).
 
@@ -80,6 +82,10 @@ _LAMBDA = flags.DEFINE_float('ditto_lambda', 0.1, "Ditto's lambda.")
 _LR = flags.DEFINE_float('client_learning_rate', 0.01, 'Client SGD step.')
 _CHECKPOINT = flags.DEFINE_integer('rounds_per_checkpoint', 5,
                                    'Store snapshot every this many rounds.')
+_COLD = flags.DEFINE_bool(
+    'cold_reads', True, 'Before reading the pass back, drop the state files '
+    'from the page cache (posix_fadvise DONTNEED on the store\'s own files), '
+    'so the reads come from the disk.')
 _STATE_DIR = flags.DEFINE_string(
     'state_dir', None, 'Store folder (default: a temporary folder, removed).')
 _OUTPUT = flags.DEFINE_string('output_json', None, 'Write every number here.')
@@ -143,6 +149,21 @@ def memory() -> dict[str, float]:
           'worker_peak_mb': sum(_hwm_mb(p) for p in workers)}
 
 
+def drop_from_page_cache(directory: str) -> int:
+  """Asks the kernel to drop the store's files from its page cache."""
+  count = 0
+  for root, _, files in os.walk(directory):
+    for name in files:
+      fd = os.open(os.path.join(root, name), os.O_RDONLY)
+      try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        count += 1
+      finally:
+        os.close(fd)
+  return count
+
+
 def store_usage(directory: str) -> dict[str, float]:
   """State files and bytes in the store folder."""
   sizes = []
@@ -197,7 +218,7 @@ def ditto_rounds(first, last, process, task, store, server_state, log):
   return server_state, rows
 
 
-def touch_pass(store, template, first_round, log):
+def touch_pass(store, template, first_round, directory, log):
   """Writes then reads `--touch_clients` never-selected clients' states."""
   written = set(store.client_ids())
   fresh = [c for c in (f'w{k:05d}' for k in range(_NUM_CLIENTS.value))
@@ -219,6 +240,10 @@ def touch_pass(store, template, first_round, log):
     round_num += 1
   store.snapshot(round_num - 1)
   log(f'touch pass wrote {len(fresh)} clients; reading them back')
+  store.restore(round_num - 1)  # Empties the cache: every read is a load.
+  if _COLD.value:
+    log(f'dropped {drop_from_page_cache(directory)} files from the page '
+        'cache')
   for start in range(0, len(fresh), chunk):
     ids = fresh[start:start + chunk]
     timer = Timer()
@@ -340,7 +365,7 @@ def main(argv) -> int:
     results['usage_after_rounds'] = store_usage(directory)
     trained = store.get_many([store.client_ids()[0]])[0]
     next_round, touch_rows = touch_pass(store, trained, _ROUNDS.value + 1,
-                                        log)
+                                        directory, log)
     results['usage_after_touch'] = store_usage(directory)
     _, rows2 = ditto_rounds(next_round, next_round + _ROUNDS_AFTER.value - 1,
                             process, task, store, server_state, log)

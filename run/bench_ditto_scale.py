@@ -30,7 +30,9 @@ worker):
 3. `--rounds_after` more Ditto rounds with that full store (is anything
    O(stored states) per round?).
 
-Reported: the resident memory (RSS, and the peak VmHWM) of this process and
+`--max_concurrent_computation_calls` bounds how many client computations the
+TFF worker runs at once (as `run.train`'s flag), which bounds its working
+memory. Reported: the resident memory (RSS, and the peak VmHWM) of this process and
 of its TFF worker after every round, the bytes per state file and in the
 store, and a projection to `--num_clients` stored states. The store folder
 is a temporary one (removed at the end) unless `--state_dir` is given.
@@ -58,6 +60,7 @@ import tensorflow_federated as tff
 
 from run import algorithms
 from run import bench
+from run import contexts
 from run import simulation
 from tasks import base as task_base
 from tasks import emnist
@@ -86,6 +89,10 @@ _COLD = flags.DEFINE_bool(
     'cold_reads', True, 'Before reading the pass back, drop the state files '
     'from the page cache (posix_fadvise DONTNEED on the store\'s own files), '
     'so the reads come from the disk.')
+_CONCURRENT = flags.DEFINE_integer(
+    'max_concurrent_computation_calls', -1,
+    'Client computations the TFF worker runs at once (-1: no limit), as in '
+    'run.train; bounds the worker\'s working memory.')
 _STATE_DIR = flags.DEFINE_string(
     'state_dir', None, 'Store folder (default: a temporary folder, removed).')
 _OUTPUT = flags.DEFINE_string('output_json', None, 'Write every number here.')
@@ -334,13 +341,20 @@ def main(argv) -> int:
     print('bench_ditto_scale: error: --clients_per_round exceeds '
           '--num_clients', file=sys.stderr)
     return 2
+  try:
+    contexts.set_context(
+        max_concurrent_computation_calls=_CONCURRENT.value)
+  except ValueError as e:
+    print(f'bench_ditto_scale: error: {e}', file=sys.stderr)
+    return 2
   runtime.install_worker_cleanup()
   log = lambda s: print(s, file=sys.stderr, flush=True)
   results = {'machine': bench.machine_info(), 'load_start': os.getloadavg(),
              'flags': {f: flags.FLAGS[f].value for f in (
                  'num_clients', 'clients_per_round', 'rounds', 'rounds_after',
                  'touch_clients', 'examples_per_client', 'batch_size',
-                 'model', 'ditto_lambda', 'rounds_per_checkpoint')},
+                 'model', 'ditto_lambda', 'rounds_per_checkpoint',
+                 'max_concurrent_computation_calls')},
              'memory_at_start': memory()}
   task = build_task(_NUM_CLIENTS.value, _EXAMPLES.value, _BATCH.value,
                     _MODEL.value)

@@ -32,10 +32,11 @@ worker):
 
 `--max_concurrent_computation_calls` bounds how many client computations the
 TFF worker runs at once (as `run.train`'s flag), which bounds its working
-memory. Reported: the resident memory (RSS, and the peak VmHWM) of this process and
-of its TFF worker after every round, the bytes per state file and in the
-store, and a projection to `--num_clients` stored states. The store folder
-is a temporary one (removed at the end) unless `--state_dir` is given.
+memory. Reported: the resident memory (RSS, and the peak VmHWM) of this
+process and of its TFF worker after every round, the bytes per state file
+and in the store, and a projection to `--num_clients` stored states. The
+store folder is a temporary one (removed at the end) unless `--state_dir` is
+given.
 """
 
 import os

@@ -28,11 +28,11 @@ the states at the end of round r:
   `snapshot(r)` records round r as a checkpoint and deletes versions no kept
   checkpoint needs; `restore(r)` deletes the versions written after round r
   (by a run that crashed after its last checkpoint) and reads, for each
-  client, its newest version at or before r. A round's `get_many`,
-  `put_many` and `snapshot` cost O(clients written since the last
-  snapshots), not O(population): the store remembers which clients hold
-  more than one version, so only a new store object's first `snapshot` (or
-  a `restore`) scans every client's folder.
+  client, its newest version at or before r. Nothing a round calls is
+  O(population): `get_many` and `put_many` touch the requested clients, and
+  `snapshot` only the clients holding more than one version (written since
+  the oldest kept snapshot), which the store remembers; only a new store
+  object's first `snapshot`, or a `restore`, scans every client's folder.
 
 The simulation loop snapshots the store before it saves the server
 checkpoint of the same round, so the newest server checkpoint always has its

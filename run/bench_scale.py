@@ -4,16 +4,20 @@ r"""Per-round cost against the population size (nothing is O(population)).
 Example (what docs/performance.md records):
 
   python -m run.bench_scale --populations=100,10000 --clients_per_round=100 \
-      --rounds=3 --warmup_rounds=1
+      --rounds=5 --warmup_rounds=1
 
 For each population, Synthetic(1, 1) clients of 150 training examples each
 (softmax regression, batch 10) are sampled `--clients_per_round` per round
 with `run.simulation.sample_clients`, and FedAvg rounds run through TFF
-(`process.next`) and through the batched engine, interleaved. Each timed
-round's wall and CPU seconds (this process and its TFF worker) are reported,
-with the time to set the population up (data generation, and for the
-batched engine reading the clients' raw arrays, `ClientArrays.preload`),
-which is paid once and is O(population).
+(`process.next`) and through the batched engine. All populations are set up
+first; then every (population, path) runs round r, in an order that rotates
+every round, before any runs round r + 1. Each timed round's wall and CPU
+seconds (this process and its TFF worker), the part spent building the
+round's client datasets (or batched plan) and the load average are
+reported, with the time to set the population up (data generation, and for
+the batched engine reading the raw arrays of the clients the run samples,
+`ClientArrays.preload`; `--preload=all` reads the whole population, which is
+O(population) and paid once).
 """
 
 import os
@@ -43,12 +47,25 @@ _POPULATIONS = flags.DEFINE_list('populations', ['100', '10000'],
 _CLIENTS = flags.DEFINE_integer('clients_per_round', 100, 'Clients per round.')
 _ROUNDS = flags.DEFINE_integer('rounds', 3, 'Timed rounds.')
 _WARMUP = flags.DEFINE_integer('warmup_rounds', 1, 'Untimed rounds first.')
+_PATHS = flags.DEFINE_list('paths', ['tff', 'batched'],
+                           'Paths to time: tff (process.next), batched.')
+_PRELOAD = flags.DEFINE_enum(
+    'preload', 'sampled', ['sampled', 'all'],
+    "Clients whose raw arrays the batched engine reads before timing: the "
+    "run's sampled clients, or the whole population (O(population), slow).")
 _OUTPUT = flags.DEFINE_string('output_json', None, 'Write the numbers here.')
 
 
-def measure(population: int, clients_per_round: int, rounds: int,
-            warmup: int, log) -> dict:
-  """Per-round seconds of both paths for one population."""
+def _sampled(ids, rounds: int, clients_per_round: int) -> list[str]:
+  """Every client any of `rounds` rounds samples (sorted)."""
+  return sorted({c for r in range(1, rounds + 1)
+                 for c in simulation.sample_clients(
+                     ids, r, clients_per_round=clients_per_round, seed=0)})
+
+
+def set_up(population: int, clients_per_round: int, total_rounds: int,
+           paths, preload: str) -> dict:
+  """The task, process, engine and states of one population."""
   t0 = time.perf_counter()
   task = bench.build_task(bench.BenchConfig(
       num_clients=population, clients_per_round=clients_per_round,
@@ -56,59 +73,110 @@ def measure(population: int, clients_per_round: int, rounds: int,
   setup = {'task_seconds': time.perf_counter() - t0}
   spec = algorithms.AlgorithmSpec(name='fedavg', client_learning_rate=0.01)
   process = algorithms.build_process(spec, task.model_fn)
-  engine = engines.build_batched_engine(spec, task)
-  t0 = time.perf_counter()
-  engine.client_arrays.preload(task.train_data.client_ids)
-  setup['preload_seconds'] = time.perf_counter() - t0
+  ids = list(task.train_data.client_ids)
+  engine = None
+  if 'batched' in paths:
+    engine = engines.build_batched_engine(spec, task)
+    t0 = time.perf_counter()
+    engine.client_arrays.preload(
+        ids if preload == 'all' else _sampled(ids, total_rounds,
+                                              clients_per_round))
+    setup['preload_seconds'] = time.perf_counter() - t0
+    setup['preloaded_clients'] = len(engine.client_arrays)
+  return {'task': task, 'process': process, 'engine': engine, 'ids': ids,
+          'setup': setup,
+          'states': {path: process.initialize() for path in paths}}
+
+
+def run_round(system: dict, path: str, r: int, clients_per_round: int,
+              config) -> dict:
+  """One round of one path; wall, CPU and data-building seconds."""
+  t0, c0 = time.perf_counter(), bench._cpu_seconds()  # pylint: disable=protected-access
+  selected = simulation.sample_clients(
+      system['ids'], r, clients_per_round=clients_per_round, seed=0)
+  plans = [stragglers.ClientPlan(c, False, 1) for c in selected]
+  task = system['task']
+  if path == 'tff':
+    data = simulation.client_datasets(task, plans, r, config)
+    t1 = time.perf_counter()
+    system['states'][path] = system['process'].next(
+        system['states'][path], data).state
+  else:
+    plan = simulation.batched_round_plan(task, plans, r, config)
+    t1 = time.perf_counter()
+    system['states'][path], _ = system['engine'].next(
+        system['states'][path], plan)
+  return {'wall': time.perf_counter() - t0,
+          'cpu': bench._cpu_seconds() - c0,  # pylint: disable=protected-access
+          'data': t1 - t0, 'load': os.getloadavg()[0]}
+
+
+def measure(populations, clients_per_round: int, rounds: int, warmup: int,
+            paths, preload: str, log) -> dict:
+  """Per-round seconds of every (population, path), rounds interleaved.
+
+  Every population and path runs round r before any runs round r + 1, in an
+  order that rotates every round, so a change of load hits all alike.
+  """
+  systems = {}
+  for population in populations:
+    systems[population] = set_up(population, clients_per_round,
+                                 rounds + warmup, paths, preload)
+    log(f'population {population} set up: {systems[population]["setup"]}')
   config = simulation.SimulationConfig(
       total_rounds=rounds + warmup, clients_per_round=clients_per_round)
-  ids = list(task.train_data.client_ids)
-  states = {'tff': process.initialize(), 'batched': process.initialize()}
-  wall = {k: [] for k in states}
-  cpu = {k: [] for k in states}
+  keys = [(p, path) for p in populations for path in paths]
+  rows = {key: [] for key in keys}
   for r in range(1, rounds + warmup + 1):
-    for name in (('tff', 'batched') if r % 2 else ('batched', 'tff')):
-      t0, c0 = time.perf_counter(), bench._cpu_seconds()  # pylint: disable=protected-access
-      selected = simulation.sample_clients(
-          ids, r, clients_per_round=clients_per_round, seed=0)
-      plans = [stragglers.ClientPlan(c, False, 1) for c in selected]
-      if name == 'tff':
-        states[name] = process.next(states[name], simulation.client_datasets(
-            task, plans, r, config)).state
-      else:
-        states[name], _ = engine.next(states[name],
-                                      simulation.batched_round_plan(
-                                          task, plans, r, config))
+    shift = r % len(keys)
+    for key in keys[shift:] + keys[:shift]:
+      row = run_round(systems[key[0]], key[1], r, clients_per_round, config)
       if r > warmup:
-        wall[name].append(time.perf_counter() - t0)
-        cpu[name].append(bench._cpu_seconds() - c0)  # pylint: disable=protected-access
-    log(f'population {population} round {r} done')
-  engine.close()
-  return {
-      'setup': setup,
-      **{name: {'median_round_seconds': statistics.median(wall[name]),
-                'median_round_cpu_seconds': statistics.median(cpu[name]),
-                'round_seconds': wall[name], 'round_cpu_seconds': cpu[name]}
-         for name in states},
-  }
+        rows[key].append(row)
+    log(f'round {r} done, load {os.getloadavg()[0]:.1f}')
+  out = {}
+  for population in populations:
+    system = systems[population]
+    if system['engine'] is not None:
+      system['engine'].close()
+    out[population] = {'setup': system['setup']}
+    for path in paths:
+      got = rows[(population, path)]
+      out[population][path] = {
+          'median_round_seconds': statistics.median(r['wall'] for r in got),
+          'median_round_cpu_seconds': statistics.median(
+              r['cpu'] for r in got),
+          'median_data_seconds': statistics.median(r['data'] for r in got),
+          'mean_load': statistics.mean(r['load'] for r in got),
+          'round_seconds': [r['wall'] for r in got],
+          'round_cpu_seconds': [r['cpu'] for r in got]}
+  return out
 
 
 def main(argv) -> int:
   del argv
   runtime.install_worker_cleanup()
   log = lambda s: print(s, file=sys.stderr, flush=True)
+  populations = [int(p) for p in _POPULATIONS.value]
+  paths = list(_PATHS.value)
+  if not populations or min(populations) < _CLIENTS.value or not paths or (
+      set(paths) - {'tff', 'batched'}) or _ROUNDS.value < 1:
+    print('bench_scale: error: --populations >= --clients_per_round, --paths '
+          'in tff,batched, --rounds >= 1', file=sys.stderr)
+    return 2
   results = {'load_start': os.getloadavg()}
-  for population in (int(p) for p in _POPULATIONS.value):
-    results[population] = measure(population, _CLIENTS.value, _ROUNDS.value,
-                                  _WARMUP.value, log)
+  results.update(measure(populations, _CLIENTS.value, _ROUNDS.value,
+                         _WARMUP.value, paths, _PRELOAD.value, log))
   results['load_end'] = os.getloadavg()
-  print('| population | path | median s/round | median cpu s/round |')
-  print('|---:|---|---:|---:|')
-  for population in (int(p) for p in _POPULATIONS.value):
-    for name in ('tff', 'batched'):
+  print('| population | path | median s/round | median cpu s/round | '
+        'median data s/round | mean load |')
+  print('|---:|---|---:|---:|---:|---:|')
+  for population in populations:
+    for name in paths:
       r = results[population][name]
       print(f'| {population:,} | {name} | {r["median_round_seconds"]:.2f} | '
-            f'{r["median_round_cpu_seconds"]:.2f} |')
+            f'{r["median_round_cpu_seconds"]:.2f} | '
+            f'{r["median_data_seconds"]:.3f} | {r["mean_load"]:.1f} |')
     print(f'setup {population}: {results[population]["setup"]}')
   print(f'load {results["load_start"]} -> {results["load_end"]}')
   if _OUTPUT.value:

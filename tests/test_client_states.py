@@ -163,3 +163,74 @@ def test_build_store_and_validation(tmp_path):
   with pytest.raises(ValueError, match='round_num'):
     client_states.InMemoryClientStateStore(initial).put_many(
         ['a'], [state(1)], round_num=-1)
+
+
+def _count_client_listings(monkeypatch, store):
+  """A list that collects the client folders `os.listdir` reads."""
+  clients_dir = os.path.join(store._dir, 'clients')  # pylint: disable=protected-access
+  seen = []
+  real_listdir = os.listdir
+
+  def listdir(path):
+    if os.path.dirname(str(path)) == clients_dir:
+      seen.append(os.path.basename(str(path)))
+    return real_listdir(path)
+
+  monkeypatch.setattr(client_states.os, 'listdir', listdir)
+  return seen
+
+
+def test_disk_snapshot_reads_only_clients_written_since(tmp_path,
+                                                        monkeypatch):
+  store = make('disk', tmp_path, keep_snapshots=2)
+  many = [f'c{i:03d}' for i in range(40)]
+  store.put_many(many, [state(1.0)] * 40, round_num=1)
+  store.snapshot(1)  # First snapshot of this object: one full scan.
+  seen = _count_client_listings(monkeypatch, store)
+  for r in range(2, 6):
+    store.put_many(['c000', 'c001'], [state(r), state(-r)], round_num=r)
+    store.snapshot(r)
+  # Only the two rewritten clients were listed, never the other 38.
+  assert set(seen) == {store.client_key('c000'), store.client_key('c001')}
+  assert len(seen) <= 2 * 4
+  folder = tmp_path / 'disk' / 'clients' / store.client_key('c000')
+  # Kept snapshots 4 and 5: versions 4 and 5 only (1, 2, 3 collected).
+  assert sorted(os.listdir(folder)) == ['00000004.npz', '00000005.npz']
+  assert [value_of(s) for s in store.get_many(['c000', 'c001', 'c039'])] == [
+      5.0, -5.0, 1.0]
+
+
+def test_disk_snapshot_of_a_new_store_object_collects_old_versions(tmp_path):
+  old = make('disk', tmp_path, keep_snapshots=1)
+  for r in (1, 2, 3):
+    old.put_many(['a', 'b'], [state(r), state(-r)], round_num=r)
+  # A new object on the same folder (no restore) knows nothing of them.
+  store = make('disk', tmp_path, keep_snapshots=1)
+  store.put_many(['c'], [state(4.0)], round_num=4)
+  store.snapshot(4)
+  for cid, versions in (('a', [3]), ('b', [3]), ('c', [4])):
+    folder = tmp_path / 'disk' / 'clients' / store.client_key(cid)
+    assert sorted(os.listdir(folder)) == [f'{r:08d}.npz' for r in versions]
+  store.restore(4)
+  assert [value_of(s) for s in store.get_many(['a', 'b', 'c'])] == [
+      3.0, -3.0, 4.0]
+
+
+def test_disk_cache_is_bounded_in_states_and_bytes(tmp_path):
+  one = sum(a.nbytes for a in state(0.0)['personal'][0])  # 36 bytes.
+  store = make('disk', tmp_path, cache_size=10, cache_bytes=3 * one)
+  ids = [f'c{i}' for i in range(6)]
+  store.put_many(ids, [state(i) for i in range(6)], round_num=1)
+  assert store.cache_info() == (3, 3 * one)
+  assert [value_of(s) for s in store.get_many(ids)] == list(range(6))
+  assert store.cache_info() == (3, 3 * one)
+  small = make('disk', tmp_path, cache_size=2)
+  small.get_many(ids)
+  assert small.cache_info() == (2, 2 * one)
+  none = make('disk', tmp_path, cache_bytes=one - 1)
+  assert [value_of(s) for s in none.get_many(ids)] == list(range(6))
+  assert none.cache_info() == (0, 0)
+  with pytest.raises(ValueError, match='cache_bytes'):
+    make('disk', tmp_path, cache_bytes=-1)
+  with pytest.raises(TypeError, match='cache_size'):
+    make('disk', tmp_path, cache_size=1.5)

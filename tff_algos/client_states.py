@@ -23,11 +23,16 @@ the states at the end of round r:
 * `DiskClientStateStore`: one `.npz` per client and round in which it was
   written, `<dir>/clients/<client key>/<round>.npz`, each written to a temp
   file and renamed into place, so a crash mid-write leaves the previous
-  versions intact. Only the requested states are read (bounded memory: one
-  small LRU cache). `snapshot(r)` records round r as a checkpoint and deletes
-  versions no kept checkpoint needs; `restore(r)` deletes the versions
-  written after round r (by a run that crashed after its last checkpoint)
-  and reads, for each client, its newest version at or before r.
+  versions intact. Only the requested states are read (bounded memory: an
+  LRU cache of at most `cache_size` states and `cache_bytes` bytes).
+  `snapshot(r)` records round r as a checkpoint and deletes versions no kept
+  checkpoint needs; `restore(r)` deletes the versions written after round r
+  (by a run that crashed after its last checkpoint) and reads, for each
+  client, its newest version at or before r. Nothing a round calls is
+  O(population): `get_many` and `put_many` touch the requested clients, and
+  `snapshot` only the clients holding more than one version (written since
+  the oldest kept snapshot), which the store remembers; only a new store
+  object's first `snapshot`, or a `restore`, scans every client's folder.
 
 The simulation loop snapshots the store before it saves the server
 checkpoint of the same round, so the newest server checkpoint always has its
@@ -262,16 +267,24 @@ class DiskClientStateStore(ClientStateStore):
     directory: The store's folder (created if missing).
     initial_state_fn: `client_id -> state` of a client never written.
     keep_snapshots: How many of the newest snapshots stay restorable.
-    cache_size: States kept in memory (least recently used evicted).
+    cache_size: At most this many states are kept in memory (least recently
+      used evicted).
+    cache_bytes: ... and at most this many bytes of them (a state larger
+      than this is not cached), so the cache stays small for large models.
   """
 
   def __init__(self, directory: str, initial_state_fn: InitialStateFn, *,
-               keep_snapshots: int = 3, cache_size: int = 64):
+               keep_snapshots: int = 3, cache_size: int = 64,
+               cache_bytes: int = 64 * 2**20):
     super().__init__(initial_state_fn, keep_snapshots=keep_snapshots)
     if not directory:
       raise ValueError('DiskClientStateStore needs a directory')
-    if cache_size < 0:
-      raise ValueError(f'cache_size must be >= 0, got {cache_size}')
+    for name, value in (('cache_size', cache_size),
+                        ('cache_bytes', cache_bytes)):
+      if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f'{name} must be an int')
+      if value < 0:
+        raise ValueError(f'{name} must be >= 0, got {value}')
     self._dir = directory
     self._clients_dir = os.path.join(directory, 'clients')
     self._snapshots_dir = os.path.join(directory, 'snapshots')
@@ -280,6 +293,11 @@ class DiskClientStateStore(ClientStateStore):
     self._cache: collections.OrderedDict[str, list[np.ndarray]] = (
         collections.OrderedDict())
     self._cache_size = cache_size
+    self._cache_bytes = cache_bytes
+    self._cached_bytes = 0
+    # Keys of the client folders that may hold a version a snapshot can
+    # delete (more than one version); None until a full scan has run.
+    self._multi_version: Optional[set[str]] = None
 
   @staticmethod
   def client_key(client_id: str) -> str:
@@ -299,12 +317,22 @@ class DiskClientStateStore(ClientStateStore):
                                                os.listdir(folder)) if m)
 
   def _remember(self, client_id, flat):
-    if not self._cache_size:
+    old = self._cache.pop(client_id, None)
+    if old is not None:
+      self._cached_bytes -= sum(a.nbytes for a in old)
+    size = sum(a.nbytes for a in flat)
+    if not self._cache_size or size > self._cache_bytes:
       return
     self._cache[client_id] = flat
-    self._cache.move_to_end(client_id)
-    while len(self._cache) > self._cache_size:
-      self._cache.popitem(last=False)
+    self._cached_bytes += size
+    while (len(self._cache) > self._cache_size or
+           self._cached_bytes > self._cache_bytes):
+      _, evicted = self._cache.popitem(last=False)
+      self._cached_bytes -= sum(a.nbytes for a in evicted)
+
+  def cache_info(self) -> tuple[int, int]:
+    """`(states, bytes)` held in the in-memory cache now."""
+    return len(self._cache), self._cached_bytes
 
   def _get(self, client_id):
     flat = self._cache.get(client_id)
@@ -327,6 +355,8 @@ class DiskClientStateStore(ClientStateStore):
     arrays['client_id'] = np.asarray(client_id, dtype=np.str_)
     arrays['num_leaves'] = np.asarray(len(flat))
     _atomic_savez(os.path.join(folder, f'{round_num:08d}.npz'), arrays)
+    if self._multi_version is not None:
+      self._multi_version.add(os.path.basename(folder))
     self._remember(client_id, flat)
 
   def _client_folders(self) -> Iterable[str]:
@@ -357,14 +387,24 @@ class DiskClientStateStore(ClientStateStore):
     for old in self.snapshot_rounds()[:-self._keep]:
       os.remove(os.path.join(self._snapshots_dir, f'{old:08d}'))
     # A version is needed while it is the newest one at or before some kept
-    # snapshot, or newer than the oldest kept snapshot.
+    # snapshot, or newer than the oldest kept snapshot. Only folders written
+    # since they last held a single version can hold an unneeded one.
     oldest = kept[0]
-    for folder in self._client_folders():
+    if self._multi_version is None:
+      folders = list(self._client_folders())
+    else:
+      folders = [os.path.join(self._clients_dir, key)
+                 for key in sorted(self._multi_version)]
+    multi_version = set()
+    for folder in folders:
       rounds = sorted(int(m.group(1)) for m in map(_ROUND_FILE.match,
                                                    os.listdir(folder)) if m)
       older = [r for r in rounds if r <= oldest]
       for r in older[:-1]:
         os.remove(os.path.join(folder, f'{r:08d}.npz'))
+      if len(rounds) - len(older[:-1]) > 1:
+        multi_version.add(os.path.basename(folder))
+    self._multi_version = multi_version
 
   def restore(self, round_num):
     round_num = _check_round(round_num)
@@ -378,17 +418,23 @@ class DiskClientStateStore(ClientStateStore):
       raise ClientStateError(f'round {round_num} is older than the kept '
                              f'snapshots {snapshots}')
     self._cache.clear()
+    self._cached_bytes = 0
     for name in snapshots:
       if name > round_num:
         os.remove(os.path.join(self._snapshots_dir, f'{name:08d}'))
+    multi_version = set()
     for folder in self._client_folders():
       for name in os.listdir(folder):
         match = _ROUND_FILE.match(name)
         if (match and int(match.group(1)) > round_num) or name.startswith(
             '.tmp_'):
           os.remove(os.path.join(folder, name))
-      if not os.listdir(folder):
+      left = os.listdir(folder)
+      if not left:
         shutil.rmtree(folder)
+      elif len(left) > 1:
+        multi_version.add(os.path.basename(folder))
+    self._multi_version = multi_version
 
 
 def build_store(kind: str, initial_state_fn: InitialStateFn, *,

@@ -218,3 +218,26 @@ def test_binary_refuses_unsupported_combinations(tmp_path, args):
   last = proc.stderr.strip().splitlines()[-1]
   assert last.startswith('train: error: ') and (
       'stacked' in last or 'per-weight' in last), last
+
+
+def test_binary_stacked_run_equals_tff_run(tmp_path):
+  """`python -m run.train --simulation_engine=stacked` end to end: the
+  per-client evaluation it writes equals the TFF engine's run."""
+  from tests import binary  # pylint: disable=g-import-not-at-top
+  args = ['--task=synthetic', '--num_clients=8', '--clients_per_round=4',
+          '--client_batch_size=5', '--client_learning_rate=0.1',
+          '--synthetic_size_law=table_4_4', '--algorithm=term', '--tilt=1',
+          '--total_rounds=3', '--rounds_per_eval=3', '--progress=false',
+          '--eval_train_clients=false']
+  tables = {}
+  for engine in ('tff', 'stacked'):
+    code, _, stderr = binary.run_train(
+        args + [f'--simulation_engine={engine}',
+                f'--experiment_name={engine}'], tmp_path)
+    assert code == 0, stderr[-2000:]
+    path = tmp_path / engine / 'clients' / 'round_00003.csv'
+    rows = [line.split(',') for line in path.read_text().splitlines()[1:]]
+    tables[engine] = np.array([[float(v) for v in row[2:]] for row in rows])
+  assert tables['tff'].shape == (8, 3)
+  np.testing.assert_allclose(tables['stacked'], tables['tff'], rtol=1e-5,
+                             atol=1e-6)

@@ -70,33 +70,56 @@ from tff_algos import runtime
 from tff_algos import stragglers
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
-_NUM_CLIENTS = flags.DEFINE_integer('num_clients', 3400, 'Population.')
-_CLIENTS = flags.DEFINE_integer('clients_per_round', 10, 'Clients per round.')
-_ROUNDS = flags.DEFINE_integer('rounds', 20, 'Ditto rounds before the pass.')
-_ROUNDS_AFTER = flags.DEFINE_integer('rounds_after', 5,
-                                     'Ditto rounds after the store-only pass.')
-_TOUCH = flags.DEFINE_integer('touch_clients', 1000,
-                              'Distinct clients the store-only pass writes.')
-_EXAMPLES = flags.DEFINE_integer('examples_per_client', 20,
-                                 'Training images per client.')
-_BATCH = flags.DEFINE_integer('batch_size', 10, 'Client batch size.')
-_MODEL = flags.DEFINE_enum('model', 'cnn', list(emnist.MODELS),
-                           'tasks.emnist model of the personal models.')
-_LAMBDA = flags.DEFINE_float('ditto_lambda', 0.1, "Ditto's lambda.")
-_LR = flags.DEFINE_float('client_learning_rate', 0.01, 'Client SGD step.')
-_CHECKPOINT = flags.DEFINE_integer('rounds_per_checkpoint', 5,
-                                   'Store snapshot every this many rounds.')
-_COLD = flags.DEFINE_bool(
-    'cold_reads', True, 'Before reading the pass back, drop the state files '
-    'from the page cache (posix_fadvise DONTNEED on the store\'s own files), '
-    'so the reads come from the disk.')
-_CONCURRENT = flags.DEFINE_integer(
-    'max_concurrent_computation_calls', -1,
-    'Client computations the TFF worker runs at once (-1: no limit), as in '
-    'run.train; bounds the worker\'s working memory.')
-_STATE_DIR = flags.DEFINE_string(
-    'state_dir', None, 'Store folder (default: a temporary folder, removed).')
-_OUTPUT = flags.DEFINE_string('output_json', None, 'Write every number here.')
+# Flags are defined at start-up only: absl flags are global, and the test
+# suite and the API-docs build import several binaries into one process.
+_NUM_CLIENTS = None
+_CLIENTS = None
+_ROUNDS = None
+_ROUNDS_AFTER = None
+_TOUCH = None
+_EXAMPLES = None
+_BATCH = None
+_MODEL = None
+_LAMBDA = None
+_LR = None
+_CHECKPOINT = None
+_COLD = None
+_CONCURRENT = None
+_STATE_DIR = None
+_OUTPUT = None
+
+
+def define_flags() -> None:
+  """Defines the command-line flags."""
+  global _NUM_CLIENTS, _CLIENTS, _ROUNDS, _ROUNDS_AFTER, _TOUCH, _EXAMPLES, _BATCH, _MODEL, _LAMBDA, _LR, _CHECKPOINT, _COLD, _CONCURRENT, _STATE_DIR, _OUTPUT
+  _NUM_CLIENTS = flags.DEFINE_integer('num_clients', 3400, 'Population.')
+  _CLIENTS = flags.DEFINE_integer('clients_per_round', 10, 'Clients per round.')
+  _ROUNDS = flags.DEFINE_integer('rounds', 20, 'Ditto rounds before the pass.')
+  _ROUNDS_AFTER = flags.DEFINE_integer('rounds_after', 5,
+                                       'Ditto rounds after the store-only pass.')
+  _TOUCH = flags.DEFINE_integer('touch_clients', 1000,
+                                'Distinct clients the store-only pass writes.')
+  _EXAMPLES = flags.DEFINE_integer('examples_per_client', 20,
+                                   'Training images per client.')
+  _BATCH = flags.DEFINE_integer('batch_size', 10, 'Client batch size.')
+  _MODEL = flags.DEFINE_enum('model', 'cnn', list(emnist.MODELS),
+                             'tasks.emnist model of the personal models.')
+  _LAMBDA = flags.DEFINE_float('ditto_lambda', 0.1, "Ditto's lambda.")
+  _LR = flags.DEFINE_float('client_learning_rate', 0.01, 'Client SGD step.')
+  _CHECKPOINT = flags.DEFINE_integer('rounds_per_checkpoint', 5,
+                                     'Store snapshot every this many rounds.')
+  _COLD = flags.DEFINE_bool(
+      'cold_reads', True, 'Before reading the pass back, drop the state files '
+      'from the page cache (posix_fadvise DONTNEED on the store\'s own files), '
+      'so the reads come from the disk.')
+  _CONCURRENT = flags.DEFINE_integer(
+      'max_concurrent_computation_calls', -1,
+      'Client computations the TFF worker runs at once (-1: no limit), as in '
+      'run.train; bounds the worker\'s working memory.')
+  _STATE_DIR = flags.DEFINE_string(
+      'state_dir', None, 'Store folder (default: a temporary folder, removed).')
+  _OUTPUT = flags.DEFINE_string('output_json', None, 'Write every number here.')
+
 
 MB = 2**20
 
@@ -415,4 +438,5 @@ def main(argv) -> int:
 
 
 if __name__ == '__main__':
+  define_flags()
   app.run(lambda argv: runtime.exit_now(main(argv)))

@@ -43,11 +43,23 @@ from tff_algos import stragglers
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 TAIL_ALGORITHMS = ('qffl', 'deltafl', 'term')
-_ALGORITHMS = flags.DEFINE_list('algorithms', list(TAIL_ALGORITHMS),
-                                'Tail-aware algorithms to time.')
-_ROUNDS = flags.DEFINE_integer('rounds', 8, 'Timed rounds.')
-_WARMUP = flags.DEFINE_integer('warmup_rounds', 2, 'Untimed rounds first.')
-_CLIENTS = flags.DEFINE_integer('clients_per_round', 10, 'Clients per round.')
+# Flags are defined at start-up only: absl flags are global, and the test
+# suite and the API-docs build import several binaries into one process.
+_ALGORITHMS = None
+_ROUNDS = None
+_WARMUP = None
+_CLIENTS = None
+
+
+def define_flags() -> None:
+  """Defines the command-line flags."""
+  global _ALGORITHMS, _ROUNDS, _WARMUP, _CLIENTS
+  _ALGORITHMS = flags.DEFINE_list('algorithms', list(TAIL_ALGORITHMS),
+                                  'Tail-aware algorithms to time.')
+  _ROUNDS = flags.DEFINE_integer('rounds', 8, 'Timed rounds.')
+  _WARMUP = flags.DEFINE_integer('warmup_rounds', 2, 'Untimed rounds first.')
+  _CLIENTS = flags.DEFINE_integer('clients_per_round', 10, 'Clients per round.')
+
 
 _PARAMS = {'qffl': {'q': 1.0}, 'deltafl': {'theta': 0.5},
            'term': {'tilt': 1.0}, 'fedavg': {}}
@@ -125,4 +137,5 @@ def main(argv) -> int:
 
 
 if __name__ == '__main__':
+  define_flags()
   app.run(lambda argv: runtime.exit_now(main(argv)))

@@ -42,18 +42,32 @@ from tff_algos import runtime
 from tff_algos import stragglers
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
-_POPULATIONS = flags.DEFINE_list('populations', ['100', '10000'],
-                                 'Population sizes.')
-_CLIENTS = flags.DEFINE_integer('clients_per_round', 100, 'Clients per round.')
-_ROUNDS = flags.DEFINE_integer('rounds', 3, 'Timed rounds.')
-_WARMUP = flags.DEFINE_integer('warmup_rounds', 1, 'Untimed rounds first.')
-_PATHS = flags.DEFINE_list('paths', ['tff', 'batched'],
-                           'Paths to time: tff (process.next), batched.')
-_PRELOAD = flags.DEFINE_enum(
-    'preload', 'sampled', ['sampled', 'all'],
-    "Clients whose raw arrays the batched engine reads before timing: the "
-    "run's sampled clients, or the whole population (O(population), slow).")
-_OUTPUT = flags.DEFINE_string('output_json', None, 'Write the numbers here.')
+# Flags are defined at start-up only: absl flags are global, and the test
+# suite and the API-docs build import several binaries into one process.
+_POPULATIONS = None
+_CLIENTS = None
+_ROUNDS = None
+_WARMUP = None
+_PATHS = None
+_PRELOAD = None
+_OUTPUT = None
+
+
+def define_flags() -> None:
+  """Defines the command-line flags."""
+  global _POPULATIONS, _CLIENTS, _ROUNDS, _WARMUP, _PATHS, _PRELOAD, _OUTPUT
+  _POPULATIONS = flags.DEFINE_list('populations', ['100', '10000'],
+                                   'Population sizes.')
+  _CLIENTS = flags.DEFINE_integer('clients_per_round', 100, 'Clients per round.')
+  _ROUNDS = flags.DEFINE_integer('rounds', 3, 'Timed rounds.')
+  _WARMUP = flags.DEFINE_integer('warmup_rounds', 1, 'Untimed rounds first.')
+  _PATHS = flags.DEFINE_list('paths', ['tff', 'batched'],
+                             'Paths to time: tff (process.next), batched.')
+  _PRELOAD = flags.DEFINE_enum(
+      'preload', 'sampled', ['sampled', 'all'],
+      "Clients whose raw arrays the batched engine reads before timing: the "
+      "run's sampled clients, or the whole population (O(population), slow).")
+  _OUTPUT = flags.DEFINE_string('output_json', None, 'Write the numbers here.')
 
 
 def _sampled(ids, rounds: int, clients_per_round: int) -> list[str]:
@@ -186,4 +200,5 @@ def main(argv) -> int:
 
 
 if __name__ == '__main__':
+  define_flags()
   app.run(lambda argv: runtime.exit_now(main(argv)))

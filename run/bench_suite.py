@@ -73,24 +73,42 @@ from tff_algos import stragglers
 MODELS = ('softmax', 'emnist_cnn', 'shakespeare')
 ALGORITHMS = ('fedavg', 'qffl', 'deltafl', 'term')
 
-_MODELS = flags.DEFINE_list('models', list(MODELS), 'Models to time.')
-_ALGORITHMS = flags.DEFINE_list('algorithms', ['fedavg', 'qffl', 'deltafl'],
-                                f'Algorithms to time, of {ALGORITHMS}.')
-_ROUNDS = flags.DEFINE_integer('rounds', 6, 'Timed rounds per system.')
-_WARMUP = flags.DEFINE_integer('warmup_rounds', 2, 'Untimed rounds first.')
-_CLIENTS = flags.DEFINE_integer('clients_per_round', 10, 'Clients per round.')
-_NUM_CLIENTS = flags.DEFINE_integer('num_clients', 100, 'Population.')
-_OUTPUT = flags.DEFINE_string('output_json', None, 'Write every number here.')
-_STACKED_MODES = flags.DEFINE_list(
-    'stacked_modes', ['vectorized', 'sequential'],
-    'Stacked-engine systems to time: vectorized (`stacked`), sequential '
-    '(`stacked_seq`); empty for none.')
-_STACKED_ONLY = flags.DEFINE_boolean(
-    'stacked_only', False,
-    'Time only stock and plain FedAvg and the stacked engine (not our TFF '
-    'path nor the batched engine).')
+# Flags are defined at start-up only: absl flags are global, and the test
+# suite and the API-docs build import several binaries into one process.
+_MODELS = None
+_ALGORITHMS = None
+_ROUNDS = None
+_WARMUP = None
+_CLIENTS = None
+_NUM_CLIENTS = None
+_OUTPUT = None
+_STACKED_MODES = None
+_STACKED_ONLY = None
 
-# (examples per client, batch size, client learning rate) per model.
+
+def define_flags() -> None:
+  """Defines the command-line flags."""
+  global _MODELS, _ALGORITHMS, _ROUNDS, _WARMUP, _CLIENTS, _NUM_CLIENTS, _OUTPUT, _STACKED_MODES, _STACKED_ONLY
+  _MODELS = flags.DEFINE_list('models', list(MODELS), 'Models to time.')
+  _ALGORITHMS = flags.DEFINE_list('algorithms', ['fedavg', 'qffl', 'deltafl'],
+                                  f'Algorithms to time, of {ALGORITHMS}.')
+  _ROUNDS = flags.DEFINE_integer('rounds', 6, 'Timed rounds per system.')
+  _WARMUP = flags.DEFINE_integer('warmup_rounds', 2, 'Untimed rounds first.')
+  _CLIENTS = flags.DEFINE_integer('clients_per_round', 10, 'Clients per round.')
+  _NUM_CLIENTS = flags.DEFINE_integer('num_clients', 100, 'Population.')
+  _OUTPUT = flags.DEFINE_string('output_json', None, 'Write every number here.')
+  _STACKED_MODES = flags.DEFINE_list(
+      'stacked_modes', ['vectorized', 'sequential'],
+      'Stacked-engine systems to time: vectorized (`stacked`), sequential '
+      '(`stacked_seq`); empty for none.')
+  _STACKED_ONLY = flags.DEFINE_boolean(
+      'stacked_only', False,
+      'Time only stock and plain FedAvg and the stacked engine (not our TFF '
+      'path nor the batched engine).')
+
+  # (examples per client, batch size, client learning rate) per model.
+
+
 _SIZES = {'softmax': (150, 10, 0.01), 'emnist_cnn': (100, 20, 0.01),
           'shakespeare': (40, 4, 0.5)}
 
@@ -408,4 +426,5 @@ def main(argv) -> int:
 
 
 if __name__ == '__main__':
+  define_flags()
   app.run(lambda argv: runtime.exit_now(main(argv)))

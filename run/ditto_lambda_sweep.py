@@ -39,21 +39,39 @@ from tff_algos import ditto
 from tff_algos import runtime
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
-_TRIALS = flags.DEFINE_integer('trials', 3, 'Independent draws (TFF runs).')
-_NUMPY_TRIALS = flags.DEFINE_integer(
-    'numpy_trials', 2000, 'Draws of the closed-form curve.')
-_DEVICES = flags.DEFINE_integer('devices', 40, 'K devices.')
-_DIM = flags.DEFINE_integer('dim', 5, 'd.')
-_N = flags.DEFINE_integer('n', 10, 'Samples per device (beta = n).')
-_SIGMA = flags.DEFINE_float('sigma', 1.0, 'Label noise sigma.')
-_TAU2 = flags.DEFINE_list('tau2', ['1', '0.1', '0.01'],
-                          'tau^2 values, one sweep each.')
-_ROUNDS = flags.DEFINE_integer('rounds', 20, 'Ditto rounds.')
-_STEPS = flags.DEFINE_integer('personal_steps', 100,
-                              'Personal steps s per round.')
-_OUTPUT = flags.DEFINE_string('output_md', None, 'Markdown table to write.')
+# Flags are defined at start-up only: absl flags are global, and the test
+# suite and the API-docs build import several binaries into one process.
+_TRIALS = None
+_NUMPY_TRIALS = None
+_DEVICES = None
+_DIM = None
+_N = None
+_SIGMA = None
+_ROUNDS = None
+_STEPS = None
+_OUTPUT = None
 
-# 16 lambdas, a quarter decade apart, none a power of ten.
+
+def define_flags() -> None:
+  """Defines the command-line flags."""
+  global _TRIALS, _NUMPY_TRIALS, _DEVICES, _DIM, _N, _SIGMA, _ROUNDS, _STEPS, _OUTPUT
+  _TRIALS = flags.DEFINE_integer('trials', 3, 'Independent draws (TFF runs).')
+  _NUMPY_TRIALS = flags.DEFINE_integer(
+      'numpy_trials', 2000, 'Draws of the closed-form curve.')
+  _DEVICES = flags.DEFINE_integer('devices', 40, 'K devices.')
+  _DIM = flags.DEFINE_integer('dim', 5, 'd.')
+  _N = flags.DEFINE_integer('n', 10, 'Samples per device (beta = n).')
+  _SIGMA = flags.DEFINE_float('sigma', 1.0, 'Label noise sigma.')
+  _TAU2 = flags.DEFINE_list('tau2', ['1', '0.1', '0.01'],
+                            'tau^2 values, one sweep each.')
+  _ROUNDS = flags.DEFINE_integer('rounds', 20, 'Ditto rounds.')
+  _STEPS = flags.DEFINE_integer('personal_steps', 100,
+                                'Personal steps s per round.')
+  _OUTPUT = flags.DEFINE_string('output_md', None, 'Markdown table to write.')
+
+  # 16 lambdas, a quarter decade apart, none a power of ten.
+
+
 GRID = tuple(float(10 ** (-1.875 + 0.25 * k)) for k in range(16))
 
 
@@ -198,4 +216,5 @@ def main(argv):
 
 
 if __name__ == '__main__':
+  define_flags()
   app.run(main)

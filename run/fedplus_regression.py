@@ -41,19 +41,37 @@ METHODS = ('fedgeomed_plus', 'fedcomed_plus', 'fedavg_plus', 'fedavg')
 PSI = {'fedgeomed_plus': 'geomed', 'fedcomed_plus': 'comed',
        'fedavg_plus': 'avg'}
 
-_BACKEND = flags.DEFINE_enum('backend', 'numpy', ['numpy', 'tff'],
-                             'Implementation to run.')
-_SIGMAS = flags.DEFINE_list('sigmas', ['1', '100'], 'Fed+ sigma values.')
-_SEEDS = flags.DEFINE_list('seeds', ['0', '1', '2', '3', '4'], 'Data seeds.')
-_ROUNDS = flags.DEFINE_integer('rounds', 500, 'Rounds T.')
-_LR = flags.DEFINE_float('lr', 1e-4, 'eta.')
-_DELTA = flags.DEFINE_float('delta', 0.1, 'delta.')
-_STEPS = flags.DEFINE_integer('local_steps', 20, 'E_k.')
-_BATCH = flags.DEFINE_integer('batch_size', 10, 'Batch size.')
-_ITERS = flags.DEFINE_integer('aggregation_iterations', 20,
-                              'Fixed-point iterations (geomed, comed).')
-_METHODS = flags.DEFINE_list('methods', list(METHODS), 'Methods to run.')
-_OUTPUT = flags.DEFINE_string('output_md', None, 'Markdown table to write.')
+# Flags are defined at start-up only: absl flags are global, and the test
+# suite and the API-docs build import several binaries into one process.
+_BACKEND = None
+_SIGMAS = None
+_SEEDS = None
+_ROUNDS = None
+_LR = None
+_DELTA = None
+_STEPS = None
+_BATCH = None
+_ITERS = None
+_METHODS = None
+_OUTPUT = None
+
+
+def define_flags() -> None:
+  """Defines the command-line flags."""
+  global _BACKEND, _SIGMAS, _SEEDS, _ROUNDS, _LR, _DELTA, _STEPS, _BATCH, _ITERS, _METHODS, _OUTPUT
+  _BACKEND = flags.DEFINE_enum('backend', 'numpy', ['numpy', 'tff'],
+                               'Implementation to run.')
+  _SIGMAS = flags.DEFINE_list('sigmas', ['1', '100'], 'Fed+ sigma values.')
+  _SEEDS = flags.DEFINE_list('seeds', ['0', '1', '2', '3', '4'], 'Data seeds.')
+  _ROUNDS = flags.DEFINE_integer('rounds', 500, 'Rounds T.')
+  _LR = flags.DEFINE_float('lr', 1e-4, 'eta.')
+  _DELTA = flags.DEFINE_float('delta', 0.1, 'delta.')
+  _STEPS = flags.DEFINE_integer('local_steps', 20, 'E_k.')
+  _BATCH = flags.DEFINE_integer('batch_size', 10, 'Batch size.')
+  _ITERS = flags.DEFINE_integer('aggregation_iterations', 20,
+                                'Fixed-point iterations (geomed, comed).')
+  _METHODS = flags.DEFINE_list('methods', list(METHODS), 'Methods to run.')
+  _OUTPUT = flags.DEFINE_string('output_md', None, 'Markdown table to write.')
 
 
 def prox(psi, v, delta):
@@ -221,4 +239,5 @@ def main(argv):
 
 
 if __name__ == '__main__':
+  define_flags()
   app.run(main)

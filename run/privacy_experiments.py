@@ -39,18 +39,33 @@ from privacy import adadps
 from privacy import dp2
 from tff_algos import runtime
 
-_EXPERIMENT = flags.DEFINE_enum(
-    'experiment', 'adadps_toy', ['adadps_toy', 'dpfedavg_synthetic',
-                                 'dp2_toy'], 'Which reproduction.')
-_OUTPUT = flags.DEFINE_string('output', '', 'Markdown file to write.')
-_ROOT = flags.DEFINE_string('root_output_dir', 'output/privacy',
-                            'dpfedavg_synthetic: training outputs.')
-_RUNS = flags.DEFINE_integer('runs', 5, 'Toy problems: runs per method.')
-_ROUNDS = flags.DEFINE_integer('total_rounds', 100,
-                               'dpfedavg_synthetic: rounds.')
-_EPSILONS = flags.DEFINE_list('epsilons', ['20', '10', '5', '2'],
-                              'dpfedavg_synthetic: target epsilons.')
-_SEEDS = flags.DEFINE_list('seeds', ['0'], 'dpfedavg_synthetic: seeds.')
+# Flags are defined at start-up only: absl flags are global, and the test
+# suite and the API-docs build import several binaries into one process.
+_EXPERIMENT = None
+_OUTPUT = None
+_ROOT = None
+_RUNS = None
+_ROUNDS = None
+_EPSILONS = None
+_SEEDS = None
+
+
+def define_flags() -> None:
+  """Defines the command-line flags."""
+  global _EXPERIMENT, _OUTPUT, _ROOT, _RUNS, _ROUNDS, _EPSILONS, _SEEDS
+  _EXPERIMENT = flags.DEFINE_enum(
+      'experiment', 'adadps_toy', ['adadps_toy', 'dpfedavg_synthetic',
+                                   'dp2_toy'], 'Which reproduction.')
+  _OUTPUT = flags.DEFINE_string('output', '', 'Markdown file to write.')
+  _ROOT = flags.DEFINE_string('root_output_dir', 'output/privacy',
+                              'dpfedavg_synthetic: training outputs.')
+  _RUNS = flags.DEFINE_integer('runs', 5, 'Toy problems: runs per method.')
+  _ROUNDS = flags.DEFINE_integer('total_rounds', 100,
+                                 'dpfedavg_synthetic: rounds.')
+  _EPSILONS = flags.DEFINE_list('epsilons', ['20', '10', '5', '2'],
+                                'dpfedavg_synthetic: target epsilons.')
+  _SEEDS = flags.DEFINE_list('seeds', ['0'], 'dpfedavg_synthetic: seeds.')
+
 
 TOY = dict(n=1000, d=500, frequent=50, steps=500, batch=50, delta=1e-3,
            target_epsilon=4.13)
@@ -238,4 +253,5 @@ def main(argv):
 
 
 if __name__ == '__main__':
+  define_flags()
   app.run(main)

@@ -6,8 +6,9 @@ variance of per-client test accuracy and raise the accuracy of the worst
 clients, with the mean within a few points.
 
 Synthetic(1,1) itself needs thousands of rounds before q = 1 separates from
-q = 0 (docs/results.md: at 500 rounds the direction held on 2 of 5 seeds, at
-5,000 and 20,000 on every seed), far beyond a unit test. So this test uses a
+q = 0 (docs/results.md: at 500 rounds the variance fell on 2 of 5 seeds and
+the worst 10% rose on 1; at 5,000 and 20,000 rounds both hold on every seed),
+far beyond a unit test. So this test uses a
 population whose tail is known by construction: ten clients on a Gaussian
 mixture, two of them ("minority") with permuted labels. FedAvg serves the
 eight majority clients and sacrifices the two; the fair objectives must give

@@ -570,28 +570,9 @@ class BatchedEngine:
 
   def next(self, state, plan: RoundPlan):
     """`process.next` on the process's state: `(new_state, metrics)`."""
-    weights = state.global_model_weights
-    trainable, opt_state, train, extra = self.run_round(
-        weights, state.finalizer, plan)
-    new_weights = tff.learning.models.ModelWeights(
-        trainable=trainable, non_trainable=weights.non_trainable)
-    if self.algorithm.name == 'qffl':
-      finalizer_state = state.finalizer
-    else:
-      finalizer_state = tf.nest.pack_sequence_as(
-          state.finalizer, tf.nest.flatten(opt_state))
-    new_state = state._replace(
-        global_model_weights=new_weights, finalizer=finalizer_state)
-    client_work = collections.OrderedDict(train=train)
-    finalizer = collections.OrderedDict()
-    for key, value in extra.items():
-      if key in ('update_non_finite', 'h_sum'):
-        finalizer[key] = value
-      else:
-        client_work[key] = value
-    metrics = collections.OrderedDict(
-        client_work=client_work, finalizer=finalizer)
-    return new_state, metrics
+    return apply_round(self.algorithm.name, state,
+                       self.run_round(state.global_model_weights,
+                                      state.finalizer, plan))
 
   def close(self) -> None:
     self._session.close()
@@ -627,3 +608,34 @@ def metrics_as_mapping(metrics: Mapping[str, Any]) -> dict[str, Any]:
   """Plain dicts of the engine's metrics (for logging)."""
   return {k: (metrics_as_mapping(v) if isinstance(v, Mapping) else v)
           for k, v in metrics.items()}
+
+
+def apply_round(algorithm_name: str, state, outputs):
+  """`(new_state, metrics)` from an engine round's `run_round` outputs.
+
+  Shared by the batched and stacked engines: the new global trainable
+  weights and server-optimizer state go into the process's own
+  `LearningAlgorithmState` (q-FFL's server keeps no optimizer state), and the
+  extra outputs are split into the metrics the federated path reports under
+  `client_work` and `finalizer`.
+  """
+  trainable, opt_state, train, extra = outputs
+  weights = state.global_model_weights
+  new_weights = tff.learning.models.ModelWeights(
+      trainable=trainable, non_trainable=weights.non_trainable)
+  if algorithm_name == 'qffl':
+    finalizer_state = state.finalizer
+  else:
+    finalizer_state = tf.nest.pack_sequence_as(
+        state.finalizer, tf.nest.flatten(opt_state))
+  new_state = state._replace(
+      global_model_weights=new_weights, finalizer=finalizer_state)
+  client_work = collections.OrderedDict(train=train)
+  finalizer = collections.OrderedDict()
+  for key, value in extra.items():
+    if key in ('update_non_finite', 'h_sum'):
+      finalizer[key] = value
+    else:
+      client_work[key] = value
+  return new_state, collections.OrderedDict(
+      client_work=client_work, finalizer=finalizer)

@@ -764,27 +764,9 @@ class StackedEngine:
 
   def next(self, state, plan: batched.RoundPlan):
     """`process.next` on the process's state: `(new_state, metrics)`."""
-    weights = state.global_model_weights
-    trainable, opt_state, train, extra = self.run_round(
-        weights, state.finalizer, plan)
-    new_weights = tff.learning.models.ModelWeights(
-        trainable=trainable, non_trainable=weights.non_trainable)
-    if self.algorithm.name == 'qffl':
-      finalizer_state = state.finalizer
-    else:
-      finalizer_state = tf.nest.pack_sequence_as(
-          state.finalizer, tf.nest.flatten(opt_state))
-    new_state = state._replace(
-        global_model_weights=new_weights, finalizer=finalizer_state)
-    client_work = collections.OrderedDict(train=train)
-    finalizer = collections.OrderedDict()
-    for key, value in extra.items():
-      if key in ('update_non_finite', 'h_sum'):
-        finalizer[key] = value
-      else:
-        client_work[key] = value
-    return new_state, collections.OrderedDict(
-        client_work=client_work, finalizer=finalizer)
+    return batched.apply_round(self.algorithm.name, state,
+                               self.run_round(state.global_model_weights,
+                                              state.finalizer, plan))
 
   def close(self) -> None:
     self._session.close()

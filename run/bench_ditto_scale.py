@@ -46,6 +46,7 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import collections
+import contextlib
 import json
 import shutil
 import statistics
@@ -155,13 +156,11 @@ def build_task(num_clients: int, examples: int, batch: int,
 
 
 def _hwm_mb(pid: int) -> float:
-  try:
+  with contextlib.suppress(OSError):  # The process has ended.
     with open(f'/proc/{pid}/status') as f:
       for line in f:
         if line.startswith('VmHWM:'):
           return int(line.split()[1]) / 1024.0
-  except OSError:
-    pass
   return float('nan')
 
 
@@ -170,10 +169,8 @@ def memory() -> dict[str, float]:
   workers = runtime.worker_pids(os.getpid())
   rss = 0.0
   for pid in workers:
-    try:
+    with contextlib.suppress(psutil.Error):  # The worker has ended.
       rss += psutil.Process(pid).memory_info().rss / MB
-    except psutil.Error:
-      pass
   return {'driver_rss_mb': psutil.Process().memory_info().rss / MB,
           'driver_peak_mb': _hwm_mb(os.getpid()),
           'worker_rss_mb': rss,

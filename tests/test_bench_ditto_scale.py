@@ -1,30 +1,16 @@
 """run.bench_ditto_scale: EMNIST-sized Ditto through the disk store."""
 
-import contextlib
 import json
 import os
-import signal
-import subprocess
-import sys
 
 import numpy as np
 
 from run import bench_ditto_scale
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests import binary
 
 
 def _run(args, timeout=400):
-  proc = subprocess.Popen(
-      [sys.executable, '-m', 'run.bench_ditto_scale'] + args, cwd=ROOT,
-      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-      start_new_session=True)
-  try:
-    stdout, stderr = proc.communicate(timeout=timeout)
-  finally:
-    with contextlib.suppress(ProcessLookupError):
-      os.killpg(proc.pid, signal.SIGKILL)
-  return proc.returncode, stdout, stderr
+  return binary.run_module('run.bench_ditto_scale', args, timeout)
 
 
 def test_synthetic_clients_are_emnist_sized_and_deterministic():

@@ -1,26 +1,12 @@
 """run.bench_loss_pass: the loss pass by iterator equals the one by reduce."""
 
-import contextlib
-import os
 import re
-import signal
-import subprocess
-import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests import binary
 
 
 def _run(args, timeout=400):
-  proc = subprocess.Popen(
-      [sys.executable, '-m', 'run.bench_loss_pass'] + args, cwd=ROOT,
-      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-      start_new_session=True)
-  try:
-    stdout, stderr = proc.communicate(timeout=timeout)
-  finally:
-    with contextlib.suppress(ProcessLookupError):
-      os.killpg(proc.pid, signal.SIGKILL)
-  return proc.returncode, stdout, stderr
+  return binary.run_module('run.bench_loss_pass', args, timeout)
 
 
 def test_one_round_of_term_both_loss_passes_agree():

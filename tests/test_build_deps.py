@@ -6,6 +6,7 @@
 # (Under Bazel the last test checks the real checkout, which the test's
 # runfiles do not hold: `external` keeps Bazel from caching its result.)
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -385,6 +386,47 @@ def test_bad_data_directive_is_reported(tree):
       "tests/test_cli.py: bazel-data '../outside.txt' names no file of this"
       ' repository (a path from its root)',
   ]
+
+
+def notebook(*cells):
+  return json.dumps({'cells': [
+      {'cell_type': kind, 'source': source, 'metadata': {}}
+      for kind, source in cells], 'metadata': {}, 'nbformat': 4,
+                     'nbformat_minor': 5})
+
+
+def test_notebook_in_data_adds_its_imports(tree):
+  (tree / 'examples').mkdir()
+  (tree / 'examples' / 'demo.ipynb').write_text(notebook(
+      ('markdown', 'import nothing.here'),
+      ('code', ['%matplotlib inline\n', 'from pkg import names\n',
+                '!pip install x\n', 'import numpy as np\n']),
+      ('code', 'def f():\n  from pkg import a\n  return a\n')))
+  (tree / 'tests' / 'test_nb.py').write_text(
+      '# bazel-data: examples/demo.ipynb\nimport pytest\n')
+  _, graph = build_deps.expected_files(tree)
+  assert graph.problems == []
+  target = next(t for t in graph.targets['tests'] if t.name == 'test_nb')
+  assert target.data == ['//:examples/demo.ipynb']
+  assert {dep: why for dep, why in target.dep_reasons.items()
+          if why == 'notebook'} == {'//pkg:a': 'notebook',
+                                     '//pkg:names': 'notebook'}
+  assert target.third_party == ['numpy', 'pytest']
+
+
+def test_broken_notebook_is_reported(tree):
+  (tree / 'examples').mkdir()
+  (tree / 'examples' / 'bad.ipynb').write_text(notebook(
+      ('code', 'from pkg import names\ndef (\n')))
+  (tree / 'examples' / 'worse.ipynb').write_text('{not json')
+  (tree / 'tests' / 'test_nb.py').write_text(
+      '# bazel-data: examples/bad.ipynb examples/worse.ipynb\n')
+  _, graph = build_deps.expected_files(tree)
+  assert len(graph.problems) == 2
+  assert graph.problems[0].startswith(
+      'examples/bad.ipynb: not a notebook whose code cells parse:')
+  assert graph.problems[1].startswith(
+      'examples/worse.ipynb: not a notebook whose code cells parse:')
 
 
 def test_check_on_the_real_repository():

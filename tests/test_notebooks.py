@@ -9,8 +9,13 @@ process: its first cell calls `tff_algos.runtime.install_worker_cleanup()`
 kernel shutdown does not always run Python's exit handlers.
 """
 
+# bazel-data: examples/quickstart.ipynb examples/tail_objectives.ipynb
+# bazel-data: examples/personalization_robustness.ipynb examples/privacy.ipynb
+# bazel-size: large
+
 import glob
 import json
+import re
 import os
 import sys
 import time
@@ -71,6 +76,15 @@ def test_the_examples_are_there():
   names = {os.path.basename(path) for path in NOTEBOOKS}
   assert {'quickstart.ipynb', 'tail_objectives.ipynb',
           'personalization_robustness.ipynb', 'privacy.ipynb'} <= names
+
+
+def test_every_notebook_is_bazel_data():
+  # Under `bazel test` only the notebooks named above are in the runfiles
+  # (and tools/build_deps.py adds their imports to this target's deps).
+  with open(__file__) as f:
+    declared = set(re.findall(r'examples/\S+\.ipynb', f.read()))
+  on_disk = {os.path.relpath(p, ROOT) for p in NOTEBOOKS}
+  assert on_disk <= declared, f'add {sorted(on_disk - declared)} to bazel-data'
 
 
 def test_notebooks_are_committed_lean():

@@ -38,7 +38,9 @@ Third-party imports are not Bazel deps (they come from the pinned .venv); a
 repository files the module names in a whole string holding a directory
 (`'scripts/bootstrap.sh'`; not Python sources or BUILD files) or declares in
 `# bazel-data: PATH ...` comments (paths from the repository root); their
-packages export them. `# bazel-tags: TAG ...` comments set `tags`.
+packages export them. A Jupyter notebook (`.ipynb`) in `data` is code the test
+runs in a child kernel: the first-party imports of its code cells are deps of
+the test too. `# bazel-tags: TAG ...` comments set `tags`.
 
 Besides differing BUILD text, `--check` reports (and `--write` warns about,
 exiting 1) first-party imports that resolve to no module, dependency cycles,
@@ -53,6 +55,7 @@ import ast
 import contextlib
 import dataclasses
 import io
+import json
 import os
 import re
 import sys
@@ -92,6 +95,7 @@ DEP_REASONS = {
     'named': 'a module the module names, e.g. to run it with python -m',
     'conftest': 'pytest conftest',
     'package': 'the package __init__ Python runs on import',
+    'notebook': 'imported by a notebook in the target\'s data, which it runs',
 }
 
 
@@ -359,6 +363,40 @@ def _data_files(module: Module, tree: Tree) -> tuple[list[Path], list[str]]:
   return sorted(found), problems
 
 
+def _notebook_code(path: Path) -> str:
+  """The Python of a notebook's code cells (IPython `%`/`!` lines dropped)."""
+  cells = json.loads(path.read_text()).get('cells', [])
+  lines = []
+  for cell in cells:
+    if cell.get('cell_type') != 'code':
+      continue
+    source = cell.get('source', '')
+    source = ''.join(source) if isinstance(source, list) else source
+    lines.extend(line for line in source.splitlines()
+                 if not line.lstrip().startswith(('%', '!')))
+    lines.append('')
+  return '\n'.join(lines)
+
+
+def _notebooks(module: Module, tree: Tree
+               ) -> tuple[list[Module], list[str]]:
+  """The notebooks in the module's data, parsed as modules of no package."""
+  notebooks, problems = [], []
+  for path in _data_files(module, tree)[0]:
+    if path.suffix != '.ipynb':
+      continue
+    try:
+      source = _notebook_code(tree.root / path)
+      parsed = ast.parse(source, str(path))
+    except (ValueError, SyntaxError) as e:  # json.JSONDecodeError included.
+      problems.append(f'{path}: not a notebook whose code cells parse: {e}')
+      continue
+    notebooks.append(Module(dotted='', package='', path=path, target='',
+                            is_test=False, is_init=False, tree=parsed,
+                            source=source))
+  return notebooks, problems
+
+
 def _tags(module: Module) -> list[str]:
   return sorted({tag for match in TAGS_DIRECTIVE.finditer(module.comments)
                  for tag in match.group(1).split()})
@@ -388,6 +426,14 @@ class Graph:
       reasons = {d: 'imported' for d in first}
       for named in sorted(_named_modules(module, tree)):
         reasons.setdefault(named, 'named')
+      notebooks, problems = _notebooks(module, tree)
+      self.problems.extend(problems)
+      for notebook in notebooks:
+        nb_first, nb_third, problems = _import_names(notebook, tree)
+        self.problems.extend(problems)
+        third |= nb_third
+        for name in sorted(nb_first):
+          reasons.setdefault(name, 'notebook')
       if module.is_test:
         for conftest in self._conftests(module.package):
           if conftest != dotted:

@@ -1,5 +1,5 @@
 # Copyright 2026 The tff-hetero Authors. Licensed under the Apache License 2.0.
-r"""Speed of the simulation engines on three models and three algorithms.
+r"""Speed of the simulation engines on three models and four algorithms.
 
 Example (what docs/performance.md records):
 
@@ -15,7 +15,7 @@ For each model (`--models`):
 * `shakespeare`: TFF's character LSTM (embedding 8, 2 x LSTM 256) on random
   snippets of Shakespeare's vocabulary;
 
-and each algorithm (`--algorithms`: fedavg, qffl, deltafl, term), the
+and each algorithm (`--algorithms`: fedavg, qffl, deltafl, ditto, term), the
 systems run the same rounds (same sampled clients, shuffle seeds and
 batches), interleaved round by round in a rotating order:
 
@@ -30,11 +30,22 @@ batches), interleaved round by round in a rotating order:
   model over the round's batches read into tensors before its timer starts
   (the arithmetic alone: no tf.data, no metrics, no TFF).
 
+Ditto (T. Li, S. Hu, A. Beirami, V. Smith, ICML 2021) has a personal model per
+client, which the engines do not carry: it runs as `ditto/tff` only, each
+timed round being what `run.simulation` does (the selected clients' states
+read from an in-memory `ClientStateStore`, `process.next`, the new states
+written back), with `--ditto_lambda`. Its store on disk at EMNIST scale is
+`run/bench_ditto_scale.py`'s subject.
+
 Per system: examples/s and seconds/round (wall), CPU seconds/round (this
 process and its TFF worker), and the ratios to stock FedAvg and to the plain
 loop on the same model. `tff`, `batched` and `stacked` must end with equal
 weights (the L-inf differences to `tff` are reported). Peak memory (VmHWM)
-of this process and of its TFF worker is reported per model (all systems share the process).
+of this process and of its TFF worker is reported per model, and per system
+the peak resident memory (this process and its TFF worker, sampled every
+10 ms) while that system's rounds ran: all systems share one process, so that
+figure includes what the others hold (a shared floor); the differences
+between systems are what each adds.
 """
 
 import os
@@ -47,6 +58,7 @@ import collections
 import contextlib
 import json
 import statistics
+import threading
 import time
 from typing import Any
 
@@ -64,6 +76,7 @@ from tasks import base as task_base
 from tasks import emnist
 from tasks import shakespeare
 from tasks import synthetic
+from tff_algos import client_states
 from tff_algos import composition
 from tff_algos import runtime
 from tff_algos import stacked
@@ -71,7 +84,7 @@ from tff_algos import stragglers
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 MODELS = ('softmax', 'emnist_cnn', 'shakespeare')
-ALGORITHMS = ('fedavg', 'qffl', 'deltafl', 'term')
+ALGORITHMS = ('fedavg', 'qffl', 'deltafl', 'ditto', 'term')
 
 # Flags are defined at start-up only: absl flags are global, and the test
 # suite and the API-docs build import several binaries into one process.
@@ -84,14 +97,18 @@ _NUM_CLIENTS = None
 _OUTPUT = None
 _STACKED_MODES = None
 _STACKED_ONLY = None
+_DITTO_LAMBDA = None
 
 
 def define_flags() -> None:
   """Defines the command-line flags."""
-  global _MODELS, _ALGORITHMS, _ROUNDS, _WARMUP, _CLIENTS, _NUM_CLIENTS, _OUTPUT, _STACKED_MODES, _STACKED_ONLY
+  global _MODELS, _ALGORITHMS, _ROUNDS, _WARMUP, _CLIENTS, _NUM_CLIENTS, _OUTPUT, _STACKED_MODES, _STACKED_ONLY, _DITTO_LAMBDA
   _MODELS = flags.DEFINE_list('models', list(MODELS), 'Models to time.')
-  _ALGORITHMS = flags.DEFINE_list('algorithms', ['fedavg', 'qffl', 'deltafl'],
-                                  f'Algorithms to time, of {ALGORITHMS}.')
+  _ALGORITHMS = flags.DEFINE_list(
+      'algorithms', ['fedavg', 'qffl', 'deltafl', 'ditto'],
+      f'Algorithms to time, of {ALGORITHMS}.')
+  _DITTO_LAMBDA = flags.DEFINE_float('ditto_lambda', 0.1,
+                                     "Ditto's lambda (>= 0).")
   _ROUNDS = flags.DEFINE_integer('rounds', 6, 'Timed rounds per system.')
   _WARMUP = flags.DEFINE_integer('warmup_rounds', 2, 'Untimed rounds first.')
   _CLIENTS = flags.DEFINE_integer('clients_per_round', 10, 'Clients per round.')
@@ -245,6 +262,45 @@ def _vm_hwm_mb(pid: int) -> float:
   return float('nan')
 
 
+def _vm_rss_mb(pids) -> float:
+  """Resident memory of the live `pids` in MB."""
+  total = 0.0
+  for pid in pids:
+    with contextlib.suppress(OSError):
+      with open(f'/proc/{pid}/status') as f:
+        for line in f:
+          if line.startswith('VmRSS:'):
+            total += int(line.split()[1]) / 1024.0
+            break
+  return total
+
+
+class PeakRss:
+  """The peak resident memory of processes, sampled while it is entered."""
+
+  def __init__(self, interval: float = 0.01):
+    self._interval = interval
+    self.peak_mb = 0.0
+
+  def __enter__(self):
+    self._pids = [os.getpid(), *runtime.worker_pids(os.getpid())]
+    self._stop = threading.Event()
+    self._thread = threading.Thread(target=self._sample, daemon=True)
+    self._thread.start()
+    return self
+
+  def _sample(self):
+    while True:
+      self.peak_mb = max(self.peak_mb, _vm_rss_mb(self._pids))
+      if self._stop.wait(self._interval):
+        return
+
+  def __exit__(self, *exc):
+    self._stop.set()
+    self._thread.join()
+    self.peak_mb = max(self.peak_mb, _vm_rss_mb(self._pids))
+
+
 def memory_mb() -> dict[str, float]:
   """Peak resident memory (MB) of this process and its TFF workers."""
   workers = runtime.worker_pids(os.getpid())
@@ -254,7 +310,8 @@ def memory_mb() -> dict[str, float]:
 
 def run_model(model: str, algorithm_names, *, rounds: int, warmup: int,
               clients_per_round: int, num_clients: int, log,
-              stacked_modes=(), stacked_only: bool = False) -> dict:
+              stacked_modes=(), stacked_only: bool = False,
+              ditto_lambda: float = 0.1) -> dict:
   """Times every system on one model; returns its numbers."""
   task = build_task(model, num_clients)
   n, batch, lr = _SIZES[model]
@@ -269,9 +326,16 @@ def run_model(model: str, algorithm_names, *, rounds: int, warmup: int,
         name=name, client_learning_rate=lr,
         q=1.0 if name == 'qffl' else 0.0,
         theta=0.5 if name == 'deltafl' else 1.0,
-        tilt=1.0 if name == 'term' else 0.0)
+        tilt=1.0 if name == 'term' else 0.0,
+        ditto_lambda=ditto_lambda if name == 'ditto' else None)
     process = algorithms.build_process(spec, task.model_fn)
     processes[name] = process
+    if name == 'ditto':
+      store = client_states.InMemoryClientStateStore(
+          lambda _, p=process: p.initial_client_state())
+      systems['ditto/tff'] = ['stateful', (process, store),
+                              process.initialize()]
+      continue
     if not stacked_only:
       systems[f'{name}/tff'] = ['process', process, process.initialize()]
       systems[f'{name}/batched'] = [
@@ -299,33 +363,25 @@ def run_model(model: str, algorithm_names, *, rounds: int, warmup: int,
   ids = list(task.train_data.client_ids)
   times = {k: [] for k in names}
   cpus = {k: [] for k in names}
+  peaks = {k: PeakRss() for k in names}
   examples = []
   for r in range(1, warmup + rounds + 1):
     selected = simulation.sample_clients(
         ids, r, clients_per_round=clients_per_round, seed=0)
     plans = [stragglers.ClientPlan(cid, False, 1) for cid in selected]
     shift = r % len(names)
-    seen = {}
     for key in names[shift:] + names[:shift]:
       kind, obj, state = systems[key]
       batches = None
       if kind == 'plain':  # Untimed: the batches as tensors.
         batches = PlainLoop.preload(
             simulation.client_datasets(task, plans, r, config))
-      t0, c0 = time.perf_counter(), bench._cpu_seconds()  # pylint: disable=protected-access
-      if kind == 'process':
-        out = obj.next(state, simulation.client_datasets(task, plans, r,
-                                                         config))
-        systems[key][2] = out.state
-        metrics = simulation.flatten_metrics(out.metrics)
-      elif kind == 'engine':
-        systems[key][2], m = obj.next(
-            state, simulation.batched_round_plan(task, plans, r, config))
-        metrics = simulation.flatten_metrics(m)
-      else:
-        metrics = {'train/num_examples': obj.next(batches)}
-      dt, dc = time.perf_counter() - t0, bench._cpu_seconds() - c0  # pylint: disable=protected-access
-      seen[key] = metrics.get('train/num_examples')
+      with peaks[key] if r > warmup else contextlib.nullcontext():
+        t0, c0 = time.perf_counter(), bench._cpu_seconds()  # pylint: disable=protected-access
+        _round(kind, obj, state, systems[key], task, plans, r, config,
+               selected, batches)
+        dt = time.perf_counter() - t0
+        dc = bench._cpu_seconds() - c0  # pylint: disable=protected-access
       if r > warmup:
         times[key].append(dt)
         cpus[key].append(dc)
@@ -344,6 +400,7 @@ def run_model(model: str, algorithm_names, *, rounds: int, warmup: int,
         'seconds_per_round': secs / rounds,
         'median_round_seconds': statistics.median(times[key]),
         'cpu_seconds_per_round': sum(cpus[key]) / rounds,
+        'peak_rss_mb': peaks[key].peak_mb,
     }
   ref = out['systems']
   for key in names:
@@ -373,14 +430,39 @@ def run_model(model: str, algorithm_names, *, rounds: int, warmup: int,
   return out
 
 
+def _round(kind, obj, state, system, task, plans, round_num, config,
+           selected, batches) -> dict:
+  """Runs one round of a system in place (its state updated); its metrics."""
+  if kind == 'process':
+    out = obj.next(state, simulation.client_datasets(task, plans, round_num,
+                                                     config))
+    system[2] = out.state
+    return simulation.flatten_metrics(out.metrics)
+  if kind == 'stateful':  # Ditto: states read and written as in simulation.
+    process, store = obj
+    out = process.next(
+        state, simulation.client_datasets(task, plans, round_num, config),
+        store.get_many(selected))
+    store.put_many(selected, out.client_states, round_num=round_num)
+    system[2] = out.state
+    return simulation.flatten_metrics(out.metrics)
+  if kind == 'engine':
+    system[2], metrics = obj.next(
+        state, simulation.batched_round_plan(task, plans, round_num, config))
+    return simulation.flatten_metrics(metrics)
+  return {'train/num_examples': obj.next(batches)}
+
+
 def format_table(results: dict) -> str:
   lines = ['| model | system | examples/s | s/round | cpu s/round | '
-           'x stock | x plain |', '|---|---|---:|---:|---:|---:|---:|']
+           'peak MB | x stock | x plain |',
+           '|---|---|---:|---:|---:|---:|---:|---:|']
   for model, res in results.items():
     for key, s in res['systems'].items():
       lines.append(
           f'| {model} | {key} | {s["examples_per_s"]:,.0f} | '
           f'{s["seconds_per_round"]:.3f} | {s["cpu_seconds_per_round"]:.3f} |'
+          f' {s["peak_rss_mb"]:,.0f} |'
           f' {s.get("ratio_to_stock", float("nan")):.2f} | '
           f'{s.get("ratio_to_plain", float("nan")):.2f} |')
   for model, res in results.items():
@@ -399,10 +481,10 @@ def main(argv) -> int:
           m for m in _STACKED_MODES.value
           if m not in ('vectorized', 'sequential')]
   if bad or _ROUNDS.value < 1 or _WARMUP.value < 0 or 'fedavg' not in (
-      _ALGORITHMS.value):
+      _ALGORITHMS.value) or _DITTO_LAMBDA.value < 0:
     print(f'bench_suite: error: --models in {MODELS}, --algorithms in '
           f'{ALGORITHMS} including fedavg, --stacked_modes in vectorized, '
-          'sequential, --rounds >= 1', file=sys.stderr)
+          'sequential, --rounds >= 1, --ditto_lambda >= 0', file=sys.stderr)
     return 2
   runtime.install_worker_cleanup()
   log = lambda s: print(s, file=sys.stderr, flush=True)
@@ -413,7 +495,7 @@ def main(argv) -> int:
         model, _ALGORITHMS.value, rounds=_ROUNDS.value, warmup=_WARMUP.value,
         clients_per_round=_CLIENTS.value, num_clients=_NUM_CLIENTS.value,
         log=log, stacked_modes=_STACKED_MODES.value,
-        stacked_only=_STACKED_ONLY.value)
+        stacked_only=_STACKED_ONLY.value, ditto_lambda=_DITTO_LAMBDA.value)
   results['models'] = per_model
   results['load_end'] = os.getloadavg()
   print(format_table(per_model))

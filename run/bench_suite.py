@@ -221,7 +221,8 @@ class PlainLoop:
             loss = loss_fn(y, net(x, training=True))
           grads = tape.gradient(loss, variables)
           for v, g in zip(variables, grads):
-            v.assign_sub(learning_rate * g)
+            # An embedding's gradient is IndexedSlices; applied densely.
+            v.assign_sub(learning_rate * tf.convert_to_tensor(g))
           n += tf.cast(tf.shape(x)[0], tf.float32)
         acc = [a + n * (w0 - v) for a, w0, v in zip(acc, initial, variables)]
         total += n
@@ -489,21 +490,20 @@ def main(argv) -> int:
   runtime.install_worker_cleanup()
   log = lambda s: print(s, file=sys.stderr, flush=True)
   results = {'machine': bench.machine_info(), 'load_start': os.getloadavg()}
-  per_model = {}
+  per_model = results['models'] = {}
   for model in _MODELS.value:
     per_model[model] = run_model(
         model, _ALGORITHMS.value, rounds=_ROUNDS.value, warmup=_WARMUP.value,
         clients_per_round=_CLIENTS.value, num_clients=_NUM_CLIENTS.value,
         log=log, stacked_modes=_STACKED_MODES.value,
         stacked_only=_STACKED_ONLY.value, ditto_lambda=_DITTO_LAMBDA.value)
-  results['models'] = per_model
-  results['load_end'] = os.getloadavg()
-  print(format_table(per_model))
+    results['load_end'] = os.getloadavg()
+    print(format_table({model: per_model[model]}), flush=True)
+    if _OUTPUT.value:  # After each model: a later failure keeps these.
+      with open(_OUTPUT.value, 'w') as f:
+        json.dump(results, f, indent=2, default=float)
   print(f'load average at start {results["load_start"]}, end '
         f'{results["load_end"]}')
-  if _OUTPUT.value:
-    with open(_OUTPUT.value, 'w') as f:
-      json.dump(results, f, indent=2, default=float)
   return 0
 
 

@@ -231,6 +231,7 @@ class PlainLoop:
         return total
 
       self._out = run(self._x, self._y, self._offsets, self._ends)
+      self._variables = variables
       init = tf.compat.v1.global_variables_initializer()
     self._session = tf.compat.v1.Session(graph=self._graph)
     self._session.run(init)
@@ -246,6 +247,10 @@ class PlainLoop:
       ends.append(len(xs))
     return (np.concatenate(xs), np.concatenate(ys),
             np.cumsum(sizes).astype(np.int64), np.asarray(ends, np.int64))
+
+  def weights(self) -> list[np.ndarray]:
+    """The model's trainable weights now."""
+    return self._session.run(self._variables)
 
   def next(self, batches) -> int:
     x, y, offsets, ends = batches
@@ -365,6 +370,7 @@ def run_model(model: str, algorithm_names, *, rounds: int, warmup: int,
   times = {k: [] for k in names}
   cpus = {k: [] for k in names}
   peaks = {k: PeakRss() for k in names}
+  by_round = []  # Untimed: L-inf of each engine to the TFF path, per round.
   examples = []
   for r in range(1, warmup + rounds + 1):
     selected = simulation.sample_clients(
@@ -392,6 +398,7 @@ def run_model(model: str, algorithm_names, *, rounds: int, warmup: int,
           for c in selected))
     log(f'{model} round {r}: ' + ', '.join(
         f'{k} {times[k][-1]:.3f}s' for k in names if r > warmup))
+    by_round.append(_engine_diffs(algorithm_names, processes, systems))
   out = {'task': task.description, 'systems': {}, 'memory': memory_mb()}
   total_examples = sum(examples)
   for key in names:
@@ -414,21 +421,29 @@ def run_model(model: str, algorithm_names, *, rounds: int, warmup: int,
     if 'fedavg/plain' in ref:
       s['ratio_to_plain'] = s['examples_per_s'] / ref['fedavg/plain'][
           'examples_per_s']
-  diffs = {}
-  for name in algorithm_names:
-    proc = processes[name]
-    if f'{name}/tff' not in systems:
-      continue
-    a = composition.model_weights_as_numpy(proc, systems[f'{name}/tff'][2])
-    for key in systems:
-      if key.startswith(f'{name}/') and systems[key][0] == 'engine':
-        b = composition.model_weights_as_numpy(proc, systems[key][2])
-        diffs[key] = float(max(np.abs(x - y).max() for x, y in zip(a, b)))
-  out['tff_vs_engines_linf'] = diffs
+  out['tff_vs_engines_linf'] = _engine_diffs(algorithm_names, processes,
+                                             systems)
+  out['tff_vs_engines_linf_by_round'] = by_round
   for key in names:
     if systems[key][0] == 'engine':
       systems[key][1].close()
   return out
+
+
+def _engine_diffs(algorithm_names, processes, systems) -> dict[str, float]:
+  """L-inf between each engine's weights and the TFF path's, per system."""
+  diffs = {}
+  for name in algorithm_names:
+    engines_of = [key for key in systems if key.startswith(f'{name}/')
+                  and systems[key][0] == 'engine']
+    if f'{name}/tff' not in systems or not engines_of:
+      continue
+    proc = processes[name]
+    a = composition.model_weights_as_numpy(proc, systems[f'{name}/tff'][2])
+    for key in engines_of:
+      b = composition.model_weights_as_numpy(proc, systems[key][2])
+      diffs[key] = float(max(np.abs(x - y).max() for x, y in zip(a, b)))
+  return diffs
 
 
 def _round(kind, obj, state, system, task, plans, round_num, config,

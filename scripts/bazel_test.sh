@@ -27,6 +27,17 @@ for arg in "${args[@]+"${args[@]}"}"; do
 done
 [ "$has_target" -eq 1 ] || args+=(//...)
 
+# TFF workers of this checkout already running (a benchmark or a training
+# run beside the tests) are not the tests' and are left alone.
+worker_pattern="$(pwd)/.venv/lib/.*/worker_binary"
+workers_before=" $(pgrep -f "$worker_pattern" | tr '\n' ' ') "
+new_workers() {
+  local pid
+  for pid in $(pgrep -f "$worker_pattern"); do
+    case "$workers_before" in *" $pid "*) ;; *) echo "$pid" ;; esac
+  done
+}
+
 rc=0
 start=$(date +%s)
 bazel test "${args[@]}" || rc=$?
@@ -50,16 +61,16 @@ else
   echo "bazel_test: a target lacking a dep fails as it should (No module named 'tasks')" >&2
 fi
 
-worker_pattern="$(pwd)/.venv/lib/.*/worker_binary"
 # Workers of the last test targets may take a few seconds to be reaped after
 # their sandbox ends; only those still alive after 20 s are leaks.
 for _ in $(seq 20); do
-  pgrep -f "$worker_pattern" >/dev/null || break
+  [ -n "$(new_workers)" ] || break
   sleep 1
 done
-if pgrep -f "$worker_pattern" >/dev/null; then
-  echo "bazel_test: error: TFF worker processes outlived the tests: $(pgrep -f "$worker_pattern" | tr '\n' ' ')" >&2
-  kill -9 $(pgrep -f "$worker_pattern") 2>/dev/null
+leaked="$(new_workers | tr '\n' ' ')"
+if [ -n "$leaked" ]; then
+  echo "bazel_test: error: TFF worker processes outlived the tests: $leaked" >&2
+  kill -9 $leaked 2>/dev/null
   rc=1
 else
   echo "bazel_test: no TFF worker process outlived the tests" >&2

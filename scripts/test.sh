@@ -1,18 +1,27 @@
 #!/usr/bin/env bash
 # Sets up the pinned environment if needed (scripts/bootstrap.sh) and runs the test suite.
 # Usage: scripts/test.sh [pytest args]     e.g. scripts/test.sh tests/test_fed_prox.py -x
-# Afterwards it checks that no TFF worker_binary of this checkout outlived the suite.
+# Afterwards it checks that no TFF worker_binary of this checkout started by the
+# suite outlived it (workers already running beside it, e.g. a benchmark's, are left alone).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh || exit $?
 worker_pattern="$(pwd)/.venv/lib/.*/worker_binary"
+workers_before=" $(pgrep -f "$worker_pattern" | tr '\n' ' ') "
+new_workers() {
+  local pid
+  for pid in $(pgrep -f "$worker_pattern"); do
+    case "$workers_before" in *" $pid "*) ;; *) echo "$pid" ;; esac
+  done
+}
 export TF_CPP_MIN_LOG_LEVEL=3
 timeout --kill-after=30 "${TEST_TIMEOUT:-4000}" .venv/bin/python -m pytest -q "$@"
 rc=$?
 sleep 1
-if pgrep -f "$worker_pattern" >/dev/null; then
-  echo "test.sh: error: TFF worker processes outlived the test suite: $(pgrep -f "$worker_pattern" | tr '\n' ' ')" >&2
-  pkill -9 -f "$worker_pattern"
+leaked="$(new_workers | tr '\n' ' ')"
+if [ -n "$leaked" ]; then
+  echo "test.sh: error: TFF worker processes outlived the test suite: $leaked" >&2
+  kill -9 $leaked 2>/dev/null
   [ "$rc" -eq 0 ] && rc=1
 else
   echo "test.sh: no TFF worker process outlived the suite" >&2

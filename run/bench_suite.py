@@ -3,7 +3,7 @@ r"""Speed of the simulation engines on three models and four algorithms.
 
 Example (what docs/performance.md records):
 
-  python -m run.bench_suite --rounds=6 --warmup_rounds=2 \
+  python -m run.bench_suite --rounds=8 --warmup_rounds=2 \
       --output_json=/tmp/suite.json
 
 For each model (`--models`):

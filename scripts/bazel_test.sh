@@ -27,16 +27,9 @@ for arg in "${args[@]+"${args[@]}"}"; do
 done
 [ "$has_target" -eq 1 ] || args+=(//...)
 
-# TFF workers of this checkout already running (a benchmark or a training
-# run beside the tests) are not the tests' and are left alone.
-worker_pattern="$(pwd)/.venv/lib/.*/worker_binary"
-workers_before=" $(pgrep -f "$worker_pattern" | tr '\n' ' ') "
-new_workers() {
-  local pid
-  for pid in $(pgrep -f "$worker_pattern"); do
-    case "$workers_before" in *" $pid "*) ;; *) echo "$pid" ;; esac
-  done
-}
+# TFF workers already running beside the tests are left alone.
+source scripts/workers.sh
+workers_snapshot
 
 rc=0
 start=$(date +%s)

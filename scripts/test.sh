@@ -6,14 +6,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh || exit $?
-worker_pattern="$(pwd)/.venv/lib/.*/worker_binary"
-workers_before=" $(pgrep -f "$worker_pattern" | tr '\n' ' ') "
-new_workers() {
-  local pid
-  for pid in $(pgrep -f "$worker_pattern"); do
-    case "$workers_before" in *" $pid "*) ;; *) echo "$pid" ;; esac
-  done
-}
+source scripts/workers.sh
+workers_snapshot
 export TF_CPP_MIN_LOG_LEVEL=3
 timeout --kill-after=30 "${TEST_TIMEOUT:-4000}" .venv/bin/python -m pytest -q "$@"
 rc=$?

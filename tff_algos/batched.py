@@ -417,23 +417,27 @@ class BatchedEngine:
     estimator = quantiles.build_estimator('exact', level=1.0 - alg.theta)
     slack = delta_fl.filter_slack(estimator)
 
-    @tf.function
-    def deltafl_round(weights, opt_state, raw, offsets, seeds, epochs, takes):
-      weights = as_weights(weights)
+    def loss_pass(weights, raw, offsets, seeds, epochs, takes):
+      """Each client's `(loss, examples)` at `weights`, clients in order."""
       num_clients = tf.size(seeds)
       losses = tf.TensorArray(tf.float32, size=num_clients)
-      alphas = tf.TensorArray(tf.float32, size=num_clients)
+      counts = tf.TensorArray(tf.int64, size=num_clients)
       for k in tf.range(num_clients):
         ds = client_dataset(raw, offsets, seeds, epochs, takes, k)
         model.reset_metrics()
         loss, n = client_work_lib.local_loss(
             model, weights, ds, loop_implementation=fast_loop)
-        alpha = (tf.constant(1.0) if alg.uniform_weights
-                 else tf.cast(n, tf.float32))
         losses = losses.write(k, loss)
-        alphas = alphas.write(k, alpha)
-      losses = losses.stack()
-      alphas = alphas.stack()
+        counts = counts.write(k, n)
+      return losses.stack(), counts.stack()
+
+    @tf.function
+    def deltafl_round(weights, opt_state, raw, offsets, seeds, epochs, takes):
+      weights = as_weights(weights)
+      num_clients = tf.size(seeds)
+      losses, counts = loss_pass(weights, raw, offsets, seeds, epochs, takes)
+      alphas = (tf.ones_like(losses) if alg.uniform_weights
+                else tf.cast(counts, tf.float32))
       threshold = quantiles.tf_weighted_quantile(
           losses, alphas, estimator.level)
       acc = zeros(trainable_specs)
@@ -474,17 +478,7 @@ class BatchedEngine:
     def term_round(weights, opt_state, raw, offsets, seeds, epochs, takes):
       weights = as_weights(weights)
       num_clients = tf.size(seeds)
-      losses = tf.TensorArray(tf.float32, size=num_clients)
-      counts = tf.TensorArray(tf.int64, size=num_clients)
-      for k in tf.range(num_clients):
-        ds = client_dataset(raw, offsets, seeds, epochs, takes, k)
-        model.reset_metrics()
-        loss, n = client_work_lib.local_loss(
-            model, weights, ds, loop_implementation=fast_loop)
-        losses = losses.write(k, loss)
-        counts = counts.write(k, n)
-      losses = losses.stack()
-      counts = counts.stack()
+      losses, counts = loss_pass(weights, raw, offsets, seeds, epochs, takes)
       max_tilted = tf.reduce_max(alg.tilt * losses)
       acc = zeros(trainable_specs)
       total = tf.constant(0.0)
@@ -547,18 +541,8 @@ class BatchedEngine:
     raw, offsets = self.client_arrays.concatenate(plan.client_ids)
     seeds = (plan.shuffle_seeds if plan.shuffle_seeds is not None
              else [0] * len(plan.client_ids))
-    feed = {}
-    for ph, value in zip(tf.nest.flatten(self._weights_ph),
-                         tf.nest.flatten(weights)):
-      feed[ph] = value
-    flat_state = tf.nest.flatten(server_state)
-    state_phs = tf.nest.flatten(self._opt_state_ph)
-    if len(flat_state) != len(state_phs):
-      raise ValueError(
-          f'the server state has {len(flat_state)} tensors, the engine\'s '
-          f'server optimizer {len(state_phs)}: build the engine with the '
-          'process\'s server optimizer')
-    feed.update(zip(state_phs, flat_state))
+    feed = weights_and_state_feed(self._weights_ph, self._opt_state_ph,
+                                  weights, server_state)
     feed.update(zip(tf.nest.flatten(self._raw_ph), tf.nest.flatten(raw)))
     feed[self._offsets_ph] = offsets
     feed[self._seeds_ph] = np.asarray(seeds, np.int64)
@@ -576,6 +560,21 @@ class BatchedEngine:
 
   def close(self) -> None:
     self._session.close()
+
+
+def weights_and_state_feed(weights_ph, opt_state_ph, weights,
+                           server_state) -> dict:
+  """The feed of an engine's weights and server-optimizer placeholders."""
+  feed = dict(zip(tf.nest.flatten(weights_ph), tf.nest.flatten(weights)))
+  flat_state = tf.nest.flatten(server_state)
+  state_phs = tf.nest.flatten(opt_state_ph)
+  if len(flat_state) != len(state_phs):
+    raise ValueError(
+        f'the server state has {len(flat_state)} tensors, the engine\'s '
+        f'server optimizer {len(state_phs)}: build the engine with the '
+        'process\'s server optimizer')
+  feed.update(zip(state_phs, flat_state))
+  return feed
 
 
 def algorithm_from_spec(spec, *, client_optimizer, server_optimizer,

@@ -744,16 +744,8 @@ class StackedEngine:
         passes=self._passes, train_pass=p)
     train_pos, steps = layout(1 if self._passes == 2 else 0)
     loss_pos = layout(0)[0] if self._passes == 2 else train_pos[:0]
-    feed = dict(zip(tf.nest.flatten(self._weights_ph),
-                    tf.nest.flatten(weights)))
-    flat_state = tf.nest.flatten(server_state)
-    state_phs = tf.nest.flatten(self._opt_state_ph)
-    if len(flat_state) != len(state_phs):
-      raise ValueError(
-          f'the server state has {len(flat_state)} tensors, the engine\'s '
-          f'server optimizer {len(state_phs)}: build the engine with the '
-          'process\'s server optimizer')
-    feed.update(zip(state_phs, flat_state))
+    feed = batched.weights_and_state_feed(
+        self._weights_ph, self._opt_state_ph, weights, server_state)
     feed.update({
         self._x_ph: x_all, self._y_ph: y_all, self._base_ph: base,
         self._train_pos_ph: train_pos, self._loss_pos_ph: loss_pos,

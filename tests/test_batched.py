@@ -18,8 +18,8 @@ from tff_algos import composition
 from tff_algos import delta_fl
 from tff_algos import fed_prox
 from tff_algos import q_ffl
-from tff_algos import stragglers
 from tff_algos import term
+from tests import engine_runs
 
 LR = 0.1
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -41,31 +41,12 @@ def sgd(lr=LR, momentum=None):
 def run_both(task, process, algorithm, *, rounds=2, epochs=2,
              straggler_fraction=0.0, drop=False):
   """Trains `rounds` rounds both ways; returns both weights and metrics."""
-  config = simulation.SimulationConfig(
-      total_rounds=rounds, clients_per_round=4,
-      client_epochs_per_round=epochs, seed=3,
-      straggler_fraction=straggler_fraction)
-  schedule = stragglers.StragglerSchedule(
-      fraction=straggler_fraction, epochs=epochs, drop_stragglers=drop,
-      seed=3)
   engine = batched.BatchedEngine(
       task.model_fn, task.preprocess_train,
       batched.ClientArrays(task.train_data), algorithm)
-  ids = list(task.train_data.client_ids)
-  tff_state = process.initialize()
-  fast_state = tff_state
-  tff_metrics, fast_metrics = [], []
-  for r in range(1, rounds + 1):
-    plans = schedule.participants(
-        r, simulation.sample_clients(ids, r, clients_per_round=4, seed=3))
-    out = process.next(
-        tff_state, simulation.client_datasets(task, plans, r, config))
-    tff_state = out.state
-    tff_metrics.append(simulation.flatten_metrics(out.metrics))
-    fast_state, metrics = engine.next(
-        fast_state, simulation.batched_round_plan(task, plans, r, config))
-    fast_metrics.append(simulation.flatten_metrics(metrics))
-  engine.close()
+  tff_state, fast_state, tff_metrics, fast_metrics = engine_runs.run_both(
+      task, process, engine, rounds=rounds, epochs=epochs,
+      straggler_fraction=straggler_fraction, drop=drop)
   return (composition.model_weights_as_numpy(process, tff_state),
           composition.model_weights_as_numpy(process, fast_state),
           tff_state, fast_state, tff_metrics, fast_metrics)

@@ -58,6 +58,12 @@ def assert_same(tff_w, fast_w):
     np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
 
 
+def assert_same_finalizer(tff_s, fast_s):
+  for a, b in zip(tf.nest.flatten(tff_s.finalizer),
+                  tf.nest.flatten(fast_s.finalizer)):
+    np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
+
+
 def assert_same_metrics(tff_metrics, fast_metrics, keys):
   for t, f in zip(tff_metrics, fast_metrics):
     for key in keys:
@@ -76,9 +82,7 @@ def test_fedavg_fedprox_equal_federated_path(task, mu):
   tff_w, fast_w, tff_s, fast_s, tm, fm = run_both(
       task, process, algorithm, straggler_fraction=0.5)
   assert_same(tff_w, fast_w)
-  for a, b in zip(tf.nest.flatten(tff_s.finalizer),
-                  tf.nest.flatten(fast_s.finalizer)):
-    np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
+  assert_same_finalizer(tff_s, fast_s)
   assert_same_metrics(tm, fm, ['train/loss', 'train/accuracy',
                                'train/num_examples', 'train/num_batches'])
 
@@ -117,9 +121,7 @@ def test_term_equals_federated_path(task, tilt):
   tff_w, fast_w, tff_s, fast_s, tm, fm = run_both(
       task, process, algorithm, straggler_fraction=0.5)
   assert_same(tff_w, fast_w)
-  for a, b in zip(tf.nest.flatten(tff_s.finalizer),
-                  tf.nest.flatten(fast_s.finalizer)):
-    np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
+  assert_same_finalizer(tff_s, fast_s)
   assert_same_metrics(tm, fm, ['train/loss', 'train/accuracy',
                                'train/num_examples',
                                'client_work/loss_at_broadcast',

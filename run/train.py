@@ -280,6 +280,16 @@ _EMNIST_MODEL = flags.DEFINE_string(
     'emnist_character model: linear, convnet, cnn_dropout, cnn or 2nn.')
 _ONLY_DIGITS = flags.DEFINE_boolean(
     'only_digits', False, 'emnist_character: 10 digit classes only.')
+_SHAKESPEARE_PRESET = flags.DEFINE_string(
+    'shakespeare_preset', 'deltafl', 'shakespeare_leaf: the seed\'s setting, '
+    'deltafl, qffl or fedprox (see docs/tasks.md).')
+_MAX_EXAMPLES = flags.DEFINE_integer(
+    'max_examples_per_client', None,
+    'shakespeare_leaf scale-down: keep each role\'s first N windows.')
+_RNN_UNITS = flags.DEFINE_integer(
+    'rnn_units', None,
+    'shakespeare_leaf scale-down: recurrent width instead of the preset\'s.')
+_PRESET_FLAGS = ('shakespeare_preset', 'max_examples_per_client', 'rnn_units')
 
 
 class UsageError(ValueError):
@@ -311,6 +321,15 @@ def task_kwargs() -> dict:
   if _BATCH_SIZE.value < 1:
     raise UsageError(f'--client_batch_size must be >= 1, got {_BATCH_SIZE.value}')
   kwargs = {'seed': _SEED.value, 'batch_size': _BATCH_SIZE.value}
+  if name not in registry.PRESET_TASKS:
+    for flag in _PRESET_FLAGS:
+      if flags.FLAGS[flag].present:
+        raise UsageError(f'--{flag} applies to --task=shakespeare_leaf only')
+  elif (flags.FLAGS['min_examples'].present
+        or flags.FLAGS['test_clients_fraction'].present):
+    raise UsageError('--task=shakespeare_leaf takes its selection rule and '
+                     'split from --shakespeare_preset; drop --min_examples and'
+                     ' --test_clients_fraction')
   if name in registry.REGRESSION_TASKS:
     # Fed+ section 5.1: 10 parties unless --num_clients is given.
     if flags.FLAGS['num_clients'].present:
@@ -332,6 +351,14 @@ def task_kwargs() -> dict:
           f'--task={name} reads TFF dataset files: pass --data_dir (the '
           'folder holding them), or --use_synthetic_data'
       )
+    if name in registry.PRESET_TASKS:
+      kwargs.update(
+          preset=_SHAKESPEARE_PRESET.value, data_dir=_DATA_DIR.value,
+          use_synthetic_data=_USE_SYNTHETIC.value,
+          max_clients=_MAX_CLIENTS.value,
+          max_examples_per_client=_MAX_EXAMPLES.value,
+          rnn_units=_RNN_UNITS.value)
+      return kwargs
     kwargs.update(
         data_dir=_DATA_DIR.value, use_synthetic_data=_USE_SYNTHETIC.value,
         min_examples=_MIN_EXAMPLES.value,

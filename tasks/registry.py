@@ -7,6 +7,7 @@
 | `synthetic_iid`        | Synthetic-IID, built in              | softmax regression 60x10 |
 | `emnist_character`     | `emnist_all.sqlite` in data_dir      | linear / convnet / cnn_dropout / cnn / 2nn |
 | `shakespeare_character`| `shakespeare.sqlite` in data_dir     | TFF's character LSTM |
+| `shakespeare_leaf`     | `shakespeare.sqlite` in data_dir, LEAF windows | the seeds' GRU / LSTM (`preset`: deltafl, qffl, fedprox) |
 | `stackoverflow_word`   | `stackoverflow.sqlite` + word counts | TFF's next-word LSTM |
 | `stackoverflow_tag`    | `stackoverflow.sqlite` + counts      | TFF's tag logistic regression |
 | `fedplus_regression`   | Fed+ section 5.1 synthetic regression, built in | linear regression (MSE) |
@@ -23,8 +24,9 @@ from tasks import synthetic
 SYNTHETIC_TASKS = ('synthetic', 'synthetic_iid')
 FILE_TASKS = ('emnist_character', 'shakespeare_character',
               'stackoverflow_word', 'stackoverflow_tag')
+PRESET_TASKS = ('shakespeare_leaf',)
 REGRESSION_TASKS = ('fedplus_regression',)
-TASK_NAMES = SYNTHETIC_TASKS + FILE_TASKS + REGRESSION_TASKS
+TASK_NAMES = SYNTHETIC_TASKS + FILE_TASKS + PRESET_TASKS + REGRESSION_TASKS
 
 
 def create_task(name: str, **kwargs: Any) -> base.FederatedTask:
@@ -51,6 +53,9 @@ def create_task(name: str, **kwargs: Any) -> base.FederatedTask:
   if name == 'shakespeare_character':
     from tasks import shakespeare  # pylint: disable=g-import-not-at-top
     return shakespeare.create_task(**kwargs)
+  if name == 'shakespeare_leaf':
+    from tasks import shakespeare_leaf  # pylint: disable=g-import-not-at-top
+    return shakespeare_leaf.create_task(**kwargs)
   if name in ('stackoverflow_word', 'stackoverflow_tag'):
     from tasks import stackoverflow  # pylint: disable=g-import-not-at-top
     return stackoverflow.create_task(task_type=name.split('_')[1], **kwargs)

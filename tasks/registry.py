@@ -10,7 +10,7 @@
 | `stackoverflow_word`   | `stackoverflow.sqlite` + word counts | TFF's next-word LSTM |
 | `stackoverflow_tag`    | `stackoverflow.sqlite` + counts      | TFF's tag logistic regression |
 | `fedplus_regression`   | Fed+ section 5.1 synthetic regression, built in | linear regression (MSE) |
-| `leaf`                 | LEAF JSON (`train/`, `test/`) in leaf_dir: FEMNIST, Sent140, Shakespeare | LEAF's CNN / stacked LSTMs, bag-of-words |
+| `leaf`                 | LEAF JSON (train/, test/) in leaf_dir | LEAF's CNN, stacked LSTMs, bag of words |
 
 Every data-file task also runs offline on TFF's synthetic stand-in data
 (`use_synthetic_data=True`).

@@ -178,7 +178,8 @@ def test_sent140_vocabulary_from_training_tweets(dirs):
   for split, data in ((task.train_data, train), (task.test_data, test)):
     for cid in IDS:
       x, y = _raw(split, cid)
-      expected = [[vocab.get(t, 1) for t in _tokens(r[4])] for r in data[cid][0]]
+      expected = [[vocab.get(t, 1) for t in _tokens(r[4])]
+                  for r in data[cid][0]]
       expected = [e + [0] * (25 - len(e)) for e in expected]
       assert x.tolist() == expected
       assert y.tolist() == data[cid][1]
@@ -220,7 +221,8 @@ def test_selection_filter_subset_and_unseen_test_users(dirs):
   assert len(subset.train_data.client_ids) == 2
   assert subset.test_data.client_ids == subset.train_data.client_ids
   unseen = _task(leaf_dir, test_clients_fraction=0.5, seed=1, model='linear')
-  train_ids, test_ids = unseen.train_data.client_ids, unseen.test_data.client_ids
+  train_ids = unseen.train_data.client_ids
+  test_ids = unseen.test_data.client_ids
   assert len(train_ids) == len(test_ids) == 2
   assert sorted(train_ids + test_ids) == IDS
   for data in (unseen.train_data, unseen.test_data):

@@ -291,6 +291,25 @@ _RNN_UNITS = flags.DEFINE_integer(
     'shakespeare_leaf scale-down: recurrent width instead of the preset\'s.')
 _PRESET_FLAGS = ('shakespeare_preset', 'max_examples_per_client', 'rnn_units')
 
+_LEAF_DIR = flags.DEFINE_string(
+    'leaf_dir', None, 'leaf: folder of a LEAF-format dataset (train/*.json, '
+    'test/*.json).')
+_LEAF_DATASET = flags.DEFINE_string(
+    'leaf_dataset', 'auto', 'leaf: femnist, sent140, shakespeare or auto '
+    '(detected from the data).')
+_LEAF_MODEL = flags.DEFINE_string(
+    'leaf_model', None, "leaf: femnist cnn (LEAF's), convnet or linear; "
+    'sent140 stacked_lstm or bag_log_reg; shakespeare stacked_lstm (default: '
+    "the first, LEAF's).")
+_LEAF_LSTM_UNITS = flags.DEFINE_integer(
+    'leaf_lstm_units', None, 'leaf: units of the stacked LSTMs (default '
+    "LEAF's: 256 shakespeare, 100 sent140).")
+_LEAF_VOCAB = flags.DEFINE_integer(
+    'leaf_vocab_size', None, 'leaf sent140: most frequent training tokens '
+    'kept (default 10000).')
+_LEAF_FLAGS = ('leaf_dir', 'leaf_dataset', 'leaf_model', 'leaf_lstm_units',
+               'leaf_vocab_size')
+
 
 class UsageError(ValueError):
   """A flag has an impossible value."""
@@ -330,6 +349,27 @@ def task_kwargs() -> dict:
     raise UsageError('--task=shakespeare_leaf takes its selection rule and '
                      'split from --shakespeare_preset; drop --min_examples and'
                      ' --test_clients_fraction')
+
+  leaf_flags = [f for f in _LEAF_FLAGS if flags.FLAGS[f].present]
+  if name != 'leaf' and leaf_flags:
+    raise UsageError(f'--{leaf_flags[0]} applies to --task=leaf only')
+  if name == 'leaf':
+    for flag in ('data_dir', 'use_synthetic_data'):
+      if flags.FLAGS[flag].present:
+        raise UsageError(f'--task=leaf reads --leaf_dir, not --{flag}')
+    if not _LEAF_DIR.value:
+      raise UsageError('--task=leaf reads a LEAF-format dataset: pass '
+                       '--leaf_dir (the folder holding train/ and test/)')
+    kwargs.update(
+        leaf_dir=_LEAF_DIR.value,
+        leaf_dataset=(None if _LEAF_DATASET.value == 'auto'
+                      else _LEAF_DATASET.value),
+        min_examples=_MIN_EXAMPLES.value,
+        test_clients_fraction=_TEST_CLIENTS.value,
+        max_clients=_MAX_CLIENTS.value, model=_LEAF_MODEL.value,
+        lstm_units=_LEAF_LSTM_UNITS.value, vocab_size=_LEAF_VOCAB.value,
+    )
+    return kwargs
   if name in registry.REGRESSION_TASKS:
     # Fed+ section 5.1: 10 parties unless --num_clients is given.
     if flags.FLAGS['num_clients'].present:

@@ -161,9 +161,22 @@ def split_clients(
   Raises:
     TaskError: If either side would be empty.
   """
+  train_ids, test_ids = split_client_ids(
+      client_data.client_ids, test_fraction=test_fraction, seed=seed
+  )
+  return (
+      select_clients(client_data, train_ids),
+      select_clients(client_data, test_ids),
+  )
+
+
+def split_client_ids(
+    client_ids: Sequence[str], *, test_fraction: float, seed: int
+) -> tuple[list[str], list[str]]:
+  """`split_clients` on ids: sorted `(train_ids, test_ids)`."""
   if not 0.0 < test_fraction < 1.0:
     raise TaskError(f'test_fraction must be in (0, 1), got {test_fraction}')
-  ids = sorted(client_data.client_ids)
+  ids = sorted(client_ids)
   n_test = int(round(test_fraction * len(ids)))
   if n_test == 0 or n_test == len(ids):
     raise TaskError(
@@ -172,7 +185,4 @@ def split_clients(
   perm = np.random.default_rng(seed).permutation(len(ids))
   test_ids = sorted(ids[i] for i in perm[:n_test])
   train_ids = sorted(ids[i] for i in perm[n_test:])
-  return (
-      select_clients(client_data, train_ids),
-      select_clients(client_data, test_ids),
-  )
+  return train_ids, test_ids

@@ -256,13 +256,24 @@ def _filter(
 def _subsample(
     client_data: base.ClientData, max_clients: Optional[int], seed: int
 ) -> base.ClientData:
-  ids = sorted(client_data.client_ids)
+  ids = client_data.client_ids
   if max_clients is None or len(ids) <= max_clients:
     return client_data
+  return base.select_clients(
+      client_data, subsample_client_ids(ids, max_clients, seed)
+  )
+
+
+def subsample_client_ids(
+    client_ids: Sequence[str], max_clients: Optional[int], seed: int
+) -> list[str]:
+  """A seeded random subset of at most `max_clients` of the ids, sorted."""
+  ids = sorted(client_ids)
+  if max_clients is None or len(ids) <= max_clients:
+    return ids
   rng = np.random.default_rng([seed, 1])
-  chosen = sorted(ids[i] for i in rng.choice(len(ids), max_clients,
-                                              replace=False))
-  return base.select_clients(client_data, chosen)
+  return sorted(ids[i] for i in rng.choice(len(ids), max_clients,
+                                           replace=False))
 
 
 def validate_selection_args(

@@ -11,6 +11,7 @@
 | `stackoverflow_word`   | `stackoverflow.sqlite` + word counts | TFF's next-word LSTM |
 | `stackoverflow_tag`    | `stackoverflow.sqlite` + counts      | TFF's tag logistic regression |
 | `fedplus_regression`   | Fed+ section 5.1 synthetic regression, built in | linear regression (MSE) |
+| `leaf`                 | LEAF JSON (train/, test/) in leaf_dir | LEAF's CNN, stacked LSTMs, bag of words |
 
 Every data-file task also runs offline on TFF's synthetic stand-in data
 (`use_synthetic_data=True`).
@@ -26,7 +27,9 @@ FILE_TASKS = ('emnist_character', 'shakespeare_character',
               'stackoverflow_word', 'stackoverflow_tag')
 PRESET_TASKS = ('shakespeare_leaf',)
 REGRESSION_TASKS = ('fedplus_regression',)
-TASK_NAMES = SYNTHETIC_TASKS + FILE_TASKS + PRESET_TASKS + REGRESSION_TASKS
+LEAF_TASKS = ('leaf',)
+TASK_NAMES = (SYNTHETIC_TASKS + FILE_TASKS + PRESET_TASKS + REGRESSION_TASKS
+              + LEAF_TASKS)
 
 
 def create_task(name: str, **kwargs: Any) -> base.FederatedTask:
@@ -47,6 +50,9 @@ def create_task(name: str, **kwargs: Any) -> base.FederatedTask:
   if name == 'fedplus_regression':
     from tasks import fedplus_regression  # pylint: disable=g-import-not-at-top
     return fedplus_regression.create_task(**kwargs)
+  if name == 'leaf':
+    from tasks import leaf  # pylint: disable=g-import-not-at-top
+    return leaf.create_task(**kwargs)
   if name == 'emnist_character':
     from tasks import emnist  # pylint: disable=g-import-not-at-top
     return emnist.create_task(**kwargs)

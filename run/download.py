@@ -19,6 +19,7 @@ from absl import flags
 from run import console
 from tasks import base
 from tasks import download
+from tff_algos import runtime
 
 _DATASETS = None
 _DATA_DIR = None
@@ -62,7 +63,7 @@ def main(argv: Sequence[str]) -> int:
 def run_main() -> None:
   """Console-script entry point."""
   define_flags()
-  console.run(__name__, lambda argv: sys.exit(main(argv)))
+  console.run(__name__, lambda argv: runtime.exit_now(main(argv)))
 
 
 if __name__ == '__main__':

@@ -550,6 +550,7 @@ def main(argv: Sequence[str]) -> int:
 
 def run_main() -> None:
   """Console-script entry point."""
+  flags.adopt_module_key_flags(train)  # --help lists the training flags.
   console.run(__name__, lambda argv: runtime.exit_now(main(argv)))
 
 

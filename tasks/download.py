@@ -2,9 +2,9 @@
 """Fetches TFF's published dataset files into a data directory, on request.
 
 Nothing here runs unless a user asks for it (`--download` of the training
-binaries, or `tff-hetero-download`, `run/download.py`): without it a missing file stops a run
-with `data_files.find`'s instructions, so an offline run never waits on a
-network. With it, each missing file of `data_files` is fetched from TFF's
+binaries, or `tff-hetero-download`, `run/download.py`): without it a missing
+file stops a run with `data_files.find`'s instructions, so an offline run never
+waits on a network. With it, each missing file of `data_files` is fetched from TFF's
 bucket (`https://storage.googleapis.com/tff-datasets-public/`, the URLs of
 TFF 0.87's `simulation/datasets/{emnist,shakespeare,stackoverflow}.py`):
 

@@ -1,9 +1,11 @@
 """Installable package: TFF algorithms for heterogeneous clients.
 
 The pinned stack cannot be installed by pip's resolver alone (TFF 0.87 pins a
-jaxlib that has no wheel for Linux x86-64): use `scripts/bootstrap.sh`, which
-installs requirements.txt, then requirements-nodeps.txt with --no-deps, then
-this package.
+jaxlib that has no wheel for Linux x86-64). From a clone,
+`scripts/bootstrap.sh` installs requirements.txt, then requirements-nodeps.txt
+with --no-deps, then this package. Without a clone (Colab, Jupyter), README.md
+"Install with pip" gives the same three steps as pip commands;
+tests/test_wheel.py runs them against the wheel built from this file.
 """
 
 import sys
@@ -16,30 +18,67 @@ if not (3, 9) <= sys.version_info[:2] <= (3, 11):
       f'supports no other); this is Python {sys.version.split()[0]}.'
   )
 
-setuptools.setup(
-    name='tff-hetero',
-    version='0.1.0',
-    description=(
-        'TensorFlow Federated algorithms for heterogeneous clients: tail-aware'
-        ' objectives, personalization, robustness and privacy.'
-    ),
-    license='Apache-2.0',
-    python_requires='>=3.9,<3.12',
-    packages=setuptools.find_packages(
-        include=['tff_algos', 'tff_algos.*', 'tasks', 'tasks.*', 'run',
-                 'run.*']
-    ),
-    install_requires=[
-        'tensorflow==2.14.*',
-        'tensorflow-federated==0.87.0',
-        'tensorflow-privacy==0.9.0',
-        'numpy~=1.25',
-        'absl-py==1.*',
-    ],
-    entry_points={
-        'console_scripts': [
-            'tff-hetero-train=run.train:run_main',
-            'tff-hetero-bench=run.bench:run_main',
-        ],
-    },
+PACKAGES = ('tff_algos', 'tasks', 'privacy', 'run')
+
+# Every binary (a module ending in `if __name__ == '__main__': run_main()`) is
+# the console command `tff-hetero-<module name, _ as ->`, e.g. run.bench_suite
+# is tff-hetero-bench-suite (tests/test_packaging.py checks the list).
+BINARIES = (
+    'run.train',
+    'run.program',
+    'run.stateful_program',
+    'run.report',
+    'run.reproduce',
+    'run.bench',
+    'run.bench_suite',
+    'run.bench_scale',
+    'run.bench_loss_pass',
+    'run.bench_ditto_scale',
+    'run.ditto_lambda_sweep',
+    'run.fedplus_regression',
+    'run.privacy_experiments',
+    'run.numpy_sim',
+    'run.download',
 )
+
+# Files other than Python modules that the packages read at run time; none
+# today. tests/test_wheel.py fails if a package folder holds a file that is
+# neither a module, a BUILD file nor matched here, so a new data file cannot
+# be left out of the wheel by accident.
+PACKAGE_DATA = ('*.json', '*.csv', '*.txt', '*.md', '*.tmpl', '*.html')
+
+
+def command_name(module: str) -> str:
+  """The console command of the binary `module`."""
+  return 'tff-hetero-' + module.rsplit('.', 1)[-1].replace('_', '-')
+
+
+if __name__ == '__main__':
+  setuptools.setup(
+      name='tff-hetero',
+      version='0.1.0',
+      description=(
+          'TensorFlow Federated algorithms for heterogeneous clients: '
+          'tail-aware objectives, personalization, robustness and privacy.'
+      ),
+      long_description=open('README.md', encoding='utf-8').read(),
+      long_description_content_type='text/markdown',
+      license='Apache-2.0',
+      python_requires='>=3.9,<3.12',
+      packages=setuptools.find_packages(
+          include=[p for name in PACKAGES for p in (name, name + '.*')]
+      ),
+      package_data={name: list(PACKAGE_DATA) for name in PACKAGES},
+      install_requires=[
+          'tensorflow==2.14.*',
+          'tensorflow-federated==0.87.0',
+          'tensorflow-privacy==0.9.0',
+          'numpy~=1.25',
+          'absl-py==1.*',
+      ],
+      entry_points={
+          'console_scripts': [
+              f'{command_name(m)}={m}:run_main' for m in BINARIES
+          ],
+      },
+  )

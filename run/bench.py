@@ -63,7 +63,6 @@ import statistics
 import time
 from typing import Any, Optional
 
-from absl import app
 from absl import flags
 from absl import logging
 import numpy as np
@@ -75,6 +74,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from run import algorithms
+from run import console
 from run import simulation
 from tasks import base as task_base
 from tasks import registry
@@ -691,7 +691,8 @@ def _parse_flags(argv):
 def run_main() -> None:
   """Console-script entry point."""
   define_flags()
-  app.run(lambda argv: _exit(main(argv)), flags_parser=_parse_flags)
+  console.run(__name__, lambda argv: _exit(main(argv)),
+              flags_parser=_parse_flags)
 
 
 if __name__ == '__main__':

@@ -53,7 +53,6 @@ import statistics
 import tempfile
 import time
 
-from absl import app
 from absl import flags
 import numpy as np
 import psutil
@@ -62,6 +61,7 @@ import tensorflow_federated as tff
 
 from run import algorithms
 from run import bench
+from run import console
 from run import contexts
 from run import simulation
 from tasks import base as task_base
@@ -434,6 +434,11 @@ def main(argv) -> int:
   return 0
 
 
-if __name__ == '__main__':
+def run_main() -> None:
+  """Console-script entry point."""
   define_flags()
-  app.run(lambda argv: runtime.exit_now(main(argv)))
+  console.run(__name__, lambda argv: runtime.exit_now(main(argv)))
+
+
+if __name__ == '__main__':
+  run_main()

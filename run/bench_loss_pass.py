@@ -27,7 +27,6 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 import statistics
 import time
 
-from absl import app
 from absl import flags
 import numpy as np
 import tensorflow as tf  # pylint: disable=unused-import  (before app.run)
@@ -35,6 +34,7 @@ import tensorflow_federated as tff
 
 from run import algorithms
 from run import bench
+from run import console
 from run import simulation
 from tff_algos import client_work
 from tff_algos import composition
@@ -136,6 +136,11 @@ def main(argv) -> int:
   return 0
 
 
-if __name__ == '__main__':
+def run_main() -> None:
+  """Console-script entry point."""
   define_flags()
-  app.run(lambda argv: runtime.exit_now(main(argv)))
+  console.run(__name__, lambda argv: runtime.exit_now(main(argv)))
+
+
+if __name__ == '__main__':
+  run_main()

@@ -30,12 +30,12 @@ import json
 import statistics
 import time
 
-from absl import app
 from absl import flags
 import tensorflow as tf  # pylint: disable=unused-import  (before app.run)
 
 from run import algorithms
 from run import bench
+from run import console
 from run import engines
 from run import simulation
 from tff_algos import runtime
@@ -199,6 +199,11 @@ def main(argv) -> int:
   return 0
 
 
-if __name__ == '__main__':
+def run_main() -> None:
+  """Console-script entry point."""
   define_flags()
-  app.run(lambda argv: runtime.exit_now(main(argv)))
+  console.run(__name__, lambda argv: runtime.exit_now(main(argv)))
+
+
+if __name__ == '__main__':
+  run_main()

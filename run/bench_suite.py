@@ -67,7 +67,6 @@ import threading
 import time
 from typing import Any
 
-from absl import app
 from absl import flags
 import numpy as np
 import tensorflow as tf  # Before app.run (see run/bench.py).
@@ -75,6 +74,7 @@ import tensorflow_federated as tff
 
 from run import algorithms
 from run import bench
+from run import console
 from run import engines
 from run import simulation
 from tasks import base as task_base
@@ -548,6 +548,11 @@ def main(argv) -> int:
   return 0
 
 
-if __name__ == '__main__':
+def run_main() -> None:
+  """Console-script entry point."""
   define_flags()
-  app.run(lambda argv: runtime.exit_now(main(argv)))
+  console.run(__name__, lambda argv: runtime.exit_now(main(argv)))
+
+
+if __name__ == '__main__':
+  run_main()

@@ -29,12 +29,12 @@ import time
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
-from absl import app
 from absl import flags
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from run import console
 from tff_algos import ditto
 from tff_algos import runtime
 # pylint: enable=g-import-not-at-top,wrong-import-position
@@ -215,6 +215,11 @@ def main(argv):
   runtime.kill_workers()
 
 
-if __name__ == '__main__':
+def run_main() -> None:
+  """Console-script entry point."""
   define_flags()
-  app.run(main)
+  console.run(__name__, main)
+
+
+if __name__ == '__main__':
+  run_main()

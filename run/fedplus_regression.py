@@ -30,10 +30,10 @@ import time
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
-from absl import app
 from absl import flags
 import numpy as np
 
+from run import console
 from tasks import fedplus_regression
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
@@ -238,6 +238,11 @@ def main(argv):
     runtime.kill_workers()
 
 
-if __name__ == '__main__':
+def run_main() -> None:
+  """Console-script entry point."""
   define_flags()
-  app.run(main)
+  console.run(__name__, main)
+
+
+if __name__ == '__main__':
+  run_main()

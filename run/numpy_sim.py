@@ -24,10 +24,10 @@ if not (3, 9) <= sys.version_info[:2] <= (3, 11):
 import dataclasses
 import time
 
-from absl import app
 from absl import flags
 import numpy as np
 
+from run import console
 from tasks import synthetic
 from tasks import tail_metrics
 # pylint: enable=g-import-not-at-top,wrong-import-position
@@ -241,6 +241,11 @@ def main(argv) -> int:
   return 0
 
 
-if __name__ == '__main__':
+def run_main() -> None:
+  """Console-script entry point."""
   define_flags()
-  app.run(lambda argv: sys.exit(main(argv)))
+  console.run(__name__, lambda argv: sys.exit(main(argv)))
+
+
+if __name__ == '__main__':
+  run_main()

@@ -30,10 +30,10 @@ import subprocess
 import sys
 import time
 
-from absl import app
 from absl import flags
 import numpy as np
 
+from run import console
 from privacy import accounting
 from privacy import adadps
 from privacy import dp2
@@ -252,6 +252,11 @@ def main(argv):
   runtime.disarm_service_managers()
 
 
-if __name__ == '__main__':
+def run_main() -> None:
+  """Console-script entry point."""
   define_flags()
-  app.run(main)
+  console.run(__name__, main)
+
+
+if __name__ == '__main__':
+  run_main()

@@ -58,7 +58,6 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any, Optional
 
-from absl import app
 from absl import flags
 from absl import logging
 import numpy as np
@@ -66,6 +65,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from run import algorithms
+from run import console
 from run import simulation
 from run import train  # The training binary's flags, reused by main().
 from tasks import base as task_base
@@ -631,7 +631,8 @@ def main(argv: Sequence[str]) -> int:
 
 def run_main() -> None:
   """Console-script entry point."""
-  app.run(lambda argv: runtime.exit_now(main(argv)))
+  flags.adopt_module_key_flags(train)  # --help lists the training flags.
+  console.run(__name__, lambda argv: runtime.exit_now(main(argv)))
 
 
 if __name__ == '__main__':

@@ -425,5 +425,10 @@ def main(argv: Sequence[str]) -> int:
   return 0
 
 
-if __name__ == '__main__':
+def run_main() -> None:
+  """Console-script entry point."""
   sys.exit(main(sys.argv))
+
+
+if __name__ == '__main__':
+  run_main()

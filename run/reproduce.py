@@ -46,9 +46,10 @@ if not (3, 9) <= sys.version_info[:2] <= (3, 11):
   sys.exit('error: needs Python 3.9, 3.10 or 3.11 (TFF 0.87)')
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
-from absl import app
 from absl import flags
 import numpy as np
+
+from run import console
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 _QFFL_BASE = [
@@ -408,7 +409,7 @@ def main(argv) -> int:
 
 def run_main() -> None:
   define_flags()
-  app.run(lambda argv: sys.exit(main(argv)))
+  console.run(__name__, lambda argv: sys.exit(main(argv)))
 
 
 if __name__ == '__main__':

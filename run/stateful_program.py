@@ -74,7 +74,6 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any, Optional
 
-from absl import app
 from absl import flags
 from absl import logging
 import numpy as np
@@ -82,6 +81,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from run import algorithms
+from run import console
 from run import program
 from run import simulation
 from run import train  # The training binary's flags, reused by main().
@@ -550,7 +550,8 @@ def main(argv: Sequence[str]) -> int:
 
 def run_main() -> None:
   """Console-script entry point."""
-  app.run(lambda argv: runtime.exit_now(main(argv)))
+  flags.adopt_module_key_flags(train)  # --help lists the training flags.
+  console.run(__name__, lambda argv: runtime.exit_now(main(argv)))
 
 
 if __name__ == '__main__':

@@ -23,16 +23,17 @@ if not (3, 9) <= sys.version_info[:2] <= (3, 11):
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
-from absl import app
 from absl import flags
 from absl import logging
 
 from run import algorithms
+from run import console
 from run import privacy_setup
 from run import contexts
 from run import engines
 from run import simulation
 from tasks import base as task_base
+from tasks import download
 from tasks import registry
 from tasks import synthetic
 from tff_algos import attacks
@@ -255,6 +256,11 @@ _LOOP = flags.DEFINE_string(
 # Task options.
 _DATA_DIR = flags.DEFINE_string(
     'data_dir', None, "Folder with TFF's cached dataset files (~/.tff).")
+_DOWNLOAD = flags.DEFINE_boolean(
+    'download', False,
+    "File tasks: fetch TFF's dataset files missing from --data_dir (with a "
+    'progress bar, verified, resumable; see tasks/download.py). Off: a '
+    'missing file stops the run and nothing touches the network.')
 _USE_SYNTHETIC = flags.DEFINE_boolean(
     'use_synthetic_data', False,
     "File tasks: use TFF's small synthetic stand-in data instead of files.")
@@ -542,7 +548,11 @@ def prepare():
   )
   config.validate(num_clients=max(_CLIENTS_PER_ROUND.value, 1))
   out_dir = experiment_dir()
-  task = registry.create_task(_TASK.value, **task_kwargs())
+  kwargs = task_kwargs()
+  if _DOWNLOAD.value and not _USE_SYNTHETIC.value:
+    download.ensure(download.files_for_task(_TASK.value), _DATA_DIR.value,
+                    progress=_PROGRESS.value)
+  task = registry.create_task(_TASK.value, **kwargs)
   config.validate(num_clients=len(task.train_data.client_ids))
   spec, tracker = privacy_setup.prepare_dp(
       spec, config, len(task.train_data.client_ids),
@@ -658,7 +668,7 @@ def main(argv) -> int:
 
 def run_main() -> None:
   """Console-script entry point."""
-  app.run(lambda argv: runtime.exit_now(main(argv)))
+  console.run(__name__, lambda argv: runtime.exit_now(main(argv)))
 
 
 if __name__ == '__main__':

@@ -27,7 +27,7 @@ case "$pyver" in
   *) die "$PYTHON is Python $pyver; TFF 0.87 needs Python 3.9, 3.10 or 3.11." ;;
 esac
 
-stamp="$VENV/.pins-$(cat requirements.txt requirements-nodeps.txt setup.py | sha1sum | cut -c1-12)-py$pyver"
+stamp="$VENV/.pins-$(cat requirements.txt requirements-nodeps.txt setup.py pyproject.toml | sha1sum | cut -c1-12)-py$pyver"
 if [ -f "$stamp" ]; then
   exit 0
 fi
@@ -38,6 +38,9 @@ pip=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
 "${pip[@]}" install 'pip==24.0' 'setuptools>=68,<76' wheel
 "${pip[@]}" install -r requirements.txt
 "${pip[@]}" install --no-deps -r requirements-nodeps.txt
-"${pip[@]}" install --no-deps --no-build-isolation -e .
+# Editable, through setuptools' PEP 660 hook (pyproject.toml): the console commands are plain
+# wrappers. compat mode puts the checkout itself on sys.path (a .pth line), as the legacy
+# `setup.py develop` did (tests/test_bazel_isolation.py relies on it).
+"${pip[@]}" install --no-deps --no-build-isolation -e . --config-settings editable_mode=compat
 TF_CPP_MIN_LOG_LEVEL=3 "$VENV/bin/python" -c 'import tensorflow_federated as tff; print("bootstrap: tensorflow-federated", tff.__version__, "ready")' >&2
 touch "$stamp"

@@ -5,6 +5,7 @@ TFF 0.87's loaders (`tensorflow_federated/python/simulation/datasets/`
 `emnist.py`, `shakespeare.py`, `stackoverflow.py`, `download.py`) download on
 first use. We never let them: a task first looks for the files here and raises
 `base.TaskError` naming the missing file, the directory searched and the URL.
+Downloading is `tasks.download`'s job, only when a user asks (`--download`).
 
 Layout TFF expects in its cache directory (default `~/.tff`):
 
@@ -151,7 +152,8 @@ def find(data_file: DataFile, data_dir: Optional[str]) -> str:
   raise base.TaskError(
       f'missing data file {data_file.name!r} in {searched}: download '
       f'{data_file.url} and decompress it into {data_dir} '
-      f'(`{data_file.instructions(data_dir)}`)'
+      f'(`{data_file.instructions(data_dir)}`), or rerun the training '
+      'binary with --download'
   )
 
 

@@ -39,6 +39,7 @@ BINARIES = (
     'run.privacy_experiments',
     'run.numpy_sim',
     'run.download',
+    'tasks.shakespeare_text',
 )
 
 # Files other than Python modules that the packages read at run time; none

@@ -741,9 +741,11 @@ def _parse_flags(argv):
 
 
 def run_main() -> None:
-  from absl import app  # pylint: disable=g-import-not-at-top
+  """The binary `python -m tasks.shakespeare_text` (tff-hetero-shakespeare-text)."""
+  from run import console  # pylint: disable=g-import-not-at-top
   define_flags()
-  app.run(lambda argv: _exit(main(argv)), flags_parser=_parse_flags)
+  console.run(__name__, lambda argv: _exit(main(argv)),
+              flags_parser=_parse_flags)
 
 
 if __name__ == '__main__':

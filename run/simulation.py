@@ -262,29 +262,43 @@ class _Outputs:
     run_async(release_all())
 
 
-def _check_config(outputs: _Outputs, hparams: Mapping[str, Any]) -> None:
-  """Refuses to resume a checkpoint written with other hyperparameters."""
-  if not os.path.exists(outputs.config_path):
+def check_settings(output_dir: str, hparams: Mapping[str, Any], *,
+                   ignore: frozenset[str] = frozenset()) -> None:
+  """Refuses to resume a folder written with other hyperparameters.
+
+  Args:
+    output_dir: A run's folder (nothing to check if it has no config.json).
+    hparams: The new run's hyperparameters.
+    ignore: Keys not compared besides `RESUMABLE_KEYS` (e.g. ones the run
+      adds later).
+
+  Raises:
+    SimulationError: Naming up to four changed settings, or an unreadable
+      config.json.
+  """
+  config_path = os.path.join(output_dir, 'config.json')
+  if not os.path.exists(config_path):
     return
   try:
-    with open(outputs.config_path, encoding='utf-8') as f:
+    with open(config_path, encoding='utf-8') as f:
       saved = json.load(f)
   except (OSError, ValueError) as e:
     raise SimulationError(
-        f'{outputs.config_path} cannot be read ({e}); remove that folder to '
-        'start over') from None
+        f'{config_path} cannot be read ({e}); remove that folder to start '
+        'over') from None
   if not isinstance(saved, dict):
-    raise SimulationError(f'{outputs.config_path} is not a run\'s settings')
+    raise SimulationError(f'{config_path} is not a run\'s settings')
   changed = sorted(
       k for k in set(saved) | set(hparams)
-      if k not in RESUMABLE_KEYS and saved.get(k) != hparams.get(k)
+      if k not in RESUMABLE_KEYS and k not in ignore
+      and saved.get(k) != hparams.get(k)
   )
   if changed:
     details = ', '.join(
         f'{k}: {saved.get(k)!r} -> {hparams.get(k)!r}' for k in changed[:4]
     )
     raise SimulationError(
-        f'{outputs.dir} holds a run with other settings ({details}); use a new'
+        f'{output_dir} holds a run with other settings ({details}); use a new'
         ' --experiment_name or remove that folder to start over'
     )
 
@@ -539,13 +553,14 @@ def _run_simulation(
   client_ids = list(task.train_data.client_ids)
   config.validate(len(client_ids))
   hparams = dict(hparams or {})
+  if output_dir:  # Before anything is written there.
+    check_settings(output_dir, hparams)
   outputs = _Outputs(output_dir, log) if output_dir else None
 
   state = process.initialize()
   start_round = 1
   store = _client_state_store(process, task, outputs, client_state_store)
   if outputs:
-    _check_config(outputs, hparams)
     loaded, version = run_async(
         outputs.state_manager.load_latest((state, 0))
     )

@@ -525,7 +525,6 @@ def prepare(writer: str = 'train'):
   )
   config.validate(num_clients=max(_CLIENTS_PER_ROUND.value, 1))
   out_dir = experiment_dir()
-  run_dir.check_available(out_dir, writer)
   task = registry.create_task(_TASK.value, **task_kwargs())
   config.validate(num_clients=len(task.train_data.client_ids))
   spec, tracker = privacy_setup.prepare_dp(
@@ -555,6 +554,11 @@ def prepare(writer: str = 'train'):
     engine = engines.build_batched_engine(spec, task, shuffle=config.shuffle)
   elif _ENGINE.value == 'stacked':
     engine = engines.build_stacked_engine(spec, task, shuffle=config.shuffle)
+  # Last: bad input is reported before a busy or foreign folder.
+  run_dir.check_available(out_dir, writer)
+  if writer == 'train':  # Checked again (locked) when the run starts.
+    simulation.check_settings(out_dir, hparams(),
+                              ignore=frozenset({'dp_noise_multiplier_used'}))
   print(f'task: {task.description}', file=sys.stderr)
   print(f'algorithm: {spec.describe()}; output: {out_dir}', file=sys.stderr)
   if attack.kind != 'none':
@@ -626,7 +630,8 @@ def main(argv) -> int:
       # Bad flags or missing data files: one line, no traceback.
       print(f'train: error: {e}', file=sys.stderr)
       return 2
-    except run_dir.RunDirError as e:  # The folder is busy or another's.
+    except (run_dir.RunDirError, simulation.SimulationError) as e:
+      # The folder is busy, another binary's or another run's.
       print(f'train: error: {e}', file=sys.stderr)
       return 1
     try:

@@ -391,10 +391,12 @@ class DivergenceCheck(tff.program.ReleaseManager):
     self.diverged: Optional[tuple[int, float]] = None
 
   async def release(self, value, key) -> None:
+    value = await tff.program.materialize_value(value)
     flat = {}
     simulation._flatten('', value, flat)  # pylint: disable=protected-access
     for name, loss in flat.items():
-      if name.split('/')[-1] == 'loss' and not np.isfinite(loss):
+      if (name.split('/')[-1] == 'loss' and isinstance(loss, (int, float))
+          and not np.isfinite(loss)):
         if self.diverged is None:
           self.diverged = (int(key), float(loss))
         return

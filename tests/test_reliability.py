@@ -64,7 +64,7 @@ def _immutable(path) -> bool:
 
 @pytest.fixture(scope='module')
 def earlier(tmp_path_factory):
-  """An earlier, finished run.train run (2 rounds) and the paths the cases use."""
+  """An earlier finished run.train run (2 rounds) and paths for the cases."""
   root = tmp_path_factory.mktemp('runs')
   code, stderr = binary.call_main(train.main, 'train', SMALL + [
       f'--root_output_dir={root}', '--experiment_name=earlier',
@@ -467,6 +467,7 @@ def test_no_worker_survives_a_signal(signum, tmp_path):
     try:
       assert _wait_for_round(proc, tmp_path / f's{attempt}', 1 + attempt)
       assert _descendant_workers(proc.pid), 'no TFF worker to leave behind'
+      time.sleep(0.15 * (attempt % 4))  # Inside a round or an evaluation.
       os.kill(proc.pid, signum)
       _, stderr = proc.communicate(timeout=60)
       time.sleep(1.0)  # A replacement would have been started by now.

@@ -677,22 +677,10 @@ def _exit(code: int) -> None:
   os._exit(code)  # pylint: disable=protected-access
 
 
-def _parse_flags(argv):
-  """absl's flag parsing, with a malformed flag as a one-line usage error."""
-  try:
-    return flags.FLAGS(argv)
-  except flags.Error as e:
-    print(f'bench: error: {e}', file=sys.stderr)
-    _exit(2)
-  except SystemExit as e:  # --help and friends.
-    _exit(e.code if isinstance(e.code, int) else 0)
-
-
 def run_main() -> None:
   """Console-script entry point."""
   define_flags()
-  console.run(__name__, lambda argv: _exit(main(argv)),
-              flags_parser=_parse_flags)
+  console.run(__name__, lambda argv: _exit(main(argv)))
 
 
 if __name__ == '__main__':

@@ -66,6 +66,7 @@ import tensorflow_federated as tff
 
 from run import algorithms
 from run import console
+from run import run_dir
 from run import simulation
 from run import train  # The training binary's flags, reused by main().
 from tasks import base as task_base
@@ -222,6 +223,8 @@ class ClientDataSourceIterator(tff.program.FederatedDataSourceIterator):
     Raises:
       ValueError: If `k` is out of range.
     """
+    for check in _divergence_checks:  # Stops train_model after a NaN round.
+      check.check()
     ids = self._spec.client_ids()
     if k is None or not 1 <= k <= len(ids):
       raise ValueError(
@@ -314,6 +317,9 @@ class ProgramConfig:
     checks = [
         (self.total_rounds >= 1,
          f'total_rounds must be >= 1, got {self.total_rounds}'),
+        (self.total_rounds <= simulation.MAX_ROUNDS,
+         f'total_rounds must be <= {simulation.MAX_ROUNDS:,}, got '
+         f'{self.total_rounds:,}'),
         (1 <= self.clients_per_round <= num_train,
          f'clients_per_round must be in [1, {num_train}] (training clients),'
          f' got {self.clients_per_round}'),
@@ -335,8 +341,14 @@ class ProgramError(RuntimeError):
 def _check_and_save_config(output_dir: str, settings: Mapping[str, Any]):
   path = os.path.join(output_dir, PROGRAM_CONFIG)
   if os.path.exists(path):
-    with open(path) as f:
-      saved = json.load(f)
+    try:
+      with open(path, encoding='utf-8') as f:
+        saved = json.load(f)
+    except (OSError, ValueError) as e:
+      raise ProgramError(f'{path} cannot be read ({e}); remove that folder '
+                         'to start over') from None
+    if not isinstance(saved, dict):
+      raise ProgramError(f'{path} is not a program\'s settings')
     changed = sorted(k for k in set(saved) | set(settings)
                      if k not in RESUMABLE_KEYS
                      and saved.get(k) != settings.get(k))
@@ -363,6 +375,43 @@ def create_context(*, secure: bool = False) -> tff.program.NativeFederatedContex
   else:
     context = tff.backends.native.create_async_local_cpp_execution_context()
   return tff.program.NativeFederatedContext(context)
+
+
+class DivergenceCheck(tff.program.ReleaseManager):
+  """Releases a round's training metrics unless its loss is not finite.
+
+  A non-finite `loss` is recorded in `diverged` as `(round, loss)` and not
+  released; `check()` then raises `ProgramError`. (`train_model` releases
+  metrics in background tasks, whose exceptions it does not propagate, so
+  the program checks at the next selection of clients and at the end.)
+  """
+
+  def __init__(self, inner: tff.program.ReleaseManager):
+    self._inner = inner
+    self.diverged: Optional[tuple[int, float]] = None
+
+  async def release(self, value, key) -> None:
+    value = await tff.program.materialize_value(value)
+    flat = {}
+    simulation._flatten('', value, flat)  # pylint: disable=protected-access
+    for name, loss in flat.items():
+      if (name.split('/')[-1] == 'loss' and isinstance(loss, (int, float))
+          and not np.isfinite(loss)):
+        if self.diverged is None:
+          self.diverged = (int(key), float(loss))
+        return
+    await self._inner.release(value, key=key)
+
+  def check(self) -> None:
+    if self.diverged is not None:
+      round_num, loss = self.diverged
+      raise ProgramError(
+          f'training diverged at round {round_num} (train loss {loss}); '
+          'lower the learning rates. The program states of earlier rounds '
+          'are kept.')
+
+
+_divergence_checks: list[DivergenceCheck] = []
 
 
 def _release_managers(output_dir: str, name: str, csv_file: str):
@@ -408,9 +457,12 @@ def build_evaluation_manager(
 
 async def _train(process, model_fn, train_source, eval_source, config,
                  output_dir):
-  state_manager = tff.program.FileProgramStateManager(
+  state_manager = run_dir.CheckpointManager(
       os.path.join(output_dir, 'program_state'), keep_total=3,
       keep_first=True)
+  metrics_manager = DivergenceCheck(
+      _release_managers(output_dir, 'train', 'metrics.csv'))
+  _divergence_checks[:] = [metrics_manager]
   evaluation_manager = None
   if eval_source is not None:
     evaluation_manager = build_evaluation_manager(
@@ -424,11 +476,12 @@ async def _train(process, model_fn, train_source, eval_source, config,
       program_state_manager=state_manager,
       model_output_manager=tff.program.SavedModelFileReleaseManager(
           os.path.join(output_dir, 'models'), prefix=''),
-      train_metrics_manager=_release_managers(
-          output_dir, 'train', 'metrics.csv'),
+      train_metrics_manager=metrics_manager,
       evaluation_manager=evaluation_manager,
       evaluation_periodicity=config.rounds_per_eval or config.total_rounds,
   )
+  metrics_manager.check()
+  _divergence_checks.clear()
   # The state the program ended with, as a resumed program would load it.
   initial = await tff.program.materialize_value(process.initialize())
   structure = tff.learning.programs.ProgramState(
@@ -503,35 +556,35 @@ def run_program(
   train_spec.validate()
   config.validate(len(task.train_data.client_ids),
                   len(task.test_data.client_ids))
-  os.makedirs(output_dir, exist_ok=True)
-  _check_and_save_config(output_dir, {
-      **dict(settings or {}), 'task': task_name,
-      'task_kwargs': dict(task_kwargs), 'seed': seed,
-      'client_epochs_per_round': client_epochs_per_round,
-      'client_sampling': client_sampling,
-      'clients_per_round': config.clients_per_round,
-      'eval_clients': config.eval_clients, 'evaluate': evaluate,
-      'total_rounds': config.total_rounds,
-      'rounds_per_eval': config.rounds_per_eval,
-  })
-  train_source = ClientDataSource(train_spec)
-  eval_source = (ClientDataSource(dataclasses.replace(
-      train_spec, split='test', client_index=False)) if evaluate else None)
-  context = create_context(secure=secure)
+  with run_dir.locked(output_dir, 'program'):
+    _check_and_save_config(output_dir, {
+        **dict(settings or {}), 'task': task_name,
+        'task_kwargs': dict(task_kwargs), 'seed': seed,
+        'client_epochs_per_round': client_epochs_per_round,
+        'client_sampling': client_sampling,
+        'clients_per_round': config.clients_per_round,
+        'eval_clients': config.eval_clients, 'evaluate': evaluate,
+        'total_rounds': config.total_rounds,
+        'rounds_per_eval': config.rounds_per_eval,
+    })
+    train_source = ClientDataSource(train_spec)
+    eval_source = (ClientDataSource(dataclasses.replace(
+        train_spec, split='test', client_index=False)) if evaluate else None)
+    context = create_context(secure=secure)
 
-  async def train_in_context():
-    # The context stack is per thread: install it where the program runs.
-    with tff.framework.get_context_stack().install(context):
-      return await _train(process, task.model_fn, train_source, eval_source,
-                          config, output_dir)
+    async def train_in_context():
+      # The context stack is per thread: install it where the program runs.
+      with tff.framework.get_context_stack().install(context):
+        return await _train(process, task.model_fn, train_source, eval_source,
+                            config, output_dir)
 
-  state, round_num = simulation.run_async(train_in_context())
-  result = {'state': state, 'round_num': round_num,
-            'final_summaries': None, 'per_client': None}
-  if config.evaluate_per_client:
-    result.update(write_per_client(process, state, task, output_dir,
-                                   round_num))
-  return result
+    state, round_num = simulation.run_async(train_in_context())
+    result = {'state': state, 'round_num': round_num,
+              'final_summaries': None, 'per_client': None}
+    if config.evaluate_per_client:
+      result.update(write_per_client(process, state, task, output_dir,
+                                     round_num))
+    return result
 
 
 def write_per_client(process, state, task: task_base.FederatedTask,
@@ -595,7 +648,7 @@ def main(argv: Sequence[str]) -> int:
     if algorithms.AlgorithmSpec(values.algorithm).is_stateful:
       raise ValueError(f'--algorithm={values.algorithm} keeps per-client '
                        'state: run it with python -m run.stateful_program')
-    task, process, sim_config, out_dir = train.prepare()[:4]
+    task, process, sim_config, out_dir = train.prepare('program')[:4]
     config = ProgramConfig(
         total_rounds=sim_config.total_rounds,
         clients_per_round=sim_config.clients_per_round,
@@ -608,6 +661,9 @@ def main(argv: Sequence[str]) -> int:
   except (ValueError, TypeError, OSError) as e:
     print(f'program: error: {e}', file=sys.stderr)
     return 2
+  except run_dir.RunDirError as e:  # The folder is busy or another's.
+    print(f'program: error: {e}', file=sys.stderr)
+    return 1
   try:
     result = run_program(
         process, task_name=values.task, task_kwargs=train.task_kwargs(),
@@ -616,7 +672,7 @@ def main(argv: Sequence[str]) -> int:
         client_sampling=sim_config.client_sampling, secure=secure,
         settings={k: v for k, v in train.hparams().items()
                   if k not in ('progress', 'root_output_dir', 'data_dir')})
-  except (ProgramError, task_base.TaskError) as e:
+  except (ProgramError, task_base.TaskError, run_dir.RunDirError) as e:
     print(f'program: error: {e}', file=sys.stderr)
     return 1
   finally:
@@ -632,7 +688,8 @@ def main(argv: Sequence[str]) -> int:
 def run_main() -> None:
   """Console-script entry point."""
   flags.adopt_module_key_flags(train)  # --help lists the training flags.
-  console.run(__name__, lambda argv: runtime.exit_now(main(argv)))
+  console.run(__name__, lambda argv: runtime.exit_now(main(argv)),
+              prog='program')
 
 
 if __name__ == '__main__':

@@ -91,9 +91,18 @@ class Run:
   test_curve_kind: str = 'mean over clients'
 
 
+def _damaged(path: str, error: Exception) -> ReportError:
+  reason = ' '.join(str(error).split()) or type(error).__name__
+  return ReportError(f'{path}: damaged or not a run\'s file ({reason}); '
+                     'rerun the run to rewrite it')
+
+
 def _read_csv(path: str) -> dict[str, np.ndarray]:
-  with open(path, newline='') as f:
-    rows = list(csv.DictReader(f))
+  try:
+    with open(path, newline='', encoding='utf-8') as f:
+      rows = list(csv.DictReader(f))
+  except (UnicodeDecodeError, csv.Error) as e:
+    raise _damaged(path, e) from None
   if not rows:
     return {}
   columns = {}
@@ -109,16 +118,29 @@ def _read_csv(path: str) -> dict[str, np.ndarray]:
 
 
 def _read_clients(path: str) -> dict[str, dict[str, np.ndarray]]:
-  with open(path, newline='') as f:
-    rows = list(csv.DictReader(f))
-  clients: dict[str, dict[str, list]] = {}
-  for row in rows:
-    split = clients.setdefault(row['split'], {})
-    for key, value in row.items():
-      if key in ('split', 'client_id'):
-        split.setdefault(key, []).append(value)
-      else:
-        split.setdefault(key, []).append(float(value))
+  """Per-client values by split; `ReportError` naming `path` if damaged."""
+  try:
+    with open(path, newline='', encoding='utf-8') as f:
+      rows = list(csv.DictReader(f))
+    clients: dict[str, dict[str, list]] = {}
+    for row in rows:
+      if None in row or None in row.values():
+        raise ValueError(f'line {rows.index(row) + 2} has '
+                         f'{"more" if None in row else "fewer"} cells than '
+                         'the header')
+      split = clients.setdefault(row['split'], {})
+      for key, value in row.items():
+        if key in ('split', 'client_id'):
+          split.setdefault(key, []).append(value)
+        else:
+          split.setdefault(key, []).append(float(value) if value else
+                                           math.nan)
+    for split, values in clients.items():
+      for name in ('num_examples', 'accuracy'):
+        if name not in values:
+          raise KeyError(f'no {name} column')
+  except (UnicodeDecodeError, csv.Error, ValueError, KeyError) as e:
+    raise _damaged(path, e) from None
   return {split: {k: np.asarray(v) for k, v in values.items()}
           for split, values in clients.items()}
 
@@ -148,6 +170,17 @@ def _test_curve(path: str, metrics: Mapping[str, np.ndarray]):
                                    'accuracy_worst10', 'loss_worst10')}
 
 
+def _read_json(path: str) -> dict[str, Any]:
+  try:
+    with open(path, encoding='utf-8') as f:
+      value = json.load(f)
+  except (UnicodeDecodeError, ValueError) as e:
+    raise _damaged(path, e) from None
+  if not isinstance(value, dict):
+    raise _damaged(path, TypeError(f'a {type(value).__name__}, not a table'))
+  return value
+
+
 def load_run(path: str, label: Optional[str] = None) -> Run:
   """Reads a finished run's output folder.
 
@@ -173,9 +206,13 @@ def load_run(path: str, label: Optional[str] = None) -> Run:
     raise ReportError(
         f'{path}: the run has not finished (no summary.json); rerun its '
         'command to resume and finish it')
-  with open(summary_path) as f:
-    summary = json.load(f)
-  round_num = int(summary['round_num'])
+  summary = _read_json(summary_path)
+  try:
+    round_num = int(summary['round_num'])
+    if not isinstance(summary['summaries'], dict):
+      raise TypeError('summaries is not a table')
+  except (KeyError, TypeError, ValueError) as e:
+    raise _damaged(summary_path, e) from None
   clients_path = os.path.join(path, 'clients', f'round_{round_num:05d}.csv')
   if not os.path.exists(clients_path):
     raise ReportError(f'{path}: summary.json is for round {round_num} but '
@@ -184,8 +221,7 @@ def load_run(path: str, label: Optional[str] = None) -> Run:
   for name in ('config.json', 'program_config.json'):
     config_path = os.path.join(path, name)
     if os.path.exists(config_path):
-      with open(config_path) as f:
-        config = json.load(f)
+      config = _read_json(config_path)
       break
   metrics = _read_csv(metrics_path)
   if 'round_num' not in metrics:
@@ -317,7 +353,8 @@ def plot_client_size(runs: Sequence[Run], path: Optional[str] = None
 
 
 def _format(value: Optional[float]) -> str:
-  if value is None or not math.isfinite(value):
+  if (not isinstance(value, (int, float)) or isinstance(value, bool)
+      or not math.isfinite(value)):
     return 'n/a'
   if abs(value) >= 100:
     return f'{value:.1f}'
@@ -351,7 +388,9 @@ def summary_markdown(runs: Sequence[Run],
     cells = [run.label, _algorithm(run), str(run.round_num),
              str(len(run.clients['test']['accuracy']))]
     for key, stat, _ in TABLE_COLUMNS:
-      cells.append(_format(run.summaries.get(key, {}).get(stat)))
+      summary = run.summaries.get(key)
+      cells.append(_format(summary.get(stat) if isinstance(summary, dict)
+                           else None))
     lines.append('| ' + ' | '.join(cells) + ' |')
   lines += ['', 'Folders: ' + ', '.join(f'`{r.path}`' for r in runs), '']
   for figure in figures:

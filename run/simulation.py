@@ -35,6 +35,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from run import run_dir
 from tasks import base as task_base
 from tasks import evaluation
 from tasks import tail_metrics
@@ -54,6 +55,10 @@ RESUMABLE_KEYS = frozenset({
     'simulation_engine', 'workers', 'max_concurrent_computation_calls',
     'loop_implementation',
 })
+# Beyond these a run is a typo, not an experiment (the papers' longest runs
+# are 10^4 rounds of at most a few hundred local epochs).
+MAX_ROUNDS = 1_000_000
+MAX_EPOCHS = 100_000
 SUMMARY_COLUMNS = ('mean', 'weighted_mean', 'p10', 'p50', 'p90', 'worst10',
                    'best10', 'variance')
 
@@ -139,6 +144,8 @@ class SimulationConfig:
     """Raises `ValueError` with one clear message for an impossible config."""
     checks = [
         (self.total_rounds >= 1, f'total_rounds must be >= 1, got {self.total_rounds}'),
+        (self.total_rounds <= MAX_ROUNDS,
+         f'total_rounds must be <= {MAX_ROUNDS:,}, got {self.total_rounds:,}'),
         (self.clients_per_round >= 1,
          f'clients_per_round must be >= 1, got {self.clients_per_round}'),
         (self.clients_per_round <= num_clients,
@@ -147,6 +154,9 @@ class SimulationConfig:
         (self.client_epochs_per_round >= 1,
          f'client_epochs_per_round must be >= 1, got '
          f'{self.client_epochs_per_round}'),
+        (self.client_epochs_per_round <= MAX_EPOCHS,
+         f'client_epochs_per_round must be <= {MAX_EPOCHS:,}, got '
+         f'{self.client_epochs_per_round:,}'),
         (self.rounds_per_eval >= 0,
          f'rounds_per_eval must be >= 0, got {self.rounds_per_eval}'),
         (self.rounds_per_checkpoint >= 0,
@@ -221,14 +231,14 @@ def flatten_metrics(metrics: Mapping[str, Any]) -> dict[str, Any]:
 class _Outputs:
   """Paths and writers of one run's output folder."""
 
-  def __init__(self, output_dir: str):
+  def __init__(self, output_dir: str, log: Callable[[str], None]):
     self.dir = output_dir
     self.clients_dir = os.path.join(output_dir, 'clients')
     os.makedirs(self.clients_dir, exist_ok=True)
     self.config_path = os.path.join(output_dir, 'config.json')
-    self.state_manager = tff.program.FileProgramStateManager(
-        os.path.join(output_dir, 'checkpoints'), keep_total=3, keep_first=False
-    )
+    self.state_manager = run_dir.CheckpointManager(
+        os.path.join(output_dir, 'checkpoints'), log=log, keep_total=3,
+        keep_first=False)
     self.csv = tff.program.CSVFileReleaseManager(
         os.path.join(output_dir, 'metrics.csv'),
         save_mode=tff.program.CSVSaveMode.WRITE,
@@ -241,30 +251,54 @@ class _Outputs:
   def release(self, metrics: Mapping[str, Any], round_num: int) -> None:
     async def release_all():
       await self.csv.release(dict(metrics), key=round_num)
+      # As float64: TensorFlow cannot make a float32 of a Python float
+      # beyond 3.4e38 (the variance of losses near 1e30) and raises.
       await self.tensorboard.release(
-          {k: v for k, v in metrics.items() if isinstance(v, (int, float))},
+          {k: np.float64(v) if isinstance(v, float) else v
+           for k, v in metrics.items() if isinstance(v, (int, float))},
           key=round_num,
       )
 
     run_async(release_all())
 
 
-def _check_config(outputs: _Outputs, hparams: Mapping[str, Any]) -> None:
-  """Refuses to resume a checkpoint written with other hyperparameters."""
-  if not os.path.exists(outputs.config_path):
+def check_settings(output_dir: str, hparams: Mapping[str, Any], *,
+                   ignore: frozenset[str] = frozenset()) -> None:
+  """Refuses to resume a folder written with other hyperparameters.
+
+  Args:
+    output_dir: A run's folder (nothing to check if it has no config.json).
+    hparams: The new run's hyperparameters.
+    ignore: Keys not compared besides `RESUMABLE_KEYS` (e.g. ones the run
+      adds later).
+
+  Raises:
+    SimulationError: Naming up to four changed settings, or an unreadable
+      config.json.
+  """
+  config_path = os.path.join(output_dir, 'config.json')
+  if not os.path.exists(config_path):
     return
-  with open(outputs.config_path) as f:
-    saved = json.load(f)
+  try:
+    with open(config_path, encoding='utf-8') as f:
+      saved = json.load(f)
+  except (OSError, ValueError) as e:
+    raise SimulationError(
+        f'{config_path} cannot be read ({e}); remove that folder to start '
+        'over') from None
+  if not isinstance(saved, dict):
+    raise SimulationError(f'{config_path} is not a run\'s settings')
   changed = sorted(
       k for k in set(saved) | set(hparams)
-      if k not in RESUMABLE_KEYS and saved.get(k) != hparams.get(k)
+      if k not in RESUMABLE_KEYS and k not in ignore
+      and saved.get(k) != hparams.get(k)
   )
   if changed:
     details = ', '.join(
         f'{k}: {saved.get(k)!r} -> {hparams.get(k)!r}' for k in changed[:4]
     )
     raise SimulationError(
-        f'{outputs.dir} holds a run with other settings ({details}); use a new'
+        f'{output_dir} holds a run with other settings ({details}); use a new'
         ' --experiment_name or remove that folder to start over'
     )
 
@@ -486,18 +520,47 @@ def run_simulation(
   Raises:
     ValueError: For an impossible config.
     SimulationError: For an incompatible checkpoint.
+    run_dir.RunDirError: If another process is using `output_dir`, another
+      writer (`run.program`) made it, or no checkpoint there is intact.
   """
+  runtime.install_worker_cleanup()
+  kwargs = dict(
+      output_dir=output_dir, hparams=hparams, progress=progress, log=log,
+      client_state_store=client_state_store,
+      round_metrics_fn=round_metrics_fn, summary_fn=summary_fn, engine=engine)
+  if not output_dir:
+    return _run_simulation(process, task, config, **kwargs)
+  with run_dir.locked(output_dir, 'train'):
+    return _run_simulation(process, task, config, **kwargs)
+
+
+def _run_simulation(
+    process: tff.learning.templates.LearningProcess,
+    task: task_base.FederatedTask,
+    config: SimulationConfig,
+    *,
+    output_dir: Optional[str] = None,
+    hparams: Optional[Mapping[str, Any]] = None,
+    progress: bool = True,
+    log: Callable[[str], None] = lambda s: print(s, file=sys.stderr),
+    client_state_store: Optional[client_states_lib.ClientStateStore] = None,
+    round_metrics_fn: Optional[Callable[[int], Mapping[str, Any]]] = None,
+    summary_fn: Optional[Callable[[int], Mapping[str, Any]]] = None,
+    engine: Optional[batched.BatchedEngine] = None,
+) -> dict[str, Any]:
+  """`run_simulation`, its output folder locked."""
   runtime.install_worker_cleanup()
   client_ids = list(task.train_data.client_ids)
   config.validate(len(client_ids))
   hparams = dict(hparams or {})
-  outputs = _Outputs(output_dir) if output_dir else None
+  if output_dir:  # Before anything is written there.
+    check_settings(output_dir, hparams)
+  outputs = _Outputs(output_dir, log) if output_dir else None
 
   state = process.initialize()
   start_round = 1
   store = _client_state_store(process, task, outputs, client_state_store)
   if outputs:
-    _check_config(outputs, hparams)
     loaded, version = run_async(
         outputs.state_manager.load_latest((state, 0))
     )

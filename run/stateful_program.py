@@ -83,6 +83,7 @@ import tensorflow_federated as tff
 from run import algorithms
 from run import console
 from run import program
+from run import run_dir
 from run import simulation
 from run import train  # The training binary's flags, reused by main().
 from tasks import base as task_base
@@ -356,11 +357,11 @@ def _program_state(state, round_num, iterator):
 
 
 async def _train(process, source, store, config, output_dir):
-  state_manager = tff.program.FileProgramStateManager(
+  state_manager = run_dir.CheckpointManager(
       os.path.join(output_dir, 'program_state'), keep_total=3,
       keep_first=True)
-  metrics_manager = program._release_managers(
-      output_dir, 'train', 'metrics.csv')
+  metrics_manager = program.DivergenceCheck(program._release_managers(
+      output_dir, 'train', 'metrics.csv'))
   model_manager = tff.program.SavedModelFileReleaseManager(
       os.path.join(output_dir, 'models'), prefix='')
   round_fn = build_program_round(process, source.federated_type,
@@ -389,6 +390,7 @@ async def _train(process, source, store, config, output_dir):
     await state_manager.save(_program_state(state, round_num, iterator),
                              round_num)
     await metrics_manager.release(metrics, key=round_num)
+    metrics_manager.check()
     if (round_num % MODEL_RELEASE_PERIOD == 0
         or round_num == config.total_rounds):
       await model_manager.release(state, key=round_num)
@@ -469,35 +471,35 @@ def run_stateful_program(
   spec.validate()
   config.validate(len(task.train_data.client_ids),
                   len(task.test_data.client_ids))
-  os.makedirs(output_dir, exist_ok=True)
-  program._check_and_save_config(output_dir, {
-      **dict(settings or {}), 'task': task_name,
-      'task_kwargs': dict(task_kwargs), 'seed': seed,
-      'client_epochs_per_round': client_epochs_per_round,
-      'client_sampling': client_sampling,
-      'clients_per_round': config.clients_per_round,
-      'client_state_store': client_state_store,
-      'total_rounds': config.total_rounds,
-      'rounds_per_eval': config.rounds_per_eval,
-  })
-  store = build_client_state_store(process, output_dir, client_state_store)
-  source = StatefulClientDataSource(spec, process, store)
-  context = program.create_context()
+  with run_dir.locked(output_dir, 'stateful_program'):
+    program._check_and_save_config(output_dir, {
+        **dict(settings or {}), 'task': task_name,
+        'task_kwargs': dict(task_kwargs), 'seed': seed,
+        'client_epochs_per_round': client_epochs_per_round,
+        'client_sampling': client_sampling,
+        'clients_per_round': config.clients_per_round,
+        'client_state_store': client_state_store,
+        'total_rounds': config.total_rounds,
+        'rounds_per_eval': config.rounds_per_eval,
+    })
+    store = build_client_state_store(process, output_dir, client_state_store)
+    source = StatefulClientDataSource(spec, process, store)
+    context = program.create_context()
 
-  async def train_in_context():
-    with tff.framework.get_context_stack().install(context):
-      return await _train(process, source, store, config, output_dir)
+    async def train_in_context():
+      with tff.framework.get_context_stack().install(context):
+        return await _train(process, source, store, config, output_dir)
 
-  state, round_num = simulation.run_async(train_in_context())
-  result = {'state': state, 'round_num': round_num,
-            'client_state_store': store, 'final_summaries': None,
-            'per_client': None}
-  if config.evaluate_per_client:
-    personal = simulation.evaluate_personal_per_client(
-        process, state, task, store, include_train=True)
-    result.update(program.write_per_client(
-        process, state, task, output_dir, round_num, extra=personal))
-  return result
+    state, round_num = simulation.run_async(train_in_context())
+    result = {'state': state, 'round_num': round_num,
+              'client_state_store': store, 'final_summaries': None,
+              'per_client': None}
+    if config.evaluate_per_client:
+      personal = simulation.evaluate_personal_per_client(
+          process, state, task, store, include_train=True)
+      result.update(program.write_per_client(
+          process, state, task, output_dir, round_num, extra=personal))
+    return result
 
 
 def main(argv: Sequence[str]) -> int:
@@ -516,7 +518,7 @@ def main(argv: Sequence[str]) -> int:
     if not algorithms.AlgorithmSpec(values.algorithm).is_stateful:
       raise ValueError(f'--algorithm={values.algorithm} keeps no client '
                        'state; run it with python -m run.program')
-    task, process, sim_config, out_dir = train.prepare()[:4]
+    task, process, sim_config, out_dir = train.prepare('stateful_program')[:4]
     config = program.ProgramConfig(
         total_rounds=sim_config.total_rounds,
         clients_per_round=sim_config.clients_per_round)
@@ -525,6 +527,9 @@ def main(argv: Sequence[str]) -> int:
   except (ValueError, TypeError, OSError) as e:
     print(f'program: error: {e}', file=sys.stderr)
     return 2
+  except run_dir.RunDirError as e:  # The folder is busy or another's.
+    print(f'program: error: {e}', file=sys.stderr)
+    return 1
   try:
     result = run_stateful_program(
         process, task_name=values.task, task_kwargs=train.task_kwargs(),
@@ -534,7 +539,7 @@ def main(argv: Sequence[str]) -> int:
         client_state_store=values.client_state_store,
         settings={k: v for k, v in train.hparams().items()
                   if k not in ('progress', 'root_output_dir', 'data_dir')})
-  except (program.ProgramError, task_base.TaskError,
+  except (program.ProgramError, task_base.TaskError, run_dir.RunDirError,
           client_states_lib.ClientStateError, ValueError) as e:
     print(f'program: error: {e}', file=sys.stderr)
     return 1
@@ -551,7 +556,8 @@ def main(argv: Sequence[str]) -> int:
 def run_main() -> None:
   """Console-script entry point."""
   flags.adopt_module_key_flags(train)  # --help lists the training flags.
-  console.run(__name__, lambda argv: runtime.exit_now(main(argv)))
+  console.run(__name__, lambda argv: runtime.exit_now(main(argv)),
+              prog='program')
 
 
 if __name__ == '__main__':

@@ -31,6 +31,7 @@ from run import console
 from run import privacy_setup
 from run import contexts
 from run import engines
+from run import run_dir
 from run import simulation
 from tasks import base as task_base
 from tasks import download
@@ -335,8 +336,42 @@ def num_classes_for_attack() -> int:
       f'{_TASK.value}')
 
 
+def _in_range(flag: str, value: float, low: float, high: float, *,
+              low_open: bool = False, high_open: bool = True) -> None:
+  ok = ((low < value if low_open else low <= value) and
+        (value < high if high_open else value <= high))
+  if not ok or value != value:  # NaN fails every comparison.
+    raise UsageError(
+        f'--{flag} must be in {"(" if low_open else "["}{low:g}, {high:g}'
+        f'{")" if high_open else "]"}, got {value}')
+
+
+def check_task_flags() -> None:
+  """Checks the task flags, naming them as the user typed them.
+
+  The tasks' own messages name their keyword arguments (`test_fraction`
+  stands for two flags there).
+  """
+  _in_range('test_clients_fraction', _TEST_CLIENTS.value, 0, 1)
+  if _TASK.value in registry.SYNTHETIC_TASKS:
+    _in_range('synthetic_test_fraction', _TEST_FRACTION.value, 0, 1,
+              low_open=True)
+    _in_range('synthetic_validation_fraction', _VAL_FRACTION.value, 0,
+              1 - _TEST_FRACTION.value)
+    for flag in (_ALPHA, _BETA):
+      _in_range(flag.name, flag.value, 0, float('inf'))
+    if _SIZE_LAW.value not in synthetic.SIZE_LAWS:
+      raise UsageError(f'unknown --synthetic_size_law={_SIZE_LAW.value!r}; '
+                       f'choose one of: {", ".join(synthetic.SIZE_LAWS)}')
+  if _MIN_EXAMPLES.value < 0:
+    raise UsageError(f'--min_examples must be >= 0, got {_MIN_EXAMPLES.value}')
+  if _MAX_CLIENTS.value is not None and _MAX_CLIENTS.value < 1:
+    raise UsageError(f'--max_clients must be >= 1, got {_MAX_CLIENTS.value}')
+
+
 def task_kwargs() -> dict:
   """Arguments of `tasks.registry.create_task` from the flags."""
+  check_task_flags()
   name = _TASK.value
   if name not in registry.TASK_NAMES:
     raise UsageError(
@@ -423,11 +458,20 @@ def hparams() -> dict:
 
 
 def experiment_dir() -> str:
+  """The run's folder; raises `UsageError` if it cannot hold a run.
+
+  Checked before anything is created (`run.run_dir.check_output_dir`).
+  """
   name = _EXPERIMENT.value or (
       f'{_TASK.value}_{_ALGORITHM.value}_seed{_SEED.value}')
   if not name or '/' in name or name in ('.', '..'):
     raise UsageError(f'--experiment_name must be a plain folder name, got {name!r}')
-  return os.path.join(_ROOT.value, name)
+  if not _ROOT.value:
+    raise UsageError('--root_output_dir must name a folder, got an empty one')
+  run_dir.check_output_dir(_ROOT.value, flag='--root_output_dir')
+  path = os.path.join(_ROOT.value, name)
+  run_dir.check_output_dir(path, flag='--experiment_name')
+  return path
 
 
 def _parse_floats(flag: str, values: list[str]) -> tuple[float, ...]:
@@ -439,8 +483,14 @@ def _parse_floats(flag: str, values: list[str]) -> tuple[float, ...]:
         f'{",".join(values)!r}') from None
 
 
-def prepare():
-  """Validates the flags and builds `(task, process, config, out_dir)`."""
+def prepare(writer: str = 'train'):
+  """Validates the flags and builds `(task, process, config, out_dir)`.
+
+  Args:
+    writer: What will write the output folder (a `run.run_dir.WRITERS`
+      key): a folder in use or another writer's is refused before anything
+      is built (`run.run_dir.RunDirError`).
+  """
   spec = algorithms.AlgorithmSpec(
       name=_ALGORITHM.value,
       client_optimizer=_CLIENT_OPT.value,
@@ -581,6 +631,11 @@ def prepare():
     engine = engines.build_batched_engine(spec, task, shuffle=config.shuffle)
   elif _ENGINE.value == 'stacked':
     engine = engines.build_stacked_engine(spec, task, shuffle=config.shuffle)
+  # Last: bad input is reported before a busy or foreign folder.
+  run_dir.check_available(out_dir, writer)
+  if writer == 'train':  # Checked again (locked) when the run starts.
+    simulation.check_settings(out_dir, hparams(),
+                              ignore=frozenset({'dp_noise_multiplier_used'}))
   print(f'task: {task.description}', file=sys.stderr)
   print(f'algorithm: {spec.describe()}; output: {out_dir}', file=sys.stderr)
   if attack.kind != 'none':
@@ -652,14 +707,18 @@ def main(argv) -> int:
       # Bad flags or missing data files: one line, no traceback.
       print(f'train: error: {e}', file=sys.stderr)
       return 2
+    except (run_dir.RunDirError, simulation.SimulationError) as e:
+      # The folder is busy, another binary's or another run's.
+      print(f'train: error: {e}', file=sys.stderr)
+      return 1
     try:
       train(*job)
-    except (simulation.SimulationError, task_base.TaskError) as e:
+    except (simulation.SimulationError, task_base.TaskError,
+            run_dir.RunDirError) as e:
       print(f'train: error: {e}', file=sys.stderr)
       return 1
     except KeyboardInterrupt:
-      print('train: interrupted; rerun the same command to resume from the '
-            'last checkpoint', file=sys.stderr)
+      print(console.interrupted_message('train'), file=sys.stderr)
       return 130
   finally:
     runtime.kill_workers()
@@ -668,7 +727,8 @@ def main(argv) -> int:
 
 def run_main() -> None:
   """Console-script entry point."""
-  console.run(__name__, lambda argv: runtime.exit_now(main(argv)))
+  console.run(__name__, lambda argv: runtime.exit_now(main(argv)),
+              prog='train')
 
 
 if __name__ == '__main__':

@@ -729,23 +729,11 @@ def _exit(code: int) -> None:
   os._exit(code)  # pylint: disable=protected-access
 
 
-def _parse_flags(argv):
-  from absl import flags  # pylint: disable=g-import-not-at-top
-  try:
-    return flags.FLAGS(argv)
-  except flags.Error as e:
-    print(f'shakespeare_text: error: {e}', file=sys.stderr)
-    _exit(2)
-  except SystemExit as e:  # --help and friends.
-    _exit(e.code if isinstance(e.code, int) else 0)
-
-
 def run_main() -> None:
   """The binary `python -m tasks.shakespeare_text` (tff-hetero-shakespeare-text)."""
   from run import console  # pylint: disable=g-import-not-at-top
   define_flags()
-  console.run(__name__, lambda argv: _exit(main(argv)),
-              flags_parser=_parse_flags)
+  console.run(__name__, lambda argv: _exit(main(argv)))
 
 
 if __name__ == '__main__':

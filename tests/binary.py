@@ -36,3 +36,28 @@ def run_train(args, out_dir, timeout=400):
 def error_lines(stderr: str) -> list[str]:
   """The non-blank lines of `stderr`."""
   return [line for line in stderr.splitlines() if line.strip()]
+
+
+def call_main(main, prog, args):
+  """`(exit status, stderr)` of a binary's `main` run in this process.
+
+  As `run.console.run` runs it (flags parsed first, reset to their
+  defaults before), without a new Python process: for the many bad-input
+  checks that fail before any training.
+  """
+  import tempfile  # pylint: disable=g-import-not-at-top
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  from run import console  # pylint: disable=g-import-not-at-top
+
+  flags.FLAGS.unparse_flags()
+  # Real files: TFF hands sys.stdout / sys.stderr to the worker it starts.
+  with tempfile.TemporaryFile('w+') as err, tempfile.TemporaryFile(
+      'w+') as out:
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
+      try:
+        code = main(console.flags_parser(prog)([prog] + list(args)))
+      except SystemExit as e:
+        code = e.code
+    flags.FLAGS.unparse_flags()
+    err.seek(0)
+    return code, err.read()

@@ -10,6 +10,11 @@ CI step that reads the script's output waits for it forever.
 exits normally, on an uncaught exception, and on SIGTERM, SIGINT or SIGHUP.
 A SIGKILL cannot be caught: callers that may SIGKILL a run should start it in
 its own process group and kill the group (the test suite and `.ci/run` do).
+
+On a signal, TFF must first be stopped from starting workers: its executor
+service manager starts a replacement as soon as it finds its worker gone, so
+a cleanup that only ends the workers leaves the replacement behind
+(`stop_new_workers`).
 """
 
 import atexit
@@ -21,9 +26,47 @@ from typing import Optional
 
 WORKER_NAME = 'worker_binary'
 _installed = False
+_interrupted = False
 
 
-def _read_stat(pid: int) -> Optional[tuple[str, int]]:
+class _NoNewProcesses:
+  """Stands in for the `subprocess` module of TFF's executor factory."""
+
+  class Popen:  # Never an instance: the service manager's `__del__` skips.
+
+    def __init__(self, *args, **kwargs):
+      del args, kwargs
+      raise RuntimeError('the process is shutting down: no new TFF worker')
+
+
+def _note_signal() -> None:
+  global _interrupted
+  _interrupted = True
+
+
+def shutting_down() -> bool:
+  """Whether a signal asked this process to end (its TFF calls may fail)."""
+  return _interrupted
+
+
+def stop_new_workers() -> None:
+  """From now on TFF's local executor factory cannot start a worker.
+
+  Its service manager restarts the worker whenever it finds it gone, so
+  ending the workers while a computation runs would only replace them; after
+  this call a restart fails instead (the computation raises). Also
+  silences the service managers' `__del__`.
+  """
+  import sys  # pylint: disable=g-import-not-at-top
+
+  factory = sys.modules.get(
+      'tensorflow_federated.python.core.impl.executor_stacks.executor_factory')
+  if factory is not None:
+    factory.subprocess = _NoNewProcesses
+
+
+def _read_stat(pid: int) -> Optional[tuple[str, str, int]]:
+  """`(comm, state, ppid)` of `pid`, or None if there is no such process."""
   try:
     with open(f'/proc/{pid}/stat', 'rb') as f:
       stat = f.read().decode('utf-8', 'replace')
@@ -33,7 +76,7 @@ def _read_stat(pid: int) -> Optional[tuple[str, int]]:
   close = stat.rfind(')')
   comm = stat[stat.find('(') + 1:close]
   fields = stat[close + 2:].split()
-  return comm, int(fields[1])
+  return comm, fields[0], int(fields[1])
 
 
 def worker_pids(parent: Optional[int] = None) -> list[int]:
@@ -47,9 +90,9 @@ def worker_pids(parent: Optional[int] = None) -> list[int]:
     info = _read_stat(int(entry))
     if info is None:
       continue
-    comm, ppid = info
-    if not comm.startswith(WORKER_NAME[:15]):  # comm is cut at 15 chars.
-      continue
+    comm, state, ppid = info
+    if not comm.startswith(WORKER_NAME[:15]) or state == 'Z':
+      continue  # comm is cut at 15 chars; a zombie has ended.
     if parent is None or ppid == parent:
       pids.append(int(entry))
   return sorted(pids)
@@ -82,17 +125,32 @@ def kill_workers(parent: Optional[int] = None, timeout: float = 5.0) -> int:
 
 
 def _alive(pid: int) -> bool:
-  with contextlib.suppress(ChildProcessError):  # Not our child: probe only.
-    done, _ = os.waitpid(pid, os.WNOHANG)
-    if done == pid:
-      return False
+  # A zombie has ended. It is not reaped here: TFF's service manager may
+  # still signal or wait for it, and a reaped pid would raise there.
   info = _read_stat(pid)
-  return info is not None
+  return info is not None and info[1] != 'Z'
+
+
+def end_all_workers(settle: float = 0.2) -> None:
+  """Stops TFF from starting workers, then ends them until none is left.
+
+  A worker being started when TFF is stopped (forked, not yet running the
+  worker binary) appears a moment later, so the workers are looked for
+  again until a search `settle` seconds after the last finds none.
+  """
+  stop_new_workers()
+  deadline = time.monotonic() + 10.0
+  kill_workers()
+  while time.monotonic() < deadline:
+    time.sleep(settle)
+    if not kill_workers():
+      break
 
 
 def _signal_handler(signum, frame):
   del frame
-  kill_workers()
+  _note_signal()
+  end_all_workers()
   signal.signal(signum, signal.SIG_DFL)
   os.kill(os.getpid(), signum)
 
@@ -103,13 +161,16 @@ def install_worker_cleanup() -> None:
   if _installed:
     return
   _installed = True
-  atexit.register(kill_workers)
+  atexit.register(end_all_workers)
   for signum in (signal.SIGTERM, signal.SIGHUP):
     if signal.getsignal(signum) in (signal.SIG_DFL, None):
       signal.signal(signum, _signal_handler)
   previous_int = signal.getsignal(signal.SIGINT)
 
   def on_interrupt(signum, frame):
+    # Only ends the workers: in a notebook the next computation starts a new
+    # one. A binary ends through `exit_now`, which stops TFF's restarts.
+    _note_signal()
     kill_workers()
     if callable(previous_int):
       previous_int(signum, frame)
@@ -146,7 +207,7 @@ def exit_now(code: int) -> None:
   """
   import sys  # pylint: disable=g-import-not-at-top
 
-  kill_workers()
+  end_all_workers()
   for stream in (sys.stdout, sys.stderr):
     with contextlib.suppress(OSError, ValueError):  # Closed stream.
       stream.flush()

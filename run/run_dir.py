@@ -1,0 +1,273 @@
+# Copyright 2026 The tff-hetero Authors. Licensed under the Apache License 2.0.
+"""A run's output folder: checked before use, locked while used, kept intact.
+
+* `check_output_dir` tells, before anything is created, whether a folder
+  can hold a run's outputs (`OutputDirError`: bad input, one line).
+* `locked` holds an exclusive `fcntl.flock` lock on `<folder>/.lock` for the
+  whole run: a second run of the same folder is refused (`RunDirError`)
+  naming the holder (pid, host, binary, start time, written into the file).
+  The OS releases the lock when its holder dies, so a lock file left by a
+  killed run is stale and taken over. The file also records which writer
+  (`train`: `run.train`'s simulation; `program`, `stateful_program`: the TFF
+  programs) made the folder, and another writer is refused: their files
+  share names (`metrics.csv`) but not their meaning.
+* `CheckpointManager` is TFF's `FileProgramStateManager` whose
+  `load_latest` skips damaged versions (a truncated `variables.data`, an
+  empty folder, a garbage `saved_model.pb`): it falls back to the newest
+  intact one with a one-line warning, renames the damaged ones
+  `damaged_<name>` (kept, never deleted; no longer a version), and raises
+  `RunDirError` when none is intact.
+"""
+
+import contextlib
+import datetime
+import fcntl
+import json
+import os
+import socket
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from typing import Any, Optional
+
+import tensorflow_federated as tff
+
+LOCK_FILE = '.lock'
+WRITERS = {
+    'train': 'run.train (simulation folder: config.json, checkpoints/)',
+    'program': 'run.program (program folder: program_config.json, '
+               'program_state/)',
+    'stateful_program': 'run.stateful_program (program folder: '
+                        'program_config.json, program_state/)',
+}
+DAMAGED_PREFIX = 'damaged_'
+
+
+class OutputDirError(ValueError):
+  """An output location cannot hold a run (bad input)."""
+
+
+class RunDirError(RuntimeError):
+  """A run folder is in use, another writer's, or has no intact checkpoint."""
+
+
+def _printable(text: str) -> str:
+  """`text` for a message: undecodable bytes shown as escapes (`\\xff`)."""
+  return os.fsencode(text).decode('utf-8', 'backslashreplace')
+
+
+def _cannot_write(path: str, error: OSError) -> str:
+  return f'cannot write in {_printable(path)}: {error.strerror or error}'
+
+
+def check_output_dir(path: str, *, flag: str = 'output folder') -> None:
+  """Raises `OutputDirError` if `path` cannot hold a run's outputs.
+
+  Nothing is created: an existing folder must be a writable folder (a file
+  is probed there and removed), a missing one must have a writable nearest
+  existing ancestor folder. Names must be valid UTF-8 (the outputs' JSON and
+  CSV files record them).
+
+  Args:
+    path: The run's folder.
+    flag: What named it, for the message (e.g. `--experiment_name`).
+  """
+  try:
+    path.encode('utf-8')
+  except UnicodeEncodeError:
+    raise OutputDirError(
+        f'{flag}: {_printable(path)} is not valid UTF-8; use a UTF-8 '
+        'folder name') from None
+  probe_dir = path
+  while not os.path.lexists(probe_dir):
+    parent = os.path.dirname(os.path.abspath(probe_dir))
+    if parent == os.path.abspath(probe_dir):
+      break
+    probe_dir = parent
+  if not os.path.isdir(probe_dir):
+    kind = 'a file' if os.path.exists(probe_dir) else 'a broken link'
+    raise OutputDirError(
+        f'{flag}: {_printable(probe_dir)} is {kind}, not a folder')
+  try:
+    fd, probe = tempfile.mkstemp(prefix='.write-probe-', dir=probe_dir)
+  except OSError as e:
+    what = '' if probe_dir == path else f' (to create {_printable(path)})'
+    raise OutputDirError(f'{flag}: {_cannot_write(probe_dir, e)}{what}'
+                         ) from None
+  os.close(fd)
+  os.unlink(probe)
+
+
+def _read_record(lock_path: str) -> dict[str, Any]:
+  try:
+    with open(lock_path, encoding='utf-8') as f:
+      record = json.load(f)
+  except (OSError, ValueError):
+    return {}
+  return record if isinstance(record, dict) else {}
+
+
+def _holder(record: dict[str, Any]) -> str:
+  if 'pid' not in record:
+    return 'another process'
+  return (f'{record.get("binary", "a run")} (pid {record["pid"]} on '
+          f'{record.get("host", "?")}, started {record.get("started", "?")})')
+
+
+def _inferred_writer(path: str) -> Optional[str]:
+  """The writer of a folder made before writers were recorded."""
+  exists = lambda name: os.path.exists(os.path.join(path, name))
+  if exists('program_config.json') or exists('program_state'):
+    return 'program'
+  if exists('config.json') or exists('checkpoints'):
+    return 'train'
+  return None
+
+
+def _same_writer(recorded: str, writer: str, inferred: bool) -> bool:
+  if inferred and recorded == 'program':  # Either program binary.
+    return writer in ('program', 'stateful_program')
+  return recorded == writer
+
+
+def _check_writer(path: str, record: dict[str, Any], writer: str) -> None:
+  recorded, inferred = record.get('writer'), False
+  if recorded is None:
+    recorded, inferred = _inferred_writer(path), True
+  if recorded is not None and not _same_writer(recorded, writer, inferred):
+    raise RunDirError(
+        f'{_printable(path)} was written by '
+        f'{WRITERS.get(recorded, recorded)}; {WRITERS[writer].split()[0]} '
+        'cannot continue it: use another --experiment_name')
+
+
+def _busy(path: str, lock_path: str) -> RunDirError:
+  return RunDirError(
+      f'{_printable(path)} is in use by {_holder(_read_record(lock_path))}; '
+      'wait for it to end, or use another --experiment_name')
+
+
+def check_available(path: str, writer: str) -> None:
+  """Raises `RunDirError` now if `locked(path, writer)` would refuse.
+
+  Creates nothing: for a binary to refuse before it builds anything. The
+  lock itself is taken by `locked`.
+  """
+  if not os.path.isdir(path):
+    return
+  lock_path = os.path.join(path, LOCK_FILE)
+  try:
+    fd = os.open(lock_path, os.O_RDONLY)
+  except OSError:  # No lock file: a folder from before locks, or new.
+    _check_writer(path, {}, writer)
+    return
+  try:
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      raise _busy(path, lock_path) from None
+    _check_writer(path, _read_record(lock_path), writer)
+  finally:
+    os.close(fd)
+
+
+@contextlib.contextmanager
+def locked(path: str, writer: str, *,
+           binary: Optional[str] = None) -> Iterator[None]:
+  """Holds `path`'s run lock (creating the folder) for the `with` body.
+
+  Args:
+    path: The run's folder.
+    writer: A `WRITERS` key: what writes the folder.
+    binary: Named in the lock for a refused second run (default: this
+      process's command).
+
+  Raises:
+    RunDirError: If another process holds the lock, another writer made the
+      folder, or the folder cannot be created or written.
+  """
+  if writer not in WRITERS:
+    raise ValueError(f'unknown writer {writer!r}; one of {sorted(WRITERS)}')
+  lock_path = os.path.join(path, LOCK_FILE)
+  try:
+    os.makedirs(path, exist_ok=True)
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+  except OSError as e:
+    raise RunDirError(_cannot_write(path, e)) from None
+  try:
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      raise _busy(path, lock_path) from None
+    _check_writer(path, _read_record(lock_path), writer)
+    record = {
+        'writer': writer, 'pid': os.getpid(), 'host': socket.gethostname(),
+        'binary': binary or _command(),
+        'started': datetime.datetime.now().isoformat(timespec='seconds')}
+    try:
+      os.ftruncate(fd, 0)
+      os.pwrite(fd, (json.dumps(record) + '\n').encode('utf-8'), 0)
+    except OSError as e:
+      raise RunDirError(_cannot_write(path, e)) from None
+    yield
+  finally:
+    os.close(fd)  # Releases the lock.
+
+
+def _command() -> str:
+  main = sys.modules.get('__main__')
+  spec = getattr(main, '__spec__', None)
+  if spec is not None and spec.name:
+    return f'python -m {spec.name}'
+  return os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else (
+      'python')
+
+
+def _reason(error: Exception) -> str:
+  text = ' '.join(str(error).split()) or type(error).__name__
+  return text if len(text) <= 160 else text[:157] + '...'
+
+
+class CheckpointManager(tff.program.FileProgramStateManager):
+  """A `FileProgramStateManager` that resumes from the newest intact version.
+
+  `load_latest` tries the versions newest first; a version that cannot be
+  loaded is renamed `damaged_<name>` (so saving that version again works and
+  the old-version clean-up never deletes it) with a one-line warning to
+  `log`. If none loads, `RunDirError` names them.
+  """
+
+  def __init__(self, root_dir: str, *,
+               log: Callable[[str], None] = lambda s: print(s, file=sys.stderr),
+               **kwargs):
+    super().__init__(root_dir, **kwargs)
+    self._log = log
+    self._root = root_dir
+
+  async def load_latest(self, structure):
+    versions = await self.get_versions()
+    if versions is None:
+      return None, 0
+    damaged = []
+    for version in reversed(versions):
+      try:
+        return await self.load(version, structure), version
+      except Exception as e:  # pylint: disable=broad-except
+        name = os.path.basename(self._get_path_for_version(version))
+        kept = self._set_aside(name)
+        damaged.append(kept)
+        self._log(f'warning: skipped the damaged checkpoint {name} in '
+                  f'{self._root} ({type(e).__name__}: {_reason(e)}); kept as '
+                  f'{kept}')
+    raise RunDirError(
+        f'no intact checkpoint in {self._root} (damaged, kept: '
+        f'{", ".join(damaged)}); remove that folder to start over')
+
+  def _set_aside(self, name: str) -> str:
+    for i in range(1000):
+      kept = f'{DAMAGED_PREFIX}{name}' + (f'.{i}' if i else '')
+      if not os.path.lexists(os.path.join(self._root, kept)):
+        os.rename(os.path.join(self._root, name),
+                  os.path.join(self._root, kept))
+        return kept
+    raise RunDirError(f'too many damaged checkpoints in {self._root}')

@@ -37,5 +37,7 @@ def test_argmin_of_mean_loss_is_lambda_star():
   losses = ditto_theorem7.benign_losses(
       lambdas, sigma2=1.0, n=10, tau2=0.1, num_devices=20, num_attackers=0,
       tau2_attack=0.0, draws=4000, seed=0)
-  best_mean, best_var, _, _ = ditto_theorem7.argmins(lambdas, losses, 1.0)
-  assert best_mean == 1.0 and best_var == 1.0  # lambda* = 1 is a grid point.
+  best_mean, best_var, best_pooled, _, _ = ditto_theorem7.argmins(
+      lambdas, losses, 1.0)
+  # lambda* = 1 is a grid point.
+  assert best_mean == 1.0 and best_var == 1.0 and best_pooled == 1.0

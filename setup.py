@@ -38,6 +38,8 @@ BINARIES = (
     'run.fedplus_regression',
     'run.privacy_experiments',
     'run.numpy_sim',
+    'run.fedprox_sim',
+    'run.ditto_theorem7',
     'run.download',
     'tasks.shakespeare_text',
 )

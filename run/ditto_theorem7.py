@@ -25,7 +25,6 @@ over benign devices on a fine lambda grid, per seed.
 
 import sys
 
-from absl import app
 from absl import flags
 import numpy as np
 
@@ -127,6 +126,12 @@ def main(argv) -> int:
   return 0
 
 
-if __name__ == '__main__':
+def run_main() -> None:
+  """Console-script entry point."""
+  from run import console  # pylint: disable=g-import-not-at-top
   define_flags()
-  app.run(lambda argv: sys.exit(main(argv)))
+  console.run(__name__, lambda argv: sys.exit(main(argv)))
+
+
+if __name__ == '__main__':
+  run_main()

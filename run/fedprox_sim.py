@@ -36,7 +36,6 @@ if not (3, 9) <= sys.version_info[:2] <= (3, 11):
 import dataclasses
 import time
 
-from absl import app
 from absl import flags
 import numpy as np
 
@@ -302,6 +301,12 @@ def main(argv) -> int:
   return 0
 
 
-if __name__ == '__main__':
+def run_main() -> None:
+  """Console-script entry point."""
+  from run import console  # pylint: disable=g-import-not-at-top
   define_flags()
-  app.run(lambda argv: sys.exit(main(argv)))
+  console.run(__name__, lambda argv: sys.exit(main(argv)))
+
+
+if __name__ == '__main__':
+  run_main()

@@ -11,6 +11,7 @@ import tensorflow_federated as tff
 from tasks import synthetic
 from tasks import tail_metrics
 from tests import oracles
+from tests import quantile_oracles
 from tff_algos import composition
 from tff_algos import delta_fl
 from tff_algos import fed_avg
@@ -63,7 +64,7 @@ def delta_fl_oracle(rounds, theta, *, strict=False, uniform=False,
                        for x, y in round_clients])
     alphas = np.ones(len(losses)) if uniform else np.array(
         [len(y) for _, y in round_clients], float)
-    eta = tail_metrics.weighted_quantile(losses, 1 - theta, alphas)
+    eta = quantile_oracles.weighted_quantile(losses, 1 - theta, alphas)
     kept = losses > eta if strict else losses >= eta
     models = []
     for (x, y), keep in zip(round_clients, kept):

@@ -306,7 +306,8 @@ def test_private_tracks_unweighted_quantile_across_rounds():
     state = est.next(state, list(x))
   got = est.report(state)
   q = oracles.weighted_quantile(x, 0.8)  # Unweighted: the process ignores a_k.
-  assert abs(got - q) <= 0.15 * q
+  # 1.881 against q = 1.954 (the module docstring's number): within 4%.
+  assert abs(got - q) <= 0.04 * q
   # `estimate` = num_steps rounds from the initial state, weights ignored.
   state = est.initialize()
   for _ in range(3):

@@ -100,6 +100,16 @@ def test_accounted_event_is_the_event_tff_releases(adaptive):
                                                   rel=1e-6)
 
 
+def test_adaptive_clip_noise_split_closed_form():
+  # z^-2 = z_value^-2 + (2 s)^-2 with s = 0.05 m by default.
+  value, count = accounting.adaptive_clip_noise_split(1.0, 100)
+  assert count == pytest.approx(5.0)
+  assert value == pytest.approx((1.0 - 0.1**2)**-0.5)
+  value, count = accounting.adaptive_clip_noise_split(0.5, 10, 2.0)
+  assert (value, count) == (pytest.approx((4.0 - 0.25**2)**-0.5), 2.0)
+  assert accounting.adaptive_clip_noise_split(0.0, 10) == (0.0, 0.0)
+
+
 def test_delta_fl_private_quantile_is_counted_in_the_budget():
   base = accounting.DpMechanism(1.0, 10, 100, 'poisson')
   with_q = accounting.DpMechanism(1.0, 10, 100, 'poisson',

@@ -82,6 +82,17 @@ def delta_fl_oracle(rounds, theta, *, strict=False, uniform=False,
   return w, b
 
 
+def test_keep_client_rule_and_its_slack():
+  # ">=" against eta - slack (a secure estimate may lie slack above eta).
+  assert delta_fl.keep_client(0.95, 1.0, strict=False, slack=0.1)
+  assert not delta_fl.keep_client(0.85, 1.0, strict=False, slack=0.1)
+  assert delta_fl.keep_client(1.0, 1.0, strict=False)
+  assert not delta_fl.keep_client(0.999, 1.0, strict=False)
+  # ">" ignores the slack.
+  assert not delta_fl.keep_client(1.0, 1.0, strict=True, slack=0.1)
+  assert delta_fl.keep_client(1.001, 1.0, strict=True)
+
+
 @pytest.mark.parametrize('theta, strict, uniform, decay', [
     (0.5, False, False, 0.0), (0.2, False, False, 0.0), (0.5, True, False, 0.0),
     (0.6, False, True, 0.01)])

@@ -143,7 +143,7 @@ def message_oracle(loss, dw, q, lipschitz, floor=1e-8):
 
 @pytest.mark.parametrize('loss, q', [
     (0.0, 0.5), (1e-12, 0.5), (1e-11, 0.25), (0.3, 0.5), (1e-12, 2.0),
-    (2.0, 0.0), (1.7, 3.0)])
+    (2.0, 0.0), (1.7, 3.0), (1.3, 1.0)])
 def test_client_message_and_its_loss_floor(loss, q):
   rng = np.random.default_rng(4)
   dw = [rng.normal(size=(3, 2)).astype(np.float32),
@@ -176,6 +176,8 @@ def test_server_update_divides_by_the_sum_of_h():
   new = q_ffl.q_ffl_server_update(w, d, tf.constant(4.0))
   np.testing.assert_allclose(new[0].numpy(), [0.875, -2.0625])
   assert float(new[1]) == pytest.approx(3.25)
+  small = q_ffl.q_ffl_server_update(w, d, tf.constant(0.5))  # 0 < h < 1.
+  np.testing.assert_allclose(small[0].numpy(), [0.0, -2.5])
   same = q_ffl.q_ffl_server_update(w, d, tf.constant(0.0))
   np.testing.assert_array_equal(same[0].numpy(), [1.0, -2.0])
   assert float(same[1]) == 3.0

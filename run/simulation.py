@@ -759,6 +759,22 @@ def _client_state_store(process, task, outputs, store):
   return store
 
 
+def select_personal_models(validation_losses) -> list[int]:
+  """Each client's personal model: the index of its lowest validation loss.
+
+  Thesis section 5.3 ("each device selects lambda locally"): with a Ditto
+  lambda grid, client k uses the model g = argmin_g loss_k[g]; ties go to
+  the first (smallest index) model.
+
+  Args:
+    validation_losses: One vector of G losses per client.
+
+  Returns:
+    The selected index per client.
+  """
+  return [int(np.argmin(losses)) for losses in validation_losses]
+
+
 def evaluate_personal_per_client(
     process: stateful.StatefulClientsProcess,
     state,
@@ -791,7 +807,7 @@ def evaluate_personal_per_client(
         val_rows = process.evaluate_personal(
             state, client_states,
             [task.eval_dataset(cid, 'validation') for cid in chunk])
-        best = [int(np.argmin(r['loss'])) for r in val_rows]
+        best = select_personal_models([r['loss'] for r in val_rows])
       else:
         best = [0] * len(chunk)
       test_rows = process.evaluate_personal(

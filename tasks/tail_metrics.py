@@ -244,7 +244,7 @@ def _tail_count(size: int, fraction: float) -> int:
   fraction = _check_real(fraction, 'fraction')
   if not 0.0 < fraction <= 1.0:
     raise ValueError(f'fraction must be in (0, 1], got {fraction}')
-  # The slack keeps e.g. ceil(0.1 * 30) == 3 despite 0.1 * 30 == 3.0000000004.
+  # The slack keeps ceil(0.28 * 25) == 7 although 0.28 * 25 > 7 in floats.
   return max(1, math.ceil(fraction * size * (1.0 - _SLACK)))
 
 

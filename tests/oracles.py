@@ -122,13 +122,27 @@ def project_simplex_bisection(v, iters=200):
   return np.maximum(v - (lo + hi) / 2, 0)
 
 
-def afl_rounds(w, b, clients, rounds, *, lr_w, lr_lambda):
-  """AFL with all clients every round and full local gradients."""
+def afl_rounds(w, b, clients, rounds, *, lr_w, lr_lambda,
+               participants=None):
+  """AFL with full local gradients; all clients every round by default.
+
+  `participants[t]` (optional) lists the client indices of round t: the
+  descent step averages their gradients with weights lambda_k (normalised
+  over them), and only their coordinates of lambda get the ascent step
+  before the projection.
+  """
   mix = np.full(len(clients), 1.0 / len(clients))
-  for _ in range(rounds):
-    losses = np.array([softmax_regression_loss(w, b, x, y) for x, y in clients])
-    grads = [softmax_regression_grads(w, b, x, y) for x, y in clients]
-    w = w - lr_w * sum(m * g[0] for m, g in zip(mix, grads)) / mix.sum()
-    b = b - lr_w * sum(m * g[1] for m, g in zip(mix, grads)) / mix.sum()
+  for t in range(rounds):
+    part = range(len(clients)) if participants is None else participants[t]
+    losses = np.zeros(len(clients))
+    gw, gb = np.zeros_like(w), np.zeros_like(b)
+    for k in part:
+      x, y = clients[k]
+      losses[k] = softmax_regression_loss(w, b, x, y)
+      g = softmax_regression_grads(w, b, x, y)
+      gw, gb = gw + mix[k] * g[0], gb + mix[k] * g[1]
+    total = sum(mix[k] for k in part)
+    if total > 0:
+      w, b = w - lr_w * gw / total, b - lr_w * gb / total
     mix = project_simplex_bisection(mix + lr_lambda * losses)
   return w, b, mix

@@ -2,17 +2,33 @@
 """NumPy float64 oracles for the estimators of `tff_algos/quantiles.py`.
 
 Written from the spec (Delta-FL appendix B.1, eq. (17), spec B.7) and the
-Property-7 convention of `tasks.tail_metrics.weighted_quantile`, independently
-of the TFF code: the tests compare the two step by step.
+Property-7 convention (spec B.3), independently of the project's code (no
+import of `tasks` or `tff_algos`): the tests compare the two step by step.
 """
 
 from typing import Optional
 
 import numpy as np
 
-from tasks import tail_metrics
-
 SLACK = 1e-10
+
+
+def _support(values, weights):
+  x = np.asarray(values, np.float64).ravel()
+  a = (np.ones_like(x) if weights is None
+       else np.asarray(weights, np.float64).ravel())
+  return x[a > 0], a[a > 0]
+
+
+def weighted_quantile(values, level: float, weights=None) -> float:
+  """The smallest p-quantile: smallest v with weight of {x <= v} >= p.
+
+  Property 7 (spec B.3) by brute force over the candidate values: no
+  sorting, cumulative sums or interpolation.
+  """
+  x, a = _support(values, weights)
+  need = (level - SLACK) * a.sum()
+  return float(min(v for v in x if a[x <= v].sum() >= need))
 
 
 def upper_weighted_quantile(values, level: float, weights=None) -> float:
@@ -21,8 +37,9 @@ def upper_weighted_quantile(values, level: float, weights=None) -> float:
   The minimisers of the quantile loss H_p (appendix B.1) form the interval
   [weighted_quantile(p), upper_weighted_quantile(p)].
   """
-  values = -np.asarray(values, np.float64)
-  return -tail_metrics.weighted_quantile(values, 1.0 - level, weights)
+  x, a = _support(values, weights)
+  need = (1.0 - level - SLACK) * a.sum()
+  return float(max(v for v in x if a[x >= v].sum() >= need))
 
 
 def clean_values(values, lower: float, upper: float) -> np.ndarray:

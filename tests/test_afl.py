@@ -58,6 +58,31 @@ def test_afl_matches_numpy_oracle(clients):
       [oracles.softmax_regression_loss(w, b, x, y) for x, y in clients])
 
 
+def test_partial_participation_matches_numpy_oracle(clients):
+  """Only the round's clients: lambda-weighted mean of their gradients,
+  ascent on their coordinates only (then the projection)."""
+  process = afl.build_afl(synthetic.create_softmax_regression_model_fn(),
+                          num_clients=3, model_learning_rate=0.5,
+                          mixture_learning_rate=0.3)
+  participants = [[0, 2], [1], [2, 1], [0]]
+  state = process.initialize()
+  everyone = inputs(clients)
+  for part in participants:
+    state = process.next(state, [everyone[k] for k in part]).state
+  w, b = composition.model_weights_as_numpy(process, state)
+  w_ref, b_ref, mix_ref = oracles.afl_rounds(
+      np.zeros((60, 10)), np.zeros(10), clients, 4, lr_w=0.5, lr_lambda=0.3,
+      participants=participants)
+  np.testing.assert_allclose(w, w_ref, rtol=1e-4, atol=2e-6)
+  np.testing.assert_allclose(b, b_ref, rtol=1e-4, atol=2e-6)
+  np.testing.assert_allclose(state.client_work, mix_ref, atol=1e-5)
+  # Partial participation matters: the full-participation oracle differs.
+  w_all, _, mix_all = oracles.afl_rounds(
+      np.zeros((60, 10)), np.zeros(10), clients, 4, lr_w=0.5, lr_lambda=0.3)
+  assert np.abs(mix_all - mix_ref).max() > 1e-2
+  assert np.abs(w_all - w_ref).max() > 1e-3
+
+
 def test_zero_mixture_rate_is_fedsgd_with_simple_average(clients):
   process = afl.build_afl(synthetic.create_softmax_regression_model_fn(),
                           num_clients=3, model_learning_rate=0.5,

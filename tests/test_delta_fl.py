@@ -11,6 +11,7 @@ import tensorflow_federated as tff
 from tasks import synthetic
 from tasks import tail_metrics
 from tests import oracles
+from tests import quantile_oracles
 from tff_algos import composition
 from tff_algos import delta_fl
 from tff_algos import fed_avg
@@ -63,7 +64,7 @@ def delta_fl_oracle(rounds, theta, *, strict=False, uniform=False,
                        for x, y in round_clients])
     alphas = np.ones(len(losses)) if uniform else np.array(
         [len(y) for _, y in round_clients], float)
-    eta = tail_metrics.weighted_quantile(losses, 1 - theta, alphas)
+    eta = quantile_oracles.weighted_quantile(losses, 1 - theta, alphas)
     kept = losses > eta if strict else losses >= eta
     models = []
     for (x, y), keep in zip(round_clients, kept):
@@ -79,6 +80,17 @@ def delta_fl_oracle(rounds, theta, *, strict=False, uniform=False,
     w = sum(ai * m[0] for ai, m in zip(a, models))
     b = sum(ai * m[1] for ai, m in zip(a, models))
   return w, b
+
+
+def test_keep_client_rule_and_its_slack():
+  # ">=" against eta - slack (a secure estimate may lie slack above eta).
+  assert delta_fl.keep_client(0.95, 1.0, strict=False, slack=0.1)
+  assert not delta_fl.keep_client(0.85, 1.0, strict=False, slack=0.1)
+  assert delta_fl.keep_client(1.0, 1.0, strict=False)
+  assert not delta_fl.keep_client(0.999, 1.0, strict=False)
+  # ">" ignores the slack.
+  assert not delta_fl.keep_client(1.0, 1.0, strict=True, slack=0.1)
+  assert delta_fl.keep_client(1.001, 1.0, strict=True)
 
 
 @pytest.mark.parametrize('theta, strict, uniform, decay', [

@@ -129,6 +129,35 @@ def test_ditto_with_clipping_aggregator_matches_oracle(clients):
   assert np.abs(w_mean - w_ref).max() > 1e-3
 
 
+def test_diverged_personal_model_is_kept_and_counted(clients):
+  """lambda eta_l = 1000: v - w^t grows ~1000x a step and overflows."""
+  process = ditto.build_ditto(
+      synthetic.create_softmax_regression_model_fn(), sgd(), lam=[0.5, 1e4],
+      personal_steps=30)
+  one_round = rounds_of(clients)[0]
+  state = process.initialize()
+  initial = process.initial_client_state()
+  out = process.next(state, datasets(one_round),
+                     [initial] * len(one_round))
+  # Each of the 3 clients dropped its lambda = 1e4 model, none its 0.5 one.
+  assert out.metrics['client_work']['personal_non_finite'] == 3
+  _, personal_ref = personal_oracles.ditto_rounds(
+      [one_round], lambdas=(0.5,), lr=LR, personal_lr=LR, batch_size=BATCH,
+      epochs=1, personal_steps=30)
+  for (cid, _, _), client_state in zip(one_round, out.client_states):
+    (v_w, v_b), (d_w, d_b) = client_state['personal']
+    np.testing.assert_allclose(v_w, personal_ref[cid][0][0], rtol=1e-4,
+                               atol=2e-6)
+    np.testing.assert_array_equal(d_w, initial['personal'][1][0])
+    np.testing.assert_array_equal(d_b, initial['personal'][1][1])
+  # A round without divergence reports 0.
+  stable = ditto.build_ditto(synthetic.create_softmax_regression_model_fn(),
+                             sgd(), lam=[0.5, 1.0])
+  assert stable.next(stable.initialize(), datasets(one_round),
+                     [stable.initial_client_state()] * 3
+                     ).metrics['client_work']['personal_non_finite'] == 0
+
+
 def test_personal_evaluation_reports_each_personal_model(clients):
   process = ditto.build_ditto(synthetic.create_softmax_regression_model_fn(),
                               sgd(), lam=[0.0, 5.0])

@@ -133,8 +133,18 @@ def test_metrics_report_training_loss(clients):
                      [as_dataset(x, y, 1) for x, y in clients])
   train = out.metrics['client_work']['train']
   assert train['num_examples'] == sum(len(y) for _, y in clients)
-  # At the zero model every example's loss is log(10).
-  assert train['loss'] > 0.5
+  # The mean over all examples of each batch's loss at the weights before
+  # its step (the first batch of each client at the zero model: log(10)).
+  total, count = 0.0, 0
+  for x, y in clients:
+    w, b = np.zeros((60, 10)), np.zeros(10)
+    for xb, yb in oracles.batches(x, y, BATCH, 1):
+      total += oracles.softmax_regression_loss(w, b, xb, yb) * len(yb)
+      count += len(yb)
+      gw, gb = oracles.softmax_regression_grads(w, b, xb, yb)
+      w, b = w - LR * gw, b - LR * gb
+  assert train['loss'] == pytest.approx(total / count, rel=1e-5)
+  assert abs(train['loss'] - np.log(10)) > 1e-3  # Not all at the zero model.
 
 
 @pytest.mark.parametrize(

@@ -133,6 +133,56 @@ def test_zero_loss_client_with_small_q_is_finite(clients):
     np.testing.assert_allclose(a, c, atol=1e-6)
 
 
+def message_oracle(loss, dw, q, lipschitz, floor=1e-8):
+  """(Delta_k, h_k) of the module docstring, F^(q-1) at max(F, floor)."""
+  f_q = 1.0 if q == 0 else loss**q
+  sq_norm = sum(np.sum(np.square(g, dtype=np.float64)) for g in dw)
+  curvature = 0.0 if q == 0 else q * max(loss, floor)**(q - 1) * sq_norm
+  return [f_q * g for g in dw], curvature + lipschitz * f_q
+
+
+@pytest.mark.parametrize('loss, q', [
+    (0.0, 0.5), (1e-12, 0.5), (1e-11, 0.25), (0.3, 0.5), (1e-12, 2.0),
+    (2.0, 0.0), (1.7, 3.0), (1.3, 1.0)])
+def test_client_message_and_its_loss_floor(loss, q):
+  rng = np.random.default_rng(4)
+  dw = [rng.normal(size=(3, 2)).astype(np.float32),
+        rng.normal(size=2).astype(np.float32)]
+  delta, h = q_ffl.q_ffl_client_message(
+      tf.constant(loss, tf.float32), [tf.constant(g) for g in dw], q=q,
+      lipschitz=10.0)
+  want_delta, want_h = message_oracle(np.float64(np.float32(loss)), dw, q,
+                                      10.0)
+  assert float(h) == pytest.approx(want_h, rel=1e-5)
+  for got, want in zip(delta, want_delta):
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-30)
+  # Below the floor, F^(q-1) would be far larger (or inf at F = 0).
+  if q and loss < 1e-8:
+    with np.errstate(divide='ignore'):
+      assert (np.float64(loss)**(q - 1) > 10 * 1e-8**(q - 1)) == (q < 1)
+
+
+def test_zero_loss_zero_update_message_is_zero_not_nan():
+  """0 < q < 1, F = 0, dw = 0: without the floor h = q 0^(q-1) 0 = NaN."""
+  delta, h = q_ffl.q_ffl_client_message(
+      tf.constant(0.0), [tf.zeros([4])], q=0.5, lipschitz=10.0)
+  assert float(h) == 0.0
+  np.testing.assert_array_equal(delta[0].numpy(), np.zeros(4))
+
+
+def test_server_update_divides_by_the_sum_of_h():
+  w = [tf.constant([1.0, -2.0]), tf.constant(3.0)]
+  d = [tf.constant([0.5, 0.25]), tf.constant(-1.0)]
+  new = q_ffl.q_ffl_server_update(w, d, tf.constant(4.0))
+  np.testing.assert_allclose(new[0].numpy(), [0.875, -2.0625])
+  assert float(new[1]) == pytest.approx(3.25)
+  small = q_ffl.q_ffl_server_update(w, d, tf.constant(0.5))  # 0 < h < 1.
+  np.testing.assert_allclose(small[0].numpy(), [0.0, -2.5])
+  same = q_ffl.q_ffl_server_update(w, d, tf.constant(0.0))
+  np.testing.assert_array_equal(same[0].numpy(), [1.0, -2.0])
+  assert float(same[1]) == 3.0
+
+
 @pytest.mark.parametrize('kwargs, error', [
     (dict(q=-1.0, lipschitz_constant=1.0), ValueError),
     (dict(q=1.0, lipschitz_constant=0.0), ValueError),

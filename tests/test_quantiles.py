@@ -13,7 +13,6 @@ import tensorflow_federated as tff
 from tensorflow_federated.python.core.impl.compiler import intrinsic_defs
 from tensorflow_federated.python.core.impl.compiler import tree_analysis
 
-from tasks.tail_metrics import weighted_quantile
 from tests import quantile_oracles as oracles
 from tests.secure_checks import SECURE_URIS
 from tests.secure_checks import client_to_server_intrinsics
@@ -143,7 +142,7 @@ def test_bisection_oracle_within_tolerance_of_exact_many_seeds():
     rng = np.random.default_rng(1000 + seed)
     level = float(rng.uniform())
     b = int(rng.choice([2, 3, 8]))
-    q = weighted_quantile(x, level, a)
+    q = oracles.weighted_quantile(x, level, a)
     est, rounds = oracles.bisection_quantile_oracle(
         x, a, level, 0.0, 10.0, 1e-4, num_buckets=b, max_weight=1000.0)
     assert rounds == quantiles.bisection_num_rounds(0.0, 10.0, 1e-4, b)
@@ -166,7 +165,7 @@ def test_mm_fixed_point_is_within_smoothing_of_quantile_interval():
     for _ in range(100):
       mid = (lo + hi) / 2
       lo, hi = (mid, hi) if g(mid) > 0 else (lo, mid)
-    q = weighted_quantile(x, level, a)
+    q = oracles.weighted_quantile(x, level, a)
     qh = oracles.upper_weighted_quantile(x, level, a)
     assert q - nu - 1e-9 <= lo and hi <= qh + nu + 1e-9
     # And it is a fixed point of the MM step.
@@ -184,7 +183,7 @@ def test_mm_oracle_convergence_statistics():
     x = rng.lognormal(0, 1, m).astype(np.float32)
     a = rng.integers(1, 500, m).astype(np.float32)
     level = float(rng.choice([0.1, 0.2, 0.5, 0.8, 0.9]))
-    q = weighted_quantile(x, level, a)
+    q = oracles.weighted_quantile(x, level, a)
     qh = oracles.upper_weighted_quantile(x, level, a)
     traj = oracles.mm_quantile_oracle(x, a, level, 400, 0.0, 20.0)
     its.append(oracles.iterations_to_tolerance(traj, q, qh, 1e-3))
@@ -213,7 +212,7 @@ def test_exact_equals_weighted_quantile(level):
       x = rng.normal(size=m).astype(np.float32)
       a = rng.uniform(0, 3, m).astype(np.float32)
     got = comp(list(x), list(a))
-    assert got == weighted_quantile(x, level, a), (seed, level)
+    assert got == oracles.weighted_quantile(x, level, a), (seed, level)
 
 
 def test_exact_zero_total_weight_is_nan():
@@ -230,7 +229,7 @@ def test_bisection_within_tolerance_and_equals_oracle():
     x, a = problem(seed)
     if seed == 5:  # Values outside the range are clipped.
       x[:] = x * 4 + 3
-    q = min(max(weighted_quantile(x, 0.8, a), 0.0), 10.0)
+    q = min(max(oracles.weighted_quantile(x, 0.8, a), 0.0), 10.0)
     expected, rounds = oracles.bisection_quantile_oracle(
         x, a, 0.8, 0.0, 10.0, 1e-5)
     assert rounds == 20
@@ -251,7 +250,7 @@ def test_histogram_search_float_weights():
     rng = np.random.default_rng(seed)
     x = rng.normal(size=25).astype(np.float32) * 2
     a = rng.uniform(0.01, 1.0, 25).astype(np.float32)
-    q = weighted_quantile(x, 0.3, a)
+    q = oracles.weighted_quantile(x, 0.3, a)
     got = comp(list(x), list(a))
     assert 0.0 <= got - q <= 1e-4 + 1e-6, seed
 
@@ -279,7 +278,7 @@ def test_mm_matches_oracle_step_by_step_and_converges():
       step, _, _ = oracles.mm_step(got[t], xc, w, level, nu, lower, upper)
       tol = oracles.mm_step_tolerance(got[t], xc, w, level, nu, lower, upper)
       assert abs(got[t + 1] - step) <= tol, (seed, t)
-    q = weighted_quantile(x, level, a)
+    q = oracles.weighted_quantile(x, level, a)
     qh = oracles.upper_weighted_quantile(x, level, a)
     assert q * (1 - 1e-3) <= got[-1] <= qh * (1 + 1e-3), seed
     assert abs(got[-1] - exact[-1]) <= 1e-4 * q, seed
@@ -306,8 +305,9 @@ def test_private_tracks_unweighted_quantile_across_rounds():
   for _ in range(40):
     state = est.next(state, list(x))
   got = est.report(state)
-  q = weighted_quantile(x, 0.8)  # Unweighted: the process ignores a_k.
-  assert abs(got - q) <= 0.15 * q
+  q = oracles.weighted_quantile(x, 0.8)  # Unweighted: the process ignores a_k.
+  # 1.881 against q = 1.954 (the module docstring's number): within 4%.
+  assert abs(got - q) <= 0.04 * q
   # `estimate` = num_steps rounds from the initial state, weights ignored.
   state = est.initialize()
   for _ in range(3):

@@ -123,6 +123,32 @@ def test_personal_evaluation_outputs(task, tmp_path):
   with open(out / 'metrics.csv') as f:
     metrics = list(csv.DictReader(f))
   assert metrics[-1]['eval/personal/test/accuracy/mean'] != ''
+  # Each client's lambda is the one of lowest validation loss, recomputed
+  # here from the stored personal models (min by hand, not np.argmin).
+  ids = list(task.test_data.client_ids)
+  val_rows = process.evaluate_personal(
+      result['state'], store.get_many(ids),
+      [task.eval_dataset(c, 'validation') for c in ids])
+  want, trained = [], 0
+  for r in val_rows:
+    losses = [float(x) for x in r['loss']]
+    want.append([0.1, 2.0][losses.index(min(losses))])
+    trained += losses[0] != losses[1]  # Never sampled: both initial.
+  assert trained >= 3  # Clients where argmin and argmax differ.
+  got = result['per_client']['personal/test']['lambda']
+  assert list(got) == want
+  assert list(result['per_client']['personal/test']['client_id']) == ids
+
+
+@pytest.mark.parametrize('losses, want', [
+    ([[0.3, 0.1, 0.2]], [1]),
+    ([[1.0, 2.0], [5.0, -1.0], [0.5, 0.5]], [0, 1, 0]),  # A tie: the first.
+    ([np.float32([2.5]), np.float32([0.0])], [0, 0]),
+    ([], []),
+])
+def test_select_personal_models_takes_the_lowest_validation_loss(losses,
+                                                                 want):
+  assert simulation.select_personal_models(losses) == want
 
 
 def test_lambda_grid_needs_validation_data(tmp_path):

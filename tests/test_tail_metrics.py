@@ -82,6 +82,23 @@ def test_weighted_quantile_hand_cases():
   assert tm.weighted_quantile(np.arange(1, 101), 0.07) == 7
 
 
+def test_weighted_quantile_slack_at_rounding_boundaries():
+  # Eight weights of 0.1 sum to 0.7999999999999999 < 0.8: the level-0.8
+  # quantile of 1..10 is still 8 (not 9).
+  assert sum([0.1] * 8) < 0.8
+  assert tm.weighted_quantile(range(1, 11), 0.8, [0.1] * 10) == 8.0
+  # The slack is relative to the total weight: tiny weights change nothing.
+  for level, want in ((0.05, 1.0), (0.5, 5.0), (0.51, 6.0), (1.0, 10.0)):
+    assert tm.weighted_quantile(range(1, 11), level, [1e-8] * 10) == want
+
+
+def test_superquantile_of_many_values_is_the_tail_mean():
+  v = np.arange(100.0)
+  assert tm.superquantile(v, 0.1) == pytest.approx(94.5)  # mean of 90..99
+  assert tm.superquantile(v, 0.25) == pytest.approx(87.0)  # mean of 75..99
+  assert tm.superquantile(v[::-1], 0.5) == pytest.approx(74.5)
+
+
 def test_weighted_percentiles():
   values = np.arange(1, 21, dtype=float)[::-1]  # 20 .. 1
   out = tm.weighted_percentiles(values)
@@ -172,13 +189,16 @@ def test_lowest_highest_fraction_means():
   assert tm.best_fraction_mean(acc, higher_is_worse=True) == (
       pytest.approx(0.05)
   )
-  # m = 30: ceil(0.1 * 30) = 3 although 0.1 * 30 == 3.0000000000000004.
+  # m = 30: ceil(0.1 * 30) = 3.
   v = np.arange(30.0)
   assert tm.lowest_fraction_mean(v) == pytest.approx(1.0)
   assert tm.highest_fraction_mean(v) == pytest.approx(28.0)
   assert tm.lowest_fraction_mean(v, 0.5) == pytest.approx(7.0)
   assert tm.lowest_fraction_mean(v, 1.0) == pytest.approx(14.5)
   assert tm.lowest_fraction_mean([3.0, 1.0], 0.01) == 1.0  # at least one
+  # 0.28 * 25 == 7.000000000000001 in floating point: still 7 clients.
+  assert 0.28 * 25 > 7
+  assert tm.lowest_fraction_mean(np.arange(25.0), 0.28) == pytest.approx(3.0)
   with pytest.raises(TypeError):
     tm.worst_fraction_mean(acc)  # pylint: disable=missing-kwoa
 

@@ -35,14 +35,14 @@ def sgd():
   return tff.learning.optimizers.build_sgdm(learning_rate=LR)
 
 
-def term_oracle(rounds, tilt, epochs):
+def term_oracle(rounds, tilt, epochs, mu=0.0):
   w, b = np.zeros((60, 10)), np.zeros(10)
   for round_clients in rounds:
     losses = [oracles.softmax_regression_loss(w, b, x, y)
               for x, y in round_clients]
     weights = oracles.tilted_weights(
         losses, [len(y) for _, y in round_clients], tilt)
-    models = [oracles.proximal_local_sgd(w, b, x, y, lr=LR, mu=0.0,
+    models = [oracles.proximal_local_sgd(w, b, x, y, lr=LR, mu=mu,
                                          batch_size=BATCH, epochs=epochs)
               for x, y in round_clients]
     w = sum(a * m[0] for a, m in zip(weights, models))
@@ -62,6 +62,23 @@ def test_term_matches_numpy_oracle_two_rounds(clients, tilt):
   w_ref, b_ref = term_oracle(rounds, tilt, epochs=2)
   np.testing.assert_allclose(w, w_ref, rtol=1e-4, atol=2e-6)
   np.testing.assert_allclose(b, b_ref, rtol=1e-4, atol=2e-6)
+
+
+@pytest.mark.parametrize('tilt', [-2.0, 1.0])
+def test_term_with_proximal_term_matches_numpy_oracle(clients, tilt):
+  """FedProx's local solver (mu = 0.5) under the tilted weights."""
+  rounds = [clients[:3], clients[1:]]
+  process = term.build_term(synthetic.create_softmax_regression_model_fn(),
+                            sgd(), tilt=tilt, proximal_strength=0.5)
+  state = process.initialize()
+  for round_clients in rounds:
+    state = process.next(state, datasets(round_clients, 3)).state
+  w, b = composition.model_weights_as_numpy(process, state)
+  w_ref, b_ref = term_oracle(rounds, tilt, epochs=3, mu=0.5)
+  np.testing.assert_allclose(w, w_ref, rtol=1e-4, atol=2e-6)
+  np.testing.assert_allclose(b, b_ref, rtol=1e-4, atol=2e-6)
+  w_plain, _ = term_oracle(rounds, tilt, epochs=3)
+  assert np.abs(w_plain - w_ref).max() > 1e-3  # The term is in effect.
 
 
 def test_tilt_zero_equals_fedavg_and_stock(clients):

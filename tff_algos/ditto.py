@@ -29,7 +29,9 @@ Decisions where the thesis is silent (docs/algorithms.md): v_k^0 = w^0; the
 personal steps use the same local stream as the global ones (E epochs of the
 round's batches), or exactly `personal_steps` mini-batch steps; eta_l = the
 personal optimizer's learning rate (default: the client optimizer); a
-personal update with a NaN/inf keeps the previous v_k.
+personal update with a NaN/inf keeps the previous v_k, counted in the round's
+metric `client_work/personal_non_finite` (personal models kept, summed over
+clients and lambdas; Fed+ reports its `non_finite_clients` likewise).
 """
 
 import collections
@@ -212,18 +214,19 @@ def build_ditto(
       personal_data = dataset
       if personal_steps:
         personal_data = dataset.repeat().take(personal_steps)
-      new_personal = []
+      new_personal, dropped = [], tf.constant(0, tf.int32)
       for lam_g, v in zip(lambdas, client_state['personal']):
         # Metrics were read above; the personal passes must not count.
         with tf.control_dependencies(tf.nest.flatten(train_metrics)):
           v_new, _ = personal_training(
               model, personal_optimizer_fn, v, weights, personal_data,
               lam=lam_g, loop_implementation=loop_implementation)
-        v_new, _ = stateful.zero_non_finite_to(v_new, list(v))
+        v_new, non_finite = stateful.zero_non_finite_to(v_new, list(v))
         new_personal.append(v_new)
+        dropped += tf.cast(non_finite, tf.int32)
       return (delta, weight,
               collections.OrderedDict(personal=tuple(new_personal)),
-              train_metrics)
+              train_metrics, dropped)
 
     return run(weights, dataset, client_state)
 
@@ -257,7 +260,7 @@ def build_ditto(
   def next_fn(state, client_data, client_states):
     global_weights = state.global_model_weights
     data = client_data.data if update_attack is not None else client_data
-    delta, weight, new_states, model_outputs = tff.federated_map(
+    delta, weight, new_states, model_outputs, dropped = tff.federated_map(
         client_update,
         (tff.federated_broadcast(global_weights), data, client_states))
     if update_attack is not None:
@@ -272,7 +275,8 @@ def build_ditto(
         finalizer=finalized.state))
     metrics = tff.federated_zip(collections.OrderedDict(
         client_work=collections.OrderedDict(
-            train=metrics_aggregation_fn(model_outputs)),
+            train=metrics_aggregation_fn(model_outputs),
+            personal_non_finite=tff.federated_sum(dropped)),
         aggregator=aggregated.measurements,
         finalizer=finalized.measurements))
     return new_state, new_states, metrics

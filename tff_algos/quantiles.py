@@ -102,8 +102,8 @@ The estimators:
   aggregation. UNWEIGHTED (each client counts once; `weights` is ignored), it
   needs positive values and it moves by at most a factor exp(lr) per round:
   it tracks the quantile across rounds rather than computing it in one
-  round (measured: from 0.5 to within 3% of a quantile of 1.95 in 40 rounds at
-  lr 0.2, 40 clients). Each round is one secure aggregation made of 4
+  round (measured: from 0.5 to 1.881, 3.8% below a quantile of 1.954, in 40
+  rounds at lr 0.2, 40 clients; tests/test_quantiles.py). Each round is one secure aggregation made of 4
   `federated_secure_sum_bitwidth` intrinsics (SecureSumFactory: value,
   summand count and two clipping counters).
 """

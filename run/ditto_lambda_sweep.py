@@ -54,7 +54,8 @@ _OUTPUT = None
 
 def define_flags() -> None:
   """Defines the command-line flags."""
-  global _TRIALS, _NUMPY_TRIALS, _DEVICES, _DIM, _N, _SIGMA, _ROUNDS, _STEPS, _OUTPUT
+  global _TRIALS, _NUMPY_TRIALS, _DEVICES, _DIM, _N, _SIGMA, _TAU2, _ROUNDS
+  global _STEPS, _OUTPUT
   _TRIALS = flags.DEFINE_integer('trials', 3, 'Independent draws (TFF runs).')
   _NUMPY_TRIALS = flags.DEFINE_integer(
       'numpy_trials', 2000, 'Draws of the closed-form curve.')

@@ -57,9 +57,11 @@ def _positive(x, name):
   return x
 
 
-def adaptive_clip_noise_split(noise_multiplier: float,
-                              clients_per_round: float,
-                              clipped_count_stddev: Optional[float] = None):
+def adaptive_clip_noise_split(
+    noise_multiplier: float,
+    clients_per_round: float,
+    clipped_count_stddev: Optional[float] = None,
+):
   """TFF's `(value_noise_multiplier, clipped_count_stddev)` for a total z.
 
   The same split as `tff.aggregators.DifferentiallyPrivateFactory.
@@ -75,8 +77,9 @@ def adaptive_clip_noise_split(noise_multiplier: float,
         f'noise_multiplier={noise_multiplier} is too large for adaptive '
         f'clipping with {clients_per_round:g} clients per round: the clipped '
         f'count noise ({clipped_count_stddev:g}) cannot carry it; use more '
-        'clients per round or fixed clipping')
-  value = (noise_multiplier**-2 - (2 * clipped_count_stddev)**-2)**-0.5
+        'clients per round or fixed clipping'
+    )
+  value = (noise_multiplier**-2 - (2 * clipped_count_stddev) ** -2) ** -0.5
   return value, clipped_count_stddev
 
 
@@ -111,28 +114,36 @@ class DpMechanism:
     if not 1 <= self.clients_per_round <= self.num_clients:
       raise ValueError(
           f'need 1 <= clients_per_round <= num_clients, got '
-          f'{self.clients_per_round} and {self.num_clients}')
+          f'{self.clients_per_round} and {self.num_clients}'
+      )
     if self.sampling not in SAMPLING_SCHEMES:
       raise ValueError(
           f'DP accounting supports client sampling {SAMPLING_SCHEMES}, got '
           f'{self.sampling!r} (sampling proportional to examples has no '
-          'amplification analysis here)')
+          'amplification analysis here)'
+      )
     if self.quantile_noise_stddev < 0 or self.quantile_steps < 0:
       raise ValueError('quantile noise and steps must be >= 0')
     if self.quantile_steps and not self.quantile_noise_stddev:
       raise ValueError(
-          'a quantile estimated without noise is not differentially private')
+          'a quantile estimated without noise is not differentially private'
+      )
     if self.adaptive_clip:
-      adaptive_clip_noise_split(self.noise_multiplier, self.clients_per_round,
-                                self.clipped_count_stddev)
+      adaptive_clip_noise_split(
+          self.noise_multiplier,
+          self.clients_per_round,
+          self.clipped_count_stddev,
+      )
 
   @property
   def gaussian_multipliers(self) -> list[float]:
     """Noise multipliers (stddev / add-or-remove sensitivity) of a round."""
     if self.adaptive_clip:
       value, count = adaptive_clip_noise_split(
-          self.noise_multiplier, self.clients_per_round,
-          self.clipped_count_stddev)
+          self.noise_multiplier,
+          self.clients_per_round,
+          self.clipped_count_stddev,
+      )
       out = [value, 2.0 * count]
     else:
       out = [self.noise_multiplier]
@@ -142,7 +153,7 @@ class DpMechanism:
   @property
   def effective_noise_multiplier(self) -> float:
     """The single Gaussian equivalent to a round's releases (add/remove)."""
-    return sum(z**-2 for z in self.gaussian_multipliers)**-0.5
+    return sum(z**-2 for z in self.gaussian_multipliers) ** -0.5
 
   @property
   def sampling_probability(self) -> float:
@@ -159,37 +170,48 @@ class DpMechanism:
     if self.sampling == 'uniform':
       # Replace-one: sensitivity 2C, so the multiplier halves.
       return dp_accounting.SampledWithoutReplacementDpEvent(
-          self.num_clients, self.clients_per_round,
-          dp_accounting.GaussianDpEvent(z / 2.0))
+          self.num_clients,
+          self.clients_per_round,
+          dp_accounting.GaussianDpEvent(z / 2.0),
+      )
     return dp_accounting.PoissonSampledDpEvent(
-        self.sampling_probability, dp_accounting.GaussianDpEvent(z))
+        self.sampling_probability, dp_accounting.GaussianDpEvent(z)
+    )
 
   def event(self, rounds: int) -> dp_accounting.DpEvent:
     return dp_accounting.SelfComposedDpEvent(self.round_event(), rounds)
 
-  def make_accountant(self, accountant: str = 'rdp'
-                      ) -> dp_accounting.PrivacyAccountant:
+  def make_accountant(
+      self, accountant: str = 'rdp'
+  ) -> dp_accounting.PrivacyAccountant:
     """A fresh accountant of kind `accountant` for this mechanism."""
     if accountant == 'rdp':
       return dp_accounting.rdp.RdpAccountant(
-          neighboring_relation=self.neighboring_relation())
+          neighboring_relation=self.neighboring_relation()
+      )
     if accountant == 'pld':
       if self.sampling != 'poisson':
         raise ValueError(
             'dp_accounting 0.4.3 has PLD accounting for Poisson sampling only;'
-            ' fixed-size uniform sampling is accounted with RDP')
+            ' fixed-size uniform sampling is accounted with RDP'
+        )
       return dp_accounting.pld.PLDAccountant(
           self.neighboring_relation(),
-          value_discretization_interval=_PLD_DISCRETIZATION)
+          value_discretization_interval=_PLD_DISCRETIZATION,
+      )
     raise ValueError(f'unknown accountant {accountant!r}; choose {ACCOUNTANTS}')
 
-  def epsilon(self, rounds: int, delta: float,
-              accountant: str = 'rdp') -> float:
+  def epsilon(
+      self, rounds: int, delta: float, accountant: str = 'rdp'
+  ) -> float:
     """Epsilon at `delta` after `rounds` rounds (0 rounds: 0)."""
     if rounds <= 0:
       return 0.0
-    return float(self.make_accountant(accountant).compose(
-        self.round_event(), rounds).get_epsilon(delta))
+    return float(
+        self.make_accountant(accountant)
+        .compose(self.round_event(), rounds)
+        .get_epsilon(delta)
+    )
 
   def available_accountants(self) -> tuple[str, ...]:
     return ACCOUNTANTS if self.sampling == 'poisson' else ('rdp',)
@@ -202,8 +224,9 @@ class EpsilonTracker:
   and scaled; PLD epsilons are computed on request (`pld=True`).
   """
 
-  def __init__(self, mechanism: DpMechanism, delta: float, *,
-               pld: bool = False):
+  def __init__(
+      self, mechanism: DpMechanism, delta: float, *, pld: bool = False
+  ):
     mechanism.validate()
     _positive(delta, 'delta')
     if delta >= 1:
@@ -220,11 +243,11 @@ class EpsilonTracker:
     if rounds <= 0:
       return 0.0
     eps, _ = dp_accounting.rdp.rdp_privacy_accountant.compute_epsilon(
-        self._orders, rounds * self._rdp_one_round, self.delta)
+        self._orders, rounds * self._rdp_one_round, self.delta
+    )
     return float(eps)
 
-  def metrics(self, rounds: int, *, with_pld: bool = True
-              ) -> dict[str, float]:
+  def metrics(self, rounds: int, *, with_pld: bool = True) -> dict[str, float]:
     """`{'dp/epsilon': ..., 'dp/delta': ..., ['dp/epsilon_pld': ...]}`.
 
     `dp/epsilon` is RDP; `dp/epsilon_pld` is added when the tracker was
@@ -238,8 +261,14 @@ class EpsilonTracker:
 
 
 def calibrate_noise_multiplier(
-    target_epsilon: float, delta: float, rounds: int,
-    make_mechanism, *, accountant: str = 'rdp', tol: float = 1e-4) -> float:
+    target_epsilon: float,
+    delta: float,
+    rounds: int,
+    make_mechanism,
+    *,
+    accountant: str = 'rdp',
+    tol: float = 1e-4,
+) -> float:
   """The smallest z with epsilon(rounds) <= target_epsilon.
 
   Args:
@@ -263,8 +292,13 @@ def calibrate_noise_multiplier(
 
   probe = make_mechanism(1.0)
   z = dp_accounting.calibrate_dp_mechanism(
-      lambda: probe.make_accountant(accountant), event, target_epsilon,
-      delta, dp_accounting.LowerEndpointAndGuess(1e-3, 1.0), tol=tol)
+      lambda: probe.make_accountant(accountant),
+      event,
+      target_epsilon,
+      delta,
+      dp_accounting.LowerEndpointAndGuess(1e-3, 1.0),
+      tol=tol,
+  )
   # Brent returns a value within tol of the boundary: step to the private side.
   while make_mechanism(z).epsilon(rounds, delta, accountant) > target_epsilon:
     z += tol

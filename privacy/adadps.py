@@ -67,27 +67,37 @@ class _PreconditionedSgd(tff.learning.optimizers.Optimizer):
     if len(flat) != len(self._a):
       raise ValueError(
           f'side_information has {len(self._a)} arrays but the model has '
-          f'{len(flat)} trainable weights')
+          f'{len(flat)} trainable weights'
+      )
     for spec, a in zip(flat, self._a):
       if tuple(spec.shape) != a.shape:
         raise ValueError(
             f'side_information shape {a.shape} does not match weight shape '
-            f'{tuple(spec.shape)}')
+            f'{tuple(spec.shape)}'
+        )
     return collections.OrderedDict(
-        [(tff.learning.optimizers.LEARNING_RATE_KEY, self._lr)])
+        [(tff.learning.optimizers.LEARNING_RATE_KEY, self._lr)]
+    )
 
   def next(self, state, weights, gradients):
     lr = state[tff.learning.optimizers.LEARNING_RATE_KEY]
     flat_w = tf.nest.flatten(weights)
     flat_g = tf.nest.flatten(gradients)
-    new = [w - lr * g / tf.constant(a, w.dtype)
-           for w, g, a in zip(flat_w, flat_g, self._a)]
+    new = [
+        w - lr * g / tf.constant(a, w.dtype)
+        for w, g, a in zip(flat_w, flat_g, self._a)
+    ]
     return state, tf.nest.pack_sequence_as(weights, new)
 
   def get_hparams(self, state):
     return collections.OrderedDict(
-        [(tff.learning.optimizers.LEARNING_RATE_KEY,
-          state[tff.learning.optimizers.LEARNING_RATE_KEY])])
+        [
+            (
+                tff.learning.optimizers.LEARNING_RATE_KEY,
+                state[tff.learning.optimizers.LEARNING_RATE_KEY],
+            )
+        ]
+    )
 
   def set_hparams(self, state, hparams):
     return tff.structure.update_struct(state, **hparams)
@@ -116,11 +126,15 @@ def build_preconditioned_sgd(
   Returns:
     A `tff.learning.optimizers.Optimizer`.
   """
-  if not (isinstance(learning_rate, (int, float)) and
-          math.isfinite(learning_rate) and learning_rate > 0):
+  if not (
+      isinstance(learning_rate, (int, float))
+      and math.isfinite(learning_rate)
+      and learning_rate > 0
+  ):
     raise ValueError(f'learning_rate must be > 0, got {learning_rate!r}')
-  return _PreconditionedSgd(float(learning_rate),
-                            _check_side_information(side_information))
+  return _PreconditionedSgd(
+      float(learning_rate), _check_side_information(side_information)
+  )
 
 
 def build_adadps_fed(
@@ -150,11 +164,15 @@ def build_adadps_fed(
   aggregator = None
   if dp_options is not None:
     aggregator = dp_aggregation.build_dp_aggregator(
-        dp_options, clients_per_round=clients_per_round)
+        dp_options, clients_per_round=clients_per_round
+    )
   return fed_avg.build_fed_avg(
-      model_fn, client_opt, server_optimizer_fn,
+      model_fn,
+      client_opt,
+      server_optimizer_fn,
       client_weighting=tff.learning.ClientWeighting.UNIFORM,
-      model_aggregator=aggregator)
+      model_aggregator=aggregator,
+  )
 
 
 # ---------------------------------------------------------------------------
@@ -167,16 +185,23 @@ def clip_rows(g: np.ndarray, clip: float) -> np.ndarray:
   return g * np.minimum(1.0, clip / np.maximum(norms, 1e-30))
 
 
-def privatize(per_example: np.ndarray, *, clip: float, noise_multiplier: float,
-              batch_size: float, rng: np.random.Generator) -> np.ndarray:
+def privatize(
+    per_example: np.ndarray,
+    *,
+    clip: float,
+    noise_multiplier: float,
+    batch_size: float,
+    rng: np.random.Generator,
+) -> np.ndarray:
   """(1/b) (sum_i clip(g_i, C) + N(0, sigma^2 C^2 I)) (Algorithm 8, line 7)."""
   total = clip_rows(per_example, clip).sum(axis=0)
   noise = rng.normal(0.0, noise_multiplier * clip, size=total.shape)
   return (total + noise) / batch_size
 
 
-def sample_batch(n: int, batch_size: int, sampling: str,
-                 rng: np.random.Generator) -> np.ndarray:
+def sample_batch(
+    n: int, batch_size: int, sampling: str, rng: np.random.Generator
+) -> np.ndarray:
   """Indices of a batch: Poisson with rate b / n, or b without replacement."""
   if sampling == 'poisson':
     return np.flatnonzero(rng.random(n) < batch_size / n)
@@ -199,8 +224,13 @@ class FixedPreconditioner:
 class PublicRmsPropPreconditioner:
   """Option 1: v <- beta v + (1-beta) g_pub^2, A = sqrt(v) + eps."""
 
-  def __init__(self, public_gradient: Callable[[np.ndarray], np.ndarray], *,
-               beta: float = 0.9, epsilon: float = 1e-3):
+  def __init__(
+      self,
+      public_gradient: Callable[[np.ndarray], np.ndarray],
+      *,
+      beta: float = 0.9,
+      epsilon: float = 1e-3,
+  ):
     self.public_gradient = public_gradient
     self.beta = beta
     self.epsilon = epsilon
@@ -255,11 +285,15 @@ def run_centralized(
   for t in range(steps):
     idx = sample_batch(num_examples, batch_size, sampling, rng)
     a = preconditioner(w) if preconditioner is not None else 1.0
-    g = (per_example_gradients(w, idx) / a if len(idx)
-         else np.zeros((0, w.size)))
+    g = per_example_gradients(w, idx) / a if len(idx) else np.zeros((0, w.size))
     if private:
-      update = privatize(g, clip=clip, noise_multiplier=noise_multiplier,
-                         batch_size=batch_size, rng=rng)
+      update = privatize(
+          g,
+          clip=clip,
+          noise_multiplier=noise_multiplier,
+          batch_size=batch_size,
+          rng=rng,
+      )
     else:
       update = g.mean(axis=0) if len(idx) else np.zeros_like(w)
     w = w - learning_rate * update

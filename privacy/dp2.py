@@ -52,8 +52,12 @@ _KEYS = ('learning_rate', 'rmsprop_learning_rate', 'beta', 'epsilon')
 def _check(name, value, low, high=math.inf, low_open=False):
   if isinstance(value, bool) or not isinstance(value, (int, float)):
     raise TypeError(f'{name} must be a number, got {value!r}')
-  if not math.isfinite(value) or value < low or value > high or (
-      low_open and value == low):
+  if (
+      not math.isfinite(value)
+      or value < low
+      or value > high
+      or (low_open and value == low)
+  ):
     bound = f'in ({low}, {high}]' if low_open else f'in [{low}, {high}]'
     raise ValueError(f'{name} must be {bound}, got {value}')
   return value
@@ -68,18 +72,28 @@ def _check_steps(s1, s2):
 class _Dp2(tff.learning.optimizers.Optimizer):
   """DP^2-RMSProp as a server optimizer (see `build_dp2`)."""
 
-  def __init__(self, learning_rate, rmsprop_learning_rate, sgd_steps,
-               rmsprop_steps, beta, epsilon):
+  def __init__(
+      self,
+      learning_rate,
+      rmsprop_learning_rate,
+      sgd_steps,
+      rmsprop_steps,
+      beta,
+      epsilon,
+  ):
     self._hparams = collections.OrderedDict(
         learning_rate=learning_rate,
-        rmsprop_learning_rate=rmsprop_learning_rate, beta=beta,
-        epsilon=epsilon)
+        rmsprop_learning_rate=rmsprop_learning_rate,
+        beta=beta,
+        epsilon=epsilon,
+    )
     self._s1 = sgd_steps
     self._s2 = rmsprop_steps
 
   def initialize(self, specs):
     zeros = lambda: tf.nest.map_structure(  # pylint: disable=g-long-lambda
-        lambda s: tf.zeros(s.shape, s.dtype), specs)
+        lambda s: tf.zeros(s.shape, s.dtype), specs
+    )
     state = collections.OrderedDict(self._hparams)
     state['step'] = tf.constant(0, tf.int64)
     state['accumulator'] = zeros()
@@ -94,32 +108,45 @@ class _Dp2(tff.learning.optimizers.Optimizer):
     refresh = tf.logical_and(tf.equal(phase, s1), self._s2 > 0)
     sgd_phase = phase < s1
     beta = state['beta']
-    lr = tf.where(sgd_phase, tf.cast(state['learning_rate'], tf.float32),
-                  tf.cast(state['rmsprop_learning_rate'], tf.float32))
+    lr = tf.where(
+        sgd_phase,
+        tf.cast(state['learning_rate'], tf.float32),
+        tf.cast(state['rmsprop_learning_rate'], tf.float32),
+    )
 
     def leaf(w, g, acc, v):
       dtype = w.dtype
       acc = tf.where(reset, tf.zeros_like(acc), acc)
-      new_v = (tf.cast(beta, dtype) * v +
-               (1 - tf.cast(beta, dtype)) * tf.square(acc / s1))
+      new_v = tf.cast(beta, dtype) * v + (1 - tf.cast(beta, dtype)) * tf.square(
+          acc / s1
+      )
       v = tf.where(refresh, new_v, v)
       acc = tf.where(refresh, tf.zeros_like(acc), acc)
-      d = tf.where(sgd_phase, tf.ones_like(v),
-                   tf.sqrt(v) + tf.cast(state['epsilon'], dtype))
+      d = tf.where(
+          sgd_phase,
+          tf.ones_like(v),
+          tf.sqrt(v) + tf.cast(state['epsilon'], dtype),
+      )
       update = g / d
       return (w - tf.cast(lr, dtype) * update, acc + update, v)
 
-    flat = [leaf(w, g, a, v) for w, g, a, v in zip(
-        tf.nest.flatten(weights), tf.nest.flatten(gradients),
-        tf.nest.flatten(state['accumulator']),
-        tf.nest.flatten(state['preconditioner']))]
-    new_state = collections.OrderedDict(
-        (k, state[k]) for k in _KEYS)
+    flat = [
+        leaf(w, g, a, v)
+        for w, g, a, v in zip(
+            tf.nest.flatten(weights),
+            tf.nest.flatten(gradients),
+            tf.nest.flatten(state['accumulator']),
+            tf.nest.flatten(state['preconditioner']),
+        )
+    ]
+    new_state = collections.OrderedDict((k, state[k]) for k in _KEYS)
     new_state['step'] = step + 1
     new_state['accumulator'] = tf.nest.pack_sequence_as(
-        state['accumulator'], [f[1] for f in flat])
+        state['accumulator'], [f[1] for f in flat]
+    )
     new_state['preconditioner'] = tf.nest.pack_sequence_as(
-        state['preconditioner'], [f[2] for f in flat])
+        state['preconditioner'], [f[2] for f in flat]
+    )
     return new_state, tf.nest.pack_sequence_as(weights, [f[0] for f in flat])
 
   def get_hparams(self, state):
@@ -161,8 +188,14 @@ def build_dp2(
     raise ValueError('beta must be < 1 (v would never change)')
   _check('epsilon', epsilon, 0.0, low_open=True)
   _check_steps(sgd_steps, rmsprop_steps)
-  return _Dp2(float(learning_rate), float(rmsprop_learning_rate), sgd_steps,
-              rmsprop_steps, float(beta), float(epsilon))
+  return _Dp2(
+      float(learning_rate),
+      float(rmsprop_learning_rate),
+      sgd_steps,
+      rmsprop_steps,
+      float(beta),
+      float(epsilon),
+  )
 
 
 def run_centralized(
@@ -207,16 +240,19 @@ def run_centralized(
     if phase == 0:
       acc = np.zeros_like(w)
     if phase == sgd_steps and rmsprop_steps:
-      v = beta * v + (1 - beta) * (acc / sgd_steps)**2
+      v = beta * v + (1 - beta) * (acc / sgd_steps) ** 2
       acc = np.zeros_like(w)
     sgd = phase < sgd_steps
     d = 1.0 if sgd else np.sqrt(v) + epsilon
     idx = adadps.sample_batch(num_examples, batch_size, sampling, rng)
-    g = (per_example_gradients(w, idx) / d if len(idx)
-         else np.zeros((0, w.size)))
+    g = per_example_gradients(w, idx) / d if len(idx) else np.zeros((0, w.size))
     g_tilde = adadps.privatize(
-        g, clip=clip if sgd else rmsprop_clip,
-        noise_multiplier=noise_multiplier, batch_size=batch_size, rng=rng)
+        g,
+        clip=clip if sgd else rmsprop_clip,
+        noise_multiplier=noise_multiplier,
+        batch_size=batch_size,
+        rng=rng,
+    )
     acc = acc + g_tilde
     w = w - (learning_rate if sgd else rmsprop_learning_rate) * g_tilde
     if callback is not None:

@@ -52,8 +52,12 @@ class DpOptions:
 
   def validate(self) -> None:
     """Raises `ValueError`/`TypeError` for an invalid option."""
-    for name in ('noise_multiplier', 'clip', 'target_unclipped_quantile',
-                 'clip_learning_rate'):
+    for name in (
+        'noise_multiplier',
+        'clip',
+        'target_unclipped_quantile',
+        'clip_learning_rate',
+    ):
       value = getattr(self, name)
       if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f'{name} must be a float, got {value!r}')
@@ -61,17 +65,23 @@ class DpOptions:
         raise ValueError(f'{name} must be finite, got {value}')
     if self.noise_multiplier < 0:
       raise ValueError(
-          f'noise_multiplier must be >= 0, got {self.noise_multiplier}')
+          f'noise_multiplier must be >= 0, got {self.noise_multiplier}'
+      )
     if self.clip <= 0:
       raise ValueError(f'clip must be > 0, got {self.clip}')
     if not isinstance(self.adaptive_clip, bool):
-      raise TypeError(f'adaptive_clip must be a bool, got {self.adaptive_clip!r}')
+      raise TypeError(
+          f'adaptive_clip must be a bool, got {self.adaptive_clip!r}'
+      )
     if not 0 < self.target_unclipped_quantile < 1:
-      raise ValueError('target_unclipped_quantile must be in (0, 1), got '
-                       f'{self.target_unclipped_quantile}')
+      raise ValueError(
+          'target_unclipped_quantile must be in (0, 1), got '
+          f'{self.target_unclipped_quantile}'
+      )
     if self.clip_learning_rate < 0:
-      raise ValueError('clip_learning_rate must be >= 0, got '
-                       f'{self.clip_learning_rate}')
+      raise ValueError(
+          'clip_learning_rate must be >= 0, got ' f'{self.clip_learning_rate}'
+      )
 
 
 def build_dp_aggregator(
@@ -79,7 +89,8 @@ def build_dp_aggregator(
     *,
     clients_per_round: float,
     client_weighting: tff.learning.ClientWeighting = (
-        tff.learning.ClientWeighting.UNIFORM),
+        tff.learning.ClientWeighting.UNIFORM
+    ),
 ) -> tff.aggregators.WeightedAggregationFactory:
   """A weighted-interface DP mean aggregator (weights ignored).
 
@@ -99,25 +110,33 @@ def build_dp_aggregator(
   if client_weighting != tff.learning.ClientWeighting.UNIFORM:
     raise ValueError(
         'DP aggregation needs uniform client weighting (the DP mean gives '
-        f'every client the same weight), got {client_weighting!r}')
-  if isinstance(clients_per_round, bool) or not isinstance(
-      clients_per_round, (int, float)) or not clients_per_round > 0:
+        f'every client the same weight), got {client_weighting!r}'
+    )
+  if (
+      isinstance(clients_per_round, bool)
+      or not isinstance(clients_per_round, (int, float))
+      or not clients_per_round > 0
+  ):
     raise ValueError(f'clients_per_round must be > 0, got {clients_per_round}')
   m = float(clients_per_round)
   if options.adaptive_clip:
     if options.noise_multiplier:
       # Same split and validation as TFF, with a one-line error.
       accounting.adaptive_clip_noise_split(
-          options.noise_multiplier, m, options.clipped_count_stddev)
+          options.noise_multiplier, m, options.clipped_count_stddev
+      )
     factory = tff.aggregators.DifferentiallyPrivateFactory.gaussian_adaptive(
         noise_multiplier=float(options.noise_multiplier),
         clients_per_round=m,
         initial_l2_norm_clip=float(options.clip),
         target_unclipped_quantile=float(options.target_unclipped_quantile),
         learning_rate=float(options.clip_learning_rate),
-        clipped_count_stddev=options.clipped_count_stddev)
+        clipped_count_stddev=options.clipped_count_stddev,
+    )
   else:
     factory = tff.aggregators.DifferentiallyPrivateFactory.gaussian_fixed(
         noise_multiplier=float(options.noise_multiplier),
-        clients_per_round=m, clip=float(options.clip))
+        clients_per_round=m,
+        clip=float(options.clip),
+    )
   return tff.aggregators.as_weighted_aggregator(factory)

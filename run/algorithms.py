@@ -51,14 +51,34 @@ from tff_algos import q_ffl
 from tff_algos import quantiles
 from tff_algos import term
 
-ALGORITHM_NAMES = ('fedavg', 'fedprox', 'qffl', 'qfedsgd', 'term', 'afl', 'deltafl',
-                   'ditto', 'fedavg_plus', 'fedgeomed_plus', 'fedcomed_plus')
-FED_PLUS_PSI = {'fedavg_plus': 'avg', 'fedgeomed_plus': 'geomed',
-                'fedcomed_plus': 'comed'}
+ALGORITHM_NAMES = (
+    'fedavg',
+    'fedprox',
+    'qffl',
+    'qfedsgd',
+    'term',
+    'afl',
+    'deltafl',
+    'ditto',
+    'fedavg_plus',
+    'fedgeomed_plus',
+    'fedcomed_plus',
+)
+FED_PLUS_PSI = {
+    'fedavg_plus': 'avg',
+    'fedgeomed_plus': 'geomed',
+    'fedcomed_plus': 'comed',
+}
 SECURE_QUANTILES = ('none', 'mm', 'bisection', 'private')
 OPTIMIZERS = ('sgd', 'adam', 'adagrad', 'yogi')
-AGGREGATORS = ('mean', 'geometric_median', 'coordinate_median',
-               'trimmed_mean', 'krum', 'clip')
+AGGREGATORS = (
+    'mean',
+    'geometric_median',
+    'coordinate_median',
+    'trimmed_mean',
+    'krum',
+    'clip',
+)
 # Algorithms whose model deltas go through a weighted `model_aggregator`.
 ROBUST_ALGORITHMS = ('fedavg', 'fedprox', 'term', 'deltafl')
 # Algorithms whose (global) model aggregator can be a robust one, and whose
@@ -66,9 +86,12 @@ ROBUST_ALGORITHMS = ('fedavg', 'fedprox', 'term', 'deltafl')
 AGGREGATOR_ALGORITHMS = ROBUST_ALGORITHMS + ('ditto',)
 # Aggregator options: (spec field, the aggregator it belongs to).
 AGGREGATOR_OPTIONS = (
-    ('gm_passes', 'geometric_median'), ('trim_fraction', 'trimmed_mean'),
-    ('krum_num_byzantine', 'krum'), ('krum_num_selected', 'krum'),
-    ('clip_norm', 'clip'), ('clip_target_quantile', 'clip'),
+    ('gm_passes', 'geometric_median'),
+    ('trim_fraction', 'trimmed_mean'),
+    ('krum_num_byzantine', 'krum'),
+    ('krum_num_selected', 'krum'),
+    ('clip_norm', 'clip'),
+    ('clip_target_quantile', 'clip'),
 )
 SERVER_OPTIMIZERS = OPTIMIZERS + ('dp2',)
 # Algorithms whose aggregate is a (uniform) mean of model deltas.
@@ -156,7 +179,9 @@ class AlgorithmSpec:
   @property
   def ditto_lambdas(self) -> tuple[float, ...]:
     return self.ditto_lambda_grid or (
-        (self.ditto_lambda,) if self.ditto_lambda is not None else ())
+        (self.ditto_lambda,) if self.ditto_lambda is not None else ()
+    )
+
   noise_multiplier: float = 0.0
   clip: float = 0.0
   adaptive_clip: bool = False
@@ -175,9 +200,11 @@ class AlgorithmSpec:
 
   def dp_options(self) -> dp_aggregation.DpOptions:
     return dp_aggregation.DpOptions(
-        noise_multiplier=self.noise_multiplier, clip=self.clip,
+        noise_multiplier=self.noise_multiplier,
+        clip=self.clip,
         adaptive_clip=self.adaptive_clip,
-        target_unclipped_quantile=self.target_unclipped_quantile)
+        target_unclipped_quantile=self.target_unclipped_quantile,
+    )
 
   @property
   def uses_secure_intrinsics(self) -> bool:
@@ -197,13 +224,16 @@ class AlgorithmSpec:
       )
     for flag, value, names in (
         ('client_optimizer', self.client_optimizer, OPTIMIZERS),
-        ('server_optimizer', self.server_optimizer, SERVER_OPTIMIZERS)):
+        ('server_optimizer', self.server_optimizer, SERVER_OPTIMIZERS),
+    ):
       if value not in names:
         raise ValueError(
             f'unknown --{flag}={value!r}; choose one of: {", ".join(names)}'
         )
-    for flag, value in (('client_learning_rate', self.client_learning_rate),
-                        ('server_learning_rate', self.server_learning_rate)):
+    for flag, value in (
+        ('client_learning_rate', self.client_learning_rate),
+        ('server_learning_rate', self.server_learning_rate),
+    ):
       if not (math.isfinite(value) and value > 0):
         raise ValueError(f'--{flag} must be a positive number, got {value}')
     if not 0.0 <= self.server_momentum < 1.0:
@@ -215,8 +245,9 @@ class AlgorithmSpec:
           f'unknown --client_weighting={self.client_weighting!r}; choose one'
           f' of: {", ".join(WEIGHTINGS)}'
       )
-    if not (math.isfinite(self.proximal_strength)
-            and self.proximal_strength >= 0):
+    if not (
+        math.isfinite(self.proximal_strength) and self.proximal_strength >= 0
+    ):
       raise ValueError(
           f'--proximal_strength must be >= 0, got {self.proximal_strength}'
       )
@@ -230,12 +261,14 @@ class AlgorithmSpec:
       raise ValueError(f'--q applies to qffl and qfedsgd, not {self.name}')
     if not (math.isfinite(self.q_lipschitz) and self.q_lipschitz >= 0):
       raise ValueError(
-          f'--q_lipschitz must be > 0 (0: 1 / client lr), got {self.q_lipschitz}')
+          f'--q_lipschitz must be > 0 (0: 1 / client lr), got {self.q_lipschitz}'
+      )
     if not math.isfinite(self.tilt):
       raise ValueError(f'--tilt must be finite, got {self.tilt}')
     if not (math.isfinite(self.afl_lambda_lr) and self.afl_lambda_lr >= 0):
       raise ValueError(
-          f'--afl_lambda_lr must be >= 0, got {self.afl_lambda_lr}')
+          f'--afl_lambda_lr must be >= 0, got {self.afl_lambda_lr}'
+      )
     if self.afl_lambda_lr and self.name != 'afl':
       raise ValueError(f'--afl_lambda_lr applies to afl only, not {self.name}')
     if not 0.0 < self.theta <= 1.0:
@@ -246,8 +279,10 @@ class AlgorithmSpec:
       if self.name != 'deltafl':
         raise ValueError(f'--thetas applies to deltafl only, not {self.name}')
       if self.theta != 1.0:
-        raise ValueError('give either --theta (one model) or --thetas (a '
-                         'family), not both')
+        raise ValueError(
+            'give either --theta (one model) or --thetas (a '
+            'family), not both'
+        )
       bad = [t for t in self.thetas if not 0.0 < t <= 1.0]
       if bad:
         raise ValueError(f'--thetas must be in (0, 1], got {bad[0]}')
@@ -256,22 +291,32 @@ class AlgorithmSpec:
     if self.secure_quantile not in SECURE_QUANTILES:
       raise ValueError(
           f'unknown --secure_quantile={self.secure_quantile!r}; choose one '
-          f'of: {", ".join(SECURE_QUANTILES)}')
+          f'of: {", ".join(SECURE_QUANTILES)}'
+      )
     if self.secure_quantile != 'none' and self.name != 'deltafl':
       raise ValueError(
-          f'--secure_quantile applies to deltafl only, not {self.name}')
+          f'--secure_quantile applies to deltafl only, not {self.name}'
+      )
     if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
       raise ValueError(f'--weight_decay must be >= 0, got {self.weight_decay}')
-    if not (math.isfinite(self.quantile_upper_bound)
-            and self.quantile_upper_bound > 0):
-      raise ValueError('--quantile_upper_bound must be > 0, got '
-                       f'{self.quantile_upper_bound}')
+    if not (
+        math.isfinite(self.quantile_upper_bound)
+        and self.quantile_upper_bound > 0
+    ):
+      raise ValueError(
+          '--quantile_upper_bound must be > 0, got '
+          f'{self.quantile_upper_bound}'
+      )
     if not 0 < self.quantile_tolerance < self.quantile_upper_bound:
-      raise ValueError('--quantile_tolerance must be in (0, upper bound), got '
-                       f'{self.quantile_tolerance}')
+      raise ValueError(
+          '--quantile_tolerance must be in (0, upper bound), got '
+          f'{self.quantile_tolerance}'
+      )
     if self.quantile_iterations < 1:
-      raise ValueError('--quantile_iterations must be >= 1, got '
-                       f'{self.quantile_iterations}')
+      raise ValueError(
+          '--quantile_iterations must be >= 1, got '
+          f'{self.quantile_iterations}'
+      )
     if self.tilt and self.name != 'term':
       raise ValueError(f'--tilt applies to term only, not {self.name}')
     self._validate_robustness()
@@ -281,148 +326,219 @@ class AlgorithmSpec:
   def _validate_robustness(self) -> None:
     """Aggregator and attack options (one message per problem)."""
     if self.aggregator not in AGGREGATORS:
-      raise ValueError(f'unknown --aggregator={self.aggregator!r}; choose one'
-                       f' of: {", ".join(AGGREGATORS)}')
+      raise ValueError(
+          f'unknown --aggregator={self.aggregator!r}; choose one'
+          f' of: {", ".join(AGGREGATORS)}'
+      )
     if self.aggregator != 'mean' and self.name not in AGGREGATOR_ALGORITHMS:
       raise ValueError(
           f'--aggregator={self.aggregator} applies to '
-          f'{", ".join(AGGREGATOR_ALGORITHMS)}, not {self.name}')
+          f'{", ".join(AGGREGATOR_ALGORITHMS)}, not {self.name}'
+      )
     if self.ditto_clip_norm and self.clip:
       raise ValueError('give --ditto_clip_norm or DP (--clip), not both')
     if self.aggregator != 'mean' and self.ditto_clip_norm:
       raise ValueError('give --ditto_clip_norm or --aggregator, not both')
     for field, owner in AGGREGATOR_OPTIONS:
       if getattr(self, field) is not None and self.aggregator != owner:
-        raise ValueError(f'--{field} applies to --aggregator={owner}, not '
-                         f'{self.aggregator}')
+        raise ValueError(
+            f'--{field} applies to --aggregator={owner}, not '
+            f'{self.aggregator}'
+        )
     if self.aggregator == 'clip' and (
-        (self.clip_norm is None) == (self.clip_target_quantile is None)):
-      raise ValueError('--aggregator=clip needs exactly one of --clip_norm '
-                       '(fixed) and --clip_target_quantile (adaptive)')
+        (self.clip_norm is None) == (self.clip_target_quantile is None)
+    ):
+      raise ValueError(
+          '--aggregator=clip needs exactly one of --clip_norm '
+          '(fixed) and --clip_target_quantile (adaptive)'
+      )
     if self.aggregator == 'krum' and self.krum_num_byzantine is None:
       raise ValueError('--aggregator=krum needs --krum_num_byzantine')
     if self.attack not in attacks.ATTACKS:
-      raise ValueError(f'unknown --attack={self.attack!r}; choose one of: '
-                       f'{", ".join(attacks.ATTACKS)}')
-    if (self.attack in attacks.UPDATE_ATTACKS
-        and self.name not in AGGREGATOR_ALGORITHMS):
+      raise ValueError(
+          f'unknown --attack={self.attack!r}; choose one of: '
+          f'{", ".join(attacks.ATTACKS)}'
+      )
+    if (
+        self.attack in attacks.UPDATE_ATTACKS
+        and self.name not in AGGREGATOR_ALGORITHMS
+    ):
       raise ValueError(
           f'--attack={self.attack} applies to '
-          f'{", ".join(AGGREGATOR_ALGORITHMS)}, not {self.name}')
+          f'{", ".join(AGGREGATOR_ALGORITHMS)}, not {self.name}'
+      )
     if self.attack_scale is not None:
       if self.attack not in attacks.UPDATE_ATTACKS:
-        raise ValueError('--attack_scale applies to --attack=gaussian or '
-                         f'model_replacement, not {self.attack}')
+        raise ValueError(
+            '--attack_scale applies to --attack=gaussian or '
+            f'model_replacement, not {self.attack}'
+        )
       attacks.UpdateAttack(self.attack, self.attack_scale)
     # Build the factory once so its own checks run before anything else.
     model_aggregator(self)
 
   def _validate_personalized(self) -> None:
     """Ditto and Fed+ options (one message per problem)."""
-    ditto_given = [f for f in ('ditto_lambda', 'ditto_lambda_grid',
-                               'ditto_personal_steps', 'ditto_personal_lr',
-                               'ditto_clip_norm') if getattr(self, f)
-                   or (f == 'ditto_lambda' and self.ditto_lambda is not None)]
+    ditto_given = [
+        f
+        for f in (
+            'ditto_lambda',
+            'ditto_lambda_grid',
+            'ditto_personal_steps',
+            'ditto_personal_lr',
+            'ditto_clip_norm',
+        )
+        if getattr(self, f)
+        or (f == 'ditto_lambda' and self.ditto_lambda is not None)
+    ]
     if ditto_given and self.name != 'ditto':
-      raise ValueError(f'--{ditto_given[0]} applies to ditto only, not '
-                       f'{self.name}')
-    plus_given = [f for f in ('fedplus_sigma', 'fedplus_delta',
-                              'fedplus_lambda') if getattr(self, f) is not None]
+      raise ValueError(
+          f'--{ditto_given[0]} applies to ditto only, not ' f'{self.name}'
+      )
+    plus_given = [
+        f
+        for f in ('fedplus_sigma', 'fedplus_delta', 'fedplus_lambda')
+        if getattr(self, f) is not None
+    ]
     plus_given += [f for f in ('fedplus_local_steps',) if getattr(self, f)]
     if self.fedplus_iterations != 20:
       plus_given.append('fedplus_iterations')
     if plus_given and self.name not in FED_PLUS_PSI:
-      raise ValueError(f'--{plus_given[0]} applies to fedavg_plus, '
-                       f'fedgeomed_plus and fedcomed_plus, not {self.name}')
+      raise ValueError(
+          f'--{plus_given[0]} applies to fedavg_plus, '
+          f'fedgeomed_plus and fedcomed_plus, not {self.name}'
+      )
     if self.name == 'ditto':
       if self.ditto_lambda is not None and self.ditto_lambda_grid:
         raise ValueError('give --ditto_lambda or --ditto_lambda_grid, not both')
       if not self.ditto_lambdas:
-        raise ValueError('ditto needs --ditto_lambda (fixed) or '
-                         '--ditto_lambda_grid (selected per client on '
-                         'validation data)')
+        raise ValueError(
+            'ditto needs --ditto_lambda (fixed) or '
+            '--ditto_lambda_grid (selected per client on '
+            'validation data)'
+        )
       ditto.check_lambdas(list(self.ditto_lambdas))
       if self.ditto_personal_steps < 0:
-        raise ValueError('--ditto_personal_steps must be >= 0, got '
-                         f'{self.ditto_personal_steps}')
+        raise ValueError(
+            '--ditto_personal_steps must be >= 0, got '
+            f'{self.ditto_personal_steps}'
+        )
       for flag in ('ditto_personal_lr', 'ditto_clip_norm'):
         value = getattr(self, flag)
         if not (math.isfinite(value) and value >= 0):
           raise ValueError(f'--{flag} must be >= 0, got {value}')
     if self.name in FED_PLUS_PSI:
       if self.fedplus_sigma is None:
-        raise ValueError(f'{self.name} needs --fedplus_sigma (the paper '
-                         'advises kappa = 1/(1 + lr sigma) in [0.9, 0.999])')
-      checks = (('fedplus_sigma', self.fedplus_sigma, 0.0, math.inf),
-                ('fedplus_delta', self.fedplus_delta, 0.0, math.inf),
-                ('fedplus_lambda', self.fedplus_lambda, 0.0, 1.0))
+        raise ValueError(
+            f'{self.name} needs --fedplus_sigma (the paper '
+            'advises kappa = 1/(1 + lr sigma) in [0.9, 0.999])'
+        )
+      checks = (
+          ('fedplus_sigma', self.fedplus_sigma, 0.0, math.inf),
+          ('fedplus_delta', self.fedplus_delta, 0.0, math.inf),
+          ('fedplus_lambda', self.fedplus_lambda, 0.0, 1.0),
+      )
       for flag, value, low, high in checks:
-        if value is not None and not (math.isfinite(value)
-                                      and low <= value <= high):
-          raise ValueError(f'--{flag} must be in [{low:g}, {high:g}], got '
-                           f'{value}')
+        if value is not None and not (
+            math.isfinite(value) and low <= value <= high
+        ):
+          raise ValueError(
+              f'--{flag} must be in [{low:g}, {high:g}], got ' f'{value}'
+          )
       if self.fedplus_local_steps < 0:
-        raise ValueError('--fedplus_local_steps must be >= 0, got '
-                         f'{self.fedplus_local_steps}')
+        raise ValueError(
+            '--fedplus_local_steps must be >= 0, got '
+            f'{self.fedplus_local_steps}'
+        )
       if self.fedplus_iterations < 1:
-        raise ValueError('--fedplus_iterations must be >= 1, got '
-                         f'{self.fedplus_iterations}')
+        raise ValueError(
+            '--fedplus_iterations must be >= 1, got '
+            f'{self.fedplus_iterations}'
+        )
       if self.client_optimizer != 'sgd':
-        raise ValueError(f'{self.name} takes plain local steps of size '
-                         '--client_learning_rate; --client_optimizer must be'
-                         ' sgd')
-      if (self.server_optimizer != 'sgd' or self.server_learning_rate != 1.0
-          or self.server_momentum):
-        raise ValueError(f'{self.name} has no server optimizer (its '
-                         'aggregate is the Psi-regularised median/mean); '
-                         'leave the --server_* flags at their defaults')
+        raise ValueError(
+            f'{self.name} takes plain local steps of size '
+            '--client_learning_rate; --client_optimizer must be'
+            ' sgd'
+        )
+      if (
+          self.server_optimizer != 'sgd'
+          or self.server_learning_rate != 1.0
+          or self.server_momentum
+      ):
+        raise ValueError(
+            f'{self.name} has no server optimizer (its '
+            'aggregate is the Psi-regularised median/mean); '
+            'leave the --server_* flags at their defaults'
+        )
 
   def _validate_dp(self) -> None:
     """The DP and DP^2 options (issue 6)."""
     if not (math.isfinite(self.clip) and self.clip >= 0):
       raise ValueError(f'--clip must be >= 0 (0: no DP), got {self.clip}')
-    if not (math.isfinite(self.noise_multiplier)
-            and self.noise_multiplier >= 0):
+    if not (
+        math.isfinite(self.noise_multiplier) and self.noise_multiplier >= 0
+    ):
       raise ValueError(
-          f'--noise_multiplier must be >= 0, got {self.noise_multiplier}')
+          f'--noise_multiplier must be >= 0, got {self.noise_multiplier}'
+      )
     if self.uses_dp and self.aggregator != 'mean':
-      raise ValueError('DP aggregation (--clip) and --aggregator cannot be '
-                       'combined')
+      raise ValueError(
+          'DP aggregation (--clip) and --aggregator cannot be ' 'combined'
+      )
     if self.uses_dp and self.thetas:
-      raise ValueError('DP aggregation (--clip) applies to one Delta-FL '
-                       'model (--theta), not a family (--thetas)')
+      raise ValueError(
+          'DP aggregation (--clip) applies to one Delta-FL '
+          'model (--theta), not a family (--thetas)'
+      )
     if not self.uses_dp:
-      for flag, on in (('noise_multiplier', self.noise_multiplier),
-                       ('adaptive_clip', self.adaptive_clip),
-                       ('quantile_noise_stddev', self.quantile_noise_stddev)):
+      for flag, on in (
+          ('noise_multiplier', self.noise_multiplier),
+          ('adaptive_clip', self.adaptive_clip),
+          ('quantile_noise_stddev', self.quantile_noise_stddev),
+      ):
         if on:
           raise ValueError(f'--{flag} needs DP aggregation: pass --clip > 0')
     else:
       if self.name not in DP_ALGORITHMS:
         raise ValueError(
             f'DP aggregation (--clip) applies to algorithms that aggregate a '
-            f'mean ({", ".join(DP_ALGORITHMS)}), not {self.name}')
+            f'mean ({", ".join(DP_ALGORITHMS)}), not {self.name}'
+        )
       if self.name == 'deltafl':
         if not self.uniform_weights:
-          raise ValueError('DP needs uniform client weighting: pass '
-                           '--uniform_weights with deltafl')
+          raise ValueError(
+              'DP needs uniform client weighting: pass '
+              '--uniform_weights with deltafl'
+          )
         if self.secure_quantile != 'private' or not self.quantile_noise_stddev:
           raise ValueError(
               'DP with deltafl needs a private quantile: pass '
-              '--secure_quantile=private and --quantile_noise_stddev > 0')
+              '--secure_quantile=private and --quantile_noise_stddev > 0'
+          )
       elif self.client_weighting != 'uniform':
-        raise ValueError('DP aggregation needs uniform client weighting: pass '
-                         '--client_weighting=uniform')
+        raise ValueError(
+            'DP aggregation needs uniform client weighting: pass '
+            '--client_weighting=uniform'
+        )
       self.dp_options().validate()
-    if not (math.isfinite(self.quantile_noise_stddev)
-            and self.quantile_noise_stddev >= 0):
-      raise ValueError('--quantile_noise_stddev must be >= 0, got '
-                       f'{self.quantile_noise_stddev}')
+    if not (
+        math.isfinite(self.quantile_noise_stddev)
+        and self.quantile_noise_stddev >= 0
+    ):
+      raise ValueError(
+          '--quantile_noise_stddev must be >= 0, got '
+          f'{self.quantile_noise_stddev}'
+      )
     if self.server_optimizer == 'dp2':
       dp2.build_dp2(
-          self.server_learning_rate, self.dp2_rmsprop_learning_rate,
-          sgd_steps=self.dp2_sgd_steps, rmsprop_steps=self.dp2_rmsprop_steps,
-          beta=self.dp2_beta, epsilon=self.dp2_epsilon)
+          self.server_learning_rate,
+          self.dp2_rmsprop_learning_rate,
+          sgd_steps=self.dp2_sgd_steps,
+          rmsprop_steps=self.dp2_rmsprop_steps,
+          beta=self.dp2_beta,
+          epsilon=self.dp2_epsilon,
+      )
       if self.server_momentum:
         raise ValueError('--server_sgd_momentum does not apply to dp2')
 
@@ -432,38 +548,49 @@ class AlgorithmSpec:
         'qffl': f', q={self.q:g}, L={self.lipschitz_constant:g}',
         'qfedsgd': f', q={self.q:g}, L={self.lipschitz_constant:g}',
         'term': f', t={self.tilt:g}',
-        'deltafl': (f', thetas={",".join(f"{t:g}" for t in self.thetas)}'
-                    if self.thetas else f', theta={self.theta:g}')
-                   + f', quantile={self.secure_quantile}'
-                   f'{", strict >" if self.strict_filter else ", >="}',
+        'deltafl': (
+            f', thetas={",".join(f"{t:g}" for t in self.thetas)}'
+            if self.thetas
+            else f', theta={self.theta:g}'
+        )
+        + f', quantile={self.secure_quantile}'
+        f'{", strict >" if self.strict_filter else ", >="}',
         'afl': f', gamma_w={self.client_learning_rate:g}, '
-               f'gamma_lambda={self.afl_lambda_lr:g}',
+        f'gamma_lambda={self.afl_lambda_lr:g}',
         'ditto': f', lambda={",".join(f"{v:g}" for v in self.ditto_lambdas)}'
-                 f'{", clip=%g" % self.ditto_clip_norm if self.ditto_clip_norm else ""}',
+        f'{", clip=%g" % self.ditto_clip_norm if self.ditto_clip_norm else ""}',
     }.get(self.name, '')
     if self.name in FED_PLUS_PSI:
       sigma = self.fedplus_sigma or 0.0
       kappa = 1.0 / (1.0 + self.client_learning_rate * sigma)
-      extra = (f', sigma={sigma:g} (kappa={kappa:.6g}), delta='
-               f'{self.fedplus_delta if self.fedplus_delta is not None else 0.1:g}'
-               f', lambda={self.fedplus_lambda or 0.0:g}')
+      extra = (
+          f', sigma={sigma:g} (kappa={kappa:.6g}), delta='
+          f'{self.fedplus_delta if self.fedplus_delta is not None else 0.1:g}'
+          f', lambda={self.fedplus_lambda or 0.0:g}'
+      )
     if self.uses_dp:
-      extra += (f', DP z={self.noise_multiplier:g} C={self.clip:g}'
-                f'{" adaptive" if self.adaptive_clip else ""}')
-    return (f'{self.name} (client {self.client_optimizer} '
-            f'lr={self.client_learning_rate:g}, server {self.server_optimizer}'
-            f' lr={self.server_learning_rate:g}{extra}'
-            f'{self._describe_robustness()})')
+      extra += (
+          f', DP z={self.noise_multiplier:g} C={self.clip:g}'
+          f'{" adaptive" if self.adaptive_clip else ""}'
+      )
+    return (
+        f'{self.name} (client {self.client_optimizer} '
+        f'lr={self.client_learning_rate:g}, server {self.server_optimizer}'
+        f' lr={self.server_learning_rate:g}{extra}'
+        f'{self._describe_robustness()})'
+    )
 
   def _describe_robustness(self) -> str:
     parts = []
     if self.aggregator != 'mean':
       options = ', '.join(
-          f'{field}={getattr(self, field)}' for field, owner in
-          AGGREGATOR_OPTIONS if owner == self.aggregator
-          and getattr(self, field) is not None)
-      parts.append(f'aggregator {self.aggregator}'
-                   + (f' ({options})' if options else ''))
+          f'{field}={getattr(self, field)}'
+          for field, owner in AGGREGATOR_OPTIONS
+          if owner == self.aggregator and getattr(self, field) is not None
+      )
+      parts.append(
+          f'aggregator {self.aggregator}' + (f' ({options})' if options else '')
+      )
     if self.attack != 'none':
       parts.append(f'attack {self.attack}')
     return ''.join(f', {p}' for p in parts)
@@ -475,33 +602,41 @@ def model_aggregator(
   """The `tff_algos.aggregators` factory named by the spec (None: mean)."""
   if spec.aggregator == 'geometric_median':
     return aggregators.build_geometric_median(
-        num_passes=3 if spec.gm_passes is None else spec.gm_passes)
+        num_passes=3 if spec.gm_passes is None else spec.gm_passes
+    )
   if spec.aggregator == 'coordinate_median':
     return aggregators.build_coordinate_median()
   if spec.aggregator == 'trimmed_mean':
     return aggregators.build_trimmed_mean(
-        trim_fraction=0.1 if spec.trim_fraction is None else spec.trim_fraction)
+        trim_fraction=0.1 if spec.trim_fraction is None else spec.trim_fraction
+    )
   if spec.aggregator == 'krum':
-    return aggregators.build_krum(num_byzantine=spec.krum_num_byzantine,
-                                  num_selected=spec.krum_num_selected)
+    return aggregators.build_krum(
+        num_byzantine=spec.krum_num_byzantine,
+        num_selected=spec.krum_num_selected,
+    )
   if spec.aggregator == 'clip':
     if spec.clip_norm is not None:
       return aggregators.build_clipping(clip_norm=spec.clip_norm)
     return aggregators.build_clipping(
-        adaptive=True, target_quantile=spec.clip_target_quantile)
+        adaptive=True, target_quantile=spec.clip_target_quantile
+    )
   return None
 
 
-def update_attack(spec: AlgorithmSpec, *,
-                  clients_per_round: int) -> Optional[attacks.UpdateAttack]:
+def update_attack(
+    spec: AlgorithmSpec, *, clients_per_round: int
+) -> Optional[attacks.UpdateAttack]:
   """The update-level attack of the spec (None for none / label_poison)."""
   if spec.attack not in attacks.UPDATE_ATTACKS:
     return None
   scale = spec.attack_scale
   if scale is None:
     scale = attacks.default_scale(
-        spec.attack, clients_per_round=clients_per_round,
-        server_learning_rate=spec.server_learning_rate)
+        spec.attack,
+        clients_per_round=clients_per_round,
+        server_learning_rate=spec.server_learning_rate,
+    )
   return attacks.UpdateAttack(spec.attack, scale)
 
 
@@ -512,19 +647,33 @@ def quantile_estimator(spec: AlgorithmSpec, clients_per_round: int = 0):
     return quantiles.build_estimator('exact', level=level)
   if spec.secure_quantile == 'mm':
     return quantiles.build_estimator(
-        'mm', level=level, num_iterations=spec.quantile_iterations, lower=0.0,
-        upper=spec.quantile_upper_bound)
+        'mm',
+        level=level,
+        num_iterations=spec.quantile_iterations,
+        lower=0.0,
+        upper=spec.quantile_upper_bound,
+    )
   if spec.secure_quantile == 'bisection':
     return quantiles.build_estimator(
-        'bisection', level=level, lower=0.0, upper=spec.quantile_upper_bound,
-        tolerance=spec.quantile_tolerance)
+        'bisection',
+        level=level,
+        lower=0.0,
+        upper=spec.quantile_upper_bound,
+        tolerance=spec.quantile_tolerance,
+    )
   noise = {}
   if spec.quantile_noise_stddev:
-    noise = dict(noise_stddev=spec.quantile_noise_stddev,
-                 expected_num_clients=float(max(clients_per_round, 1)))
+    noise = dict(
+        noise_stddev=spec.quantile_noise_stddev,
+        expected_num_clients=float(max(clients_per_round, 1)),
+    )
   return quantiles.build_estimator(
-      'private', level=level, initial_estimate=1.0,
-      num_steps=spec.quantile_iterations, **noise)
+      'private',
+      level=level,
+      initial_estimate=1.0,
+      num_steps=spec.quantile_iterations,
+      **noise,
+  )
 
 
 def build_process(
@@ -534,7 +683,8 @@ def build_process(
     num_clients: int = 0,
     clients_per_round: int = 10,
     loop_implementation: tff.learning.LoopImplementation = (
-        tff.learning.LoopImplementation.DATASET_REDUCE),
+        tff.learning.LoopImplementation.DATASET_REDUCE
+    ),
 ) -> tff.learning.templates.LearningProcess:
   """The `LearningProcess` of `spec` for `model_fn`.
 
@@ -555,58 +705,92 @@ def build_process(
   def aggregation(dp_clients_per_round: float) -> dict:
     """The model aggregator (DP, robust or mean) and the update attack."""
     return dict(
-        model_aggregator=(_dp_aggregator(spec, dp_clients_per_round)
-                          if spec.uses_dp else model_aggregator(spec)),
-        update_attack=update_attack(spec, clients_per_round=clients_per_round))
+        model_aggregator=(
+            _dp_aggregator(spec, dp_clients_per_round)
+            if spec.uses_dp
+            else model_aggregator(spec)
+        ),
+        update_attack=update_attack(spec, clients_per_round=clients_per_round),
+    )
 
   if spec.name == 'deltafl' and spec.thetas:
     return delta_fl.build_delta_fl_family(
-        model_fn, build_optimizer(spec.client_optimizer,
-                                  spec.client_learning_rate),
+        model_fn,
+        build_optimizer(spec.client_optimizer, spec.client_learning_rate),
         _server_optimizer(spec),
         thetas=spec.thetas,
         quantile_estimator_fn=lambda t: quantile_estimator(
-            dataclasses.replace(spec, theta=t, thetas=()), clients_per_round),
+            dataclasses.replace(spec, theta=t, thetas=()), clients_per_round
+        ),
         strict_filter=spec.strict_filter,
-        uniform_weights=spec.uniform_weights, weight_decay=spec.weight_decay,
-        **aggregation(clients_per_round), **loop)
+        uniform_weights=spec.uniform_weights,
+        weight_decay=spec.weight_decay,
+        **aggregation(clients_per_round),
+        **loop,
+    )
   if spec.name == 'deltafl':
     return delta_fl.build_delta_fl(
-        model_fn, build_optimizer(spec.client_optimizer,
-                                  spec.client_learning_rate),
+        model_fn,
+        build_optimizer(spec.client_optimizer, spec.client_learning_rate),
         _server_optimizer(spec),
         theta=spec.theta,
         quantile_estimator=quantile_estimator(spec, clients_per_round),
         strict_filter=spec.strict_filter,
-        uniform_weights=spec.uniform_weights, weight_decay=spec.weight_decay,
-        **aggregation(max(1.0, spec.theta * clients_per_round)), **loop)
+        uniform_weights=spec.uniform_weights,
+        weight_decay=spec.weight_decay,
+        **aggregation(max(1.0, spec.theta * clients_per_round)),
+        **loop,
+    )
   if spec.name == 'afl':
     return afl.build_afl(
-        model_fn, num_clients=num_clients,
+        model_fn,
+        num_clients=num_clients,
         model_learning_rate=spec.client_learning_rate,
-        mixture_learning_rate=spec.afl_lambda_lr)
+        mixture_learning_rate=spec.afl_lambda_lr,
+    )
   client_opt = build_optimizer(spec.client_optimizer, spec.client_learning_rate)
   server_opt = _server_optimizer(spec)
   weighting = WEIGHTINGS[spec.client_weighting]
   if spec.name == 'fedavg':
     return fed_avg.build_fed_avg(
-        model_fn, client_opt, server_opt, client_weighting=weighting,
-        **aggregation(clients_per_round), **loop)
+        model_fn,
+        client_opt,
+        server_opt,
+        client_weighting=weighting,
+        **aggregation(clients_per_round),
+        **loop,
+    )
   if spec.name == 'fedprox':
     return fed_prox.build_fed_prox(
-        model_fn, client_opt, server_opt,
-        proximal_strength=spec.proximal_strength, client_weighting=weighting,
-        **aggregation(clients_per_round), **loop)
+        model_fn,
+        client_opt,
+        server_opt,
+        proximal_strength=spec.proximal_strength,
+        client_weighting=weighting,
+        **aggregation(clients_per_round),
+        **loop,
+    )
   if spec.name == 'qffl':
     return q_ffl.build_q_fedavg(
-        model_fn, client_opt, q=spec.q,
-        lipschitz_constant=spec.lipschitz_constant, **loop)
+        model_fn,
+        client_opt,
+        q=spec.q,
+        lipschitz_constant=spec.lipschitz_constant,
+        **loop,
+    )
   if spec.name == 'qfedsgd':
     return q_ffl.build_q_fedsgd(
-        model_fn, q=spec.q, lipschitz_constant=spec.lipschitz_constant)
+        model_fn, q=spec.q, lipschitz_constant=spec.lipschitz_constant
+    )
   return term.build_term(
-      model_fn, client_opt, server_opt, tilt=spec.tilt,
-      proximal_strength=spec.proximal_strength, **aggregation(clients_per_round), **loop)
+      model_fn,
+      client_opt,
+      server_opt,
+      tilt=spec.tilt,
+      proximal_strength=spec.proximal_strength,
+      **aggregation(clients_per_round),
+      **loop,
+  )
 
 
 def _build_stateful(spec: AlgorithmSpec, model_fn, clients_per_round: int):
@@ -614,42 +798,60 @@ def _build_stateful(spec: AlgorithmSpec, model_fn, clients_per_round: int):
   if spec.name == 'ditto':
     personal_opt = None
     if spec.ditto_personal_lr:
-      personal_opt = build_optimizer(spec.client_optimizer,
-                                     spec.ditto_personal_lr)
-    aggregator = (_dp_aggregator(spec, clients_per_round) if spec.uses_dp
-                  else model_aggregator(spec))
+      personal_opt = build_optimizer(
+          spec.client_optimizer, spec.ditto_personal_lr
+      )
+    aggregator = (
+        _dp_aggregator(spec, clients_per_round)
+        if spec.uses_dp
+        else model_aggregator(spec)
+    )
     if spec.ditto_clip_norm:
       aggregator = tff.aggregators.clipping_factory(
-          spec.ditto_clip_norm, tff.aggregators.MeanFactory())
+          spec.ditto_clip_norm, tff.aggregators.MeanFactory()
+      )
     return ditto.build_ditto(
         model_fn,
         build_optimizer(spec.client_optimizer, spec.client_learning_rate),
-        build_optimizer(spec.server_optimizer, spec.server_learning_rate,
-                        spec.server_momentum),
-        lam=list(spec.ditto_lambdas), personal_optimizer_fn=personal_opt,
+        build_optimizer(
+            spec.server_optimizer,
+            spec.server_learning_rate,
+            spec.server_momentum,
+        ),
+        lam=list(spec.ditto_lambdas),
+        personal_optimizer_fn=personal_opt,
         personal_steps=spec.ditto_personal_steps,
         client_weighting=WEIGHTINGS[spec.client_weighting],
         model_aggregator=aggregator,
-        update_attack=update_attack(spec, clients_per_round=clients_per_round))
+        update_attack=update_attack(spec, clients_per_round=clients_per_round),
+    )
   if spec.name in FED_PLUS_PSI:
     return fed_plus.build_fed_plus(
-        model_fn, psi=FED_PLUS_PSI[spec.name],
-        learning_rate=spec.client_learning_rate, sigma=spec.fedplus_sigma,
+        model_fn,
+        psi=FED_PLUS_PSI[spec.name],
+        learning_rate=spec.client_learning_rate,
+        sigma=spec.fedplus_sigma,
         delta=0.1 if spec.fedplus_delta is None else spec.fedplus_delta,
         lam=spec.fedplus_lambda or 0.0,
         local_steps=spec.fedplus_local_steps,
-        aggregation_iterations=spec.fedplus_iterations)
+        aggregation_iterations=spec.fedplus_iterations,
+    )
   raise ValueError(f'{spec.name} is not a stateful-client algorithm')
 
 
 def _server_optimizer(spec: AlgorithmSpec) -> tff.learning.optimizers.Optimizer:
   if spec.server_optimizer == 'dp2':
     return dp2.build_dp2(
-        spec.server_learning_rate, spec.dp2_rmsprop_learning_rate,
-        sgd_steps=spec.dp2_sgd_steps, rmsprop_steps=spec.dp2_rmsprop_steps,
-        beta=spec.dp2_beta, epsilon=spec.dp2_epsilon)
-  return build_optimizer(spec.server_optimizer, spec.server_learning_rate,
-                         spec.server_momentum)
+        spec.server_learning_rate,
+        spec.dp2_rmsprop_learning_rate,
+        sgd_steps=spec.dp2_sgd_steps,
+        rmsprop_steps=spec.dp2_rmsprop_steps,
+        beta=spec.dp2_beta,
+        epsilon=spec.dp2_epsilon,
+    )
+  return build_optimizer(
+      spec.server_optimizer, spec.server_learning_rate, spec.server_momentum
+  )
 
 
 def _dp_aggregator(spec: AlgorithmSpec, clients_per_round: float):
@@ -657,4 +859,5 @@ def _dp_aggregator(spec: AlgorithmSpec, clients_per_round: float):
   if not spec.uses_dp:
     return None
   return dp_aggregation.build_dp_aggregator(
-      spec.dp_options(), clients_per_round=float(clients_per_round))
+      spec.dp_options(), clients_per_round=float(clients_per_round)
+  )

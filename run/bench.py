@@ -66,6 +66,7 @@ from typing import Any, Optional
 from absl import flags
 from absl import logging
 import numpy as np
+
 # TensorFlow must be imported here, before `app.run`: imported inside absl's
 # main, TF 2.14 traces tf.functions with executing_eagerly_outside_functions()
 # False, so `tensor != tensor` becomes a Python identity test (autograph then
@@ -83,6 +84,7 @@ from tff_algos import composition
 from tff_algos import fed_avg
 from tff_algos import runtime
 from tff_algos import stragglers
+
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 SYSTEMS = ('ours', 'stock', 'plain', 'preloaded')
@@ -98,11 +100,17 @@ BENCH_TASKS = ('synthetic', 'synthetic_iid')
 # not defined at import, so this module can be imported next to `run.train`,
 # whose flags share these names.
 _FLAG_SPECS = (
-    ('task', 'synthetic',
-     f'Task: one of {", ".join(BENCH_TASKS)} (softmax regression 60x10).'),
+    (
+        'task',
+        'synthetic',
+        f'Task: one of {", ".join(BENCH_TASKS)} (softmax regression 60x10).',
+    ),
     ('num_clients', 100, 'Number of clients.'),
-    ('examples_per_client', 150,
-     'Training examples of every client (constant size law).'),
+    (
+        'examples_per_client',
+        150,
+        'Training examples of every client (constant size law).',
+    ),
     ('clients_per_round', 10, 'Clients selected per round.'),
     ('client_batch_size', 10, 'Local batch size.'),
     ('client_epochs_per_round', 1, 'Local epochs per round.'),
@@ -155,16 +163,26 @@ class BenchConfig:
           f'unknown --task={self.task!r}; the benchmark supports: '
           f'{", ".join(BENCH_TASKS)}'
       )
-    for name in ('num_clients', 'examples_per_client', 'clients_per_round',
-                 'client_batch_size', 'client_epochs_per_round', 'rounds',
-                 'repeats'):
+    for name in (
+        'num_clients',
+        'examples_per_client',
+        'clients_per_round',
+        'client_batch_size',
+        'client_epochs_per_round',
+        'rounds',
+        'repeats',
+    ):
       value = getattr(self, name)
       if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise UsageError(f'--{name} must be a positive integer, got {value!r}')
-    if (isinstance(self.warmup_rounds, bool)
-        or not isinstance(self.warmup_rounds, int) or self.warmup_rounds < 0):
+    if (
+        isinstance(self.warmup_rounds, bool)
+        or not isinstance(self.warmup_rounds, int)
+        or self.warmup_rounds < 0
+    ):
       raise UsageError(
-          f'--warmup_rounds must be an integer >= 0, got {self.warmup_rounds!r}')
+          f'--warmup_rounds must be an integer >= 0, got {self.warmup_rounds!r}'
+      )
     if self.clients_per_round > self.num_clients:
       raise UsageError(
           f'--clients_per_round={self.clients_per_round} exceeds '
@@ -173,7 +191,8 @@ class BenchConfig:
     lr = self.client_learning_rate
     if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
       raise UsageError(
-          f'--client_learning_rate must be a positive number, got {lr!r}')
+          f'--client_learning_rate must be a positive number, got {lr!r}'
+      )
 
   @property
   def total_rounds(self) -> int:
@@ -181,7 +200,8 @@ class BenchConfig:
 
 
 def config_from_flags(
-    flag_values: flags.FlagValues = flags.FLAGS) -> BenchConfig:
+    flag_values: flags.FlagValues = flags.FLAGS,
+) -> BenchConfig:
   """The validated `BenchConfig` of parsed flags (raises `UsageError`)."""
   names = [f.name for f in dataclasses.fields(BenchConfig)]
   config = BenchConfig(**{name: flag_values[name].value for name in names})
@@ -199,8 +219,9 @@ def machine_info() -> dict[str, Any]:
           cpu = line.split(':', 1)[1].strip()
           break
   info = {
-      'nproc': len(os.sched_getaffinity(0)) if hasattr(
-          os, 'sched_getaffinity') else os.cpu_count(),
+      'nproc': len(os.sched_getaffinity(0))
+      if hasattr(os, 'sched_getaffinity')
+      else os.cpu_count(),
       'cpu_count': os.cpu_count(),
       'cpu_model': cpu,
       'python': platform.python_version(),
@@ -217,9 +238,13 @@ def build_task(config: BenchConfig):
   `examples_per_client` (the benchmark never evaluates).
   """
   return registry.create_task(
-      config.task, num_clients=config.num_clients, seed=config.seed,
-      batch_size=config.client_batch_size, size_law='constant',
-      constant_size=config.examples_per_client + 1, test_fraction=1e-9,
+      config.task,
+      num_clients=config.num_clients,
+      seed=config.seed,
+      batch_size=config.client_batch_size,
+      size_law='constant',
+      constant_size=config.examples_per_client + 1,
+      test_fraction=1e-9,
   )
 
 
@@ -247,12 +272,15 @@ class PlainLoop:
     # from-logits loss): once TFF has built Keras models inside
     # tf.compat.v1 graphs, calling a Keras model made outside them fails
     # ("Your Layer or Model is in an invalid state").
-    self.model = tf.keras.Sequential([
-        tf.keras.layers.Dense(
-            synthetic.NUM_CLASSES, kernel_initializer='zeros',
-            bias_initializer='zeros',
-        ),
-    ])
+    self.model = tf.keras.Sequential(
+        [
+            tf.keras.layers.Dense(
+                synthetic.NUM_CLASSES,
+                kernel_initializer='zeros',
+                bias_initializer='zeros',
+            ),
+        ]
+    )
     self.model.build((None, synthetic.NUM_FEATURES))
     kernel, bias = self.model.layers[0].kernel, self.model.layers[0].bias
     variables = (kernel, bias)
@@ -264,7 +292,9 @@ class PlainLoop:
         logits = tf.nn.bias_add(tf.matmul(x, kernel), bias)
         loss = tf.reduce_mean(
             tf.nn.sparse_softmax_cross_entropy_with_logits(
-                labels=tf.cast(y, tf.int64), logits=logits))
+                labels=tf.cast(y, tf.int64), logits=logits
+            )
+        )
       grads = tape.gradient(loss, variables)
       for v, g in zip(variables, grads):
         v.assign_sub(lr * g)
@@ -282,14 +312,16 @@ class PlainLoop:
     def finish(acc, total, n, initial):
       acc, total = fold(acc, total, n, initial)
       safe = tf.maximum(total, 1.0)
-      new = [tf.where(total > 0, w0 - a / safe, w0)
-             for w0, a in zip(initial, acc)]
+      new = [
+          tf.where(total > 0, w0 - a / safe, w0) for w0, a in zip(initial, acc)
+      ]
       return new, total
 
     def owner(step, client_ends):
       # Index of the client whose batches include `step`.
       return tf.searchsorted(
-          client_ends, [step], side='right', out_type=tf.int64)[0]
+          client_ends, [step], side='right', out_type=tf.int64
+      )[0]
 
     @tf.function
     def round_from_dataset(initial, dataset, client_ends):
@@ -322,8 +354,8 @@ class PlainLoop:
           start_client(initial)
           n = tf.constant(0.0)
           current = k
-        x = x_all[offsets[step]:offsets[step + 1]]
-        y = y_all[offsets[step]:offsets[step + 1]]
+        x = x_all[offsets[step] : offsets[step + 1]]
+        y = y_all[offsets[step] : offsets[step + 1]]
         n += sgd_step(x, y)
       return finish(acc, total, n, initial)
 
@@ -345,8 +377,9 @@ class PlainLoop:
     for ds in datasets[1:]:
       stream = stream.concatenate(ds)
     initial = [tf.constant(w) for w in self.weights]
-    return self._apply(*self._round_from_dataset(
-        initial, stream, self._client_ends(datasets)))
+    return self._apply(
+        *self._round_from_dataset(initial, stream, self._client_ends(datasets))
+    )
 
   def preload(self, datasets):
     """The round's batches as tensors (flat examples, batch offsets)."""
@@ -356,9 +389,12 @@ class PlainLoop:
         xs.append(x.numpy())
         ys.append(y.numpy())
         sizes.append(len(y))
-    return (tf.constant(np.concatenate(xs)), tf.constant(np.concatenate(ys)),
-            tf.constant(np.cumsum(sizes, dtype=np.int64)),
-            self._client_ends(datasets))
+    return (
+        tf.constant(np.concatenate(xs)),
+        tf.constant(np.concatenate(ys)),
+        tf.constant(np.cumsum(sizes, dtype=np.int64)),
+        self._client_ends(datasets),
+    )
 
   def next_preloaded(self, batches) -> int:
     """Runs one round on `preload`'s tensors; returns the examples seen."""
@@ -379,7 +415,7 @@ def _cpu_seconds() -> float:
         stat = f.read().decode('utf-8', 'replace')
     except OSError:
       continue
-    fields = stat[stat.rfind(')') + 2:].split()
+    fields = stat[stat.rfind(')') + 2 :].split()
     total += (int(fields[11]) + int(fields[12])) / ticks  # utime, stime.
   return total
 
@@ -392,10 +428,12 @@ def _load_average() -> Optional[list[float]]:
 
 
 def _max_abs_diff(a, b) -> float:
-  return float(max(
-      np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64)))
-      for x, y in zip(a, b)
-  ))
+  return float(
+      max(
+          np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64)))
+          for x, y in zip(a, b)
+      )
+  )
 
 
 def benchmark(
@@ -454,22 +492,25 @@ def benchmark(
       name: composition.model_weights_as_numpy(processes[name], states[name])
       for name in processes
   }
-  shapes = {name: [w.shape for w in weights]
-            for name, weights in initial.items()}
+  shapes = {
+      name: [w.shape for w in weights] for name, weights in initial.items()
+  }
   for name, loop in plain_loops.items():
     initial[name] = loop.weights
     shapes[name] = [w.shape for w in loop.weights]
   if len({str(s) for s in shapes.values()}) != 1:
     raise RuntimeError(f'the models of the systems differ in shape: {shapes}')
-  initial_diff = max(_max_abs_diff(initial['ours'], initial[name])
-                     for name in SYSTEMS)
+  initial_diff = max(
+      _max_abs_diff(initial['ours'], initial[name]) for name in SYSTEMS
+  )
   if initial_diff:
     raise RuntimeError(f'the initial models differ (L-inf {initial_diff})')
 
   def run_round(name, round_num, plans) -> tuple[float, float, int]:
     if name == 'preloaded':  # Untimed: building and reading the datasets.
       batches = plain_loops[name].preload(
-          simulation.client_datasets(task, plans, round_num, sim_config))
+          simulation.client_datasets(task, plans, round_num, sim_config)
+      )
       start, cpu = time.perf_counter(), _cpu_seconds()
       examples = plain_loops[name].next_preloaded(batches)
       return (time.perf_counter() - start, _cpu_seconds() - cpu, examples)
@@ -480,8 +521,11 @@ def benchmark(
     else:
       output = processes[name].next(states[name], datasets)
       states[name] = output.state
-      examples = int(simulation.flatten_metrics(output.metrics).get(
-          'train/num_examples', -1))
+      examples = int(
+          simulation.flatten_metrics(output.metrics).get(
+              'train/num_examples', -1
+          )
+      )
     return time.perf_counter() - start, _cpu_seconds() - cpu, examples
 
   round_seconds = {name: [] for name in SYSTEMS}
@@ -489,7 +533,9 @@ def benchmark(
   examples_per_round = []
   for round_num in range(1, config.total_rounds + 1):
     selected = simulation.sample_clients(
-        client_ids, round_num, clients_per_round=config.clients_per_round,
+        client_ids,
+        round_num,
+        clients_per_round=config.clients_per_round,
         seed=config.seed,
     )
     plans = [
@@ -501,7 +547,8 @@ def benchmark(
     seconds, cpu_seconds, examples = {}, {}, {}
     for name in order:
       seconds[name], cpu_seconds[name], examples[name] = run_round(
-          name, round_num, plans)
+          name, round_num, plans
+      )
     counts = {n for n in examples.values() if n >= 0}
     if len(counts) != 1:
       raise RuntimeError(
@@ -514,8 +561,10 @@ def benchmark(
       for name in SYSTEMS:
         round_seconds[name].append(seconds[name])
         round_cpu_seconds[name].append(cpu_seconds[name])
-    log(f'round {round_num:3d}{"" if timed else " (warm-up)"}: ' + ', '.join(
-        f'{name} {seconds[name]:.3f}s' for name in SYSTEMS))
+    log(
+        f'round {round_num:3d}{"" if timed else " (warm-up)"}: '
+        + ', '.join(f'{name} {seconds[name]:.3f}s' for name in SYSTEMS)
+    )
 
   final = {
       name: composition.model_weights_as_numpy(processes[name], states[name])
@@ -532,21 +581,26 @@ def benchmark(
       secs = sum(round_seconds[name][window])
       cpu = sum(round_cpu_seconds[name][window])
       n = sum(examples_per_round[window])
-      blocks.append({
-          'examples_per_s': n / secs,
-          'seconds_per_round': secs / config.rounds,
-          'cpu_seconds_per_round': cpu / config.rounds,
-          'examples': n,
-          'seconds': secs,
-          'cpu_seconds': cpu,
-      })
+      blocks.append(
+          {
+              'examples_per_s': n / secs,
+              'seconds_per_round': secs / config.rounds,
+              'cpu_seconds_per_round': cpu / config.rounds,
+              'examples': n,
+              'seconds': secs,
+              'cpu_seconds': cpu,
+          }
+      )
     systems[name] = {
         'examples_per_s': statistics.median(
-            b['examples_per_s'] for b in blocks),
+            b['examples_per_s'] for b in blocks
+        ),
         'seconds_per_round': statistics.median(
-            b['seconds_per_round'] for b in blocks),
+            b['seconds_per_round'] for b in blocks
+        ),
         'cpu_seconds_per_round': statistics.median(
-            b['cpu_seconds_per_round'] for b in blocks),
+            b['cpu_seconds_per_round'] for b in blocks
+        ),
         'median_round_seconds': statistics.median(round_seconds[name]),
         'build_seconds': build_seconds[name],
         'repeats': blocks,
@@ -555,13 +609,16 @@ def benchmark(
     }
   for name in SYSTEMS:
     systems[name]['ratio_to_stock'] = (
-        systems[name]['examples_per_s'] / systems['stock']['examples_per_s'])
+        systems[name]['examples_per_s'] / systems['stock']['examples_per_s']
+    )
     systems[name]['ratio_to_plain'] = (
-        systems[name]['examples_per_s'] / systems['plain']['examples_per_s'])
+        systems[name]['examples_per_s'] / systems['plain']['examples_per_s']
+    )
   # Rounds of the systems run back to back, so the ratio of their times in
   # the same round is little affected by load that changes between rounds.
   paired = statistics.median(
-      s / o for s, o in zip(round_seconds['stock'], round_seconds['ours']))
+      s / o for s, o in zip(round_seconds['stock'], round_seconds['ours'])
+  )
   return {
       'config': dataclasses.asdict(config),
       'task': task.description,
@@ -572,25 +629,30 @@ def benchmark(
           'interleaved round by round, order rotated every round; the same '
           'clients, shuffle seeds and batches for all systems; round time '
           'includes building the client datasets, except for `preloaded`, '
-          'whose batches are read into tensors before its timer starts'),
+          'whose batches are read into tensors before its timer starts'
+      ),
       'examples_per_round': statistics.median(examples_per_round),
       'systems': systems,
       'ratio_ours_to_stock': systems['ours']['ratio_to_stock'],
       'paired_round_ratio_ours_to_stock': paired,
       # Pooled over all timed rounds: CPU time varies little with load.
       'cpu_ratio_ours_to_stock': (
-          sum(round_cpu_seconds['stock']) / sum(round_cpu_seconds['ours'])),
+          sum(round_cpu_seconds['stock']) / sum(round_cpu_seconds['ours'])
+      ),
       'max_abs_diff_ours_stock': _max_abs_diff(final['ours'], final['stock']),
       'max_abs_diff_ours_plain': max(
           _max_abs_diff(final['ours'], final[name])
-          for name in ('plain', 'preloaded')),
+          for name in ('plain', 'preloaded')
+      ),
   }
 
 
 def format_table(result: dict[str, Any]) -> str:
   """The summary table printed at the end."""
-  header = (f'{"system":<32}{"examples/s":>12}{"s/round":>10}'
-            f'{"vs stock":>10}{"vs plain":>10}{"cpu s/round":>13}')
+  header = (
+      f'{"system":<32}{"examples/s":>12}{"s/round":>10}'
+      f'{"vs stock":>10}{"vs plain":>10}{"cpu s/round":>13}'
+  )
   lines = [header, '-' * len(header)]
   for name in SYSTEMS:
     s = result['systems'][name]
@@ -604,21 +666,25 @@ def format_table(result: dict[str, Any]) -> str:
   lines.append(
       f'{c["rounds"]} timed rounds x {c["repeats"]} repeat(s) (median), '
       f'{c["warmup_rounds"]} warm-up; {result["examples_per_round"]:g} '
-      'examples/round')
+      'examples/round'
+  )
   lines.append(
       'ours vs stock: median over rounds of the per-round speed ratio '
       f'{result["paired_round_ratio_ours_to_stock"]:.3f}, CPU-time ratio '
       '(all rounds) '
       f'{result["cpu_ratio_ours_to_stock"]:.3f}; load average '
       f'{result["load_average_start"]} at start, '
-      f'{result["load_average_end"]} at end')
+      f'{result["load_average_end"]} at end'
+  )
   lines.append(
       'final model L-inf difference: ours vs stock '
       f'{result["max_abs_diff_ours_stock"]:.3g}, ours vs plain '
-      f'{result["max_abs_diff_ours_plain"]:.3g}')
+      f'{result["max_abs_diff_ours_plain"]:.3g}'
+  )
   lines.append(
-      'preloaded: the plain loop on the round\'s batches already held as '
-      'tensors (no tf.data in its time): the arithmetic alone')
+      "preloaded: the plain loop on the round's batches already held as "
+      'tensors (no tf.data in its time): the arithmetic alone'
+  )
   return '\n'.join(lines)
 
 
@@ -629,8 +695,10 @@ def main(argv) -> int:
     The exit code: 0, 2 for bad input, 1 for a failed run.
   """
   if len(argv) > 1:
-    print(f'bench: error: unexpected arguments: {" ".join(argv[1:])}',
-          file=sys.stderr)
+    print(
+        f'bench: error: unexpected arguments: {" ".join(argv[1:])}',
+        file=sys.stderr,
+    )
     return 2
   logging.set_verbosity(logging.WARNING)
   runtime.install_worker_cleanup()
@@ -641,8 +709,7 @@ def main(argv) -> int:
       if output_json:
         parent = os.path.dirname(os.path.abspath(output_json))
         if not os.path.isdir(parent):
-          raise UsageError(
-              f'--output_json: folder {parent} does not exist')
+          raise UsageError(f'--output_json: folder {parent} does not exist')
     except (ValueError, TypeError) as e:
       print(f'bench: error: {e}', file=sys.stderr)
       return 2

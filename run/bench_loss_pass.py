@@ -40,6 +40,7 @@ from tff_algos import client_work
 from tff_algos import composition
 from tff_algos import runtime
 from tff_algos import stragglers
+
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 TAIL_ALGORITHMS = ('qffl', 'deltafl', 'term')
@@ -54,27 +55,36 @@ _CLIENTS = None
 def define_flags() -> None:
   """Defines the command-line flags."""
   global _ALGORITHMS, _ROUNDS, _WARMUP, _CLIENTS
-  _ALGORITHMS = flags.DEFINE_list('algorithms', list(TAIL_ALGORITHMS),
-                                  'Tail-aware algorithms to time.')
+  _ALGORITHMS = flags.DEFINE_list(
+      'algorithms', list(TAIL_ALGORITHMS), 'Tail-aware algorithms to time.'
+  )
   _ROUNDS = flags.DEFINE_integer('rounds', 8, 'Timed rounds.')
   _WARMUP = flags.DEFINE_integer('warmup_rounds', 2, 'Untimed rounds first.')
   _CLIENTS = flags.DEFINE_integer('clients_per_round', 10, 'Clients per round.')
 
 
-_PARAMS = {'qffl': {'q': 1.0}, 'deltafl': {'theta': 0.5},
-           'term': {'tilt': 1.0}, 'fedavg': {}}
+_PARAMS = {
+    'qffl': {'q': 1.0},
+    'deltafl': {'theta': 0.5},
+    'term': {'tilt': 1.0},
+    'fedavg': {},
+}
 
 
 def build(name: str, reduce_loss: bool, model_fn):
   """The process of `name`; its loss pass by `Dataset.reduce` if asked."""
-  spec = algorithms.AlgorithmSpec(name=name, client_learning_rate=0.01,
-                                  **_PARAMS[name])
+  spec = algorithms.AlgorithmSpec(
+      name=name, client_learning_rate=0.01, **_PARAMS[name]
+  )
   original = client_work.local_loss
   if reduce_loss:
+
     def local_loss(*args, **kwargs):
-      kwargs.setdefault('loop_implementation',
-                        tff.learning.LoopImplementation.DATASET_REDUCE)
+      kwargs.setdefault(
+          'loop_implementation', tff.learning.LoopImplementation.DATASET_REDUCE
+      )
       return original(*args, **kwargs)
+
     client_work.local_loss = local_loss
   try:  # The computations are traced here, so the patch ends with it.
     return algorithms.build_process(spec, model_fn)
@@ -85,12 +95,16 @@ def build(name: str, reduce_loss: bool, model_fn):
 def main(argv) -> int:
   bad = [a for a in _ALGORITHMS.value if a not in TAIL_ALGORITHMS]
   if len(argv) > 1 or bad or _ROUNDS.value < 1 or _WARMUP.value < 0:
-    print(f'bench_loss_pass: error: --algorithms in {TAIL_ALGORITHMS}, '
-          '--rounds >= 1, no positional arguments', file=sys.stderr)
+    print(
+        f'bench_loss_pass: error: --algorithms in {TAIL_ALGORITHMS}, '
+        '--rounds >= 1, no positional arguments',
+        file=sys.stderr,
+    )
     return 2
   runtime.install_worker_cleanup()
-  task = bench.build_task(bench.BenchConfig(num_clients=100,
-                                            examples_per_client=150))
+  task = bench.build_task(
+      bench.BenchConfig(num_clients=100, examples_per_client=150)
+  )
   systems = {'fedavg': build('fedavg', False, task.model_fn)}
   for name in _ALGORITHMS.value:
     systems[name] = build(name, False, task.model_fn)
@@ -98,41 +112,56 @@ def main(argv) -> int:
   states = {k: p.initialize() for k, p in systems.items()}
   names = list(systems)
   rounds, warmup, k = _ROUNDS.value, _WARMUP.value, _CLIENTS.value
-  config = simulation.SimulationConfig(total_rounds=rounds + warmup,
-                                       clients_per_round=k)
+  config = simulation.SimulationConfig(
+      total_rounds=rounds + warmup, clients_per_round=k
+  )
   ids = list(task.train_data.client_ids)
   wall = {n: [] for n in names}
   cpu = {n: [] for n in names}
   load_start = os.getloadavg()
   for r in range(1, rounds + warmup + 1):
-    plans = [stragglers.ClientPlan(c, False, 1) for c in
-             simulation.sample_clients(ids, r, clients_per_round=k, seed=0)]
+    plans = [
+        stragglers.ClientPlan(c, False, 1)
+        for c in simulation.sample_clients(ids, r, clients_per_round=k, seed=0)
+    ]
     shift = r % len(names)
     for name in names[shift:] + names[:shift]:
       t0, c0 = time.perf_counter(), bench._cpu_seconds()  # pylint: disable=protected-access
-      states[name] = systems[name].next(
-          states[name], simulation.client_datasets(task, plans, r,
-                                                   config)).state
+      states[name] = (
+          systems[name]
+          .next(
+              states[name], simulation.client_datasets(task, plans, r, config)
+          )
+          .state
+      )
       if r > warmup:
         wall[name].append(time.perf_counter() - t0)
         cpu[name].append(bench._cpu_seconds() - c0)  # pylint: disable=protected-access
   base_wall, base_cpu = statistics.mean(wall['fedavg']), statistics.mean(
-      cpu['fedavg'])
+      cpu['fedavg']
+  )
   print('| system | s/round | cpu s/round | x fedavg (wall) | x fedavg (CPU) |')
   print('|---|---:|---:|---:|---:|')
   for name in names:
     w, c = statistics.mean(wall[name]), statistics.mean(cpu[name])
-    print(f'| {name} | {w:.3f} | {c:.3f} | {w / base_wall:.2f} | '
-          f'{c / base_cpu:.2f} |')
+    print(
+        f'| {name} | {w:.3f} | {c:.3f} | {w / base_wall:.2f} | '
+        f'{c / base_cpu:.2f} |'
+    )
   for name in _ALGORITHMS.value:
     a = composition.model_weights_as_numpy(systems[name], states[name])
     b = composition.model_weights_as_numpy(
-        systems[name], states[f'{name}/reduce_loss'])
+        systems[name], states[f'{name}/reduce_loss']
+    )
     diff = max(float(np.abs(x - y).max()) for x, y in zip(a, b))
-    print(f'{name}: final weights, loss pass by iterator vs reduce, L-inf '
-          f'{diff:.3g}')
-  print(f'{rounds} timed rounds after {warmup}; load average {load_start} '
-        f'-> {os.getloadavg()}')
+    print(
+        f'{name}: final weights, loss pass by iterator vs reduce, L-inf '
+        f'{diff:.3g}'
+    )
+  print(
+      f'{rounds} timed rounds after {warmup}; load average {load_start} '
+      f'-> {os.getloadavg()}'
+  )
   return 0
 
 

@@ -87,10 +87,16 @@ from tff_algos import composition
 from tff_algos import runtime
 from tff_algos import stacked
 from tff_algos import stragglers
+
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
-MODELS = ('softmax', 'emnist_cnn', 'shakespeare', 'shakespeare_gru',
-          'shakespeare_lstm_leaf')
+MODELS = (
+    'softmax',
+    'emnist_cnn',
+    'shakespeare',
+    'shakespeare_gru',
+    'shakespeare_lstm_leaf',
+)
 # The window models: their `tasks.shakespeare_leaf` preset.
 _PRESETS = {'shakespeare_gru': 'deltafl', 'shakespeare_lstm_leaf': 'fedprox'}
 ALGORITHMS = ('fedavg', 'qffl', 'deltafl', 'ditto', 'term')
@@ -114,63 +120,93 @@ def define_flags() -> None:
   global _MODELS, _ALGORITHMS, _ROUNDS, _WARMUP, _CLIENTS, _NUM_CLIENTS, _OUTPUT, _STACKED_MODES, _STACKED_ONLY, _DITTO_LAMBDA
   _MODELS = flags.DEFINE_list('models', list(MODELS), 'Models to time.')
   _ALGORITHMS = flags.DEFINE_list(
-      'algorithms', ['fedavg', 'qffl', 'deltafl', 'ditto'],
-      f'Algorithms to time, of {ALGORITHMS}.')
-  _DITTO_LAMBDA = flags.DEFINE_float('ditto_lambda', 0.1,
-                                     "Ditto's lambda (>= 0).")
+      'algorithms',
+      ['fedavg', 'qffl', 'deltafl', 'ditto'],
+      f'Algorithms to time, of {ALGORITHMS}.',
+  )
+  _DITTO_LAMBDA = flags.DEFINE_float(
+      'ditto_lambda', 0.1, "Ditto's lambda (>= 0)."
+  )
   _ROUNDS = flags.DEFINE_integer('rounds', 6, 'Timed rounds per system.')
   _WARMUP = flags.DEFINE_integer('warmup_rounds', 2, 'Untimed rounds first.')
   _CLIENTS = flags.DEFINE_integer('clients_per_round', 10, 'Clients per round.')
   _NUM_CLIENTS = flags.DEFINE_integer('num_clients', 100, 'Population.')
   _OUTPUT = flags.DEFINE_string('output_json', None, 'Write every number here.')
   _STACKED_MODES = flags.DEFINE_list(
-      'stacked_modes', ['vectorized', 'sequential'],
+      'stacked_modes',
+      ['vectorized', 'sequential'],
       'Stacked-engine systems to time: vectorized (`stacked`), sequential '
-      '(`stacked_seq`); empty for none.')
+      '(`stacked_seq`); empty for none.',
+  )
   _STACKED_ONLY = flags.DEFINE_boolean(
-      'stacked_only', False,
+      'stacked_only',
+      False,
       'Time only stock and plain FedAvg and the stacked engine (not our TFF '
-      'path nor the batched engine).')
+      'path nor the batched engine).',
+  )
 
   # (examples per client, batch size, client learning rate) per model.
 
 
-_SIZES = {'softmax': (150, 10, 0.01), 'emnist_cnn': (100, 20, 0.01),
-          'shakespeare': (40, 4, 0.5), 'shakespeare_gru': (64, 16, 0.1),
-          'shakespeare_lstm_leaf': (40, 10, 0.8)}
+_SIZES = {
+    'softmax': (150, 10, 0.01),
+    'emnist_cnn': (100, 20, 0.01),
+    'shakespeare': (40, 4, 0.5),
+    'shakespeare_gru': (64, 16, 0.1),
+    'shakespeare_lstm_leaf': (40, 10, 0.8),
+}
 
 
 def _client_data(model: str, num_clients: int, seed: int = 0):
   rng = np.random.default_rng(seed)
   n = _SIZES[model][0]
   if model == 'emnist_cnn':
-    return tff.simulation.datasets.TestClientData({
-        f'w{k:05d}': collections.OrderedDict(
-            label=rng.integers(0, 62, n).astype(np.int32),
-            pixels=rng.random((n, 28, 28), np.float32))
-        for k in range(num_clients)})
+    return tff.simulation.datasets.TestClientData(
+        {
+            f'w{k:05d}': collections.OrderedDict(
+                label=rng.integers(0, 62, n).astype(np.int32),
+                pixels=rng.random((n, 28, 28), np.float32),
+            )
+            for k in range(num_clients)
+        }
+    )
   if model in _PRESETS:
     preset = shakespeare_leaf.PRESETS[_PRESETS[model]]
-    return tff.simulation.datasets.TestClientData({
-        f'r{k:05d}': collections.OrderedDict(
-            x=rng.integers(0, preset.num_classes, (n, preset.window)).astype(
-                np.uint8),
-            y=rng.integers(0, preset.num_classes, n).astype(np.uint8))
-        for k in range(num_clients)})
+    return tff.simulation.datasets.TestClientData(
+        {
+            f'r{k:05d}': collections.OrderedDict(
+                x=rng.integers(
+                    0, preset.num_classes, (n, preset.window)
+                ).astype(np.uint8),
+                y=rng.integers(0, preset.num_classes, n).astype(np.uint8),
+            )
+            for k in range(num_clients)
+        }
+    )
   vocab = np.array(list(shakespeare.CHAR_VOCAB))
-  return tff.simulation.datasets.TestClientData({
-      f'r{k:05d}': collections.OrderedDict(snippets=np.array([
-          ''.join(rng.choice(vocab, 60)) for _ in range(n)]))
-      for k in range(num_clients)})
+  return tff.simulation.datasets.TestClientData(
+      {
+          f'r{k:05d}': collections.OrderedDict(
+              snippets=np.array(
+                  [''.join(rng.choice(vocab, 60)) for _ in range(n)]
+              )
+          )
+          for k in range(num_clients)
+      }
+  )
 
 
 def build_task(model: str, num_clients: int) -> task_base.FederatedTask:
   """A task of the model's real sizes on generated data."""
   _, batch, _ = _SIZES[model]
   if model == 'softmax':
-    return bench.build_task(bench.BenchConfig(
-        num_clients=num_clients, examples_per_client=_SIZES[model][0],
-        client_batch_size=batch))
+    return bench.build_task(
+        bench.BenchConfig(
+            num_clients=num_clients,
+            examples_per_client=_SIZES[model][0],
+            client_batch_size=batch,
+        )
+    )
   data = _client_data(model, num_clients)
   if model == 'emnist_cnn':
     train, evaluate = emnist.make_preprocess_fns(batch)
@@ -178,28 +214,41 @@ def build_task(model: str, num_clients: int) -> task_base.FederatedTask:
   elif model in _PRESETS:
     train, evaluate = shakespeare_leaf.make_preprocess_fns(batch)
     model_fn = shakespeare_leaf.create_model_fn(
-        shakespeare_leaf.PRESETS[_PRESETS[model]])
+        shakespeare_leaf.PRESETS[_PRESETS[model]]
+    )
   else:
     train, evaluate = shakespeare.make_preprocess_fns(batch)
     model_fn = shakespeare.create_model_fn()
   return task_base.FederatedTask(
-      name=model, train_data=data, test_data=data, model_fn=model_fn,
-      preprocess_train=train, preprocess_eval=evaluate,
-      description=f'{model} on generated data')
+      name=model,
+      train_data=data,
+      test_data=data,
+      model_fn=model_fn,
+      preprocess_train=train,
+      preprocess_eval=evaluate,
+      description=f'{model} on generated data',
+  )
 
 
 def keras_model(model: str) -> tuple[tf.keras.Model, Any]:
   """The Keras model of the task and its loss (for the plain loop)."""
   if model == 'softmax':
-    net = tf.keras.Sequential([
-        tf.keras.layers.InputLayer(input_shape=(synthetic.NUM_FEATURES,)),
-        tf.keras.layers.Dense(synthetic.NUM_CLASSES, kernel_initializer='zeros',
-                              bias_initializer='zeros')])
+    net = tf.keras.Sequential(
+        [
+            tf.keras.layers.InputLayer(input_shape=(synthetic.NUM_FEATURES,)),
+            tf.keras.layers.Dense(
+                synthetic.NUM_CLASSES,
+                kernel_initializer='zeros',
+                bias_initializer='zeros',
+            ),
+        ]
+    )
   elif model == 'emnist_cnn':
     net = emnist.create_keras_model('convnet')
   elif model in _PRESETS:
     net = shakespeare_leaf.create_keras_model(
-        shakespeare_leaf.PRESETS[_PRESETS[model]])
+        shakespeare_leaf.PRESETS[_PRESETS[model]]
+    )
   else:
     net = shakespeare.create_keras_model()
   return net, tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
@@ -215,11 +264,13 @@ class PlainLoop:
       variables = net.trainable_variables
       spec = net.input_shape
       x_dtype = {'shakespeare': tf.int64}.get(
-          model, tf.int32 if model in _PRESETS else tf.float32)
+          model, tf.int32 if model in _PRESETS else tf.float32
+      )
       self._x = tf.compat.v1.placeholder(x_dtype, spec)
       y_shape = [None, spec[1]] if model == 'shakespeare' else [None]
       self._y = tf.compat.v1.placeholder(
-          tf.int64 if model == 'shakespeare' else tf.int32, y_shape)
+          tf.int64 if model == 'shakespeare' else tf.int32, y_shape
+      )
       self._offsets = tf.compat.v1.placeholder(tf.int64, [None])
       self._ends = tf.compat.v1.placeholder(tf.int64, [None])
 
@@ -231,18 +282,20 @@ class PlainLoop:
         n = tf.constant(0.0)
         current = tf.constant(0, tf.int64)
         for step in tf.range(tf.size(offsets, out_type=tf.int64) - 1):
-          k = tf.searchsorted(client_ends, [step], side='right',
-                              out_type=tf.int64)[0]
+          k = tf.searchsorted(
+              client_ends, [step], side='right', out_type=tf.int64
+          )[0]
           if tf.not_equal(k, current):
-            acc = [a + n * (w0 - v) for a, w0, v in
-                   zip(acc, initial, variables)]
+            acc = [
+                a + n * (w0 - v) for a, w0, v in zip(acc, initial, variables)
+            ]
             total += n
             n = tf.constant(0.0)
             current = k
             for v, w0 in zip(variables, initial):
               v.assign(w0)
-          x = x_all[offsets[step]:offsets[step + 1]]
-          y = y_all[offsets[step]:offsets[step + 1]]
+          x = x_all[offsets[step] : offsets[step + 1]]
+          y = y_all[offsets[step] : offsets[step + 1]]
           with tf.GradientTape() as tape:
             loss = loss_fn(y, net(x, training=True))
           grads = tape.gradient(loss, variables)
@@ -271,8 +324,12 @@ class PlainLoop:
         ys.append(y.numpy())
         sizes.append(len(y))
       ends.append(len(xs))
-    return (np.concatenate(xs), np.concatenate(ys),
-            np.cumsum(sizes).astype(np.int64), np.asarray(ends, np.int64))
+    return (
+        np.concatenate(xs),
+        np.concatenate(ys),
+        np.cumsum(sizes).astype(np.int64),
+        np.asarray(ends, np.int64),
+    )
 
   def weights(self) -> list[np.ndarray]:
     """The model's trainable weights now."""
@@ -280,8 +337,12 @@ class PlainLoop:
 
   def next(self, batches) -> int:
     x, y, offsets, ends = batches
-    return int(self._session.run(self._out, {
-        self._x: x, self._y: y, self._offsets: offsets, self._ends: ends}))
+    return int(
+        self._session.run(
+            self._out,
+            {self._x: x, self._y: y, self._offsets: offsets, self._ends: ends},
+        )
+    )
 
 
 def _vm_hwm_mb(pid: int) -> float:
@@ -336,59 +397,82 @@ class PeakRss:
 def memory_mb() -> dict[str, float]:
   """Peak resident memory (MB) of this process and its TFF workers."""
   workers = runtime.worker_pids(os.getpid())
-  return {'driver_peak_mb': _vm_hwm_mb(os.getpid()),
-          'worker_peak_mb': sum(_vm_hwm_mb(p) for p in workers)}
+  return {
+      'driver_peak_mb': _vm_hwm_mb(os.getpid()),
+      'worker_peak_mb': sum(_vm_hwm_mb(p) for p in workers),
+  }
 
 
-def run_model(model: str, algorithm_names, *, rounds: int, warmup: int,
-              clients_per_round: int, num_clients: int, log,
-              stacked_modes=(), stacked_only: bool = False,
-              ditto_lambda: float = 0.1) -> dict:
+def run_model(
+    model: str,
+    algorithm_names,
+    *,
+    rounds: int,
+    warmup: int,
+    clients_per_round: int,
+    num_clients: int,
+    log,
+    stacked_modes=(),
+    stacked_only: bool = False,
+    ditto_lambda: float = 0.1,
+) -> dict:
   """Times every system on one model; returns its numbers."""
   task = build_task(model, num_clients)
   n, batch, lr = _SIZES[model]
   del n, batch
   config = simulation.SimulationConfig(
-      total_rounds=warmup + rounds, clients_per_round=clients_per_round,
-      seed=0)
+      total_rounds=warmup + rounds, clients_per_round=clients_per_round, seed=0
+  )
   systems = {}  # name -> (kind, object, state)
   processes = {}
   for name in algorithm_names:
     spec = algorithms.AlgorithmSpec(
-        name=name, client_learning_rate=lr,
+        name=name,
+        client_learning_rate=lr,
         q=1.0 if name == 'qffl' else 0.0,
         theta=0.5 if name == 'deltafl' else 1.0,
         tilt=1.0 if name == 'term' else 0.0,
-        ditto_lambda=ditto_lambda if name == 'ditto' else None)
+        ditto_lambda=ditto_lambda if name == 'ditto' else None,
+    )
     process = algorithms.build_process(spec, task.model_fn)
     processes[name] = process
     if name == 'ditto':
       store = client_states.InMemoryClientStateStore(
-          lambda _, p=process: p.initial_client_state())
-      systems['ditto/tff'] = ['stateful', (process, store),
-                              process.initialize()]
+          lambda _, p=process: p.initial_client_state()
+      )
+      systems['ditto/tff'] = [
+          'stateful',
+          (process, store),
+          process.initialize(),
+      ]
       continue
     if not stacked_only:
       systems[f'{name}/tff'] = ['process', process, process.initialize()]
       systems[f'{name}/batched'] = [
-          'engine', engines.build_batched_engine(spec, task),
-          process.initialize()]
+          'engine',
+          engines.build_batched_engine(spec, task),
+          process.initialize(),
+      ]
     for mode in stacked_modes:
       key = f'{name}/stacked' + ('' if mode == 'vectorized' else '_seq')
       try:
         engine = engines.build_stacked_engine(
-            spec, task, vectorize=(mode == 'vectorized'))  # Both, explicitly.
+            spec, task, vectorize=(mode == 'vectorized')
+        )  # Both, explicitly.
       except stacked.StackedEngineError as e:
         log(f'{model}: no {key}: {e}')
         continue
       c0 = time.process_time()
       engine.examples.preload(task.train_data.client_ids)
-      log(f'{model}: {key} preloaded {num_clients} clients in '
-          f'{time.process_time() - c0:.2f} CPU s (setup, untimed)')
+      log(
+          f'{model}: {key} preloaded {num_clients} clients in '
+          f'{time.process_time() - c0:.2f} CPU s (setup, untimed)'
+      )
       systems[key] = ['engine', engine, process.initialize()]
     if name == 'fedavg':
       stock = tff.learning.algorithms.build_weighted_fed_avg(
-          task.model_fn, algorithms.build_optimizer('sgd', lr))
+          task.model_fn, algorithms.build_optimizer('sgd', lr)
+      )
       systems['fedavg/stock'] = ['process', stock, stock.initialize()]
       systems['fedavg/plain'] = ['plain', PlainLoop(model, lr), None]
   names = list(systems)
@@ -400,7 +484,8 @@ def run_model(model: str, algorithm_names, *, rounds: int, warmup: int,
   examples = []
   for r in range(1, warmup + rounds + 1):
     selected = simulation.sample_clients(
-        ids, r, clients_per_round=clients_per_round, seed=0)
+        ids, r, clients_per_round=clients_per_round, seed=0
+    )
     plans = [stragglers.ClientPlan(cid, False, 1) for cid in selected]
     shift = r % len(names)
     for key in names[shift:] + names[:shift]:
@@ -408,22 +493,38 @@ def run_model(model: str, algorithm_names, *, rounds: int, warmup: int,
       batches = None
       if kind == 'plain':  # Untimed: the batches as tensors.
         batches = PlainLoop.preload(
-            simulation.client_datasets(task, plans, r, config))
+            simulation.client_datasets(task, plans, r, config)
+        )
       with peaks[key] if r > warmup else contextlib.nullcontext():
         t0, c0 = time.perf_counter(), bench._cpu_seconds()  # pylint: disable=protected-access
-        _round(kind, obj, state, systems[key], task, plans, r, config,
-               selected, batches)
+        _round(
+            kind,
+            obj,
+            state,
+            systems[key],
+            task,
+            plans,
+            r,
+            config,
+            selected,
+            batches,
+        )
         dt = time.perf_counter() - t0
         dc = bench._cpu_seconds() - c0  # pylint: disable=protected-access
       if r > warmup:
         times[key].append(dt)
         cpus[key].append(dc)
     if r > warmup:
-      examples.append(sum(
-          len(task.train_data.create_tf_dataset_for_client(c))
-          for c in selected))
-    log(f'{model} round {r}: ' + ', '.join(
-        f'{k} {times[k][-1]:.3f}s' for k in names if r > warmup))
+      examples.append(
+          sum(
+              len(task.train_data.create_tf_dataset_for_client(c))
+              for c in selected
+          )
+      )
+    log(
+        f'{model} round {r}: '
+        + ', '.join(f'{k} {times[k][-1]:.3f}s' for k in names if r > warmup)
+    )
     by_round.append(_engine_diffs(algorithm_names, processes, systems))
   out = {'task': task.description, 'systems': {}, 'memory': memory_mb()}
   total_examples = sum(examples)
@@ -440,15 +541,20 @@ def run_model(model: str, algorithm_names, *, rounds: int, warmup: int,
   for key in names:
     s = ref[key]
     if 'fedavg/stock' in ref:
-      s['ratio_to_stock'] = s['examples_per_s'] / ref['fedavg/stock'][
-          'examples_per_s']
-      s['cpu_ratio_to_stock'] = ref['fedavg/stock'][
-          'cpu_seconds_per_round'] / s['cpu_seconds_per_round']
+      s['ratio_to_stock'] = (
+          s['examples_per_s'] / ref['fedavg/stock']['examples_per_s']
+      )
+      s['cpu_ratio_to_stock'] = (
+          ref['fedavg/stock']['cpu_seconds_per_round']
+          / s['cpu_seconds_per_round']
+      )
     if 'fedavg/plain' in ref:
-      s['ratio_to_plain'] = s['examples_per_s'] / ref['fedavg/plain'][
-          'examples_per_s']
-  out['tff_vs_engines_linf'] = _engine_diffs(algorithm_names, processes,
-                                             systems)
+      s['ratio_to_plain'] = (
+          s['examples_per_s'] / ref['fedavg/plain']['examples_per_s']
+      )
+  out['tff_vs_engines_linf'] = _engine_diffs(
+      algorithm_names, processes, systems
+  )
   out['tff_vs_engines_linf_by_round'] = by_round
   for key in names:
     if systems[key][0] == 'engine':
@@ -460,8 +566,11 @@ def _engine_diffs(algorithm_names, processes, systems) -> dict[str, float]:
   """L-inf between each engine's weights and the TFF path's, per system."""
   diffs = {}
   for name in algorithm_names:
-    engines_of = [key for key in systems if key.startswith(f'{name}/')
-                  and systems[key][0] == 'engine']
+    engines_of = [
+        key
+        for key in systems
+        if key.startswith(f'{name}/') and systems[key][0] == 'engine'
+    ]
     if f'{name}/tff' not in systems or not engines_of:
       continue
     proc = processes[name]
@@ -472,33 +581,40 @@ def _engine_diffs(algorithm_names, processes, systems) -> dict[str, float]:
   return diffs
 
 
-def _round(kind, obj, state, system, task, plans, round_num, config,
-           selected, batches) -> dict:
+def _round(
+    kind, obj, state, system, task, plans, round_num, config, selected, batches
+) -> dict:
   """Runs one round of a system in place (its state updated); its metrics."""
   if kind == 'process':
-    out = obj.next(state, simulation.client_datasets(task, plans, round_num,
-                                                     config))
+    out = obj.next(
+        state, simulation.client_datasets(task, plans, round_num, config)
+    )
     system[2] = out.state
     return simulation.flatten_metrics(out.metrics)
   if kind == 'stateful':  # Ditto: states read and written as in simulation.
     process, store = obj
     out = process.next(
-        state, simulation.client_datasets(task, plans, round_num, config),
-        store.get_many(selected))
+        state,
+        simulation.client_datasets(task, plans, round_num, config),
+        store.get_many(selected),
+    )
     store.put_many(selected, out.client_states, round_num=round_num)
     system[2] = out.state
     return simulation.flatten_metrics(out.metrics)
   if kind == 'engine':
     system[2], metrics = obj.next(
-        state, simulation.batched_round_plan(task, plans, round_num, config))
+        state, simulation.batched_round_plan(task, plans, round_num, config)
+    )
     return simulation.flatten_metrics(metrics)
   return {'train/num_examples': obj.next(batches)}
 
 
 def format_table(results: dict) -> str:
-  lines = ['| model | system | examples/s | s/round | cpu s/round | '
-           'peak MB | x stock | x plain |',
-           '|---|---|---:|---:|---:|---:|---:|---:|']
+  lines = [
+      '| model | system | examples/s | s/round | cpu s/round | '
+      'peak MB | x stock | x plain |',
+      '|---|---|---:|---:|---:|---:|---:|---:|',
+  ]
   for model, res in results.items():
     for key, s in res['systems'].items():
       lines.append(
@@ -506,27 +622,44 @@ def format_table(results: dict) -> str:
           f'{s["seconds_per_round"]:.3f} | {s["cpu_seconds_per_round"]:.3f} |'
           f' {s["peak_rss_mb"]:,.0f} |'
           f' {s.get("ratio_to_stock", float("nan")):.2f} | '
-          f'{s.get("ratio_to_plain", float("nan")):.2f} |')
+          f'{s.get("ratio_to_plain", float("nan")):.2f} |'
+      )
   for model, res in results.items():
-    lines.append(f'\n{model}: peak memory {res["memory"]}; tff vs engines '
-                 f'L-inf {res["tff_vs_engines_linf"]}')
+    lines.append(
+        f'\n{model}: peak memory {res["memory"]}; tff vs engines '
+        f'L-inf {res["tff_vs_engines_linf"]}'
+    )
   return '\n'.join(lines)
 
 
 def main(argv) -> int:
   if len(argv) > 1:
-    print(f'bench_suite: error: unexpected arguments {argv[1:]}',
-          file=sys.stderr)
+    print(
+        f'bench_suite: error: unexpected arguments {argv[1:]}', file=sys.stderr
+    )
     return 2
-  bad = [m for m in _MODELS.value if m not in MODELS] + [
-      a for a in _ALGORITHMS.value if a not in ALGORITHMS] + [
-          m for m in _STACKED_MODES.value
-          if m not in ('vectorized', 'sequential')]
-  if bad or _ROUNDS.value < 1 or _WARMUP.value < 0 or 'fedavg' not in (
-      _ALGORITHMS.value) or _DITTO_LAMBDA.value < 0:
-    print(f'bench_suite: error: --models in {MODELS}, --algorithms in '
-          f'{ALGORITHMS} including fedavg, --stacked_modes in vectorized, '
-          'sequential, --rounds >= 1, --ditto_lambda >= 0', file=sys.stderr)
+  bad = (
+      [m for m in _MODELS.value if m not in MODELS]
+      + [a for a in _ALGORITHMS.value if a not in ALGORITHMS]
+      + [
+          m
+          for m in _STACKED_MODES.value
+          if m not in ('vectorized', 'sequential')
+      ]
+  )
+  if (
+      bad
+      or _ROUNDS.value < 1
+      or _WARMUP.value < 0
+      or 'fedavg' not in (_ALGORITHMS.value)
+      or _DITTO_LAMBDA.value < 0
+  ):
+    print(
+        f'bench_suite: error: --models in {MODELS}, --algorithms in '
+        f'{ALGORITHMS} including fedavg, --stacked_modes in vectorized, '
+        'sequential, --rounds >= 1, --ditto_lambda >= 0',
+        file=sys.stderr,
+    )
     return 2
   runtime.install_worker_cleanup()
   log = lambda s: print(s, file=sys.stderr, flush=True)
@@ -534,17 +667,26 @@ def main(argv) -> int:
   per_model = results['models'] = {}
   for model in _MODELS.value:
     per_model[model] = run_model(
-        model, _ALGORITHMS.value, rounds=_ROUNDS.value, warmup=_WARMUP.value,
-        clients_per_round=_CLIENTS.value, num_clients=_NUM_CLIENTS.value,
-        log=log, stacked_modes=_STACKED_MODES.value,
-        stacked_only=_STACKED_ONLY.value, ditto_lambda=_DITTO_LAMBDA.value)
+        model,
+        _ALGORITHMS.value,
+        rounds=_ROUNDS.value,
+        warmup=_WARMUP.value,
+        clients_per_round=_CLIENTS.value,
+        num_clients=_NUM_CLIENTS.value,
+        log=log,
+        stacked_modes=_STACKED_MODES.value,
+        stacked_only=_STACKED_ONLY.value,
+        ditto_lambda=_DITTO_LAMBDA.value,
+    )
     results['load_end'] = os.getloadavg()
     print(format_table({model: per_model[model]}), flush=True)
     if _OUTPUT.value:  # After each model: a later failure keeps these.
       with open(_OUTPUT.value, 'w') as f:
         json.dump(results, f, indent=2, default=float)
-  print(f'load average at start {results["load_start"]}, end '
-        f'{results["load_end"]}')
+  print(
+      f'load average at start {results["load_start"]}, end '
+      f'{results["load_end"]}'
+  )
   return 0
 
 

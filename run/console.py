@@ -33,8 +33,7 @@ def binary_name(module_name: str) -> str:
   if module_name == '__main__':
     spec = getattr(sys.modules['__main__'], '__spec__', None)
     module_name = spec.name if spec is not None else sys.argv[0]
-  return module_name.rsplit('.', 1)[-1].rsplit('/', 1)[-1].removesuffix(
-      '.py')
+  return module_name.rsplit('.', 1)[-1].rsplit('/', 1)[-1].removesuffix('.py')
 
 
 def _register_help(module_name: str) -> None:
@@ -67,8 +66,10 @@ def flags_parser(prog: str) -> Callable[[Sequence[str]], list[str]]:
 
 
 def interrupted_message(prog: str) -> str:
-  return (f'{prog}: interrupted; rerun the same command to resume from the '
-          'last checkpoint')
+  return (
+      f'{prog}: interrupted; rerun the same command to resume from the '
+      'last checkpoint'
+  )
 
 
 def run(

@@ -35,6 +35,7 @@ from tensorflow_federated.python.core.impl.execution_contexts import async_execu
 from tensorflow_federated.python.core.impl.executor_stacks import python_executor_stacks
 from tensorflow_federated.python.core.impl.executors import remote_executor
 from tensorflow_federated.python.core.impl.executors import remote_executor_grpc_stub
+
 # pylint: enable=g-direct-tensorflow-import
 
 _MAX_MESSAGE_BYTES = 2 * 1000 * 1000 * 1000
@@ -59,32 +60,44 @@ def parse_workers(workers: Sequence[str]) -> list[str]:
     match = _ADDRESS.match(address)
     if not match or not 0 < int(match.group(2)) < 65536:
       raise ValueError(
-          f'--workers: {address!r} is not host:port (e.g. 10.0.0.5:8000)')
+          f'--workers: {address!r} is not host:port (e.g. 10.0.0.5:8000)'
+      )
     out.append(address)
   if len(set(out)) != len(out):
     raise ValueError(f'--workers lists an address twice: {",".join(out)}')
   return out
 
 
-def check(*, workers: Sequence[str], max_concurrent_computation_calls: int,
-          secure: bool = False) -> str:
+def check(
+    *,
+    workers: Sequence[str],
+    max_concurrent_computation_calls: int,
+    secure: bool = False,
+) -> str:
   """Validates the execution options; returns `default`, `local`, `remote`."""
-  if (isinstance(max_concurrent_computation_calls, bool)
+  if (
+      isinstance(max_concurrent_computation_calls, bool)
       or not isinstance(max_concurrent_computation_calls, int)
-      or (max_concurrent_computation_calls < 1
-          and max_concurrent_computation_calls != -1)):
+      or (
+          max_concurrent_computation_calls < 1
+          and max_concurrent_computation_calls != -1
+      )
+  ):
     raise ValueError(
         '--max_concurrent_computation_calls must be -1 (no limit) or >= 1, '
-        f'got {max_concurrent_computation_calls!r}')
+        f'got {max_concurrent_computation_calls!r}'
+    )
   workers = parse_workers(workers)
   if workers and secure:
     raise ValueError(
         '--workers cannot run secure-sum modes: TFF 0.87 executes them only '
-        'in its local test context (use --secure_quantile=none)')
+        'in its local test context (use --secure_quantile=none)'
+    )
   if workers and max_concurrent_computation_calls != -1:
     raise ValueError(
         '--max_concurrent_computation_calls is a worker option with '
-        '--workers: pass it to each worker_binary instead')
+        '--workers: pass it to each worker_binary instead'
+    )
   if workers:
     return 'remote'
   if max_concurrent_computation_calls != -1:
@@ -100,7 +113,8 @@ def _remote_context(address: str, timeout: float):
     if time.monotonic() > deadline:
       raise ConnectionError(
           f'no TFF worker answers at {address} (start one with '
-          f'{worker_binary_path()} --port=PORT)')
+          f'{worker_binary_path()} --port=PORT)'
+      )
     time.sleep(0.2)
 
   def stack_fn(cardinalities):
@@ -111,7 +125,8 @@ def _remote_context(address: str, timeout: float):
     return executor
 
   factory = python_executor_stacks.ResourceManagingExecutorFactory(
-      executor_stack_fn=stack_fn)
+      executor_stack_fn=stack_fn
+  )
   return async_execution_context.AsyncExecutionContext(
       executor_fn=factory,
       compiler_fn=compiler.desugar_and_transform_to_native,
@@ -141,19 +156,26 @@ def create_remote_context(workers: Sequence[str], *, timeout: float = 30.0):
   return tff.backends.native.create_mergeable_comp_execution_context(contexts)
 
 
-def set_context(*, workers: Sequence[str] = (),
-                max_concurrent_computation_calls: int = -1,
-                timeout: float = 30.0) -> None:
+def set_context(
+    *,
+    workers: Sequence[str] = (),
+    max_concurrent_computation_calls: int = -1,
+    timeout: float = 30.0,
+) -> None:
   """Installs the default TFF context for these options.
 
   With `workers`, the remote mergeable-comp context; otherwise TFF's local
   C++ context with the given concurrency limit.
   """
-  kind = check(workers=workers,
-               max_concurrent_computation_calls=max_concurrent_computation_calls)
+  kind = check(
+      workers=workers,
+      max_concurrent_computation_calls=max_concurrent_computation_calls,
+  )
   if kind == 'remote':
     tff.framework.get_context_stack().set_default_context(
-        create_remote_context(workers, timeout=timeout))
+        create_remote_context(workers, timeout=timeout)
+    )
   else:
     tff.backends.native.set_sync_local_cpp_execution_context(
-        max_concurrent_computation_calls=max_concurrent_computation_calls)
+        max_concurrent_computation_calls=max_concurrent_computation_calls
+    )

@@ -37,6 +37,7 @@ import tensorflow_federated as tff
 from run import console
 from tff_algos import ditto
 from tff_algos import runtime
+
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 # Flags are defined at start-up only: absl flags are global, and the test
@@ -58,16 +59,19 @@ def define_flags() -> None:
   global _STEPS, _OUTPUT
   _TRIALS = flags.DEFINE_integer('trials', 3, 'Independent draws (TFF runs).')
   _NUMPY_TRIALS = flags.DEFINE_integer(
-      'numpy_trials', 2000, 'Draws of the closed-form curve.')
+      'numpy_trials', 2000, 'Draws of the closed-form curve.'
+  )
   _DEVICES = flags.DEFINE_integer('devices', 40, 'K devices.')
   _DIM = flags.DEFINE_integer('dim', 5, 'd.')
   _N = flags.DEFINE_integer('n', 10, 'Samples per device (beta = n).')
   _SIGMA = flags.DEFINE_float('sigma', 1.0, 'Label noise sigma.')
-  _TAU2 = flags.DEFINE_list('tau2', ['1', '0.1', '0.01'],
-                            'tau^2 values, one sweep each.')
+  _TAU2 = flags.DEFINE_list(
+      'tau2', ['1', '0.1', '0.01'], 'tau^2 values, one sweep each.'
+  )
   _ROUNDS = flags.DEFINE_integer('rounds', 20, 'Ditto rounds.')
-  _STEPS = flags.DEFINE_integer('personal_steps', 100,
-                                'Personal steps s per round.')
+  _STEPS = flags.DEFINE_integer(
+      'personal_steps', 100, 'Personal steps s per round.'
+  )
   _OUTPUT = flags.DEFINE_string('output_md', None, 'Markdown table to write.')
 
   # 16 lambdas, a quarter decade apart, none a power of ten.
@@ -96,15 +100,22 @@ def closed_form(xs, ys, lam):
   n = xs[0].shape[0]
   w_hat = [np.linalg.lstsq(x, y, rcond=None)[0] for x, y in zip(xs, ys)]
   w_star = np.mean(w_hat, axis=0)  # Equal X^T X: the mean of the w_hat.
-  return np.asarray([
-      np.linalg.solve(x.T @ x / n + lam * np.eye(x.shape[1]),
-                      x.T @ y / n + lam * w_star) for x, y in zip(xs, ys)])
+  return np.asarray(
+      [
+          np.linalg.solve(
+              x.T @ x / n + lam * np.eye(x.shape[1]), x.T @ y / n + lam * w_star
+          )
+          for x, y in zip(xs, ys)
+      ]
+  )
 
 
 def model_fn_for(dim):
   """Linear regression without bias, loss 1/(2n) ||Xw - y||^2 per batch."""
-  spec = (tf.TensorSpec([None, dim], tf.float32),
-          tf.TensorSpec([None, 1], tf.float32))
+  spec = (
+      tf.TensorSpec([None, dim], tf.float32),
+      tf.TensorSpec([None, 1], tf.float32),
+  )
 
   class HalfMSE(tf.keras.losses.Loss):
 
@@ -112,12 +123,17 @@ def model_fn_for(dim):
       return 0.5 * tf.reduce_mean(tf.square(y_true - y_pred), axis=-1)
 
   def model_fn():
-    keras_model = tf.keras.Sequential([
-        tf.keras.layers.InputLayer(input_shape=(dim,)),
-        tf.keras.layers.Dense(1, use_bias=False, kernel_initializer='zeros'),
-    ])
+    keras_model = tf.keras.Sequential(
+        [
+            tf.keras.layers.InputLayer(input_shape=(dim,)),
+            tf.keras.layers.Dense(
+                1, use_bias=False, kernel_initializer='zeros'
+            ),
+        ]
+    )
     return tff.learning.models.from_keras_model(
-        keras_model, loss=HalfMSE(), input_spec=spec)
+        keras_model, loss=HalfMSE(), input_spec=spec
+    )
 
   return model_fn
 
@@ -131,19 +147,28 @@ def tff_sweep(xs, ys, *, rounds, personal_steps, grid=GRID):
       tff.learning.optimizers.build_sgdm(learning_rate=1.0 / beta_over_n),
       lam=list(grid),
       personal_optimizer_fn=tff.learning.optimizers.build_sgdm(
-          learning_rate=1.0 / (beta_over_n + max(grid))),
+          learning_rate=1.0 / (beta_over_n + max(grid))
+      ),
       personal_steps=personal_steps,
-      client_weighting=tff.learning.ClientWeighting.UNIFORM)
-  data = [tf.data.Dataset.from_tensor_slices(
-      (x.astype(np.float32), y[:, None].astype(np.float32))).batch(n)
-          for x, y in zip(xs, ys)]
+      client_weighting=tff.learning.ClientWeighting.UNIFORM,
+  )
+  data = [
+      tf.data.Dataset.from_tensor_slices(
+          (x.astype(np.float32), y[:, None].astype(np.float32))
+      ).batch(n)
+      for x, y in zip(xs, ys)
+  ]
   state = process.initialize()
   states = [process.initial_client_state() for _ in xs]
   for _ in range(rounds):
     out = process.next(state, data, states)
     state, states = out.state, out.client_states
-  return np.asarray([[np.ravel(s['personal'][g][0]) for s in states]
-                     for g in range(len(grid))])
+  return np.asarray(
+      [
+          [np.ravel(s['personal'][g][0]) for s in states]
+          for g in range(len(grid))
+      ]
+  )
 
 
 def main(argv):
@@ -166,48 +191,70 @@ def main(argv):
     max_dev = 0.0
     local_err = 0.0
     for _ in range(_TRIALS.value):
-      xs, ys, w_true = draw(rng, devices=_DEVICES.value, dim=_DIM.value, n=n,
-                            sigma=sigma, tau2=tau2)
-      v = tff_sweep(xs, ys, rounds=_ROUNDS.value,
-                    personal_steps=_STEPS.value)
+      xs, ys, w_true = draw(
+          rng,
+          devices=_DEVICES.value,
+          dim=_DIM.value,
+          n=n,
+          sigma=sigma,
+          tau2=tau2,
+      )
+      v = tff_sweep(xs, ys, rounds=_ROUNDS.value, personal_steps=_STEPS.value)
       for g, lam in enumerate(GRID):
-        errors[g] += np.mean(np.sum((v[g] - w_true)**2, axis=1))
+        errors[g] += np.mean(np.sum((v[g] - w_true) ** 2, axis=1))
         max_dev = max(max_dev, np.abs(v[g] - closed_form(xs, ys, lam)).max())
-      local_err += np.mean(np.sum((closed_form(xs, ys, 0.0) - w_true)**2,
-                                  axis=1))
+      local_err += np.mean(
+          np.sum((closed_form(xs, ys, 0.0) - w_true) ** 2, axis=1)
+      )
     # --trials=0: the closed-form curve only (no TFF run).
     errors /= max(_TRIALS.value, 1)
     local_err /= max(_TRIALS.value, 1)
     np_errors = np.zeros(len(GRID))
     for _ in range(_NUMPY_TRIALS.value):
-      xs, ys, w_true = draw(rng, devices=_DEVICES.value, dim=_DIM.value, n=n,
-                            sigma=sigma, tau2=tau2)
+      xs, ys, w_true = draw(
+          rng,
+          devices=_DEVICES.value,
+          dim=_DIM.value,
+          n=n,
+          sigma=sigma,
+          tau2=tau2,
+      )
       # X^T X / n = I: (5.23) is (w_hat_k + lambda w*) / (1 + lambda).
       w_hat = np.asarray([x.T @ y / n for x, y in zip(xs, ys)])
       w_star = w_hat.mean(axis=0)
       for g, lam in enumerate(GRID):
         v = (w_hat + lam * w_star) / (1.0 + lam)
-        np_errors[g] += np.mean(np.sum((v - w_true)**2, axis=1))
+        np_errors[g] += np.mean(np.sum((v - w_true) ** 2, axis=1))
     np_errors /= _NUMPY_TRIALS.value
     if not _TRIALS.value:
       errors = np_errors
-    best, np_best = GRID[int(np.argmin(errors))], GRID[int(np.argmin(np_errors))]
+    best, np_best = (
+        GRID[int(np.argmin(errors))],
+        GRID[int(np.argmin(np_errors))],
+    )
     curves[tau2] = (errors, np_errors)
     lines.append(
         f'| {tau2:g} | {lam_star:.4g} | {best:.4g} (x{best / lam_star:.2f}) |'
         f' {np_best:.4g} (x{np_best / lam_star:.2f}) | {errors.min():.4g} / '
-        f'{local_err:.4g} / {errors[-1]:.4g} | {max_dev:.2g} |')
+        f'{local_err:.4g} / {errors[-1]:.4g} | {max_dev:.2g} |'
+    )
     print(lines[-1], f'({time.time() - t0:.0f} s)', file=sys.stderr)
   lines.append('')
-  lines.append('Mean squared parameter error per grid lambda (TFF Ditto; '
-               'closed form in parentheses):')
+  lines.append(
+      'Mean squared parameter error per grid lambda (TFF Ditto; '
+      'closed form in parentheses):'
+  )
   lines.append('')
-  lines.append('| lambda | ' + ' | '.join(f'tau^2={t:g}' for t in curves) +
-               ' |')
+  lines.append(
+      '| lambda | ' + ' | '.join(f'tau^2={t:g}' for t in curves) + ' |'
+  )
   lines.append('|---|' + '---|' * len(curves))
   for g, lam in enumerate(GRID):
-    lines.append(f'| {lam:.4g} | ' + ' | '.join(
-        f'{c[0][g]:.4g} ({c[1][g]:.4g})' for c in curves.values()) + ' |')
+    lines.append(
+        f'| {lam:.4g} | '
+        + ' | '.join(f'{c[0][g]:.4g} ({c[1][g]:.4g})' for c in curves.values())
+        + ' |'
+    )
   text = '\n'.join(lines) + '\n'
   print(text)
   if _OUTPUT.value:

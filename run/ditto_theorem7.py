@@ -29,16 +29,27 @@ from absl import flags
 import numpy as np
 
 
-def lambda_star(*, sigma2, n, tau2, num_devices=1, num_attackers=0,
-                tau2_attack=0.0):
+def lambda_star(
+    *, sigma2, n, tau2, num_devices=1, num_attackers=0, tau2_attack=0.0
+):
   """The thesis's lambda* (5.80), or lambda_a* (5.60) with attackers."""
   k = num_devices
   spread = k * tau2 + (num_attackers / max(k - 1, 1)) * (tau2_attack - tau2)
   return sigma2 / n * k / spread if num_attackers else sigma2 / (n * tau2)
 
 
-def benign_losses(lambdas, *, sigma2, n, tau2, num_devices, num_attackers,
-                  tau2_attack, draws, seed):
+def benign_losses(
+    lambdas,
+    *,
+    sigma2,
+    n,
+    tau2,
+    num_devices,
+    num_attackers,
+    tau2_attack,
+    draws,
+    seed,
+):
   """Excess test losses (w_k(lambda) - w_k)^2, `[len(lambdas), draws, K_b]`."""
   rng = np.random.default_rng(seed)
   k, ka = num_devices, num_attackers
@@ -49,7 +60,7 @@ def benign_losses(lambdas, *, sigma2, n, tau2, num_devices, num_attackers,
   out = []
   for lam in lambdas:
     personal = (lam * w_star + w_hat) / (1.0 + lam)
-    out.append((personal[:, :k - ka] - w[:, :k - ka])**2)
+    out.append((personal[:, : k - ka] - w[:, : k - ka]) ** 2)
   return np.stack(out)
 
 
@@ -63,8 +74,13 @@ def argmins(lambdas, losses, sigma2):
   mean = test.mean(axis=(1, 2))
   var = test.var(axis=2).mean(axis=1)
   pooled = test.reshape(len(lambdas), -1).var(axis=1)
-  return (lambdas[np.argmin(mean)], lambdas[np.argmin(var)],
-          lambdas[np.argmin(pooled)], mean, var)
+  return (
+      lambdas[np.argmin(mean)],
+      lambdas[np.argmin(var)],
+      lambdas[np.argmin(pooled)],
+      mean,
+      var,
+  )
 
 
 FLAGS = flags.FLAGS
@@ -95,40 +111,62 @@ def main(argv) -> int:
     print(f'ditto_theorem7: error: {e}', file=sys.stderr)
     return 2
   lambdas = 10.0 ** np.arange(-3.0, 3.0 + 1e-9, 1.0 / 40)
-  print('| tau^2 | K_a | theory lambda | seed | argmin mean loss | argmin'
-        ' variance within a draw | variance at theory / at its argmin |'
-        ' argmin variance over draws and devices |')
+  print(
+      '| tau^2 | K_a | theory lambda | seed | argmin mean loss | argmin'
+      ' variance within a draw | variance at theory / at its argmin |'
+      ' argmin variance over draws and devices |'
+  )
   print('|---|---|---|---|---|---|---|---|')
   for tau2 in tau2s:
     for ka in attackers:
-      theory = lambda_star(sigma2=FLAGS.sigma2, n=FLAGS.n, tau2=tau2,
-                           num_devices=FLAGS.devices, num_attackers=ka,
-                           tau2_attack=FLAGS.tau2_attack)
+      theory = lambda_star(
+          sigma2=FLAGS.sigma2,
+          n=FLAGS.n,
+          tau2=tau2,
+          num_devices=FLAGS.devices,
+          num_attackers=ka,
+          tau2_attack=FLAGS.tau2_attack,
+      )
       logs = []
       for seed in seeds:
         losses = benign_losses(
-            lambdas, sigma2=FLAGS.sigma2, n=FLAGS.n, tau2=tau2,
-            num_devices=FLAGS.devices, num_attackers=ka,
-            tau2_attack=FLAGS.tau2_attack, draws=FLAGS.draws, seed=seed)
+            lambdas,
+            sigma2=FLAGS.sigma2,
+            n=FLAGS.n,
+            tau2=tau2,
+            num_devices=FLAGS.devices,
+            num_attackers=ka,
+            tau2_attack=FLAGS.tau2_attack,
+            draws=FLAGS.draws,
+            seed=seed,
+        )
         best_mean, best_var, best_pooled, _, var = argmins(
-            lambdas, losses, FLAGS.sigma2)
+            lambdas, losses, FLAGS.sigma2
+        )
         at_theory = var[np.argmin(np.abs(np.log(lambdas / theory)))]
-        logs.append([np.log10(b / theory)
-                     for b in (best_mean, best_var, best_pooled)])
-        print(f'| {tau2:g} | {ka} | {theory:.4g} | {seed} | {best_mean:.4g} |'
-              f' {best_var:.4g} | {at_theory:.5g} / {var.min():.5g} |'
-              f' {best_pooled:.4g} |', flush=True)
+        logs.append(
+            [np.log10(b / theory) for b in (best_mean, best_var, best_pooled)]
+        )
+        print(
+            f'| {tau2:g} | {ka} | {theory:.4g} | {seed} | {best_mean:.4g} |'
+            f' {best_var:.4g} | {at_theory:.5g} / {var.min():.5g} |'
+            f' {best_pooled:.4g} |',
+            flush=True,
+        )
       logs = np.array(logs)
-      print(f'| {tau2:g} | {ka} | {theory:.4g} | log10(argmin / theory), '
-            f'mean (std) | {logs[:, 0].mean():+.3f} ({logs[:, 0].std():.3f})'
-            f' | {logs[:, 1].mean():+.3f} ({logs[:, 1].std():.3f}) | |'
-            f' {logs[:, 2].mean():+.3f} ({logs[:, 2].std():.3f}) |')
+      print(
+          f'| {tau2:g} | {ka} | {theory:.4g} | log10(argmin / theory), '
+          f'mean (std) | {logs[:, 0].mean():+.3f} ({logs[:, 0].std():.3f})'
+          f' | {logs[:, 1].mean():+.3f} ({logs[:, 1].std():.3f}) | |'
+          f' {logs[:, 2].mean():+.3f} ({logs[:, 2].std():.3f}) |'
+      )
   return 0
 
 
 def run_main() -> None:
   """Console-script entry point."""
   from run import console  # pylint: disable=g-import-not-at-top
+
   define_flags()
   console.run(__name__, lambda argv: sys.exit(main(argv)))
 

@@ -30,24 +30,31 @@ def define_flags() -> None:
   """Defines the binary's flags (`run_main` does this)."""
   global _DATASETS, _DATA_DIR, _PROGRESS
   _DATASETS = flags.DEFINE_list(
-      'datasets', None,
-      f'Comma-separated datasets to fetch: {", ".join(download.DATASETS)}.')
+      'datasets',
+      None,
+      f'Comma-separated datasets to fetch: {", ".join(download.DATASETS)}.',
+  )
   _DATA_DIR = flags.DEFINE_string(
-      'data_dir', None, "Where the files go (default TFF's cache, ~/.tff).")
+      'data_dir', None, "Where the files go (default TFF's cache, ~/.tff)."
+  )
   _PROGRESS = flags.DEFINE_boolean('progress', True, 'Show a progress bar.')
 
 
 def main(argv: Sequence[str]) -> int:
   """Fetches `--datasets` into `--data_dir`; returns the exit status."""
   if len(argv) > 1:
-    print(f'download: error: unexpected arguments: {" ".join(argv[1:])}',
-          file=sys.stderr)
+    print(
+        f'download: error: unexpected arguments: {" ".join(argv[1:])}',
+        file=sys.stderr,
+    )
     return 2
   names = _DATASETS.value or []
   if not names or not set(names) <= set(download.DATASETS):
-    print('download: error: --datasets must name some of '
-          f'{", ".join(download.DATASETS)}, got {",".join(names) or "none"}',
-          file=sys.stderr)
+    print(
+        'download: error: --datasets must name some of '
+        f'{", ".join(download.DATASETS)}, got {",".join(names) or "none"}',
+        file=sys.stderr,
+    )
     return 2
   files = [f for name in names for f in download.DATASETS[name]]
   try:

@@ -26,8 +26,10 @@ LOOP_IMPLEMENTATIONS = {
 def check_engine(name: str, spec: algorithms.AlgorithmSpec) -> None:
   """Raises `ValueError` for an unknown engine or an unsupported algorithm."""
   if name not in ENGINE_NAMES:
-    raise ValueError(f'unknown --simulation_engine={name!r}; choose one of: '
-                     f'{", ".join(ENGINE_NAMES)}')
+    raise ValueError(
+        f'unknown --simulation_engine={name!r}; choose one of: '
+        f'{", ".join(ENGINE_NAMES)}'
+    )
   if name == 'batched':
     batched_algorithm(spec)
   if name == 'stacked':
@@ -37,16 +39,22 @@ def check_engine(name: str, spec: algorithms.AlgorithmSpec) -> None:
       raise ValueError(str(e).replace('=batched', '=stacked')) from None
 
 
-def batched_algorithm(spec: algorithms.AlgorithmSpec
-                      ) -> batched.BatchedAlgorithm:
+def batched_algorithm(
+    spec: algorithms.AlgorithmSpec,
+) -> batched.BatchedAlgorithm:
   """The `BatchedAlgorithm` of an algorithm spec (same optimizers)."""
   client_opt = algorithms.build_optimizer(
-      spec.client_optimizer, spec.client_learning_rate)
+      spec.client_optimizer, spec.client_learning_rate
+  )
   server_opt = algorithms.build_optimizer(
-      spec.server_optimizer, spec.server_learning_rate, spec.server_momentum)
+      spec.server_optimizer, spec.server_learning_rate, spec.server_momentum
+  )
   return batched.algorithm_from_spec(
-      spec, client_optimizer=client_opt, server_optimizer=server_opt,
-      client_weighting=algorithms.WEIGHTINGS[spec.client_weighting])
+      spec,
+      client_optimizer=client_opt,
+      server_optimizer=server_opt,
+      client_weighting=algorithms.WEIGHTINGS[spec.client_weighting],
+  )
 
 
 def build_batched_engine(
@@ -55,7 +63,8 @@ def build_batched_engine(
     *,
     shuffle: bool = True,
     loop_implementation: tff.learning.LoopImplementation = (
-        tff.learning.LoopImplementation.DATASET_ITERATOR),
+        tff.learning.LoopImplementation.DATASET_ITERATOR
+    ),
 ) -> batched.BatchedEngine:
   """The batched engine running `spec` on `task`.
 
@@ -71,9 +80,13 @@ def build_batched_engine(
     A `BatchedEngine`.
   """
   return batched.BatchedEngine(
-      task.model_fn, task.preprocess_train,
-      batched.ClientArrays(task.train_data), batched_algorithm(spec),
-      shuffle=shuffle, loop_implementation=loop_implementation)
+      task.model_fn,
+      task.preprocess_train,
+      batched.ClientArrays(task.train_data),
+      batched_algorithm(spec),
+      shuffle=shuffle,
+      loop_implementation=loop_implementation,
+  )
 
 
 def build_stacked_engine(
@@ -101,13 +114,20 @@ def build_stacked_engine(
   """
   check_engine('stacked', spec)
   return stacked.StackedEngine(
-      task.model_fn, task.preprocess_train, task.train_data,
-      batched_algorithm(spec), shuffle=shuffle, vectorize=vectorize)
+      task.model_fn,
+      task.preprocess_train,
+      task.train_data,
+      batched_algorithm(spec),
+      shuffle=shuffle,
+      vectorize=vectorize,
+  )
 
 
 def loop_implementation(name: str) -> tff.learning.LoopImplementation:
   """`--loop_implementation` by name (raises `ValueError` if unknown)."""
   if name not in LOOP_IMPLEMENTATIONS:
-    raise ValueError(f'unknown --loop_implementation={name!r}; choose one of:'
-                     f' {", ".join(LOOP_IMPLEMENTATIONS)}')
+    raise ValueError(
+        f'unknown --loop_implementation={name!r}; choose one of:'
+        f' {", ".join(LOOP_IMPLEMENTATIONS)}'
+    )
   return LOOP_IMPLEMENTATIONS[name]

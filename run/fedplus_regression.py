@@ -35,11 +35,15 @@ import numpy as np
 
 from run import console
 from tasks import fedplus_regression
+
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 METHODS = ('fedgeomed_plus', 'fedcomed_plus', 'fedavg_plus', 'fedavg')
-PSI = {'fedgeomed_plus': 'geomed', 'fedcomed_plus': 'comed',
-       'fedavg_plus': 'avg'}
+PSI = {
+    'fedgeomed_plus': 'geomed',
+    'fedcomed_plus': 'comed',
+    'fedavg_plus': 'avg',
+}
 
 # Flags are defined at start-up only: absl flags are global, and the test
 # suite and the API-docs build import several binaries into one process.
@@ -59,8 +63,9 @@ _OUTPUT = None
 def define_flags() -> None:
   """Defines the command-line flags."""
   global _BACKEND, _SIGMAS, _SEEDS, _ROUNDS, _LR, _DELTA, _STEPS, _BATCH, _ITERS, _METHODS, _OUTPUT
-  _BACKEND = flags.DEFINE_enum('backend', 'numpy', ['numpy', 'tff'],
-                               'Implementation to run.')
+  _BACKEND = flags.DEFINE_enum(
+      'backend', 'numpy', ['numpy', 'tff'], 'Implementation to run.'
+  )
   _SIGMAS = flags.DEFINE_list('sigmas', ['1', '100'], 'Fed+ sigma values.')
   _SEEDS = flags.DEFINE_list('seeds', ['0', '1', '2', '3', '4'], 'Data seeds.')
   _ROUNDS = flags.DEFINE_integer('rounds', 500, 'Rounds T.')
@@ -68,8 +73,9 @@ def define_flags() -> None:
   _DELTA = flags.DEFINE_float('delta', 0.1, 'delta.')
   _STEPS = flags.DEFINE_integer('local_steps', 20, 'E_k.')
   _BATCH = flags.DEFINE_integer('batch_size', 10, 'Batch size.')
-  _ITERS = flags.DEFINE_integer('aggregation_iterations', 20,
-                                'Fixed-point iterations (geomed, comed).')
+  _ITERS = flags.DEFINE_integer(
+      'aggregation_iterations', 20, 'Fixed-point iterations (geomed, comed).'
+  )
   _METHODS = flags.DEFINE_list('methods', list(METHODS), 'Methods to run.')
   _OUTPUT = flags.DEFINE_string('output_md', None, 'Markdown table to write.')
 
@@ -95,8 +101,9 @@ def aggregate(psi, models, delta, iterations):
   return agg
 
 
-def run_numpy(method, parties, *, sigma, lr, delta, steps, batch_size, rounds,
-              iterations):
+def run_numpy(
+    method, parties, *, sigma, lr, delta, steps, batch_size, rounds, iterations
+):
   """Returns `(per-party models evaluated, global model)`.
 
   Vectorised over parties (every party takes part in every round, and all
@@ -107,8 +114,10 @@ def run_numpy(method, parties, *, sigma, lr, delta, steps, batch_size, rounds,
   xs = np.stack([x[:half] for x, _ in parties]).astype(np.float64)
   ys = np.stack([y[:half] for _, y in parties]).astype(np.float64)
   starts = list(range(0, half, batch_size))
-  plan = [(xs[:, s:s + batch_size], ys[:, s:s + batch_size])
-          for s in (starts[i % len(starts)] for i in range(steps))]
+  plan = [
+      (xs[:, s : s + batch_size], ys[:, s : s + batch_size])
+      for s in (starts[i % len(starts)] for i in range(steps))
+  ]
   del parties
 
   def grads(w, xb, yb):  # w: (N, d); xb: (N, b, d); yb: (N, b).
@@ -137,32 +146,45 @@ def run_numpy(method, parties, *, sigma, lr, delta, steps, batch_size, rounds,
   return evaluated, g
 
 
-def run_tff(method, parties, *, sigma, lr, delta, steps, batch_size, rounds,
-            iterations):
+def run_tff(
+    method, parties, *, sigma, lr, delta, steps, batch_size, rounds, iterations
+):
   """The library's processes on the same data and batch order."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
   from tff_algos import fed_avg  # pylint: disable=g-import-not-at-top
   from tff_algos import fed_plus  # pylint: disable=g-import-not-at-top
+
   dim = parties[0][0].shape[1]
   model_fn = fedplus_regression.create_linear_regression_model_fn(dim)
   half = len(parties[0][1]) // 2
   passes = -(-steps // -(-half // batch_size))
-  data = [tf.data.Dataset.from_tensor_slices(
-      (x[:half], y[:half, None])).batch(batch_size).repeat(passes).take(steps)
-          for x, y in parties]
+  data = [
+      tf.data.Dataset.from_tensor_slices((x[:half], y[:half, None]))
+      .batch(batch_size)
+      .repeat(passes)
+      .take(steps)
+      for x, y in parties
+  ]
   if method == 'fedavg':
     process = fed_avg.build_fed_avg(
-        model_fn, tff.learning.optimizers.build_sgdm(learning_rate=lr),
-        client_weighting=tff.learning.ClientWeighting.UNIFORM)
+        model_fn,
+        tff.learning.optimizers.build_sgdm(learning_rate=lr),
+        client_weighting=tff.learning.ClientWeighting.UNIFORM,
+    )
     state = process.initialize()
     for _ in range(rounds):
       state = process.next(state, data).state
     g = np.ravel(process.get_model_weights(state).trainable[0])
     return np.tile(g, (len(parties), 1)), g
   process = fed_plus.build_fed_plus(
-      model_fn, psi=PSI[method], learning_rate=lr, sigma=sigma, delta=delta,
-      aggregation_iterations=iterations)
+      model_fn,
+      psi=PSI[method],
+      learning_rate=lr,
+      sigma=sigma,
+      delta=delta,
+      aggregation_iterations=iterations,
+  )
   state = process.initialize()
   states = [process.initial_client_state() for _ in parties]
   for _ in range(rounds):
@@ -175,8 +197,8 @@ def run_tff(method, parties, *, sigma, lr, delta, steps, batch_size, rounds,
 def test_mse(models, parties):
   errors = []
   for w, (x, y) in zip(models, parties):
-    xt, yt = x[len(y) // 2:].astype(np.float64), y[len(y) // 2:]
-    errors.append(np.mean((xt @ w - yt)**2))
+    xt, yt = x[len(y) // 2 :].astype(np.float64), y[len(y) // 2 :]
+    errors.append(np.mean((xt @ w - yt) ** 2))
   return np.asarray(errors)
 
 
@@ -184,6 +206,7 @@ def main(argv):
   del argv
   if _BACKEND.value == 'tff':
     from tff_algos import runtime  # pylint: disable=g-import-not-at-top
+
     runtime.install_worker_cleanup()
   run = run_numpy if _BACKEND.value == 'numpy' else run_tff
   sigmas = [float(s) for s in _SIGMAS.value]
@@ -198,20 +221,34 @@ def main(argv):
       t0 = time.time()
       for seed in seeds:
         parties = fedplus_regression.generate(seed=seed)
-        models, g = run(method, parties, sigma=sigma, lr=_LR.value,
-                        delta=_DELTA.value, steps=_STEPS.value,
-                        batch_size=_BATCH.value, rounds=_ROUNDS.value,
-                        iterations=_ITERS.value)
+        models, g = run(
+            method,
+            parties,
+            sigma=sigma,
+            lr=_LR.value,
+            delta=_DELTA.value,
+            steps=_STEPS.value,
+            batch_size=_BATCH.value,
+            rounds=_ROUNDS.value,
+            iterations=_ITERS.value,
+        )
         errors = test_mse(models, parties)
         per_seed.append(errors.mean())
         outlier.append(errors[-1])
         global_err.append(test_mse([g] * len(parties), parties).mean())
-      results[(sigma, method)] = (np.mean(per_seed), np.std(per_seed),
-                                  np.mean(outlier), np.mean(global_err),
-                                  per_seed)
-      print(f'sigma={sigma:g} {method}: test MSE {np.mean(per_seed):.1f} '
-            f'(per seed {np.round(per_seed, 1).tolist()}; '
-            f'{time.time() - t0:.0f} s)', file=sys.stderr)
+      results[(sigma, method)] = (
+          np.mean(per_seed),
+          np.std(per_seed),
+          np.mean(outlier),
+          np.mean(global_err),
+          per_seed,
+      )
+      print(
+          f'sigma={sigma:g} {method}: test MSE {np.mean(per_seed):.1f} '
+          f'(per seed {np.round(per_seed, 1).tolist()}; '
+          f'{time.time() - t0:.0f} s)',
+          file=sys.stderr,
+      )
   lines = [
       f'Backend `{_BACKEND.value}`, {_ROUNDS.value} rounds, seeds {seeds}, '
       f'eta={_LR.value:g}, delta={_DELTA.value:g}, E_k={_STEPS.value}, '
@@ -219,7 +256,8 @@ def main(argv):
       '',
       '| sigma | kappa | method | test MSE (mean over parties, mean +- std'
       ' over seeds) | outlier party | 9 regular parties | global model |',
-      '|---|---|---|---|---|---|---|']
+      '|---|---|---|---|---|---|---|',
+  ]
   for sigma in sigmas:
     kappa = 1.0 / (1.0 + _LR.value * sigma)
     for method in _METHODS.value:
@@ -227,7 +265,8 @@ def main(argv):
       regular = (10 * mean - out) / 9
       lines.append(
           f'| {sigma:g} | {kappa:.6g} | {method} | {mean:.1f} +- {std:.1f} | '
-          f'{out:.1f} | {regular:.1f} | {glob:.1f} |')
+          f'{out:.1f} | {regular:.1f} | {glob:.1f} |'
+      )
   text = '\n'.join(lines) + '\n'
   print(text)
   if _OUTPUT.value:
@@ -235,6 +274,7 @@ def main(argv):
       f.write(text)
   if _BACKEND.value == 'tff':
     from tff_algos import runtime  # pylint: disable=g-import-not-at-top
+
     runtime.kill_workers()
 
 

@@ -41,6 +41,7 @@ import numpy as np
 
 from tasks import synthetic
 from tff_algos import stragglers as stragglers_lib
+
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 VARIANTS = ('fedavg', 'mu0', 'mu')
@@ -73,20 +74,25 @@ class Setting:
     try:
       alpha, beta = (float(v) for v in self.dataset.split('_'))
     except ValueError:
-      raise ValueError(f"dataset must be 'iid' or 'ALPHA_BETA', got "
-                       f'{self.dataset!r}') from None
+      raise ValueError(
+          f"dataset must be 'iid' or 'ALPHA_BETA', got " f'{self.dataset!r}'
+      ) from None
     return False, alpha, beta
 
   def validate(self) -> None:
     self.alpha_beta()
     if not 0.0 <= self.straggler_fraction <= 1.0:
-      raise ValueError('straggler_fraction must be in [0, 1], got '
-                       f'{self.straggler_fraction}')
+      raise ValueError(
+          'straggler_fraction must be in [0, 1], got '
+          f'{self.straggler_fraction}'
+      )
     if self.mu < 0 or not np.isfinite(self.mu):
       raise ValueError(f'mu must be >= 0, got {self.mu}')
     if self.weighting not in ('samples', 'processed'):
-      raise ValueError(f"weighting must be 'samples' or 'processed', got "
-                       f'{self.weighting!r}')
+      raise ValueError(
+          f"weighting must be 'samples' or 'processed', got "
+          f'{self.weighting!r}'
+      )
     if min(self.rounds, self.epochs, self.batch_size, self.eval_every) < 1:
       raise ValueError('rounds, epochs, batch_size and eval_every must be >= 1')
     if not 1 <= self.clients_per_round <= self.num_clients:
@@ -99,8 +105,7 @@ def _softmax_probs(logits):
   return p / p.sum(axis=-1, keepdims=True)
 
 
-def local_solve(w0, b0, x, y, *, plan, learning_rate, mu, batch_size,
-                rng=None):
+def local_solve(w0, b0, x, y, *, plan, learning_rate, mu, batch_size, rng=None):
   """FedProx's local solver for one client's `stragglers.ClientPlan`.
 
   Mini-batch SGD on the mean cross-entropy plus mu/2 ||(w, b) - (w0, b0)||^2,
@@ -119,7 +124,7 @@ def local_solve(w0, b0, x, y, *, plan, learning_rate, mu, batch_size,
     for start in range(0, n, batch_size):
       if done >= limit:
         return w, b, processed
-      idx = order[start:start + batch_size]
+      idx = order[start : start + batch_size]
       xb = x[idx]
       p = _softmax_probs(xb @ w + b)
       p[np.arange(len(idx)), y[idx]] -= 1.0
@@ -149,36 +154,61 @@ def simulate(setting: Setting, *, log=None) -> dict:
   # Imported here: run.simulation imports TFF (seconds), needed only for the
   # sampling rule shared with the training binary.
   from run import simulation  # pylint: disable=g-import-not-at-top
+
   iid, alpha, beta = setting.alpha_beta()
   clients = synthetic.generate(
-      num_clients=setting.num_clients, alpha=alpha, beta=beta, iid=iid,
-      seed=setting.seed, size_law='fedprox')
+      num_clients=setting.num_clients,
+      alpha=alpha,
+      beta=beta,
+      iid=iid,
+      seed=setting.seed,
+      size_law='fedprox',
+  )
   train, test, _ = synthetic.split_arrays(
-      clients, seed=setting.seed, test_fraction=setting.test_fraction)
+      clients, seed=setting.seed, test_fraction=setting.test_fraction
+  )
   train = {c: (x.astype(np.float64), y) for c, (x, y) in train.items()}
   test = {c: (x.astype(np.float64), y) for c, (x, y) in test.items()}
   ids = sorted(train)
   schedule = stragglers_lib.StragglerSchedule(
-      fraction=setting.straggler_fraction, epochs=setting.epochs,
-      drop_stragglers=setting.drop_stragglers, seed=setting.seed)
+      fraction=setting.straggler_fraction,
+      epochs=setting.epochs,
+      drop_stragglers=setting.drop_stragglers,
+      seed=setting.seed,
+  )
   w = np.zeros((synthetic.NUM_FEATURES, synthetic.NUM_CLASSES))
   b = np.zeros(synthetic.NUM_CLASSES)
   curve = []
   start = time.time()
   for round_num in range(1, setting.rounds + 1):
     selected = simulation.sample_clients(
-        ids, round_num, clients_per_round=setting.clients_per_round,
-        seed=setting.seed, scheme=setting.sampling,
-        num_examples=[len(train[c][1]) for c in ids])
+        ids,
+        round_num,
+        clients_per_round=setting.clients_per_round,
+        seed=setting.seed,
+        scheme=setting.sampling,
+        num_examples=[len(train[c][1]) for c in ids],
+    )
     plans = schedule.participants(round_num, selected)
     models, weights = [], []
     for i, plan in enumerate(plans):
       x, y = train[plan.client_id]
-      rng = (np.random.default_rng([setting.seed, round_num, i, 17])
-             if setting.shuffle else None)
+      rng = (
+          np.random.default_rng([setting.seed, round_num, i, 17])
+          if setting.shuffle
+          else None
+      )
       wk, bk, processed = local_solve(
-          w, b, x, y, plan=plan, learning_rate=setting.learning_rate,
-          mu=setting.mu, batch_size=setting.batch_size, rng=rng)
+          w,
+          b,
+          x,
+          y,
+          plan=plan,
+          learning_rate=setting.learning_rate,
+          mu=setting.mu,
+          batch_size=setting.batch_size,
+          rng=rng,
+      )
       models.append((wk, bk))
       weights.append(len(y) if setting.weighting == 'samples' else processed)
     if models:
@@ -188,13 +218,19 @@ def simulate(setting: Setting, *, log=None) -> dict:
     if round_num % setting.eval_every == 0 or round_num == setting.rounds:
       curve.append((round_num, pooled_loss_and_accuracy(w, b, train)[0]))
       if log and round_num % max(1, setting.rounds // 4) == 0:
-        log(f'  round {round_num}: train loss {curve[-1][1]:.4f}, '
-            f'{time.time() - start:.0f} s')
+        log(
+            f'  round {round_num}: train loss {curve[-1][1]:.4f}, '
+            f'{time.time() - start:.0f} s'
+        )
   train_loss, train_accuracy = pooled_loss_and_accuracy(w, b, train)
   _, test_accuracy = pooled_loss_and_accuracy(w, b, test)
   return {
-      'w': w, 'b': b, 'curve': curve, 'train_loss': train_loss,
-      'train_accuracy': train_accuracy, 'test_accuracy': test_accuracy,
+      'w': w,
+      'b': b,
+      'curve': curve,
+      'train_loss': train_loss,
+      'train_accuracy': train_accuracy,
+      'test_accuracy': test_accuracy,
   }
 
 
@@ -203,20 +239,29 @@ FLAGS = flags.FLAGS
 
 def define_flags() -> None:
   """Defines the flags (at start-up only: absl flags are global)."""
-  flags.DEFINE_list('datasets', ['1_1'],
-                    "Datasets: 'iid' or ALPHA_BETA (e.g. 0.5_0.5).")
+  flags.DEFINE_list(
+      'datasets', ['1_1'], "Datasets: 'iid' or ALPHA_BETA (e.g. 0.5_0.5)."
+  )
   flags.DEFINE_list('stragglers', ['0', '0.5', '0.9'], 'Straggler fractions.')
-  flags.DEFINE_list('variants', list(VARIANTS),
-                    'fedavg (drops stragglers), mu0 (FedProx mu = 0), mu '
-                    '(FedProx with --mu).')
-  flags.DEFINE_float('mu', 1.0, 'mu of the `mu` variant (thesis: 1 for '
-                     'Synthetic).')
+  flags.DEFINE_list(
+      'variants',
+      list(VARIANTS),
+      'fedavg (drops stragglers), mu0 (FedProx mu = 0), mu '
+      '(FedProx with --mu).',
+  )
+  flags.DEFINE_float(
+      'mu', 1.0, 'mu of the `mu` variant (thesis: 1 for ' 'Synthetic).'
+  )
   flags.DEFINE_integer('rounds', 200, 'Rounds.')
   flags.DEFINE_integer('epochs', 20, 'E, local epochs of a non-straggler.')
   flags.DEFINE_list('seeds', ['0', '1', '2'], 'Data/sampling seeds.')
-  flags.DEFINE_enum('weighting', 'samples', ['samples', 'processed'],
-                    'Aggregation weights: n_k (the authors\' code) or '
-                    'examples processed (the library).')
+  flags.DEFINE_enum(
+      'weighting',
+      'samples',
+      ['samples', 'processed'],
+      "Aggregation weights: n_k (the authors' code) or "
+      'examples processed (the library).',
+  )
 
 
 def _variant_setting(variant, **common) -> Setting:
@@ -233,29 +278,39 @@ def main(argv) -> int:
     seeds = [int(s) for s in FLAGS.seeds]
     bad = set(FLAGS.variants) - set(VARIANTS)
     if bad:
-      raise ValueError(f'unknown variants {sorted(bad)}; choose from '
-                       f'{", ".join(VARIANTS)}')
+      raise ValueError(
+          f'unknown variants {sorted(bad)}; choose from '
+          f'{", ".join(VARIANTS)}'
+      )
     for d in FLAGS.datasets:
       Setting(dataset=d).validate()
   except ValueError as e:
     print(f'fedprox_sim: error: {e}', file=sys.stderr)
     return 2
-  print('| dataset | stragglers | variant | seed | train loss | test accuracy'
-        ' % | max train loss, 2nd half | seconds |')
+  print(
+      '| dataset | stragglers | variant | seed | train loss | test accuracy'
+      ' % | max train loss, 2nd half | seconds |'
+  )
   print('|---|---|---|---|---|---|---|---|')
   results = {}
   for dataset in FLAGS.datasets:
     for fraction in fractions:
       for variant in FLAGS.variants:
         for seed in seeds:
-          common = dict(dataset=dataset, straggler_fraction=fraction,
-                        rounds=FLAGS.rounds, epochs=FLAGS.epochs, seed=seed,
-                        weighting=FLAGS.weighting)
+          common = dict(
+              dataset=dataset,
+              straggler_fraction=fraction,
+              rounds=FLAGS.rounds,
+              epochs=FLAGS.epochs,
+              seed=seed,
+              weighting=FLAGS.weighting,
+          )
           twin = {'fedavg': 'mu0', 'mu0': 'fedavg'}.get(variant)
           if fraction == 0.0 and (dataset, fraction, twin, seed) in results:
             # No stragglers: FedAvg is FedProx mu = 0, the same run.
             results[(dataset, fraction, variant, seed)] = results[
-                (dataset, fraction, twin, seed)]
+                (dataset, fraction, twin, seed)
+            ]
             continue
           t0 = time.time()
           try:
@@ -266,14 +321,19 @@ def main(argv) -> int:
           r['seconds'] = time.time() - t0
           results[(dataset, fraction, variant, seed)] = r
           late = [v for rnd, v in r['curve'] if rnd > FLAGS.rounds // 2]
-          print(f'| {dataset} | {fraction:g} | {variant} | {seed} | '
-                f'{r["train_loss"]:.4f} | {100 * r["test_accuracy"]:.2f} | '
-                f'{max(late):.4f} | {r["seconds"]:.0f} |', flush=True)
+          print(
+              f'| {dataset} | {fraction:g} | {variant} | {seed} | '
+              f'{r["train_loss"]:.4f} | {100 * r["test_accuracy"]:.2f} | '
+              f'{max(late):.4f} | {r["seconds"]:.0f} |',
+              flush=True,
+          )
   print()
   print('Mean (std) over seeds, and paired per-seed differences:')
   print()
-  print('| dataset | stragglers | variant | train loss | test accuracy % |'
-        ' test acc. minus FedAvg, per seed | minus FedProx mu=0, per seed |')
+  print(
+      '| dataset | stragglers | variant | train loss | test accuracy % |'
+      ' test acc. minus FedAvg, per seed | minus FedProx mu=0, per seed |'
+  )
   print('|---|---|---|---|---|---|---|')
   for dataset in FLAGS.datasets:
     for fraction in fractions:
@@ -290,12 +350,18 @@ def main(argv) -> int:
             cells.append('')
             continue
           diff = acc - 100 * np.array([r['test_accuracy'] for r in refs])
-          cells.append(' / '.join(f'{d:+.2f}' for d in diff)
-                       + f' (mean {diff.mean():+.2f})')
-        print(f'| {dataset} | {fraction:g} | {variant} | {loss.mean():.4f} '
-              f'({loss.std():.3f}) | {acc.mean():.2f} ({acc.std():.2f}) | '
-              + ' | '.join(cells) + ' |')
+          cells.append(
+              ' / '.join(f'{d:+.2f}' for d in diff)
+              + f' (mean {diff.mean():+.2f})'
+          )
+        print(
+            f'| {dataset} | {fraction:g} | {variant} | {loss.mean():.4f} '
+            f'({loss.std():.3f}) | {acc.mean():.2f} ({acc.std():.2f}) | '
+            + ' | '.join(cells)
+            + ' |'
+        )
   from tff_algos import runtime  # pylint: disable=g-import-not-at-top
+
   runtime.kill_workers()
   runtime.disarm_service_managers()
   return 0
@@ -304,6 +370,7 @@ def main(argv) -> int:
 def run_main() -> None:
   """Console-script entry point."""
   from run import console  # pylint: disable=g-import-not-at-top
+
   define_flags()
   console.run(__name__, lambda argv: sys.exit(main(argv)))
 

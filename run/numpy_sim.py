@@ -30,6 +30,7 @@ import numpy as np
 from run import console
 from tasks import synthetic
 from tasks import tail_metrics
+
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 
@@ -54,8 +55,9 @@ class Setting:
 
   def validate(self) -> None:
     if self.algorithm not in ('qffl', 'term'):
-      raise ValueError(f'unknown algorithm {self.algorithm!r}; choose qffl or'
-                       ' term')
+      raise ValueError(
+          f'unknown algorithm {self.algorithm!r}; choose qffl or' ' term'
+      )
     if self.q < 0 or not np.isfinite(self.q):
       raise ValueError(f'q must be >= 0, got {self.q}')
     if not np.isfinite(self.tilt):
@@ -99,7 +101,11 @@ def local_sgd(w, b, clients, *, learning_rate, batch_size, rng=None):
   mask = np.zeros((k, steps * batch_size))
   for i, (x, y) in enumerate(clients):
     order = rng.permutation(len(y)) if rng is not None else np.arange(len(y))
-    xs[i, :len(y)], ys[i, :len(y)], mask[i, :len(y)] = x[order], y[order], 1.0
+    xs[i, : len(y)], ys[i, : len(y)], mask[i, : len(y)] = (
+        x[order],
+        y[order],
+        1.0,
+    )
   xs = xs.reshape(k, steps, batch_size, d)
   ys = ys.reshape(k, steps, batch_size)
   mask = mask.reshape(k, steps, batch_size)
@@ -125,10 +131,12 @@ def aggregate(setting: Setting, w, b, losses, sizes, ww, bb):
     fq = losses**setting.q
     h = lipschitz * fq
     if setting.q:
-      h = h + setting.q * losses**(setting.q - 1) * sq_norm
+      h = h + setting.q * losses ** (setting.q - 1) * sq_norm
     coef = fq / h.sum()
-    return (w - np.einsum('k,kdc->dc', coef, dw),
-            b - np.einsum('k,kc->c', coef, db))
+    return (
+        w - np.einsum('k,kdc->dc', coef, dw),
+        b - np.einsum('k,kc->c', coef, db),
+    )
   logits = setting.tilt * losses + np.log(sizes)
   weights = np.exp(logits - logits.max())
   weights /= weights.sum()
@@ -141,11 +149,17 @@ def simulate(setting: Setting, *, log=None) -> dict:
   # Imported here: run.simulation imports TFF (seconds), needed only for the
   # sampling rule shared with the training binary.
   from run import simulation  # pylint: disable=g-import-not-at-top
+
   clients = synthetic.generate(
-      num_clients=setting.num_clients, alpha=setting.alpha,
-      beta=setting.beta, seed=setting.seed, size_law=setting.size_law)
+      num_clients=setting.num_clients,
+      alpha=setting.alpha,
+      beta=setting.beta,
+      seed=setting.seed,
+      size_law=setting.size_law,
+  )
   train, test, _ = synthetic.split_arrays(
-      clients, seed=setting.seed, test_fraction=setting.test_fraction)
+      clients, seed=setting.seed, test_fraction=setting.test_fraction
+  )
   ids = sorted(train)
   sizes = np.array([len(train[c][1]) for c in ids], np.float64)
   w = np.zeros((synthetic.NUM_FEATURES, synthetic.NUM_CLASSES))
@@ -153,26 +167,48 @@ def simulate(setting: Setting, *, log=None) -> dict:
   start = time.time()
   for round_num in range(1, setting.rounds + 1):
     chosen = simulation.sample_clients(
-        ids, round_num, clients_per_round=setting.clients_per_round,
-        seed=setting.seed, scheme=setting.sampling, num_examples=sizes)
+        ids,
+        round_num,
+        clients_per_round=setting.clients_per_round,
+        seed=setting.seed,
+        scheme=setting.sampling,
+        num_examples=sizes,
+    )
     data = [train[c] for c in chosen]
     losses = np.array([client_loss(w, b, x, y) for x, y in data])
     rng = np.random.default_rng([setting.seed, 7, round_num])
-    ww, bb = local_sgd(w, b, data, learning_rate=setting.learning_rate,
-                       batch_size=setting.batch_size, rng=rng)
-    w, b = aggregate(setting, w, b, losses,
-                     np.array([len(y) for _, y in data], np.float64), ww, bb)
+    ww, bb = local_sgd(
+        w,
+        b,
+        data,
+        learning_rate=setting.learning_rate,
+        batch_size=setting.batch_size,
+        rng=rng,
+    )
+    w, b = aggregate(
+        setting,
+        w,
+        b,
+        losses,
+        np.array([len(y) for _, y in data], np.float64),
+        ww,
+        bb,
+    )
     if log and round_num % max(1, setting.rounds // 10) == 0:
       log(f'  round {round_num}: {time.time() - start:.0f} s')
-  accuracy = np.array([
-      float((np.argmax(test[c][0] @ w + b, axis=1) == test[c][1]).mean())
-      for c in ids])
+  accuracy = np.array(
+      [
+          float((np.argmax(test[c][0] @ w + b, axis=1) == test[c][1]).mean())
+          for c in ids
+      ]
+  )
   counts = np.array([len(test[c][1]) for c in ids])
   return tail_metrics.summarize_clients(accuracy, counts, kind='accuracy')
 
 
 def _end_workers() -> None:
   from tff_algos import runtime  # pylint: disable=g-import-not-at-top
+
   runtime.kill_workers()
   runtime.disarm_service_managers()
 
@@ -182,29 +218,38 @@ FLAGS = flags.FLAGS
 
 def define_flags() -> None:
   """Defines the flags (at start-up only: absl flags are global)."""
-  flags.DEFINE_enum('algorithm', 'qffl', ['qffl', 'term'],
-                    'q-FedAvg or TERM.')
+  flags.DEFINE_enum('algorithm', 'qffl', ['qffl', 'term'], 'q-FedAvg or TERM.')
   flags.DEFINE_list('q', ['0', '1'], 'q values (qffl).')
   flags.DEFINE_list('tilt', ['0', '1'], 'Tilts (term).')
   flags.DEFINE_integer('rounds', 1000, 'Rounds.')
   flags.DEFINE_list('seeds', ['0', '1', '2'], 'Data/sampling seeds.')
-  flags.DEFINE_enum('size_law', 'table_4_4', list(synthetic.SIZE_LAWS),
-                    'Client-size law.')
-  flags.DEFINE_enum('client_sampling', 'examples', ['examples', 'uniform'],
-                    'Client sampling.')
+  flags.DEFINE_enum(
+      'size_law', 'table_4_4', list(synthetic.SIZE_LAWS), 'Client-size law.'
+  )
+  flags.DEFINE_enum(
+      'client_sampling', 'examples', ['examples', 'uniform'], 'Client sampling.'
+  )
   flags.DEFINE_float('learning_rate', 0.1, 'Local lr (= 1/L for q-FFL).')
 
 
-COLUMNS = ('weighted_mean', 'mean', 'worst10', 'best10', 'variance',
-           'angle_deg', 'kl_uniform')
+COLUMNS = (
+    'weighted_mean',
+    'mean',
+    'worst10',
+    'best10',
+    'variance',
+    'angle_deg',
+    'kl_uniform',
+)
 
 
 def main(argv) -> int:
   del argv
   log = lambda s: print(s, file=sys.stderr, flush=True)
   try:
-    values = [float(v) for v in (FLAGS.q if FLAGS.algorithm == 'qffl'
-                                 else FLAGS.tilt)]
+    values = [
+        float(v) for v in (FLAGS.q if FLAGS.algorithm == 'qffl' else FLAGS.tilt)
+    ]
     seeds = [int(s) for s in FLAGS.seeds]
   except ValueError as e:
     print(f'numpy_sim: error: {e}', file=sys.stderr)
@@ -216,26 +261,35 @@ def main(argv) -> int:
   for value in values:
     for seed in seeds:
       setting = Setting(
-          algorithm=FLAGS.algorithm, rounds=FLAGS.rounds, seed=seed,
-          size_law=FLAGS.size_law, sampling=FLAGS.client_sampling,
+          algorithm=FLAGS.algorithm,
+          rounds=FLAGS.rounds,
+          seed=seed,
+          size_law=FLAGS.size_law,
+          sampling=FLAGS.client_sampling,
           learning_rate=FLAGS.learning_rate,
-          **({'q': value} if name == 'q' else {'tilt': value}))
+          **({'q': value} if name == 'q' else {'tilt': value}),
+      )
       try:
         summary = simulate(setting, log=log)
       except ValueError as e:
         print(f'numpy_sim: error: {e}', file=sys.stderr)
         return 2
       rows.setdefault(value, []).append(summary)
-      cells = [f'{100 * summary[c]:.2f}' if c in ('weighted_mean', 'mean',
-                                                  'worst10', 'best10')
-               else f'{summary[c]:.4g}' for c in COLUMNS]
+      cells = [
+          f'{100 * summary[c]:.2f}'
+          if c in ('weighted_mean', 'mean', 'worst10', 'best10')
+          else f'{summary[c]:.4g}'
+          for c in COLUMNS
+      ]
       print(f'| {value:g} | {seed} | ' + ' | '.join(cells) + ' |', flush=True)
   _end_workers()
   for value, summaries in rows.items():
     cells = []
     for c in COLUMNS:
       v = np.array([s[c] for s in summaries])
-      scale = 100.0 if c in ('weighted_mean', 'mean', 'worst10', 'best10') else 1.0
+      scale = (
+          100.0 if c in ('weighted_mean', 'mean', 'worst10', 'best10') else 1.0
+      )
       cells.append(f'{scale * v.mean():.4g} ({scale * v.std():.2g})')
     print(f'| {value:g} | mean (std) | ' + ' | '.join(cells) + ' |')
   return 0

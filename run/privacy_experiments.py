@@ -54,21 +54,36 @@ def define_flags() -> None:
   """Defines the command-line flags."""
   global _EXPERIMENT, _OUTPUT, _ROOT, _RUNS, _ROUNDS, _EPSILONS, _SEEDS
   _EXPERIMENT = flags.DEFINE_enum(
-      'experiment', 'adadps_toy', ['adadps_toy', 'dpfedavg_synthetic',
-                                   'dp2_toy'], 'Which reproduction.')
+      'experiment',
+      'adadps_toy',
+      ['adadps_toy', 'dpfedavg_synthetic', 'dp2_toy'],
+      'Which reproduction.',
+  )
   _OUTPUT = flags.DEFINE_string('output', '', 'Markdown file to write.')
-  _ROOT = flags.DEFINE_string('root_output_dir', 'output/privacy',
-                              'dpfedavg_synthetic: training outputs.')
+  _ROOT = flags.DEFINE_string(
+      'root_output_dir',
+      'output/privacy',
+      'dpfedavg_synthetic: training outputs.',
+  )
   _RUNS = flags.DEFINE_integer('runs', 5, 'Toy problems: runs per method.')
-  _ROUNDS = flags.DEFINE_integer('total_rounds', 100,
-                                 'dpfedavg_synthetic: rounds.')
-  _EPSILONS = flags.DEFINE_list('epsilons', ['20', '10', '5', '2'],
-                                'dpfedavg_synthetic: target epsilons.')
+  _ROUNDS = flags.DEFINE_integer(
+      'total_rounds', 100, 'dpfedavg_synthetic: rounds.'
+  )
+  _EPSILONS = flags.DEFINE_list(
+      'epsilons', ['20', '10', '5', '2'], 'dpfedavg_synthetic: target epsilons.'
+  )
   _SEEDS = flags.DEFINE_list('seeds', ['0'], 'dpfedavg_synthetic: seeds.')
 
 
-TOY = dict(n=1000, d=500, frequent=50, steps=500, batch=50, delta=1e-3,
-           target_epsilon=4.13)
+TOY = dict(
+    n=1000,
+    d=500,
+    frequent=50,
+    steps=500,
+    batch=50,
+    delta=1e-3,
+    target_epsilon=4.13,
+)
 LRS = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0)
 CLIPS = (0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0)
 
@@ -85,46 +100,78 @@ def toy_data(seed: int = 0):
 
 
 def toy_loss(x, y, w) -> float:
-  return float(0.5 * np.mean((x @ w - y)**2))
+  return float(0.5 * np.mean((x @ w - y) ** 2))
 
 
 def toy_sigma() -> float:
   """sigma with epsilon(T steps) = 4.13 at delta 1e-3, Poisson q = b / n."""
   mech = lambda z: accounting.DpMechanism(  # pylint: disable=g-long-lambda
-      z, TOY['batch'], TOY['n'], 'poisson')
+      z, TOY['batch'], TOY['n'], 'poisson'
+  )
   return accounting.calibrate_noise_multiplier(
-      TOY['target_epsilon'], TOY['delta'], TOY['steps'], mech, tol=1e-3)
+      TOY['target_epsilon'], TOY['delta'], TOY['steps'], mech, tol=1e-3
+  )
 
 
 def _toy_run(method, x, y, *, lr, clip, sigma, seed, a, **extra):
   grads = lambda w, idx: (x[idx] @ w - y[idx])[:, None] * x[idx]
-  common = dict(steps=TOY['steps'], batch_size=TOY['batch'],
-                learning_rate=lr, seed=seed)
+  common = dict(
+      steps=TOY['steps'], batch_size=TOY['batch'], learning_rate=lr, seed=seed
+  )
   w0 = np.zeros(x.shape[1])
   if method in ('sgd', 'adas'):
     return adadps.run_centralized(
-        grads, len(y), w0, clip=1.0, noise_multiplier=0.0, private=False,
-        preconditioner=(adadps.FixedPreconditioner(a) if method == 'adas'
-                        else None), **common)
+        grads,
+        len(y),
+        w0,
+        clip=1.0,
+        noise_multiplier=0.0,
+        private=False,
+        preconditioner=(
+            adadps.FixedPreconditioner(a) if method == 'adas' else None
+        ),
+        **common,
+    )
   if method in ('dpsgd', 'adadps'):
     return adadps.run_centralized(
-        grads, len(y), w0, clip=clip, noise_multiplier=sigma,
-        preconditioner=(adadps.FixedPreconditioner(a) if method == 'adadps'
-                        else None), **common)
+        grads,
+        len(y),
+        w0,
+        clip=clip,
+        noise_multiplier=sigma,
+        preconditioner=(
+            adadps.FixedPreconditioner(a) if method == 'adadps' else None
+        ),
+        **common,
+    )
   if method == 'dp2':
     return dp2.run_centralized(
-        grads, len(y), w0, clip=clip, rmsprop_clip=extra['rmsprop_clip'],
-        noise_multiplier=sigma, rmsprop_learning_rate=extra['rmsprop_lr'],
-        sgd_steps=extra['delay'], rmsprop_steps=extra['delay'], beta=0.9,
-        epsilon=extra['eps'], **common)
+        grads,
+        len(y),
+        w0,
+        clip=clip,
+        rmsprop_clip=extra['rmsprop_clip'],
+        noise_multiplier=sigma,
+        rmsprop_learning_rate=extra['rmsprop_lr'],
+        sgd_steps=extra['delay'],
+        rmsprop_steps=extra['delay'],
+        beta=0.9,
+        epsilon=extra['eps'],
+        **common,
+    )
   if method == 'dprmsprop':
     # Privatize first, then RMSProp on the noisy gradient (the baseline).
     rng = np.random.default_rng(seed)
     w, v = w0.copy(), np.zeros_like(w0)
     for _ in range(TOY['steps']):
       idx = adadps.sample_batch(len(y), TOY['batch'], 'poisson', rng)
-      g = adadps.privatize(grads(w, idx), clip=clip, noise_multiplier=sigma,
-                           batch_size=TOY['batch'], rng=rng)
+      g = adadps.privatize(
+          grads(w, idx),
+          clip=clip,
+          noise_multiplier=sigma,
+          batch_size=TOY['batch'],
+          rng=rng,
+      )
       v = 0.9 * v + 0.1 * g**2
       w = w - lr * g / (np.sqrt(v) + extra['eps'])
     return w
@@ -155,18 +202,29 @@ def run_toy(methods) -> str:
       'adas': [dict(lr=lr, clip=None) for lr in LRS],
       'dpsgd': [dict(lr=lr, clip=c) for lr in LRS for c in CLIPS],
       'adadps': [dict(lr=lr, clip=c) for lr in LRS for c in CLIPS],
-      'dprmsprop': [dict(lr=lr, clip=c, eps=e) for lr in (0.001, 0.01, 0.1)
-                    for c in CLIPS for e in (1e-3, 1e-1)],
-      'dp2': [dict(lr=lr, clip=c, rmsprop_lr=rl, rmsprop_clip=rc, delay=s,
-                   eps=e)
-              for lr, c in ((0.3, 1.0), (1.0, 1.0), (0.3, 3.0))
-              for rl in (0.003, 0.03) for rc in (1.0, 10.0)
-              for s in (10, 50) for e in (1e-3, 1e-1)],
+      'dprmsprop': [
+          dict(lr=lr, clip=c, eps=e)
+          for lr in (0.001, 0.01, 0.1)
+          for c in CLIPS
+          for e in (1e-3, 1e-1)
+      ],
+      'dp2': [
+          dict(lr=lr, clip=c, rmsprop_lr=rl, rmsprop_clip=rc, delay=s, eps=e)
+          for lr, c in ((0.3, 1.0), (1.0, 1.0), (0.3, 3.0))
+          for rl in (0.003, 0.03)
+          for rc in (1.0, 10.0)
+          for s in (10, 50)
+          for e in (1e-3, 1e-1)
+      ],
   }
-  names = {'sgd': 'SGD (non-private)', 'adas': 'AdaS (non-private AdaDPS)',
-           'dpsgd': 'DP-SGD', 'adadps': 'AdaDPS (side information)',
-           'dprmsprop': 'DP-RMSProp (noise, then precondition)',
-           'dp2': 'DP^2-RMSProp (Algorithm 11)'}
+  names = {
+      'sgd': 'SGD (non-private)',
+      'adas': 'AdaS (non-private AdaDPS)',
+      'dpsgd': 'DP-SGD',
+      'adadps': 'AdaDPS (side information)',
+      'dprmsprop': 'DP-RMSProp (noise, then precondition)',
+      'dp2': 'DP^2-RMSProp (Algorithm 11)',
+  }
   rows = []
   zero = toy_loss(x, y, np.zeros(TOY['d']))
   for method in methods:
@@ -178,38 +236,62 @@ def run_toy(methods) -> str:
         w = _toy_run(method, x, y, sigma=sigma, seed=run, a=a, **params)
       losses.append(toy_loss(x, y, w))
     shown = {k: v for k, v in params.items() if v is not None}
-    rows.append(f'| {names[method]} | {np.mean(losses):.4f} '
-                f'({np.std(losses):.4f}) | {json.dumps(shown)} | '
-                f'{time.time() - t0:.0f} s |')
+    rows.append(
+        f'| {names[method]} | {np.mean(losses):.4f} '
+        f'({np.std(losses):.4f}) | {json.dumps(shown)} | '
+        f'{time.time() - t0:.0f} s |'
+    )
     print(rows[-1], file=sys.stderr)
-  return '\n'.join([
-      f'n = {TOY["n"]}, d = {TOY["d"]}, batch b = {TOY["batch"]} (Poisson, '
-      f'q = {TOY["batch"] / TOY["n"]}), T = {TOY["steps"]} steps; private '
-      f'runs: sigma = {sigma:.4f}, epsilon = {eps_rdp:.3f} (RDP) / '
-      f'{eps_pld:.3f} (PLD) at delta = {TOY["delta"]}. Loss at w = 0: '
-      f'{zero:.4f}. Final training loss, mean (std) over runs 1-'
-      f'{_RUNS.value}, hyperparameters tuned on run 0.', '',
-      '| method | final training loss | tuned | time |',
-      '|---|---|---|---|', *rows])
+  return '\n'.join(
+      [
+          f'n = {TOY["n"]}, d = {TOY["d"]}, batch b = {TOY["batch"]} (Poisson, '
+          f'q = {TOY["batch"] / TOY["n"]}), T = {TOY["steps"]} steps; private '
+          f'runs: sigma = {sigma:.4f}, epsilon = {eps_rdp:.3f} (RDP) / '
+          f'{eps_pld:.3f} (PLD) at delta = {TOY["delta"]}. Loss at w = 0: '
+          f'{zero:.4f}. Final training loss, mean (std) over runs 1-'
+          f'{_RUNS.value}, hyperparameters tuned on run 0.',
+          '',
+          '| method | final training loss | tuned | time |',
+          '|---|---|---|---|',
+          *rows,
+      ]
+  )
 
 
 def run_dpfedavg() -> str:
   """DP-FedAvg on Synthetic(1,1) through the training binary."""
-  base = ['--task=synthetic', '--num_clients=100', '--algorithm=fedavg',
-          '--client_weighting=uniform', '--client_sampling=poisson',
-          '--clients_per_round=20', f'--total_rounds={_ROUNDS.value}',
-          '--client_learning_rate=0.01', '--client_batch_size=10',
-          '--rounds_per_eval=0', '--eval_train_clients=false',
-          '--progress=false', f'--root_output_dir={_ROOT.value}']
+  base = [
+      '--task=synthetic',
+      '--num_clients=100',
+      '--algorithm=fedavg',
+      '--client_weighting=uniform',
+      '--client_sampling=poisson',
+      '--clients_per_round=20',
+      f'--total_rounds={_ROUNDS.value}',
+      '--client_learning_rate=0.01',
+      '--client_batch_size=10',
+      '--rounds_per_eval=0',
+      '--eval_train_clients=false',
+      '--progress=false',
+      f'--root_output_dir={_ROOT.value}',
+  ]
   settings = [('inf', [])] + [
       (e, ['--clip=1.0', f'--target_epsilon={e}', '--dp_delta=1e-3'])
-      for e in _EPSILONS.value]
+      for e in _EPSILONS.value
+  ]
   rows = []
   for seed in _SEEDS.value:
     for label, extra in settings:
       name = f'dpfedavg_eps{label}_seed{seed}'
-      cmd = [sys.executable, '-m', 'run.train', *base, *extra,
-             f'--seed={seed}', f'--experiment_name={name}']
+      cmd = [
+          sys.executable,
+          '-m',
+          'run.train',
+          *base,
+          *extra,
+          f'--seed={seed}',
+          f'--experiment_name={name}',
+      ]
       t0 = time.time()
       proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
       if proc.returncode != 0:
@@ -223,16 +305,31 @@ def run_dpfedavg() -> str:
           f' | {extra_out.get("dp/epsilon", float("inf")):.2f} | '
           f'{extra_out.get("dp/epsilon_pld", float("inf")):.2f} | '
           f'{acc["weighted_mean"]:.4f} | {acc["mean"]:.4f} | '
-          f'{acc["p10"]:.4f} | {time.time() - t0:.0f} s |')
+          f'{acc["p10"]:.4f} | {time.time() - t0:.0f} s |'
+      )
       print(rows[-1], file=sys.stderr)
-  command = ' '.join(['python -m run.train', *base, '--clip=1.0',
-                      '--target_epsilon=EPS', '--dp_delta=1e-3', '--seed=S'])
-  return '\n'.join([
-      f'Command per row: `{command}` (the non-private row drops the three DP '
-      'flags).', '',
-      '| target epsilon | seed | noise multiplier z | epsilon (RDP) | '
-      'epsilon (PLD) | test accuracy (pooled) | mean over clients | p10 | '
-      'time |', '|---|---|---|---|---|---|---|---|---|', *rows])
+  command = ' '.join(
+      [
+          'python -m run.train',
+          *base,
+          '--clip=1.0',
+          '--target_epsilon=EPS',
+          '--dp_delta=1e-3',
+          '--seed=S',
+      ]
+  )
+  return '\n'.join(
+      [
+          f'Command per row: `{command}` (the non-private row drops the three DP '
+          'flags).',
+          '',
+          '| target epsilon | seed | noise multiplier z | epsilon (RDP) | '
+          'epsilon (PLD) | test accuracy (pooled) | mean over clients | p10 | '
+          'time |',
+          '|---|---|---|---|---|---|---|---|---|',
+          *rows,
+      ]
+  )
 
 
 def main(argv):

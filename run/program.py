@@ -75,6 +75,7 @@ from tasks import registry
 from tff_algos import runtime
 from tff_algos import stateful
 from tff_algos import stragglers as stragglers_lib
+
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 PROGRAM_CONFIG = 'program_config.json'
@@ -84,12 +85,15 @@ RESUMABLE_KEYS = frozenset({'total_rounds', 'rounds_per_eval'})
 _TASKS: dict[str, task_base.FederatedTask] = {}
 
 _EVAL_CLIENTS = flags.DEFINE_integer(
-    'eval_clients', 0,
-    'Program evaluations: test clients per evaluation (0: all of them).')
+    'eval_clients',
+    0,
+    'Program evaluations: test clients per evaluation (0: all of them).',
+)
 
 
-def _task_for(task_name: str, task_kwargs: Mapping[str, Any]
-              ) -> task_base.FederatedTask:
+def _task_for(
+    task_name: str, task_kwargs: Mapping[str, Any]
+) -> task_base.FederatedTask:
   """The task built from its registry name and arguments (cached)."""
   key = json.dumps([task_name, dict(task_kwargs)], sort_keys=True)
   if key not in _TASKS:
@@ -128,7 +132,8 @@ class DataSpec:
     if self.sampling not in simulation.SAMPLING_SCHEMES:
       raise ValueError(
           f'unknown sampling {self.sampling!r}; choose one of: '
-          f'{", ".join(simulation.SAMPLING_SCHEMES)}')
+          f'{", ".join(simulation.SAMPLING_SCHEMES)}'
+      )
     if self.client_index and self.split != 'train':
       raise ValueError('client_index applies to the train split only')
 
@@ -144,8 +149,11 @@ class DataSpec:
     return _task_for(self.task, self.task_kwargs)
 
   def client_ids(self) -> list[str]:
-    data = (self.task_object.train_data if self.split == 'train'
-            else self.task_object.test_data)
+    data = (
+        self.task_object.train_data
+        if self.split == 'train'
+        else self.task_object.test_data
+    )
     return list(data.client_ids)
 
 
@@ -169,8 +177,9 @@ def _compute_federated_type(spec: DataSpec) -> tff.FederatedType:
     element = task.eval_dataset(cid, 'test').element_spec
   member = tff.SequenceType(tff.types.tensorflow_to_type(element))
   if spec.client_index:
-    member = tff.StructType([('data', member),
-                             ('client_index', tff.SequenceType(np.int32))])
+    member = tff.StructType(
+        [('data', member), ('client_index', tff.SequenceType(np.int32))]
+    )
   return tff.FederatedType(member, tff.CLIENTS)
 
 
@@ -198,8 +207,9 @@ class ClientDataSourceIterator(tff.program.FederatedDataSourceIterator):
 
   def to_bytes(self) -> bytes:
     """Serializes the iterator: its `DataSpec` and round counter."""
-    return json.dumps({'spec': self._spec.to_json(),
-                       'round_num': self._round_num}).encode('utf-8')
+    return json.dumps(
+        {'spec': self._spec.to_json(), 'round_num': self._round_num}
+    ).encode('utf-8')
 
   @property
   def federated_type(self) -> tff.FederatedType:
@@ -229,32 +239,50 @@ class ClientDataSourceIterator(tff.program.FederatedDataSourceIterator):
     if k is None or not 1 <= k <= len(ids):
       raise ValueError(
           f'k must be in [1, {len(ids)}] (clients of the {self._spec.split} '
-          f'split), got {k}')
+          f'split), got {k}'
+      )
     self._round_num += 1
     spec, task, round_num = self._spec, self._spec.task_object, self._round_num
     if spec.split == 'test':
-      chosen = ids if k == len(ids) else simulation.sample_clients(
-          ids, round_num, clients_per_round=k, seed=spec.seed)
+      chosen = (
+          ids
+          if k == len(ids)
+          else simulation.sample_clients(
+              ids, round_num, clients_per_round=k, seed=spec.seed
+          )
+      )
       return [task.eval_dataset(cid, 'test') for cid in chosen]
     num_examples = None
     if spec.sampling == 'examples':
       num_examples = [
-          task_base.count_examples(task.train_data.create_tf_dataset_for_client(
-              cid)) for cid in ids]
+          task_base.count_examples(
+              task.train_data.create_tf_dataset_for_client(cid)
+          )
+          for cid in ids
+      ]
     chosen = simulation.sample_clients(
-        ids, round_num, clients_per_round=k, seed=spec.seed,
-        scheme=spec.sampling, num_examples=num_examples)
+        ids,
+        round_num,
+        clients_per_round=k,
+        seed=spec.seed,
+        scheme=spec.sampling,
+        num_examples=num_examples,
+    )
     schedule = stragglers_lib.StragglerSchedule(
-        fraction=0.0, epochs=spec.epochs, drop_stragglers=False,
-        seed=spec.seed)
+        fraction=0.0, epochs=spec.epochs, drop_stragglers=False, seed=spec.seed
+    )
     plans = schedule.participants(round_num, chosen)
     config = simulation.SimulationConfig(
-        total_rounds=round_num, clients_per_round=k,
-        client_epochs_per_round=spec.epochs, seed=spec.seed)
+        total_rounds=round_num,
+        clients_per_round=k,
+        client_epochs_per_round=spec.epochs,
+        seed=spec.seed,
+    )
     datasets = simulation.client_datasets(task, plans, round_num, config)
     if spec.client_index:
       datasets = simulation.with_client_index(
-          datasets, plans, {cid: i for i, cid in enumerate(ids)})
+          datasets, plans, {cid: i for i, cid in enumerate(ids)}
+      )
     return datasets
 
   def __deepcopy__(self, memo) -> 'ClientDataSourceIterator':
@@ -266,8 +294,10 @@ class ClientDataSourceIterator(tff.program.FederatedDataSourceIterator):
   def __eq__(self, other: object) -> bool:
     if not isinstance(other, ClientDataSourceIterator):
       return NotImplemented
-    return (self._spec == other._spec and  # pylint: disable=protected-access
-            self._round_num == other._round_num)  # pylint: disable=protected-access
+    return (
+        self._spec == other._spec  # pylint: disable=protected-access
+        and self._round_num == other._round_num
+    )  # pylint: disable=protected-access
 
 
 class ClientDataSource(tff.program.FederatedDataSource):
@@ -315,19 +345,29 @@ class ProgramConfig:
 
   def validate(self, num_train: int, num_test: int) -> None:
     checks = [
-        (self.total_rounds >= 1,
-         f'total_rounds must be >= 1, got {self.total_rounds}'),
-        (self.total_rounds <= simulation.MAX_ROUNDS,
-         f'total_rounds must be <= {simulation.MAX_ROUNDS:,}, got '
-         f'{self.total_rounds:,}'),
-        (1 <= self.clients_per_round <= num_train,
-         f'clients_per_round must be in [1, {num_train}] (training clients),'
-         f' got {self.clients_per_round}'),
-        (self.rounds_per_eval >= 0,
-         f'rounds_per_eval must be >= 0, got {self.rounds_per_eval}'),
-        (0 <= self.eval_clients <= num_test,
-         f'eval_clients must be in [0, {num_test}] (test clients), got '
-         f'{self.eval_clients}'),
+        (
+            self.total_rounds >= 1,
+            f'total_rounds must be >= 1, got {self.total_rounds}',
+        ),
+        (
+            self.total_rounds <= simulation.MAX_ROUNDS,
+            f'total_rounds must be <= {simulation.MAX_ROUNDS:,}, got '
+            f'{self.total_rounds:,}',
+        ),
+        (
+            1 <= self.clients_per_round <= num_train,
+            f'clients_per_round must be in [1, {num_train}] (training clients),'
+            f' got {self.clients_per_round}',
+        ),
+        (
+            self.rounds_per_eval >= 0,
+            f'rounds_per_eval must be >= 0, got {self.rounds_per_eval}',
+        ),
+        (
+            0 <= self.eval_clients <= num_test,
+            f'eval_clients must be in [0, {num_test}] (test clients), got '
+            f'{self.eval_clients}',
+        ),
     ]
     for ok, message in checks:
       if not ok:
@@ -345,24 +385,31 @@ def _check_and_save_config(output_dir: str, settings: Mapping[str, Any]):
       with open(path, encoding='utf-8') as f:
         saved = json.load(f)
     except (OSError, ValueError) as e:
-      raise ProgramError(f'{path} cannot be read ({e}); remove that folder '
-                         'to start over') from None
+      raise ProgramError(
+          f'{path} cannot be read ({e}); remove that folder ' 'to start over'
+      ) from None
     if not isinstance(saved, dict):
-      raise ProgramError(f'{path} is not a program\'s settings')
-    changed = sorted(k for k in set(saved) | set(settings)
-                     if k not in RESUMABLE_KEYS
-                     and saved.get(k) != settings.get(k))
+      raise ProgramError(f"{path} is not a program's settings")
+    changed = sorted(
+        k
+        for k in set(saved) | set(settings)
+        if k not in RESUMABLE_KEYS and saved.get(k) != settings.get(k)
+    )
     if changed:
-      details = ', '.join(f'{k}: {saved.get(k)!r} -> {settings.get(k)!r}'
-                          for k in changed[:4])
+      details = ', '.join(
+          f'{k}: {saved.get(k)!r} -> {settings.get(k)!r}' for k in changed[:4]
+      )
       raise ProgramError(
           f'{output_dir} holds a program with other settings ({details}); '
-          'use another output folder or remove that one to start over')
+          'use another output folder or remove that one to start over'
+      )
   with open(path, 'w') as f:
     json.dump(dict(settings), f, indent=2, sort_keys=True, default=str)
 
 
-def create_context(*, secure: bool = False) -> tff.program.NativeFederatedContext:
+def create_context(
+    *, secure: bool = False
+) -> tff.program.NativeFederatedContext:
   """A `NativeFederatedContext` over TFF's async local C++ context.
 
   Args:
@@ -395,8 +442,11 @@ class DivergenceCheck(tff.program.ReleaseManager):
     flat = {}
     simulation._flatten('', value, flat)  # pylint: disable=protected-access
     for name, loss in flat.items():
-      if (name.split('/')[-1] == 'loss' and isinstance(loss, (int, float))
-          and not np.isfinite(loss)):
+      if (
+          name.split('/')[-1] == 'loss'
+          and isinstance(loss, (int, float))
+          and not np.isfinite(loss)
+      ):
         if self.diverged is None:
           self.diverged = (int(key), float(loss))
         return
@@ -408,19 +458,24 @@ class DivergenceCheck(tff.program.ReleaseManager):
       raise ProgramError(
           f'training diverged at round {round_num} (train loss {loss}); '
           'lower the learning rates. The program states of earlier rounds '
-          'are kept.')
+          'are kept.'
+      )
 
 
 _divergence_checks: list[DivergenceCheck] = []
 
 
 def _release_managers(output_dir: str, name: str, csv_file: str):
-  return tff.program.GroupingReleaseManager([
-      tff.program.CSVFileReleaseManager(
-          os.path.join(output_dir, csv_file), key_fieldname='round_num'),
-      tff.program.TensorBoardReleaseManager(
-          os.path.join(output_dir, 'tensorboard', name)),
-  ])
+  return tff.program.GroupingReleaseManager(
+      [
+          tff.program.CSVFileReleaseManager(
+              os.path.join(output_dir, csv_file), key_fieldname='round_num'
+          ),
+          tff.program.TensorBoardReleaseManager(
+              os.path.join(output_dir, 'tensorboard', name)
+          ),
+      ]
+  )
 
 
 def build_evaluation_manager(
@@ -436,9 +491,11 @@ def build_evaluation_manager(
   under `output_dir/evaluation/` so interrupted evaluations resume, and its
   metrics go to `evaluation.csv` and `tensorboard/evaluation`.
   """
+
   def create_state_manager(name: str) -> tff.program.FileProgramStateManager:
     return tff.program.FileProgramStateManager(
-        os.path.join(output_dir, 'evaluation', name))
+        os.path.join(output_dir, 'evaluation', name)
+    )
 
   def create_process(name: str):
     del name
@@ -447,7 +504,8 @@ def build_evaluation_manager(
   return tff.learning.programs.EvaluationManager(
       data_source=data_source,
       aggregated_metrics_manager=_release_managers(
-          output_dir, 'evaluation', 'evaluation.csv'),
+          output_dir, 'evaluation', 'evaluation.csv'
+      ),
       create_state_manager_fn=create_state_manager,
       create_process_fn=create_process,
       cohort_size=cohort_size,
@@ -455,19 +513,24 @@ def build_evaluation_manager(
   )
 
 
-async def _train(process, model_fn, train_source, eval_source, config,
-                 output_dir):
+async def _train(
+    process, model_fn, train_source, eval_source, config, output_dir
+):
   state_manager = run_dir.CheckpointManager(
-      os.path.join(output_dir, 'program_state'), keep_total=3,
-      keep_first=True)
+      os.path.join(output_dir, 'program_state'), keep_total=3, keep_first=True
+  )
   metrics_manager = DivergenceCheck(
-      _release_managers(output_dir, 'train', 'metrics.csv'))
+      _release_managers(output_dir, 'train', 'metrics.csv')
+  )
   _divergence_checks[:] = [metrics_manager]
   evaluation_manager = None
   if eval_source is not None:
     evaluation_manager = build_evaluation_manager(
-        model_fn, eval_source, output_dir=output_dir,
-        cohort_size=config.eval_clients or eval_source.num_clients)
+        model_fn,
+        eval_source,
+        output_dir=output_dir,
+        cohort_size=config.eval_clients or eval_source.num_clients,
+    )
   await tff.learning.programs.train_model(
       train_process=process,
       train_data_source=train_source,
@@ -475,7 +538,8 @@ async def _train(process, model_fn, train_source, eval_source, config,
       train_total_rounds=config.total_rounds,
       program_state_manager=state_manager,
       model_output_manager=tff.program.SavedModelFileReleaseManager(
-          os.path.join(output_dir, 'models'), prefix=''),
+          os.path.join(output_dir, 'models'), prefix=''
+      ),
       train_metrics_manager=metrics_manager,
       evaluation_manager=evaluation_manager,
       evaluation_periodicity=config.rounds_per_eval or config.total_rounds,
@@ -485,7 +549,8 @@ async def _train(process, model_fn, train_source, eval_source, config,
   # The state the program ended with, as a resumed program would load it.
   initial = await tff.program.materialize_value(process.initialize())
   structure = tff.learning.programs.ProgramState(
-      initial, 0, 0, train_source.iterator())
+      initial, 0, 0, train_source.iterator()
+  )
   saved, version = await state_manager.load_latest(structure)
   return saved.state, version
 
@@ -537,60 +602,95 @@ def run_program(
     raise TypeError(
         'stateful-client processes (Ditto, Fed+) keep per-client state that '
         'train_model cannot carry; run them with '
-        'run.stateful_program.run_stateful_program')
+        'run.stateful_program.run_stateful_program'
+    )
   if not isinstance(process, tff.learning.templates.LearningProcess):
     raise TypeError(
         f'process must be a tff.learning.templates.LearningProcess, got '
-        f'{type(process).__name__}')
+        f'{type(process).__name__}'
+    )
   if simulation.needs_client_index(process):
     raise ValueError(
         'processes whose client data carry the client index (AFL) cannot run'
-        " as a TFF 0.87 program: NativeFederatedContext materializes a"
+        ' as a TFF 0.87 program: NativeFederatedContext materializes a'
         ' CLIENTS-placed struct as one struct, not one per client; use'
-        ' run.train')
+        ' run.train'
+    )
   task = _task_for(task_name, task_kwargs)
   train_spec = DataSpec(
-      task=task_name, task_kwargs=dict(task_kwargs), split='train', seed=seed,
-      epochs=client_epochs_per_round, sampling=client_sampling,
-      client_index=simulation.needs_client_index(process))
+      task=task_name,
+      task_kwargs=dict(task_kwargs),
+      split='train',
+      seed=seed,
+      epochs=client_epochs_per_round,
+      sampling=client_sampling,
+      client_index=simulation.needs_client_index(process),
+  )
   train_spec.validate()
-  config.validate(len(task.train_data.client_ids),
-                  len(task.test_data.client_ids))
+  config.validate(
+      len(task.train_data.client_ids), len(task.test_data.client_ids)
+  )
   with run_dir.locked(output_dir, 'program'):
-    _check_and_save_config(output_dir, {
-        **dict(settings or {}), 'task': task_name,
-        'task_kwargs': dict(task_kwargs), 'seed': seed,
-        'client_epochs_per_round': client_epochs_per_round,
-        'client_sampling': client_sampling,
-        'clients_per_round': config.clients_per_round,
-        'eval_clients': config.eval_clients, 'evaluate': evaluate,
-        'total_rounds': config.total_rounds,
-        'rounds_per_eval': config.rounds_per_eval,
-    })
+    _check_and_save_config(
+        output_dir,
+        {
+            **dict(settings or {}),
+            'task': task_name,
+            'task_kwargs': dict(task_kwargs),
+            'seed': seed,
+            'client_epochs_per_round': client_epochs_per_round,
+            'client_sampling': client_sampling,
+            'clients_per_round': config.clients_per_round,
+            'eval_clients': config.eval_clients,
+            'evaluate': evaluate,
+            'total_rounds': config.total_rounds,
+            'rounds_per_eval': config.rounds_per_eval,
+        },
+    )
     train_source = ClientDataSource(train_spec)
-    eval_source = (ClientDataSource(dataclasses.replace(
-        train_spec, split='test', client_index=False)) if evaluate else None)
+    eval_source = (
+        ClientDataSource(
+            dataclasses.replace(train_spec, split='test', client_index=False)
+        )
+        if evaluate
+        else None
+    )
     context = create_context(secure=secure)
 
     async def train_in_context():
       # The context stack is per thread: install it where the program runs.
       with tff.framework.get_context_stack().install(context):
-        return await _train(process, task.model_fn, train_source, eval_source,
-                            config, output_dir)
+        return await _train(
+            process,
+            task.model_fn,
+            train_source,
+            eval_source,
+            config,
+            output_dir,
+        )
 
     state, round_num = simulation.run_async(train_in_context())
-    result = {'state': state, 'round_num': round_num,
-              'final_summaries': None, 'per_client': None}
+    result = {
+        'state': state,
+        'round_num': round_num,
+        'final_summaries': None,
+        'per_client': None,
+    }
     if config.evaluate_per_client:
-      result.update(write_per_client(process, state, task, output_dir,
-                                     round_num))
+      result.update(
+          write_per_client(process, state, task, output_dir, round_num)
+      )
     return result
 
 
-def write_per_client(process, state, task: task_base.FederatedTask,
-                     output_dir: str, round_num: int,
-                     extra: Optional[Mapping[str, Any]] = None
-                     ) -> dict[str, Any]:
+def write_per_client(
+    process,
+    state,
+    task: task_base.FederatedTask,
+    output_dir: str,
+    round_num: int,
+    extra: Optional[Mapping[str, Any]] = None,
+) -> dict[str, Any]:
   """Evaluates `state`'s model on every client; writes the binary's files.
 
   Writes `clients/round_NNNNN.csv` and `summary.json` / `summary.txt` as
@@ -598,28 +698,52 @@ def write_per_client(process, state, task: task_base.FederatedTask,
   per-client tables (e.g. `personal/test`) summarized with them.
   """
   per_client = simulation.evaluate_per_client(
-      task, evaluation.build_per_client_evaluation(task.model_fn),
-      process.get_model_weights(state), include_train=True)
+      task,
+      evaluation.build_per_client_evaluation(task.model_fn),
+      process.get_model_weights(state),
+      include_train=True,
+  )
   per_client.update(extra or {})
   summaries = simulation.summarize(per_client)
   clients_dir = os.path.join(output_dir, 'clients')
   os.makedirs(clients_dir, exist_ok=True)
   path = os.path.join(clients_dir, f'round_{round_num:05d}.csv')
   # Splits may have other columns (a personal split's `lambda`): the union.
-  names = list(dict.fromkeys(k for values in per_client.values()
-                             for k in values if k != 'client_id'))
+  names = list(
+      dict.fromkeys(
+          k
+          for values in per_client.values()
+          for k in values
+          if k != 'client_id'
+      )
+  )
   with open(path, 'w', newline='') as f:
     writer = csv.writer(f)
     writer.writerow(['split', 'client_id'] + names)
     for split, values in per_client.items():
       for i, cid in enumerate(values['client_id']):
-        writer.writerow([split, cid] + [
-            '' if n not in values else
-            repr(round(float(values[n][i]), 7)) if n != 'num_examples'
-            else str(int(values[n][i])) for n in names])
+        writer.writerow(
+            [split, cid]
+            + [
+                ''
+                if n not in values
+                else repr(round(float(values[n][i]), 7))
+                if n != 'num_examples'
+                else str(int(values[n][i]))
+                for n in names
+            ]
+        )
   with open(os.path.join(output_dir, 'summary.json'), 'w') as f:
-    json.dump({'round_num': round_num, 'task': task.description,
-               'summaries': summaries}, f, indent=2, default=float)
+    json.dump(
+        {
+            'round_num': round_num,
+            'task': task.description,
+            'summaries': summaries,
+        },
+        f,
+        indent=2,
+        default=float,
+    )
   with open(os.path.join(output_dir, 'summary.txt'), 'w') as f:
     f.write(f'{task.description}; after round {round_num}\n')
     f.write(simulation.summary_table(summaries) + '\n')
@@ -635,29 +759,36 @@ def model_weights_arrays(process, state) -> list[np.ndarray]:
 def main(argv: Sequence[str]) -> int:
   """`python -m run.program`: the training binary's flags, as a program."""
   if len(argv) > 1:
-    print(f'program: error: unexpected arguments: {" ".join(argv[1:])}',
-          file=sys.stderr)
+    print(
+        f'program: error: unexpected arguments: {" ".join(argv[1:])}',
+        file=sys.stderr,
+    )
     return 2
   logging.set_verbosity(logging.WARNING)
   runtime.install_worker_cleanup()
   values = flags.FLAGS
   try:
     if values.straggler_fraction:
-      raise ValueError('--straggler_fraction is not supported by the program'
-                       ' logic (use run.train)')
+      raise ValueError(
+          '--straggler_fraction is not supported by the program'
+          ' logic (use run.train)'
+      )
     if algorithms.AlgorithmSpec(values.algorithm).is_stateful:
-      raise ValueError(f'--algorithm={values.algorithm} keeps per-client '
-                       'state: run it with python -m run.stateful_program')
+      raise ValueError(
+          f'--algorithm={values.algorithm} keeps per-client '
+          'state: run it with python -m run.stateful_program'
+      )
     task, process, sim_config, out_dir = train.prepare('program')[:4]
     config = ProgramConfig(
         total_rounds=sim_config.total_rounds,
         clients_per_round=sim_config.clients_per_round,
         rounds_per_eval=sim_config.rounds_per_eval,
-        eval_clients=_EVAL_CLIENTS.value)
-    config.validate(len(task.train_data.client_ids),
-                    len(task.test_data.client_ids))
-    secure = (values.algorithm == 'deltafl'
-              and values.secure_quantile != 'none')
+        eval_clients=_EVAL_CLIENTS.value,
+    )
+    config.validate(
+        len(task.train_data.client_ids), len(task.test_data.client_ids)
+    )
+    secure = values.algorithm == 'deltafl' and values.secure_quantile != 'none'
   except (ValueError, TypeError, OSError) as e:
     print(f'program: error: {e}', file=sys.stderr)
     return 2
@@ -666,30 +797,44 @@ def main(argv: Sequence[str]) -> int:
     return 1
   try:
     result = run_program(
-        process, task_name=values.task, task_kwargs=train.task_kwargs(),
-        config=config, output_dir=out_dir, seed=sim_config.seed,
+        process,
+        task_name=values.task,
+        task_kwargs=train.task_kwargs(),
+        config=config,
+        output_dir=out_dir,
+        seed=sim_config.seed,
         client_epochs_per_round=sim_config.client_epochs_per_round,
-        client_sampling=sim_config.client_sampling, secure=secure,
-        settings={k: v for k, v in train.hparams().items()
-                  if k not in ('progress', 'root_output_dir', 'data_dir')})
+        client_sampling=sim_config.client_sampling,
+        secure=secure,
+        settings={
+            k: v
+            for k, v in train.hparams().items()
+            if k not in ('progress', 'root_output_dir', 'data_dir')
+        },
+    )
   except (ProgramError, task_base.TaskError, run_dir.RunDirError) as e:
     print(f'program: error: {e}', file=sys.stderr)
     return 1
   finally:
     runtime.kill_workers()
-  print(f'Per-client metrics after round {result["round_num"]} '
-        f'({task.description}):')
+  print(
+      f'Per-client metrics after round {result["round_num"]} '
+      f'({task.description}):'
+  )
   print(simulation.summary_table(result['final_summaries']))
-  print(f'\nOutputs: {out_dir}/ (metrics.csv, evaluation.csv, clients/, '
-        'summary.txt, tensorboard/, program_state/, models/)')
+  print(
+      f'\nOutputs: {out_dir}/ (metrics.csv, evaluation.csv, clients/, '
+      'summary.txt, tensorboard/, program_state/, models/)'
+  )
   return 0
 
 
 def run_main() -> None:
   """Console-script entry point."""
   flags.adopt_module_key_flags(train)  # --help lists the training flags.
-  console.run(__name__, lambda argv: runtime.exit_now(main(argv)),
-              prog='program')
+  console.run(
+      __name__, lambda argv: runtime.exit_now(main(argv)), prog='program'
+  )
 
 
 if __name__ == '__main__':

@@ -37,8 +37,7 @@ from matplotlib import figure as mpl_figure
 from matplotlib import pyplot as plt
 import numpy as np
 
-FIGURES = ('accuracy.png', 'loss.png', 'error_histogram.png',
-           'client_size.png')
+FIGURES = ('accuracy.png', 'loss.png', 'error_histogram.png', 'client_size.png')
 # Rows of the summary table: (summary key, statistic, column title).
 TABLE_COLUMNS = (
     ('test/accuracy', 'mean', 'test acc. mean'),
@@ -51,8 +50,10 @@ TABLE_COLUMNS = (
     ('train/loss', 'p90', 'train loss p90'),
 )
 # run.program writes TFF's program-logic names; map them to run.train's.
-_PROGRAM_KEYS = {'model_metrics/loss': 'train/loss',
-                 'model_metrics/accuracy': 'train/accuracy'}
+_PROGRAM_KEYS = {
+    'model_metrics/loss': 'train/loss',
+    'model_metrics/accuracy': 'train/accuracy',
+}
 
 
 class ReportError(ValueError):
@@ -93,8 +94,10 @@ class Run:
 
 def _damaged(path: str, error: Exception) -> ReportError:
   reason = ' '.join(str(error).split()) or type(error).__name__
-  return ReportError(f'{path}: damaged or not a run\'s file ({reason}); '
-                     'rerun the run to rewrite it')
+  return ReportError(
+      f"{path}: damaged or not a run's file ({reason}); "
+      'rerun the run to rewrite it'
+  )
 
 
 def _read_csv(path: str) -> dict[str, np.ndarray]:
@@ -125,24 +128,27 @@ def _read_clients(path: str) -> dict[str, dict[str, np.ndarray]]:
     clients: dict[str, dict[str, list]] = {}
     for row in rows:
       if None in row or None in row.values():
-        raise ValueError(f'line {rows.index(row) + 2} has '
-                         f'{"more" if None in row else "fewer"} cells than '
-                         'the header')
+        raise ValueError(
+            f'line {rows.index(row) + 2} has '
+            f'{"more" if None in row else "fewer"} cells than '
+            'the header'
+        )
       split = clients.setdefault(row['split'], {})
       for key, value in row.items():
         if key in ('split', 'client_id'):
           split.setdefault(key, []).append(value)
         else:
-          split.setdefault(key, []).append(float(value) if value else
-                                           math.nan)
+          split.setdefault(key, []).append(float(value) if value else math.nan)
     for split, values in clients.items():
       for name in ('num_examples', 'accuracy'):
         if name not in values:
           raise KeyError(f'no {name} column')
   except (UnicodeDecodeError, csv.Error, ValueError, KeyError) as e:
     raise _damaged(path, e) from None
-  return {split: {k: np.asarray(v) for k, v in values.items()}
-          for split, values in clients.items()}
+  return {
+      split: {k: np.asarray(v) for k, v in values.items()}
+      for split, values in clients.items()
+  }
 
 
 def _test_curve(path: str, metrics: Mapping[str, np.ndarray]):
@@ -154,7 +160,8 @@ def _test_curve(path: str, metrics: Mapping[str, np.ndarray]):
       for stat in ('mean', 'worst10'):
         column = metrics.get(f'eval/test/{metric}/{stat}')
         curve[f'{metric}_{stat}'] = (
-            column[keep] if column is not None else nan(int(keep.sum())))
+            column[keep] if column is not None else nan(int(keep.sum()))
+        )
     return curve
   eval_path = os.path.join(path, 'evaluation.csv')
   if os.path.exists(eval_path):  # run.program: pooled over test clients.
@@ -162,12 +169,23 @@ def _test_curve(path: str, metrics: Mapping[str, np.ndarray]):
     if evaluation:
       n = len(evaluation['round_num'])
       order = np.argsort(evaluation['round_num'])
-      return {'round_num': evaluation['round_num'][order],
-              'accuracy_mean': evaluation['model_metrics/accuracy'][order],
-              'loss_mean': evaluation['model_metrics/loss'][order],
-              'accuracy_worst10': nan(n), 'loss_worst10': nan(n)}
-  return {k: np.zeros(0) for k in ('round_num', 'accuracy_mean', 'loss_mean',
-                                   'accuracy_worst10', 'loss_worst10')}
+      return {
+          'round_num': evaluation['round_num'][order],
+          'accuracy_mean': evaluation['model_metrics/accuracy'][order],
+          'loss_mean': evaluation['model_metrics/loss'][order],
+          'accuracy_worst10': nan(n),
+          'loss_worst10': nan(n),
+      }
+  return {
+      k: np.zeros(0)
+      for k in (
+          'round_num',
+          'accuracy_mean',
+          'loss_mean',
+          'accuracy_worst10',
+          'loss_worst10',
+      )
+  }
 
 
 def _read_json(path: str) -> dict[str, Any]:
@@ -200,12 +218,14 @@ def load_run(path: str, label: Optional[str] = None) -> Run:
   if not os.path.exists(metrics_path):
     raise ReportError(
         f'{path}: not a run folder (no metrics.csv); pass the folders that '
-        'run.train wrote, <root_output_dir>/<experiment_name>')
+        'run.train wrote, <root_output_dir>/<experiment_name>'
+    )
   summary_path = os.path.join(path, 'summary.json')
   if not os.path.exists(summary_path):
     raise ReportError(
         f'{path}: the run has not finished (no summary.json); rerun its '
-        'command to resume and finish it')
+        'command to resume and finish it'
+    )
   summary = _read_json(summary_path)
   try:
     round_num = int(summary['round_num'])
@@ -215,8 +235,10 @@ def load_run(path: str, label: Optional[str] = None) -> Run:
     raise _damaged(summary_path, e) from None
   clients_path = os.path.join(path, 'clients', f'round_{round_num:05d}.csv')
   if not os.path.exists(clients_path):
-    raise ReportError(f'{path}: summary.json is for round {round_num} but '
-                      f'{os.path.relpath(clients_path, path)} is missing')
+    raise ReportError(
+        f'{path}: summary.json is for round {round_num} but '
+        f'{os.path.relpath(clients_path, path)} is missing'
+    )
   config = {}
   for name in ('config.json', 'program_config.json'):
     config_path = os.path.join(path, name)
@@ -238,11 +260,16 @@ def load_run(path: str, label: Optional[str] = None) -> Run:
   return Run(
       path=path,
       label=label or os.path.basename(os.path.normpath(path)),
-      config=config, metrics=metrics,
-      test_curve=_test_curve(path, metrics), round_num=round_num,
-      summaries=summary['summaries'], clients=clients,
-      test_curve_kind=('mean over clients' if per_client_curve
-                       else 'pooled over examples'))
+      config=config,
+      metrics=metrics,
+      test_curve=_test_curve(path, metrics),
+      round_num=round_num,
+      summaries=summary['summaries'],
+      clients=clients,
+      test_curve_kind=(
+          'mean over clients' if per_client_curve else 'pooled over examples'
+      ),
+  )
 
 
 def _colors(n: int):
@@ -250,8 +277,7 @@ def _colors(n: int):
   return [cycle[i % len(cycle)] for i in range(n)]
 
 
-def _finish(fig: mpl_figure.Figure, path: Optional[str]
-            ) -> mpl_figure.Figure:
+def _finish(fig: mpl_figure.Figure, path: Optional[str]) -> mpl_figure.Figure:
   fig.tight_layout()
   if path is not None:
     fig.savefig(path, dpi=100)
@@ -259,8 +285,9 @@ def _finish(fig: mpl_figure.Figure, path: Optional[str]
   return fig
 
 
-def plot_curves(runs: Sequence[Run], metric: str,
-                path: Optional[str] = None) -> mpl_figure.Figure:
+def plot_curves(
+    runs: Sequence[Run], metric: str, path: Optional[str] = None
+) -> mpl_figure.Figure:
   """Training and per-client test `metric` (accuracy or loss) over rounds.
 
   Args:
@@ -277,19 +304,36 @@ def plot_curves(runs: Sequence[Run], metric: str,
     values = run.metrics.get(f'train/{metric}')
     if values is not None:
       keep = ~np.isnan(values)
-      train_ax.plot(run.metrics['round_num'][keep], values[keep], color=color,
-                    label=run.label)
+      train_ax.plot(
+          run.metrics['round_num'][keep],
+          values[keep],
+          color=color,
+          label=run.label,
+      )
     curve = run.test_curve
     if len(curve['round_num']):
-      test_ax.plot(curve['round_num'], curve[f'{metric}_mean'], 'o-',
-                   color=color, label=f'{run.label}: {run.test_curve_kind}')
+      test_ax.plot(
+          curve['round_num'],
+          curve[f'{metric}_mean'],
+          'o-',
+          color=color,
+          label=f'{run.label}: {run.test_curve_kind}',
+      )
       worst = curve[f'{metric}_worst10']
       if not np.all(np.isnan(worst)):
-        test_ax.plot(curve['round_num'], worst, 's--', color=color,
-                     label=f'{run.label}: worst 10% of clients')
+        test_ax.plot(
+            curve['round_num'],
+            worst,
+            's--',
+            color=color,
+            label=f'{run.label}: worst 10% of clients',
+        )
   name = metric.capitalize()
-  train_ax.set(title=f'Training {metric} (round participants)',
-               xlabel='round', ylabel=name)
+  train_ax.set(
+      title=f'Training {metric} (round participants)',
+      xlabel='round',
+      ylabel=name,
+  )
   test_ax.set(title=f'Per-client test {metric}', xlabel='round', ylabel=name)
   for ax in (train_ax, test_ax):
     ax.grid(alpha=0.3)
@@ -298,8 +342,9 @@ def plot_curves(runs: Sequence[Run], metric: str,
   return _finish(fig, path)
 
 
-def plot_error_histogram(runs: Sequence[Run], path: Optional[str] = None
-                         ) -> mpl_figure.Figure:
+def plot_error_histogram(
+    runs: Sequence[Run], path: Optional[str] = None
+) -> mpl_figure.Figure:
   """Histogram of the final per-client test error, runs overlaid.
 
   Saved to `path` (and closed) when given; returns the figure.
@@ -308,20 +353,30 @@ def plot_error_histogram(runs: Sequence[Run], path: Optional[str] = None
   bins = np.linspace(0.0, 1.0, 21)
   for run, color in zip(runs, _colors(len(runs))):
     error = 1.0 - run.clients['test']['accuracy']
-    ax.hist(error, bins=bins, histtype='step', linewidth=2, color=color,
-            label=f'{run.label} (mean {error.mean():.3f}, '
-                  f'p90 {np.percentile(error, 90):.3f})')
+    ax.hist(
+        error,
+        bins=bins,
+        histtype='step',
+        linewidth=2,
+        color=color,
+        label=f'{run.label} (mean {error.mean():.3f}, '
+        f'p90 {np.percentile(error, 90):.3f})',
+    )
     ax.axvline(error.mean(), color=color, linestyle=':', linewidth=1)
-  ax.set(title='Per-client test error (final model)',
-         xlabel='misclassification error on the client',
-         ylabel='number of clients', xlim=(0, 1))
+  ax.set(
+      title='Per-client test error (final model)',
+      xlabel='misclassification error on the client',
+      ylabel='number of clients',
+      xlim=(0, 1),
+  )
   ax.grid(alpha=0.3)
   ax.legend(fontsize=8)
   return _finish(fig, path)
 
 
-def plot_client_size(runs: Sequence[Run], path: Optional[str] = None
-                     ) -> mpl_figure.Figure:
+def plot_client_size(
+    runs: Sequence[Run], path: Optional[str] = None
+) -> mpl_figure.Figure:
   """Per-client training loss and test error against client size.
 
   Saved to `path` (and closed) when given; returns the figure.
@@ -329,16 +384,24 @@ def plot_client_size(runs: Sequence[Run], path: Optional[str] = None
   fig, (train_ax, test_ax) = plt.subplots(1, 2, figsize=(11, 4.5))
   markers = 'ox^sv<>dp*'
   for i, (run, color) in enumerate(zip(runs, _colors(len(runs)))):
-    style = dict(marker=markers[i % len(markers)], color=color, alpha=0.6,
-                 s=18, label=run.label)
+    style = dict(
+        marker=markers[i % len(markers)],
+        color=color,
+        alpha=0.6,
+        s=18,
+        label=run.label,
+    )
     if 'train' in run.clients:
       train = run.clients['train']
       train_ax.scatter(train['num_examples'], train['loss'], **style)
     test = run.clients['test']
     test_ax.scatter(test['num_examples'], 1.0 - test['accuracy'], **style)
   train_ax.set(title='Training clients: loss vs. size', ylabel='loss')
-  test_ax.set(title='Test clients: error vs. size',
-              ylabel='misclassification error', ylim=(-0.03, 1.03))
+  test_ax.set(
+      title='Test clients: error vs. size',
+      ylabel='misclassification error',
+      ylim=(-0.03, 1.03),
+  )
   for ax in (train_ax, test_ax):
     ax.set_xscale('log')
     ax.set_xlabel('examples on the client')
@@ -346,15 +409,22 @@ def plot_client_size(runs: Sequence[Run], path: Optional[str] = None
     if ax.get_legend_handles_labels()[0]:
       ax.legend(fontsize=8)
   if 'train' not in runs[0].clients:
-    train_ax.text(0.5, 0.5, 'no training-client evaluation\n'
-                  '(--eval_train_clients=false)', ha='center',
-                  transform=train_ax.transAxes)
+    train_ax.text(
+        0.5,
+        0.5,
+        'no training-client evaluation\n' '(--eval_train_clients=false)',
+        ha='center',
+        transform=train_ax.transAxes,
+    )
   return _finish(fig, path)
 
 
 def _format(value: Optional[float]) -> str:
-  if (not isinstance(value, (int, float)) or isinstance(value, bool)
-      or not math.isfinite(value)):
+  if (
+      not isinstance(value, (int, float))
+      or isinstance(value, bool)
+      or not math.isfinite(value)
+  ):
     return 'n/a'
   if abs(value) >= 100:
     return f'{value:.1f}'
@@ -364,33 +434,49 @@ def _format(value: Optional[float]) -> str:
 def _algorithm(run: Run) -> str:
   config = run.config
   name = config.get('algorithm', '?')
-  extra = {'fedprox': ('proximal_strength', 'mu'), 'qffl': ('q', 'q'),
-           'qfedsgd': ('q', 'q'), 'term': ('tilt', 't'),
-           'deltafl': ('theta', 'theta'), 'afl': ('afl_lambda_lr', 'lr_l')}
+  extra = {
+      'fedprox': ('proximal_strength', 'mu'),
+      'qffl': ('q', 'q'),
+      'qfedsgd': ('q', 'q'),
+      'term': ('tilt', 't'),
+      'deltafl': ('theta', 'theta'),
+      'afl': ('afl_lambda_lr', 'lr_l'),
+  }
   if name in extra and extra[name][0] in config:
     key, symbol = extra[name]
     return f'{name} ({symbol}={config[key]:g})'
   return name
 
 
-def summary_markdown(runs: Sequence[Run],
-                     figures: Sequence[str] = FIGURES) -> str:
+def summary_markdown(
+    runs: Sequence[Run], figures: Sequence[str] = FIGURES
+) -> str:
   """The Markdown summary: a table of final per-client statistics."""
   header = ['run', 'algorithm', 'rounds', 'test clients'] + [
-      title for _, _, title in TABLE_COLUMNS]
-  lines = ['# Run report', '',
-           'Final model, statistics over clients (accuracy variance in '
-           'percent^2, as the q-FFL tables; "pooled" weighs clients by '
-           'examples).', '',
-           '| ' + ' | '.join(header) + ' |',
-           '|' + '|'.join('---' for _ in header) + '|']
+      title for _, _, title in TABLE_COLUMNS
+  ]
+  lines = [
+      '# Run report',
+      '',
+      'Final model, statistics over clients (accuracy variance in '
+      'percent^2, as the q-FFL tables; "pooled" weighs clients by '
+      'examples).',
+      '',
+      '| ' + ' | '.join(header) + ' |',
+      '|' + '|'.join('---' for _ in header) + '|',
+  ]
   for run in runs:
-    cells = [run.label, _algorithm(run), str(run.round_num),
-             str(len(run.clients['test']['accuracy']))]
+    cells = [
+        run.label,
+        _algorithm(run),
+        str(run.round_num),
+        str(len(run.clients['test']['accuracy'])),
+    ]
     for key, stat, _ in TABLE_COLUMNS:
       summary = run.summaries.get(key)
-      cells.append(_format(summary.get(stat) if isinstance(summary, dict)
-                           else None))
+      cells.append(
+          _format(summary.get(stat) if isinstance(summary, dict) else None)
+      )
     lines.append('| ' + ' | '.join(cells) + ' |')
   lines += ['', 'Folders: ' + ', '.join(f'`{r.path}`' for r in runs), '']
   for figure in figures:
@@ -398,8 +484,11 @@ def summary_markdown(runs: Sequence[Run],
   return '\n'.join(lines)
 
 
-def write_report(run_dirs: Sequence[str], output_dir: str,
-                 labels: Optional[Sequence[str]] = None) -> dict[str, str]:
+def write_report(
+    run_dirs: Sequence[str],
+    output_dir: str,
+    labels: Optional[Sequence[str]] = None,
+) -> dict[str, str]:
   """Writes the figures and `summary.md` for `run_dirs` to `output_dir`.
 
   Args:
@@ -417,11 +506,13 @@ def write_report(run_dirs: Sequence[str], output_dir: str,
     raise ReportError('no run folders given')
   if labels is not None and len(labels) != len(run_dirs):
     raise ReportError(f'{len(labels)} labels for {len(run_dirs)} runs')
-  runs = [load_run(d, labels[i] if labels else None)
-          for i, d in enumerate(run_dirs)]
+  runs = [
+      load_run(d, labels[i] if labels else None) for i, d in enumerate(run_dirs)
+  ]
   os.makedirs(output_dir, exist_ok=True)
-  paths = {name: os.path.join(output_dir, name)
-           for name in FIGURES + ('summary.md',)}
+  paths = {
+      name: os.path.join(output_dir, name) for name in FIGURES + ('summary.md',)
+  }
   plot_curves(runs, 'accuracy', paths['accuracy.png'])
   plot_curves(runs, 'loss', paths['loss.png'])
   plot_error_histogram(runs, paths['error_histogram.png'])
@@ -441,15 +532,18 @@ class _Parser(argparse.ArgumentParser):
 
 def main(argv: Sequence[str]) -> int:
   """`python -m run.report`; returns the exit status (2: bad input)."""
-  parser = _Parser(
-      prog='report', description=__doc__.split('\n\n')[0])
-  parser.add_argument('--runs', required=True,
-                      help='Comma-separated run output folders.')
-  parser.add_argument('--output_dir', required=True,
-                      help='Where the PNGs and summary.md go.')
-  parser.add_argument('--labels', default=None,
-                      help='Comma-separated names of the runs (default: the '
-                           'folder names).')
+  parser = _Parser(prog='report', description=__doc__.split('\n\n')[0])
+  parser.add_argument(
+      '--runs', required=True, help='Comma-separated run output folders.'
+  )
+  parser.add_argument(
+      '--output_dir', required=True, help='Where the PNGs and summary.md go.'
+  )
+  parser.add_argument(
+      '--labels',
+      default=None,
+      help='Comma-separated names of the runs (default: the ' 'folder names).',
+  )
   args = parser.parse_args(argv[1:])
   matplotlib.use('Agg')  # Files only, no display.
   run_dirs = [d for d in args.runs.split(',') if d]
@@ -459,8 +553,10 @@ def main(argv: Sequence[str]) -> int:
   except (ReportError, OSError) as e:
     print(f'report: error: {e}', file=sys.stderr)
     return 2
-  print(f'Report of {len(run_dirs)} run(s): '
-        + ', '.join(paths[name] for name in sorted(paths)))
+  print(
+      f'Report of {len(run_dirs)} run(s): '
+      + ', '.join(paths[name] for name in sorted(paths))
+  )
   return 0
 
 

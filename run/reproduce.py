@@ -50,21 +50,33 @@ from absl import flags
 import numpy as np
 
 from run import console
+
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 _QFFL_BASE = [
-    '--task=synthetic', '--num_clients=100', '--synthetic_alpha=1',
-    '--synthetic_beta=1', '--clients_per_round=10', '--client_batch_size=10',
-    '--client_learning_rate=0.1', '--client_epochs_per_round=1',
-    '--client_sampling=examples', '--eval_train_clients=false',
+    '--task=synthetic',
+    '--num_clients=100',
+    '--synthetic_alpha=1',
+    '--synthetic_beta=1',
+    '--clients_per_round=10',
+    '--client_batch_size=10',
+    '--client_learning_rate=0.1',
+    '--client_epochs_per_round=1',
+    '--client_sampling=examples',
+    '--eval_train_clients=false',
 ]
 _DELTAFL_TRAINING = [
-    '--synthetic_size_law=table_4_4', '--clients_per_round=20',
-    '--client_batch_size=10', '--client_learning_rate=0.1',
+    '--synthetic_size_law=table_4_4',
+    '--clients_per_round=20',
+    '--client_batch_size=10',
+    '--client_learning_rate=0.1',
     '--client_epochs_per_round=1',
 ]
-_DELTAFL_UNSEEN = ['--task=synthetic', '--num_clients=200',
-                   '--test_clients_fraction=0.5'] + _DELTAFL_TRAINING
+_DELTAFL_UNSEEN = [
+    '--task=synthetic',
+    '--num_clients=200',
+    '--test_clients_fraction=0.5',
+] + _DELTAFL_TRAINING
 _DELTAFL_VARIANTS = {
     'FedAvg': ['--algorithm=fedavg'],
     'Delta-FL theta=0.8': ['--algorithm=deltafl', '--theta=0.8'],
@@ -78,8 +90,15 @@ _DELTAFL_REPORT = {
     'histogram': 'test/error',
 }
 # Accuracy across clients, as the fairness comparisons report it.
-_FAIRNESS_COLUMNS = ('weighted_mean', 'mean', 'worst10', 'best10', 'variance',
-                     'angle_deg', 'kl_uniform')
+_FAIRNESS_COLUMNS = (
+    'weighted_mean',
+    'mean',
+    'worst10',
+    'best10',
+    'variance',
+    'angle_deg',
+    'kl_uniform',
+)
 EXPERIMENTS = {
     'qffl_synthetic': {
         'base': _QFFL_BASE,
@@ -146,9 +165,13 @@ EXPERIMENTS = {
     },
     'fedprox_stragglers': {
         'base': [
-            '--task=synthetic', '--num_clients=30', '--clients_per_round=10',
-            '--client_batch_size=10', '--client_learning_rate=0.01',
-            '--client_epochs_per_round=20', '--straggler_fraction=0.9',
+            '--task=synthetic',
+            '--num_clients=30',
+            '--clients_per_round=10',
+            '--client_batch_size=10',
+            '--client_learning_rate=0.01',
+            '--client_epochs_per_round=20',
+            '--straggler_fraction=0.9',
         ],
         'variants': {
             'FedAvg (drops stragglers)': ['--algorithm=fedavg'],
@@ -164,21 +187,37 @@ EXPERIMENTS = {
 # Robustness (thesis section 1.3 attacks, chapter 5 protocol): 20% of the
 # clients corrupted, metrics on the benign clients (docs/results/robustness.md).
 _ROBUST_BASE = [
-    '--task=synthetic', '--num_clients=100', '--synthetic_alpha=1',
-    '--synthetic_beta=1', '--clients_per_round=10', '--client_batch_size=10',
-    '--client_learning_rate=0.01', '--client_epochs_per_round=1',
-    '--eval_train_clients=false', '--attack_fraction=0.2',
+    '--task=synthetic',
+    '--num_clients=100',
+    '--synthetic_alpha=1',
+    '--synthetic_beta=1',
+    '--clients_per_round=10',
+    '--client_batch_size=10',
+    '--client_learning_rate=0.01',
+    '--client_epochs_per_round=1',
+    '--eval_train_clients=false',
+    '--attack_fraction=0.2',
 ]
 _ROBUST_VARIANTS = {
     'FedAvg (mean)': ['--algorithm=fedavg'],
     'geometric median (3 passes)': [
-        '--algorithm=fedavg', '--aggregator=geometric_median'],
-    'coordinate median': ['--algorithm=fedavg',
-                          '--aggregator=coordinate_median'],
-    'trimmed mean 20%': ['--algorithm=fedavg', '--aggregator=trimmed_mean',
-                         '--trim_fraction=0.2'],
-    'multi-Krum f=2': ['--algorithm=fedavg', '--aggregator=krum',
-                       '--krum_num_byzantine=2'],
+        '--algorithm=fedavg',
+        '--aggregator=geometric_median',
+    ],
+    'coordinate median': [
+        '--algorithm=fedavg',
+        '--aggregator=coordinate_median',
+    ],
+    'trimmed mean 20%': [
+        '--algorithm=fedavg',
+        '--aggregator=trimmed_mean',
+        '--trim_fraction=0.2',
+    ],
+    'multi-Krum f=2': [
+        '--algorithm=fedavg',
+        '--aggregator=krum',
+        '--krum_num_byzantine=2',
+    ],
 }
 for _attack in ('label_poison', 'gaussian', 'model_replacement'):
   EXPERIMENTS[f'robust_{_attack}'] = {
@@ -194,24 +233,38 @@ for _attack in ('label_poison', 'gaussian', 'model_replacement'):
 # the full settings): fewer roles, each role's first windows only, narrower
 # recurrent layers, fewer rounds. The engines do not train a --thetas
 # family, so the Delta-FL levels are separate runs on the stacked engine.
-_SHAKESPEARE_CPU = ['--task=shakespeare_leaf', '--simulation_engine=stacked',
-                    '--client_epochs_per_round=1',
-                    '--eval_train_clients=false']
+_SHAKESPEARE_CPU = [
+    '--task=shakespeare_leaf',
+    '--simulation_engine=stacked',
+    '--client_epochs_per_round=1',
+    '--eval_train_clients=false',
+]
 EXPERIMENTS['deltafl_shakespeare'] = {
-    'base': _SHAKESPEARE_CPU + [
-        '--shakespeare_preset=deltafl', '--max_clients=100',
-        '--max_examples_per_client=200', '--rnn_units=32',
-        '--clients_per_round=10', '--client_batch_size=16',
-        '--client_learning_rate=0.1'],
+    'base': _SHAKESPEARE_CPU
+    + [
+        '--shakespeare_preset=deltafl',
+        '--max_clients=100',
+        '--max_examples_per_client=200',
+        '--rnn_units=32',
+        '--clients_per_round=10',
+        '--client_batch_size=16',
+        '--client_learning_rate=0.1',
+    ],
     'variants': dict(_DELTAFL_VARIANTS),
     'rounds': 100,
     **_DELTAFL_REPORT,
 }
 EXPERIMENTS['qffl_shakespeare'] = {
-    'base': _SHAKESPEARE_CPU + [
-        '--shakespeare_preset=qffl', '--max_examples_per_client=150',
-        '--rnn_units=32', '--clients_per_round=10', '--client_batch_size=10',
-        '--client_learning_rate=0.8', '--client_sampling=examples'],
+    'base': _SHAKESPEARE_CPU
+    + [
+        '--shakespeare_preset=qffl',
+        '--max_examples_per_client=150',
+        '--rnn_units=32',
+        '--clients_per_round=10',
+        '--client_batch_size=10',
+        '--client_learning_rate=0.8',
+        '--client_sampling=examples',
+    ],
     'variants': {
         'q=0 (FedAvg)': ['--algorithm=qffl', '--q=0'],
         'q=0.001': ['--algorithm=qffl', '--q=0.001'],
@@ -234,19 +287,26 @@ FLAGS = flags.FLAGS
 def define_flags() -> None:
   """Defines the command-line flags (at start-up only: absl flags are global,
   and the test suite imports several binaries into one process)."""
-  flags.DEFINE_string(
-      'experiment', None, f'One of: {", ".join(EXPERIMENTS)}.')
+  flags.DEFINE_string('experiment', None, f'One of: {", ".join(EXPERIMENTS)}.')
   flags.DEFINE_list('seeds', ['0', '1', '2'], 'Seeds to run.')
   flags.DEFINE_integer(
-      'rounds', None, 'Override the experiment\'s number of rounds.')
-  flags.DEFINE_string('root_output_dir', 'output/reproduce',
-                      'Where the runs write their outputs.')
+      'rounds', None, "Override the experiment's number of rounds."
+  )
+  flags.DEFINE_string(
+      'root_output_dir',
+      'output/reproduce',
+      'Where the runs write their outputs.',
+  )
   flags.DEFINE_string('output_md', None, 'Write the Markdown table here.')
   flags.DEFINE_integer(
-      'jobs', 1, 'Runs to execute at the same time (each is its own process).')
+      'jobs', 1, 'Runs to execute at the same time (each is its own process).'
+  )
   flags.DEFINE_list(
-      'extra_flags', [], 'More flags for every run, e.g. '
-      '--extra_flags=--synthetic_size_law=table_4_4')
+      'extra_flags',
+      [],
+      'More flags for every run, e.g. '
+      '--extra_flags=--synthetic_size_law=table_4_4',
+  )
 
 
 def run_one(args: list[str], log) -> dict:
@@ -254,16 +314,20 @@ def run_one(args: list[str], log) -> dict:
   cmd = [sys.executable, '-m', 'run.train', '--progress=false'] + args
   log('$ ' + ' '.join(shlex.quote(a) for a in cmd[1:]))
   start = time.time()
-  proc = subprocess.run(cmd, capture_output=True, text=True,
-                        start_new_session=True)
+  proc = subprocess.run(
+      cmd, capture_output=True, text=True, start_new_session=True
+  )
   if proc.returncode != 0:
     raise RuntimeError(
-        f'run failed (exit {proc.returncode}): {proc.stderr.strip()[-2000:]}')
+        f'run failed (exit {proc.returncode}): {proc.stderr.strip()[-2000:]}'
+    )
   log(f'  done in {time.time() - start:.0f} s')
-  out_dir = next(a.split('=', 1)[1] for a in args
-                 if a.startswith('--root_output_dir='))
-  name = next(a.split('=', 1)[1] for a in args
-              if a.startswith('--experiment_name='))
+  out_dir = next(
+      a.split('=', 1)[1] for a in args if a.startswith('--root_output_dir=')
+  )
+  name = next(
+      a.split('=', 1)[1] for a in args if a.startswith('--experiment_name=')
+  )
   with open(os.path.join(out_dir, name, 'summary.json')) as f:
     summary = json.load(f)
   summary['run_dir'] = os.path.join(out_dir, name)
@@ -279,18 +343,25 @@ def table(experiment: dict, results: dict[str, list[dict]]) -> str:
   for variant, runs in results.items():
     cells = []
     for metric, column in metrics:
-      values = np.array([r['summaries'][metric][column] for r in runs],
-                        dtype=float)
-      scale = 100.0 if (metric.endswith(('accuracy', 'error')) and
-                        column not in ('variance', 'angle_deg', 'kl_uniform')
-                        ) else 1.0
+      values = np.array(
+          [r['summaries'][metric][column] for r in runs], dtype=float
+      )
+      scale = (
+          100.0
+          if (
+              metric.endswith(('accuracy', 'error'))
+              and column not in ('variance', 'angle_deg', 'kl_uniform')
+          )
+          else 1.0
+      )
       cells.append(f'{scale * values.mean():.4g} ({scale * values.std():.2g})')
     lines.append(f'| {variant} | ' + ' | '.join(cells) + ' |')
   return '\n'.join(lines)
 
 
-def expand_members(experiment: dict, results: dict[str, list[dict]]
-                   ) -> dict[str, list[dict]]:
+def expand_members(
+    experiment: dict, results: dict[str, list[dict]]
+) -> dict[str, list[dict]]:
   """A family run's summaries as one result row per member."""
   members = experiment.get('members')
   if not members:
@@ -299,11 +370,16 @@ def expand_members(experiment: dict, results: dict[str, list[dict]]
   for runs in results.values():
     for label, prefix in members.items():
       expanded[label] = [
-          {'summaries': {k[len(prefix) + 1:]: v
-                         for k, v in r['summaries'].items()
-                         if k.startswith(prefix + '/')},
-           'run_dir': r.get('run_dir')}
-          for r in runs]
+          {
+              'summaries': {
+                  k[len(prefix) + 1 :]: v
+                  for k, v in r['summaries'].items()
+                  if k.startswith(prefix + '/')
+              },
+              'run_dir': r.get('run_dir'),
+          }
+          for r in runs
+      ]
   return expanded
 
 
@@ -312,6 +388,7 @@ def per_client_values(run_dir: str, split: str, metric: str) -> np.ndarray:
   clients_dir = os.path.join(run_dir, 'clients')
   last = sorted(f for f in os.listdir(clients_dir) if f.endswith('.csv'))[-1]
   import csv  # pylint: disable=g-import-not-at-top
+
   with open(os.path.join(clients_dir, last)) as f:
     rows = [r for r in csv.DictReader(f) if r['split'] == split]
   if metric == 'error':
@@ -319,26 +396,41 @@ def per_client_values(run_dir: str, split: str, metric: str) -> np.ndarray:
   return np.array([float(r[metric]) for r in rows])
 
 
-def write_histogram(experiment: dict, results: dict[str, list[dict]],
-                    path: str) -> None:
+def write_histogram(
+    experiment: dict, results: dict[str, list[dict]], path: str
+) -> None:
   """Histogram of per-client values (pooled over seeds) for each variant."""
   import matplotlib  # pylint: disable=g-import-not-at-top
+
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+
   split, metric = experiment['histogram'].split('/')
   members = experiment.get('members', {})
-  fig, axes = plt.subplots(1, len(results), figsize=(4 * len(results), 3.2),
-                           sharex=True, sharey=True, squeeze=False)
+  fig, axes = plt.subplots(
+      1,
+      len(results),
+      figsize=(4 * len(results), 3.2),
+      sharex=True,
+      sharey=True,
+      squeeze=False,
+  )
   bins = np.linspace(0.0, 1.0, 21)
   for ax, (label, runs) in zip(axes[0], results.items()):
     prefix = members.get(label)
     name = f'{prefix}/{split}' if prefix else split
-    values = np.concatenate([per_client_values(r['run_dir'], name, metric)
-                             for r in runs])
+    values = np.concatenate(
+        [per_client_values(r['run_dir'], name, metric) for r in runs]
+    )
     ax.hist(values, bins=bins, color='tab:blue', alpha=0.8)
     ax.axvline(np.mean(values), color='k', lw=1, label='mean')
-    ax.axvline(np.quantile(values, 0.9), color='tab:red', lw=1, ls='--',
-               label='90th pct')
+    ax.axvline(
+        np.quantile(values, 0.9),
+        color='tab:red',
+        lw=1,
+        ls='--',
+        label='90th pct',
+    )
     ax.set_title(label, fontsize=10)
     ax.set_xlabel(f'per-client {split} {metric}')
   axes[0][0].set_ylabel('clients (pooled over seeds)')
@@ -352,8 +444,11 @@ def main(argv) -> int:
   del argv
   name = FLAGS.experiment
   if name not in EXPERIMENTS:
-    print(f'reproduce: error: unknown --experiment={name!r}; choose one of: '
-          f'{", ".join(EXPERIMENTS)}', file=sys.stderr)
+    print(
+        f'reproduce: error: unknown --experiment={name!r}; choose one of: '
+        f'{", ".join(EXPERIMENTS)}',
+        file=sys.stderr,
+    )
     return 2
   experiment = EXPERIMENTS[name]
   rounds = FLAGS.rounds or experiment['rounds']
@@ -363,8 +458,10 @@ def main(argv) -> int:
   try:
     seeds = [int(s) for s in FLAGS.seeds]
   except ValueError:
-    print(f'reproduce: error: --seeds must be integers, got {FLAGS.seeds}',
-          file=sys.stderr)
+    print(
+        f'reproduce: error: --seeds must be integers, got {FLAGS.seeds}',
+        file=sys.stderr,
+    )
     return 2
   log = lambda s: print(s, file=sys.stderr, flush=True)
   root = os.path.join(FLAGS.root_output_dir, name)
@@ -376,15 +473,25 @@ def main(argv) -> int:
     results[variant] = []
     for seed in seeds:
       tag = ''.join(ch if ch.isalnum() else '_' for ch in variant)
-      args = (experiment['base'] + variant_flags + list(FLAGS.extra_flags) + [
-          f'--total_rounds={rounds}', f'--rounds_per_eval={rounds}',
-          f'--rounds_per_checkpoint={max(1, rounds // 5)}', f'--seed={seed}',
-          f'--root_output_dir={root}', f'--experiment_name={tag}_seed{seed}'])
+      args = (
+          experiment['base']
+          + variant_flags
+          + list(FLAGS.extra_flags)
+          + [
+              f'--total_rounds={rounds}',
+              f'--rounds_per_eval={rounds}',
+              f'--rounds_per_checkpoint={max(1, rounds // 5)}',
+              f'--seed={seed}',
+              f'--root_output_dir={root}',
+              f'--experiment_name={tag}_seed{seed}',
+          ]
+      )
       commands.append('python -m run.train ' + ' '.join(args))
       jobs.append((variant, args))
   with concurrent.futures.ThreadPoolExecutor(FLAGS.jobs) as pool:
-    futures = [(variant, pool.submit(run_one, args, log))
-               for variant, args in jobs]
+    futures = [
+        (variant, pool.submit(run_one, args, log)) for variant, args in jobs
+    ]
     for variant, future in futures:
       try:
         results[variant].append(future.result())
@@ -392,9 +499,12 @@ def main(argv) -> int:
         print(f'reproduce: error: {e}', file=sys.stderr)
         return 1
   results = expand_members(experiment, results)
-  text = (f'{name}: {rounds} rounds, seeds {seeds}; mean (std) over seeds; '
-          'accuracies in percent, variance in percent^2\n\n'
-          + table(experiment, results) + '\n')
+  text = (
+      f'{name}: {rounds} rounds, seeds {seeds}; mean (std) over seeds; '
+      'accuracies in percent, variance in percent^2\n\n'
+      + table(experiment, results)
+      + '\n'
+  )
   print(text)
   if FLAGS.output_md:
     os.makedirs(os.path.dirname(FLAGS.output_md) or '.', exist_ok=True)

@@ -36,9 +36,9 @@ LOCK_FILE = '.lock'
 WRITERS = {
     'train': 'run.train (simulation folder: config.json, checkpoints/)',
     'program': 'run.program (program folder: program_config.json, '
-               'program_state/)',
+    'program_state/)',
     'stateful_program': 'run.stateful_program (program folder: '
-                        'program_config.json, program_state/)',
+    'program_config.json, program_state/)',
 }
 DAMAGED_PREFIX = 'damaged_'
 
@@ -77,7 +77,8 @@ def check_output_dir(path: str, *, flag: str = 'output folder') -> None:
   except UnicodeEncodeError:
     raise OutputDirError(
         f'{flag}: {_printable(path)} is not valid UTF-8; use a UTF-8 '
-        'folder name') from None
+        'folder name'
+    ) from None
   probe_dir = path
   while not os.path.lexists(probe_dir):
     parent = os.path.dirname(os.path.abspath(probe_dir))
@@ -87,13 +88,15 @@ def check_output_dir(path: str, *, flag: str = 'output folder') -> None:
   if not os.path.isdir(probe_dir):
     kind = 'a file' if os.path.exists(probe_dir) else 'a broken link'
     raise OutputDirError(
-        f'{flag}: {_printable(probe_dir)} is {kind}, not a folder')
+        f'{flag}: {_printable(probe_dir)} is {kind}, not a folder'
+    )
   try:
     fd, probe = tempfile.mkstemp(prefix='.write-probe-', dir=probe_dir)
   except OSError as e:
     what = '' if probe_dir == path else f' (to create {_printable(path)})'
-    raise OutputDirError(f'{flag}: {_cannot_write(probe_dir, e)}{what}'
-                         ) from None
+    raise OutputDirError(
+        f'{flag}: {_cannot_write(probe_dir, e)}{what}'
+    ) from None
   os.close(fd)
   os.unlink(probe)
 
@@ -110,8 +113,10 @@ def _read_record(lock_path: str) -> dict[str, Any]:
 def _holder(record: dict[str, Any]) -> str:
   if 'pid' not in record:
     return 'another process'
-  return (f'{record.get("binary", "a run")} (pid {record["pid"]} on '
-          f'{record.get("host", "?")}, started {record.get("started", "?")})')
+  return (
+      f'{record.get("binary", "a run")} (pid {record["pid"]} on '
+      f'{record.get("host", "?")}, started {record.get("started", "?")})'
+  )
 
 
 def _inferred_writer(path: str) -> Optional[str]:
@@ -138,13 +143,15 @@ def _check_writer(path: str, record: dict[str, Any], writer: str) -> None:
     raise RunDirError(
         f'{_printable(path)} was written by '
         f'{WRITERS.get(recorded, recorded)}; {WRITERS[writer].split()[0]} '
-        'cannot continue it: use another --experiment_name')
+        'cannot continue it: use another --experiment_name'
+    )
 
 
 def _busy(path: str, lock_path: str) -> RunDirError:
   return RunDirError(
       f'{_printable(path)} is in use by {_holder(_read_record(lock_path))}; '
-      'wait for it to end, or use another --experiment_name')
+      'wait for it to end, or use another --experiment_name'
+  )
 
 
 def check_available(path: str, writer: str) -> None:
@@ -172,8 +179,9 @@ def check_available(path: str, writer: str) -> None:
 
 
 @contextlib.contextmanager
-def locked(path: str, writer: str, *,
-           binary: Optional[str] = None) -> Iterator[None]:
+def locked(
+    path: str, writer: str, *, binary: Optional[str] = None
+) -> Iterator[None]:
   """Holds `path`'s run lock (creating the folder) for the `with` body.
 
   Args:
@@ -201,9 +209,12 @@ def locked(path: str, writer: str, *,
       raise _busy(path, lock_path) from None
     _check_writer(path, _read_record(lock_path), writer)
     record = {
-        'writer': writer, 'pid': os.getpid(), 'host': socket.gethostname(),
+        'writer': writer,
+        'pid': os.getpid(),
+        'host': socket.gethostname(),
         'binary': binary or _command(),
-        'started': datetime.datetime.now().isoformat(timespec='seconds')}
+        'started': datetime.datetime.now().isoformat(timespec='seconds'),
+    }
     try:
       os.ftruncate(fd, 0)
       os.pwrite(fd, (json.dumps(record) + '\n').encode('utf-8'), 0)
@@ -219,8 +230,9 @@ def _command() -> str:
   spec = getattr(main, '__spec__', None)
   if spec is not None and spec.name:
     return f'python -m {spec.name}'
-  return os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else (
-      'python')
+  return (
+      os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ('python')
+  )
 
 
 def _reason(error: Exception) -> str:
@@ -237,9 +249,13 @@ class CheckpointManager(tff.program.FileProgramStateManager):
   `log`. If none loads, `RunDirError` names them.
   """
 
-  def __init__(self, root_dir: str, *,
-               log: Callable[[str], None] = lambda s: print(s, file=sys.stderr),
-               **kwargs):
+  def __init__(
+      self,
+      root_dir: str,
+      *,
+      log: Callable[[str], None] = lambda s: print(s, file=sys.stderr),
+      **kwargs,
+  ):
     super().__init__(root_dir, **kwargs)
     self._log = log
     self._root = root_dir
@@ -256,18 +272,22 @@ class CheckpointManager(tff.program.FileProgramStateManager):
         name = os.path.basename(self._get_path_for_version(version))
         kept = self._set_aside(name)
         damaged.append(kept)
-        self._log(f'warning: skipped the damaged checkpoint {name} in '
-                  f'{self._root} ({type(e).__name__}: {_reason(e)}); kept as '
-                  f'{kept}')
+        self._log(
+            f'warning: skipped the damaged checkpoint {name} in '
+            f'{self._root} ({type(e).__name__}: {_reason(e)}); kept as '
+            f'{kept}'
+        )
     raise RunDirError(
         f'no intact checkpoint in {self._root} (damaged, kept: '
-        f'{", ".join(damaged)}); remove that folder to start over')
+        f'{", ".join(damaged)}); remove that folder to start over'
+    )
 
   def _set_aside(self, name: str) -> str:
     for i in range(1000):
       kept = f'{DAMAGED_PREFIX}{name}' + (f'.{i}' if i else '')
       if not os.path.lexists(os.path.join(self._root, kept)):
-        os.rename(os.path.join(self._root, name),
-                  os.path.join(self._root, kept))
+        os.rename(
+            os.path.join(self._root, name), os.path.join(self._root, kept)
+        )
         return kept
     raise RunDirError(f'too many damaged checkpoints in {self._root}')

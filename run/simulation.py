@@ -48,19 +48,35 @@ from tff_algos import stragglers as stragglers_lib
 
 SAMPLING_SCHEMES = ('uniform', 'examples', 'poisson')
 # Hyperparameters that may change when a run is resumed.
-RESUMABLE_KEYS = frozenset({
-    'total_rounds', 'rounds_per_eval', 'rounds_per_checkpoint', 'progress',
-    'root_output_dir', 'data_dir',
-    # How rounds execute, not what they compute.
-    'simulation_engine', 'workers', 'max_concurrent_computation_calls',
-    'loop_implementation',
-})
+RESUMABLE_KEYS = frozenset(
+    {
+        'total_rounds',
+        'rounds_per_eval',
+        'rounds_per_checkpoint',
+        'progress',
+        'root_output_dir',
+        'data_dir',
+        # How rounds execute, not what they compute.
+        'simulation_engine',
+        'workers',
+        'max_concurrent_computation_calls',
+        'loop_implementation',
+    }
+)
 # Beyond these a run is a typo, not an experiment (the papers' longest runs
 # are 10^4 rounds of at most a few hundred local epochs).
 MAX_ROUNDS = 1_000_000
 MAX_EPOCHS = 100_000
-SUMMARY_COLUMNS = ('mean', 'weighted_mean', 'p10', 'p50', 'p90', 'worst10',
-                   'best10', 'variance')
+SUMMARY_COLUMNS = (
+    'mean',
+    'weighted_mean',
+    'p10',
+    'p50',
+    'p90',
+    'worst10',
+    'best10',
+    'variance',
+)
 
 
 _LOOP = None
@@ -73,8 +89,9 @@ def _background_loop() -> asyncio.AbstractEventLoop:
   with _LOOP_LOCK:
     if _LOOP is None:
       loop = asyncio.new_event_loop()
-      threading.Thread(target=loop.run_forever, name='tff-hetero-async',
-                       daemon=True).start()
+      threading.Thread(
+          target=loop.run_forever, name='tff-hetero-async', daemon=True
+      ).start()
       _LOOP = loop
   return _LOOP
 
@@ -93,7 +110,8 @@ def run_async(coroutine):
   except RuntimeError:
     return asyncio.run(coroutine)
   return asyncio.run_coroutine_threadsafe(
-      coroutine, _background_loop()).result()
+      coroutine, _background_loop()
+  ).result()
 
 
 class SimulationError(RuntimeError):
@@ -143,29 +161,50 @@ class SimulationConfig:
   def validate(self, num_clients: int) -> None:
     """Raises `ValueError` with one clear message for an impossible config."""
     checks = [
-        (self.total_rounds >= 1, f'total_rounds must be >= 1, got {self.total_rounds}'),
-        (self.total_rounds <= MAX_ROUNDS,
-         f'total_rounds must be <= {MAX_ROUNDS:,}, got {self.total_rounds:,}'),
-        (self.clients_per_round >= 1,
-         f'clients_per_round must be >= 1, got {self.clients_per_round}'),
-        (self.clients_per_round <= num_clients,
-         f'clients_per_round={self.clients_per_round} exceeds the '
-         f'{num_clients} training clients of the task'),
-        (self.client_epochs_per_round >= 1,
-         f'client_epochs_per_round must be >= 1, got '
-         f'{self.client_epochs_per_round}'),
-        (self.client_epochs_per_round <= MAX_EPOCHS,
-         f'client_epochs_per_round must be <= {MAX_EPOCHS:,}, got '
-         f'{self.client_epochs_per_round:,}'),
-        (self.rounds_per_eval >= 0,
-         f'rounds_per_eval must be >= 0, got {self.rounds_per_eval}'),
-        (self.rounds_per_checkpoint >= 0,
-         f'rounds_per_checkpoint must be >= 0, got {self.rounds_per_checkpoint}'),
-        (self.client_sampling in SAMPLING_SCHEMES,
-         f'client_sampling must be one of {SAMPLING_SCHEMES}, got '
-         f'{self.client_sampling!r}'),
-        (0.0 <= self.straggler_fraction <= 1.0,
-         f'straggler_fraction must be in [0, 1], got {self.straggler_fraction}'),
+        (
+            self.total_rounds >= 1,
+            f'total_rounds must be >= 1, got {self.total_rounds}',
+        ),
+        (
+            self.total_rounds <= MAX_ROUNDS,
+            f'total_rounds must be <= {MAX_ROUNDS:,}, got {self.total_rounds:,}',
+        ),
+        (
+            self.clients_per_round >= 1,
+            f'clients_per_round must be >= 1, got {self.clients_per_round}',
+        ),
+        (
+            self.clients_per_round <= num_clients,
+            f'clients_per_round={self.clients_per_round} exceeds the '
+            f'{num_clients} training clients of the task',
+        ),
+        (
+            self.client_epochs_per_round >= 1,
+            f'client_epochs_per_round must be >= 1, got '
+            f'{self.client_epochs_per_round}',
+        ),
+        (
+            self.client_epochs_per_round <= MAX_EPOCHS,
+            f'client_epochs_per_round must be <= {MAX_EPOCHS:,}, got '
+            f'{self.client_epochs_per_round:,}',
+        ),
+        (
+            self.rounds_per_eval >= 0,
+            f'rounds_per_eval must be >= 0, got {self.rounds_per_eval}',
+        ),
+        (
+            self.rounds_per_checkpoint >= 0,
+            f'rounds_per_checkpoint must be >= 0, got {self.rounds_per_checkpoint}',
+        ),
+        (
+            self.client_sampling in SAMPLING_SCHEMES,
+            f'client_sampling must be one of {SAMPLING_SCHEMES}, got '
+            f'{self.client_sampling!r}',
+        ),
+        (
+            0.0 <= self.straggler_fraction <= 1.0,
+            f'straggler_fraction must be in [0, 1], got {self.straggler_fraction}',
+        ),
     ]
     for ok, message in checks:
       if not ok:
@@ -197,8 +236,9 @@ def sample_clients(
     p = counts / counts.sum()
   else:
     raise ValueError(f'unknown sampling scheme {scheme!r}')
-  chosen = rng.choice(len(client_ids), size=clients_per_round, replace=False,
-                      p=p)
+  chosen = rng.choice(
+      len(client_ids), size=clients_per_round, replace=False, p=p
+  )
   return [client_ids[i] for i in chosen]
 
 
@@ -237,8 +277,11 @@ class _Outputs:
     os.makedirs(self.clients_dir, exist_ok=True)
     self.config_path = os.path.join(output_dir, 'config.json')
     self.state_manager = run_dir.CheckpointManager(
-        os.path.join(output_dir, 'checkpoints'), log=log, keep_total=3,
-        keep_first=False)
+        os.path.join(output_dir, 'checkpoints'),
+        log=log,
+        keep_total=3,
+        keep_first=False,
+    )
     self.csv = tff.program.CSVFileReleaseManager(
         os.path.join(output_dir, 'metrics.csv'),
         save_mode=tff.program.CSVSaveMode.WRITE,
@@ -254,16 +297,23 @@ class _Outputs:
       # As float64: TensorFlow cannot make a float32 of a Python float
       # beyond 3.4e38 (the variance of losses near 1e30) and raises.
       await self.tensorboard.release(
-          {k: np.float64(v) if isinstance(v, float) else v
-           for k, v in metrics.items() if isinstance(v, (int, float))},
+          {
+              k: np.float64(v) if isinstance(v, float) else v
+              for k, v in metrics.items()
+              if isinstance(v, (int, float))
+          },
           key=round_num,
       )
 
     run_async(release_all())
 
 
-def check_settings(output_dir: str, hparams: Mapping[str, Any], *,
-                   ignore: frozenset[str] = frozenset()) -> None:
+def check_settings(
+    output_dir: str,
+    hparams: Mapping[str, Any],
+    *,
+    ignore: frozenset[str] = frozenset(),
+) -> None:
   """Refuses to resume a folder written with other hyperparameters.
 
   Args:
@@ -285,12 +335,15 @@ def check_settings(output_dir: str, hparams: Mapping[str, Any], *,
   except (OSError, ValueError) as e:
     raise SimulationError(
         f'{config_path} cannot be read ({e}); remove that folder to start '
-        'over') from None
+        'over'
+    ) from None
   if not isinstance(saved, dict):
-    raise SimulationError(f'{config_path} is not a run\'s settings')
+    raise SimulationError(f"{config_path} is not a run's settings")
   changed = sorted(
-      k for k in set(saved) | set(hparams)
-      if k not in RESUMABLE_KEYS and k not in ignore
+      k
+      for k in set(saved) | set(hparams)
+      if k not in RESUMABLE_KEYS
+      and k not in ignore
       and saved.get(k) != hparams.get(k)
   )
   if changed:
@@ -326,8 +379,9 @@ class _ClientCounts:
     return self._batches[cid]
 
 
-def client_shuffle_seed(config: SimulationConfig, round_num: int,
-                        i: int) -> Optional[int]:
+def client_shuffle_seed(
+    config: SimulationConfig, round_num: int, i: int
+) -> Optional[int]:
   """The local shuffle seed of a round's `i`-th participant (None: none)."""
   if not config.shuffle:
     return None
@@ -352,8 +406,11 @@ def batched_round_plan(
   return batched.RoundPlan(
       client_ids=[p.client_id for p in plans],
       epochs=[p.epochs for p in plans],
-      shuffle_seeds=([client_shuffle_seed(config, round_num, i)
-                      for i in range(len(plans))] if config.shuffle else None),
+      shuffle_seeds=(
+          [client_shuffle_seed(config, round_num, i) for i in range(len(plans))]
+          if config.shuffle
+          else None
+      ),
       max_batches=max_batches,
   )
 
@@ -368,8 +425,9 @@ def client_datasets(
   """The preprocessed training datasets of a round's participants."""
   datasets = []
   for i, plan in enumerate(plans):
-    ds = task.train_dataset(plan.client_id, plan.epochs,
-                            client_shuffle_seed(config, round_num, i))
+    ds = task.train_dataset(
+        plan.client_id, plan.epochs, client_shuffle_seed(config, round_num, i)
+    )
     if plan.epoch_fraction < 1.0:
       counts = counts or _ClientCounts(task)
       ds = ds.take(plan.num_batches(counts.batches(plan.client_id)))
@@ -397,7 +455,9 @@ def with_client_index(datasets, plans, index_of: Mapping[str, int]):
       collections.OrderedDict(
           data=ds,
           client_index=tf.data.Dataset.from_tensors(
-              np.int32(index_of[p.client_id])))
+              np.int32(index_of[p.client_id])
+          ),
+      )
       for ds, p in zip(datasets, plans)
   ]
 
@@ -417,7 +477,8 @@ def evaluate_per_client(
   for split, data in splits:
     ids = list(data.client_ids)
     values = evaluation.evaluate_clients(
-        eval_computation, model_weights,
+        eval_computation,
+        model_weights,
         [task.eval_dataset(cid, split) for cid in ids],
     )
     values['client_id'] = np.asarray(ids)
@@ -425,8 +486,9 @@ def evaluate_per_client(
   return results
 
 
-def summarize(per_client: Mapping[str, Mapping[str, np.ndarray]]
-              ) -> dict[str, dict[str, float]]:
+def summarize(
+    per_client: Mapping[str, Mapping[str, np.ndarray]],
+) -> dict[str, dict[str, float]]:
   """Tail summaries of every per-client metric, keyed `split/metric`."""
   summaries = {}
   for split, values in per_client.items():
@@ -446,7 +508,8 @@ def summarize(per_client: Mapping[str, Mapping[str, np.ndarray]]
       if metric == 'accuracy':
         # The Delta-FL paper reports misclassification-error percentiles.
         summaries[f'{split}/error'] = tail_metrics.summarize_clients(
-            1.0 - np.asarray(column, np.float64), n, kind='error')
+            1.0 - np.asarray(column, np.float64), n, kind='error'
+        )
   return summaries
 
 
@@ -525,9 +588,15 @@ def run_simulation(
   """
   runtime.install_worker_cleanup()
   kwargs = dict(
-      output_dir=output_dir, hparams=hparams, progress=progress, log=log,
+      output_dir=output_dir,
+      hparams=hparams,
+      progress=progress,
+      log=log,
       client_state_store=client_state_store,
-      round_metrics_fn=round_metrics_fn, summary_fn=summary_fn, engine=engine)
+      round_metrics_fn=round_metrics_fn,
+      summary_fn=summary_fn,
+      engine=engine,
+  )
   if not output_dir:
     return _run_simulation(process, task, config, **kwargs)
   with run_dir.locked(output_dir, 'train'):
@@ -561,16 +630,18 @@ def _run_simulation(
   start_round = 1
   store = _client_state_store(process, task, outputs, client_state_store)
   if outputs:
-    loaded, version = run_async(
-        outputs.state_manager.load_latest((state, 0))
-    )
+    loaded, version = run_async(outputs.state_manager.load_latest((state, 0)))
     if loaded is not None:
       state, start_round = loaded[0], int(loaded[1]) + 1
-      log(f'resuming from the checkpoint of round {start_round - 1} in '
-          f'{outputs.dir}')
+      log(
+          f'resuming from the checkpoint of round {start_round - 1} in '
+          f'{outputs.dir}'
+      )
       if start_round > config.total_rounds:
-        log(f'the checkpoint is already at round {start_round - 1} >= '
-            f'total_rounds={config.total_rounds}; evaluating it only')
+        log(
+            f'the checkpoint is already at round {start_round - 1} >= '
+            f'total_rounds={config.total_rounds}; evaluating it only'
+        )
     with open(outputs.config_path, 'w') as f:
       json.dump(hparams, f, indent=2, sort_keys=True)
   if store is not None:
@@ -587,8 +658,11 @@ def _run_simulation(
   if config.client_sampling == 'examples':
     num_examples = [counts.examples(cid) for cid in client_ids]
   eval_computation = evaluation.build_per_client_evaluation(task.model_fn)
-  index_of = ({cid: i for i, cid in enumerate(client_ids)}
-              if needs_client_index(process) else None)
+  index_of = (
+      {cid: i for i, cid in enumerate(client_ids)}
+      if needs_client_index(process)
+      else None
+  )
   task, corrupted, attack_seed = _set_up_attack(process, task, config, outputs)
   bar = _progress_bar(progress, start_round, config.total_rounds)
   history = []
@@ -597,16 +671,23 @@ def _run_simulation(
   for round_num in range(start_round, config.total_rounds + 1):
     t0 = time.perf_counter()
     selected = sample_clients(
-        client_ids, round_num, clients_per_round=config.clients_per_round,
-        seed=config.seed, scheme=config.client_sampling,
+        client_ids,
+        round_num,
+        clients_per_round=config.clients_per_round,
+        seed=config.seed,
+        scheme=config.client_sampling,
         num_examples=num_examples,
     )
     plans = schedule.participants(round_num, selected)
-    metrics = {'round_num': round_num, 'clients': len(plans),
-               'stragglers': sum(p.straggler for p in plans)}
+    metrics = {
+        'round_num': round_num,
+        'clients': len(plans),
+        'stragglers': sum(p.straggler for p in plans),
+    }
     if plans and engine is not None:
       state, round_metrics = engine.next(
-          state, batched_round_plan(task, plans, round_num, config, counts))
+          state, batched_round_plan(task, plans, round_num, config, counts)
+      )
       metrics.update(flatten_metrics(round_metrics))
     elif plans:
       datasets = client_datasets(task, plans, round_num, config, counts)
@@ -614,9 +695,13 @@ def _run_simulation(
         datasets = with_client_index(datasets, plans, index_of)
       if attack_seed is not None:
         datasets = attacks.with_attack_markers(
-            datasets, [p.client_id for p in plans], corrupted,
-            seed=attack_seed, round_num=round_num,
-            index_of={cid: i for i, cid in enumerate(client_ids)})
+            datasets,
+            [p.client_id for p in plans],
+            corrupted,
+            seed=attack_seed,
+            round_num=round_num,
+            index_of={cid: i for i, cid in enumerate(client_ids)},
+        )
       if store is not None:
         ids = [p.client_id for p in plans]
         output = process.next(state, datasets, store.get_many(ids))
@@ -631,11 +716,20 @@ def _run_simulation(
     if round_metrics_fn is not None:
       metrics.update(round_metrics_fn(round_num))
     is_last = round_num == config.total_rounds
-    if is_last or (config.rounds_per_eval and
-                   round_num % config.rounds_per_eval == 0):
+    if is_last or (
+        config.rounds_per_eval and round_num % config.rounds_per_eval == 0
+    ):
       per_client, summaries = _evaluate(
-          process, state, task, eval_computation, config, outputs, round_num,
-          corrupted, store)
+          process,
+          state,
+          task,
+          eval_computation,
+          config,
+          outputs,
+          round_num,
+          corrupted,
+          store,
+      )
       for name, summary in summaries.items():
         for key, value in summary.items():
           metrics[f'eval/{name}/{key}'] = value
@@ -643,8 +737,10 @@ def _run_simulation(
     history.append(metrics)
     if outputs:
       outputs.release(metrics, round_num)
-      if is_last or (config.rounds_per_checkpoint and
-                     round_num % config.rounds_per_checkpoint == 0):
+      if is_last or (
+          config.rounds_per_checkpoint
+          and round_num % config.rounds_per_checkpoint == 0
+      ):
         if store is not None:  # Before the server state: see client_states.
           store.snapshot(round_num)
         run_async(outputs.state_manager.save((state, round_num), round_num))
@@ -656,8 +752,16 @@ def _run_simulation(
 
   if summaries is None:  # Resumed at or past the end: evaluate the model.
     per_client, summaries = _evaluate(
-        process, state, task, eval_computation, config, outputs,
-        config.total_rounds, corrupted, store)
+        process,
+        state,
+        task,
+        eval_computation,
+        config,
+        outputs,
+        config.total_rounds,
+        corrupted,
+        store,
+    )
   final_round = max(config.total_rounds, start_round - 1)
   extra = dict(summary_fn(final_round)) if summary_fn is not None else {}
   if outputs:
@@ -681,39 +785,69 @@ def _set_up_attack(process, task, config, outputs):
   with_markers = attacks.needs_attack_marker(process)
   if attack.is_update_attack and not with_markers:
     raise ValueError(
-        f'attack {attack.kind} needs a process built with update_attack')
+        f'attack {attack.kind} needs a process built with update_attack'
+    )
   if with_markers and attack.kind not in ('none',) + attacks.UPDATE_ATTACKS:
     raise ValueError(
-        f'the process attacks updates; attack {attack.kind} does not')
+        f'the process attacks updates; attack {attack.kind} does not'
+    )
   corrupted = frozenset()
   if attack.kind != 'none':
     corrupted = attacks.corrupted_clients(
-        list(task.train_data.client_ids), attack.fraction, attack.seed)
+        list(task.train_data.client_ids), attack.fraction, attack.seed
+    )
     if outputs:
       with open(os.path.join(outputs.dir, 'attack.json'), 'w') as f:
-        json.dump({'kind': attack.kind, 'fraction': attack.fraction,
-                   'seed': attack.seed, 'corrupted': sorted(corrupted)},
-                  f, indent=2)
+        json.dump(
+            {
+                'kind': attack.kind,
+                'fraction': attack.fraction,
+                'seed': attack.seed,
+                'corrupted': sorted(corrupted),
+            },
+            f,
+            indent=2,
+        )
   if attack.kind == 'label_poison':
-    task = dataclasses.replace(task, train_data=attacks.poison_client_data(
-        task.train_data, corrupted, num_classes=attack.num_classes,
-        seed=attack.seed))
+    task = dataclasses.replace(
+        task,
+        train_data=attacks.poison_client_data(
+            task.train_data,
+            corrupted,
+            num_classes=attack.num_classes,
+            seed=attack.seed,
+        ),
+    )
   return task, corrupted, (attack.seed if with_markers else None)
 
 
-def _evaluate(process, state, task, eval_computation, config, outputs,
-              round_num, corrupted=frozenset(), store=None):
+def _evaluate(
+    process,
+    state,
+    task,
+    eval_computation,
+    config,
+    outputs,
+    round_num,
+    corrupted=frozenset(),
+    store=None,
+):
   weights = process.get_model_weights(state)
   if isinstance(weights, Mapping):  # A family: one model per member.
     per_client = {}
     for member, member_weights in weights.items():
       for split, values in evaluate_per_client(
-          task, eval_computation, member_weights,
-          include_train=config.eval_train_clients).items():
+          task,
+          eval_computation,
+          member_weights,
+          include_train=config.eval_train_clients,
+      ).items():
         per_client[f'{member}/{split}'] = values
   else:
     per_client = evaluate_per_client(
-        task, eval_computation, weights,
+        task,
+        eval_computation,
+        weights,
         include_train=config.eval_train_clients,
     )
   if outputs:
@@ -723,10 +857,15 @@ def _evaluate(process, state, task, eval_computation, config, outputs,
     )
   if store is not None:
     personal = evaluate_personal_per_client(
-        process, state, task, store, include_train=config.eval_train_clients)
+        process, state, task, store, include_train=config.eval_train_clients
+    )
     if outputs:
-      _write_client_csv(os.path.join(
-          outputs.clients_dir, f'personal_round_{round_num:05d}.csv'), personal)
+      _write_client_csv(
+          os.path.join(
+              outputs.clients_dir, f'personal_round_{round_num:05d}.csv'
+          ),
+          personal,
+      )
     per_client.update(personal)
   if not corrupted:
     return per_client, summarize(per_client)
@@ -741,21 +880,24 @@ def _client_state_store(process, task, outputs, store):
   """The client-state store of a stateful process (None otherwise)."""
   if not stateful.is_stateful(process):
     if store is not None:
-      raise ValueError('client_state_store is only for stateful processes '
-                       '(Ditto, Fed+)')
+      raise ValueError(
+          'client_state_store is only for stateful processes ' '(Ditto, Fed+)'
+      )
     return None
-  if (len(process.personal_model_names) > 1 and
-      task.validation_data is None):
+  if len(process.personal_model_names) > 1 and task.validation_data is None:
     raise SimulationError(
         f'{len(process.personal_model_names)} personal models per client '
         '(a lambda grid) are selected on validation data, and this task has'
         ' none; give it a validation split (--synthetic_validation_fraction)'
-        ' or a single lambda')
+        ' or a single lambda'
+    )
   if store is None:
     store = client_states_lib.InMemoryClientStateStore(
         lambda _: process.initial_client_state(),
-        snapshot_dir=(os.path.join(outputs.dir, 'client_states')
-                      if outputs else None))
+        snapshot_dir=(
+            os.path.join(outputs.dir, 'client_states') if outputs else None
+        ),
+    )
   return store
 
 
@@ -801,33 +943,40 @@ def evaluate_personal_per_client(
     ids = list(data.client_ids)
     rows, chosen = [], []
     for start in range(0, len(ids), chunk_size):
-      chunk = ids[start:start + chunk_size]
+      chunk = ids[start : start + chunk_size]
       client_states = store.get_many(chunk)
       if num_models > 1:
         val_rows = process.evaluate_personal(
-            state, client_states,
-            [task.eval_dataset(cid, 'validation') for cid in chunk])
+            state,
+            client_states,
+            [task.eval_dataset(cid, 'validation') for cid in chunk],
+        )
         best = select_personal_models([r['loss'] for r in val_rows])
       else:
         best = [0] * len(chunk)
       test_rows = process.evaluate_personal(
-          state, client_states, [task.eval_dataset(cid, split)
-                                 for cid in chunk])
-      rows.extend({k: v[g] for k, v in r.items()}
-                  for r, g in zip(test_rows, best))
+          state, client_states, [task.eval_dataset(cid, split) for cid in chunk]
+      )
+      rows.extend(
+          {k: v[g] for k, v in r.items()} for r, g in zip(test_rows, best)
+      )
       chosen.extend(best)
     values = {name: np.asarray([r[name] for r in rows]) for name in rows[0]}
     if num_models > 1:
       values['lambda'] = np.asarray(
-          [process.personal_model_values[g] for g in chosen])
+          [process.personal_model_values[g] for g in chosen]
+      )
     values['client_id'] = np.asarray(ids)
     results[f'personal/{split}'] = values
   return results
 
 
 def _check_finite(metrics: Mapping[str, Any], round_num: int) -> None:
-  losses = [v for k, v in metrics.items()
-            if k == 'train/loss' or k.endswith('/train/loss')]
+  losses = [
+      v
+      for k, v in metrics.items()
+      if k == 'train/loss' or k.endswith('/train/loss')
+  ]
   loss = next((v for v in losses if not math.isfinite(v)), None)
   if loss is not None:
     raise SimulationError(
@@ -838,8 +987,11 @@ def _check_finite(metrics: Mapping[str, Any], round_num: int) -> None:
 
 def _postfix(metrics: Mapping[str, Any]) -> str:
   parts = []
-  for key, label in (('train/loss', 'loss'), ('train/accuracy', 'acc'),
-                     ('eval/test/accuracy/mean', 'test_acc')):
+  for key, label in (
+      ('train/loss', 'loss'),
+      ('train/accuracy', 'acc'),
+      ('eval/test/accuracy/mean', 'test_acc'),
+  ):
     if key in metrics:
       parts.append(f'{label}={metrics[key]:.4f}')
   return ' '.join(parts)
@@ -851,8 +1003,12 @@ def _progress_bar(enabled: bool, start_round: int, total_rounds: int):
   import tqdm  # pylint: disable=g-import-not-at-top
 
   return tqdm.tqdm(
-      total=total_rounds, initial=start_round - 1, unit='round',
-      file=sys.stderr, mininterval=1.0, dynamic_ncols=True,
+      total=total_rounds,
+      initial=start_round - 1,
+      unit='round',
+      file=sys.stderr,
+      mininterval=1.0,
+      dynamic_ncols=True,
   )
 
 
@@ -861,11 +1017,18 @@ def summary_table(summaries: Mapping[str, Mapping[str, float]]) -> str:
   return tail_metrics.format_summary_table(summaries, keys=SUMMARY_COLUMNS)
 
 
-def _write_summary(outputs: _Outputs, summaries, round_num: int,
-                   task: task_base.FederatedTask,
-                   extra: Optional[Mapping[str, Any]] = None) -> None:
-  record = {'round_num': round_num, 'task': task.description,
-            'summaries': summaries}
+def _write_summary(
+    outputs: _Outputs,
+    summaries,
+    round_num: int,
+    task: task_base.FederatedTask,
+    extra: Optional[Mapping[str, Any]] = None,
+) -> None:
+  record = {
+      'round_num': round_num,
+      'task': task.description,
+      'summaries': summaries,
+  }
   if extra:
     record['extra'] = dict(extra)
   with open(os.path.join(outputs.dir, 'summary.json'), 'w') as f:

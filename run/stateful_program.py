@@ -90,6 +90,7 @@ from tasks import base as task_base
 from tff_algos import client_states as client_states_lib
 from tff_algos import runtime
 from tff_algos import stateful
+
 # pylint: enable=g-import-not-at-top,wrong-import-position
 # This module extends run.program's data source and reuses its helpers.
 # pylint: disable=protected-access
@@ -101,11 +102,14 @@ POSITION = 'position'
 MODEL_RELEASE_PERIOD = 10
 
 
-def _leaf_specs(process: stateful.StatefulClientsProcess
-                ) -> list[tuple[list[int], str]]:
+def _leaf_specs(
+    process: stateful.StatefulClientsProcess,
+) -> list[tuple[list[int], str]]:
   """`(shape, dtype name)` of each leaf of a client state (JSON-able)."""
-  return [(list(np.shape(a)), np.asarray(a).dtype.name)
-          for a in tf.nest.flatten(process.initial_client_state())]
+  return [
+      (list(np.shape(a)), np.asarray(a).dtype.name)
+      for a in tf.nest.flatten(process.initial_client_state())
+  ]
 
 
 def _batch_spec(spec: program.DataSpec):
@@ -115,28 +119,39 @@ def _batch_spec(spec: program.DataSpec):
 
 def _element_spec(spec: program.DataSpec, leaves):
   """The `tf.TensorSpec` structure of one element of a client's sequence."""
-  return collections.OrderedDict([
-      (BATCH, _batch_spec(spec)),
-      (CLIENT_STATE, tuple(tf.TensorSpec([None] + list(shape), dtype)
-                           for shape, dtype in leaves)),
-      (POSITION, tf.TensorSpec([], tf.int32)),
-  ])
+  return collections.OrderedDict(
+      [
+          (BATCH, _batch_spec(spec)),
+          (
+              CLIENT_STATE,
+              tuple(
+                  tf.TensorSpec([None] + list(shape), dtype)
+                  for shape, dtype in leaves
+              ),
+          ),
+          (POSITION, tf.TensorSpec([], tf.int32)),
+      ]
+  )
 
 
 def _empty_batch(batch_spec):
   """A batch of 0 examples with `batch_spec`'s structure."""
+
   def empty(s: tf.TensorSpec):
     if not s.shape or s.shape[0] is not None:
       raise ValueError(
           'client batches need an unknown leading (batch) dimension to carry '
-          f'a state header, got {s}')
+          f'a state header, got {s}'
+      )
     shape = [0] + [d if d is not None else 0 for d in s.shape[1:]]
     return np.zeros(shape, s.dtype.as_numpy_dtype)
+
   return tf.nest.map_structure(empty, batch_spec)
 
 
-def client_sequence(batches: tf.data.Dataset, client_state,
-                    position: int) -> tf.data.Dataset:
+def client_sequence(
+    batches: tf.data.Dataset, client_state, position: int
+) -> tf.data.Dataset:
   """A client's batches with its state in front, as the program feeds them.
 
   Element 0 (the header) holds an empty batch, the state's leaves each with a
@@ -152,17 +167,26 @@ def client_sequence(batches: tf.data.Dataset, client_state,
     A `tf.data.Dataset` of `OrderedDict(batch, client_state, position)`.
   """
   leaves = [np.asarray(a) for a in tf.nest.flatten(client_state)]
-  header = tf.data.Dataset.from_tensors(collections.OrderedDict([
-      (BATCH, _empty_batch(batches.element_spec)),
-      (CLIENT_STATE, tuple(a[np.newaxis] for a in leaves)),
-      (POSITION, np.int32(position)),
-  ]))
+  header = tf.data.Dataset.from_tensors(
+      collections.OrderedDict(
+          [
+              (BATCH, _empty_batch(batches.element_spec)),
+              (CLIENT_STATE, tuple(a[np.newaxis] for a in leaves)),
+              (POSITION, np.int32(position)),
+          ]
+      )
+  )
   empty = tuple(np.zeros((0,) + a.shape, a.dtype) for a in leaves)
+
   def with_empty_state(*batch):
     # `map` unpacks tuple elements: pack them again.
-    return collections.OrderedDict([
-        (BATCH, batch[0] if len(batch) == 1 else batch),
-        (CLIENT_STATE, empty), (POSITION, np.int32(position))])
+    return collections.OrderedDict(
+        [
+            (BATCH, batch[0] if len(batch) == 1 else batch),
+            (CLIENT_STATE, empty),
+            (POSITION, np.int32(position)),
+        ]
+    )
 
   body = batches.map(with_empty_state)
   return header.concatenate(body)
@@ -178,16 +202,25 @@ class StatefulClientDataSourceIterator(program.ClientDataSourceIterator):
   it is versioned by round next to the program state.
   """
 
-  def __init__(self, spec: program.DataSpec, leaves, round_num: int = 0,
-               store: Optional[client_states_lib.ClientStateStore] = None):
+  def __init__(
+      self,
+      spec: program.DataSpec,
+      leaves,
+      round_num: int = 0,
+      store: Optional[client_states_lib.ClientStateStore] = None,
+  ):
     if spec.split != 'train' or spec.client_index:
-      raise ValueError('stateful clients train on the train split, without '
-                       'a client index')
+      raise ValueError(
+          'stateful clients train on the train split, without ' 'a client index'
+      )
     super().__init__(spec, round_num)
     self._leaves = [(list(s), str(d)) for s, d in leaves]
     self._federated_type = tff.FederatedType(
-        tff.SequenceType(tff.types.tensorflow_to_type(
-            _element_spec(spec, self._leaves))), tff.CLIENTS)
+        tff.SequenceType(
+            tff.types.tensorflow_to_type(_element_spec(spec, self._leaves))
+        ),
+        tff.CLIENTS,
+    )
     self._store = store
     self._selected: list[str] = []
 
@@ -195,14 +228,21 @@ class StatefulClientDataSourceIterator(program.ClientDataSourceIterator):
   def from_bytes(cls, buffer: bytes) -> 'StatefulClientDataSourceIterator':
     """Deserializes the iterator (unbound: call `bind`)."""
     saved = json.loads(bytes(buffer).decode('utf-8'))
-    return cls(program.DataSpec.from_json(saved['spec']), saved['leaves'],
-               int(saved['round_num']))
+    return cls(
+        program.DataSpec.from_json(saved['spec']),
+        saved['leaves'],
+        int(saved['round_num']),
+    )
 
   def to_bytes(self) -> bytes:
     """Serializes the data spec, round counter and state leaf specs."""
-    return json.dumps({'spec': self._spec.to_json(),
-                       'round_num': self._round_num,
-                       'leaves': self._leaves}).encode('utf-8')
+    return json.dumps(
+        {
+            'spec': self._spec.to_json(),
+            'round_num': self._round_num,
+            'leaves': self._leaves,
+        }
+    ).encode('utf-8')
 
   def bind(self, store: client_states_lib.ClientStateStore) -> None:
     """Reads the clients' states from `store` from now on."""
@@ -227,19 +267,30 @@ class StatefulClientDataSourceIterator(program.ClientDataSourceIterator):
     if self._spec.sampling == 'examples':
       task = self._spec.task_object
       num_examples = [
-          task_base.count_examples(task.train_data.create_tf_dataset_for_client(
-              cid)) for cid in ids]
+          task_base.count_examples(
+              task.train_data.create_tf_dataset_for_client(cid)
+          )
+          for cid in ids
+      ]
     self._selected = simulation.sample_clients(
-        ids, self._round_num, clients_per_round=k, seed=self._spec.seed,
-        scheme=self._spec.sampling, num_examples=num_examples)
+        ids,
+        self._round_num,
+        clients_per_round=k,
+        seed=self._spec.seed,
+        scheme=self._spec.sampling,
+        num_examples=num_examples,
+    )
     states = self._store.get_many(self._selected)
-    return [client_sequence(ds, s, i)
-            for i, (ds, s) in enumerate(zip(datasets, states))]
+    return [
+        client_sequence(ds, s, i)
+        for i, (ds, s) in enumerate(zip(datasets, states))
+    ]
 
   def __deepcopy__(self, memo) -> 'StatefulClientDataSourceIterator':
     del memo
     return StatefulClientDataSourceIterator(
-        self._spec, self._leaves, self._round_num, self._store)
+        self._spec, self._leaves, self._round_num, self._store
+    )
 
   def __eq__(self, other: object) -> bool:
     if not isinstance(other, StatefulClientDataSourceIterator):
@@ -250,9 +301,12 @@ class StatefulClientDataSourceIterator(program.ClientDataSourceIterator):
 class StatefulClientDataSource(tff.program.FederatedDataSource):
   """A `tff.program.FederatedDataSource` of clients with stored states."""
 
-  def __init__(self, spec: program.DataSpec,
-               process: stateful.StatefulClientsProcess,
-               store: client_states_lib.ClientStateStore):
+  def __init__(
+      self,
+      spec: program.DataSpec,
+      process: stateful.StatefulClientsProcess,
+      store: client_states_lib.ClientStateStore,
+  ):
     self._spec = spec
     self._leaves = _leaf_specs(process)
     self._store = store
@@ -265,19 +319,23 @@ class StatefulClientDataSource(tff.program.FederatedDataSource):
 
   def iterator(self) -> StatefulClientDataSourceIterator:
     """A fresh iterator bound to the store, starting at round 1."""
-    return StatefulClientDataSourceIterator(self._spec, self._leaves,
-                                            store=self._store)
+    return StatefulClientDataSourceIterator(
+        self._spec, self._leaves, store=self._store
+    )
 
 
-def _next_computation(process: stateful.StatefulClientsProcess
-                      ) -> tff.Computation:
+def _next_computation(
+    process: stateful.StatefulClientsProcess,
+) -> tff.Computation:
   # The round `tff.Computation` itself (the process's `next` wraps it).
   return tff.templates.IterativeProcess.next.fget(process)
 
 
-def build_program_round(process: stateful.StatefulClientsProcess,
-                        data_type: tff.FederatedType,
-                        clients_per_round: int) -> tff.Computation:
+def build_program_round(
+    process: stateful.StatefulClientsProcess,
+    data_type: tff.FederatedType,
+    clients_per_round: int,
+) -> tff.Computation:
   """The round as a program computation: server-placed results only.
 
   Args:
@@ -296,17 +354,21 @@ def build_program_round(process: stateful.StatefulClientsProcess,
     ValueError: If its client data are not plain sequences (attack markers).
   """
   if not stateful.is_stateful(process):
-    raise TypeError('process must be a stateful.StatefulClientsProcess, got '
-                    f'{type(process).__name__}')
+    raise TypeError(
+        'process must be a stateful.StatefulClientsProcess, got '
+        f'{type(process).__name__}'
+    )
   if clients_per_round < 1:
-    raise ValueError(f'clients_per_round must be >= 1, got '
-                     f'{clients_per_round}')
+    raise ValueError(
+        f'clients_per_round must be >= 1, got ' f'{clients_per_round}'
+    )
   inner = _next_computation(process)
   state_type, inner_data, inner_states = inner.type_signature.parameter
   if not isinstance(inner_data.member, tff.SequenceType):
     raise ValueError(
         'the program feeds plain client sequences; this process expects '
-        f'{inner_data.member} (attack markers are for run.train)')
+        f'{inner_data.member} (attack markers are for run.train)'
+    )
   client_state_type = inner_states.member
   template = process.initial_client_state()
   shapes = [np.shape(a) for a in tf.nest.flatten(template)]
@@ -315,21 +377,31 @@ def build_program_round(process: stateful.StatefulClientsProcess,
 
   @tff.tensorflow.computation(sequence_type)
   def split(sequence):
-    initial = (tuple(tf.zeros(s, dtype=t.dtype) for s, t in zip(
-        shapes, sequence.element_spec[CLIENT_STATE])), tf.constant(0))
+    initial = (
+        tuple(
+            tf.zeros(s, dtype=t.dtype)
+            for s, t in zip(shapes, sequence.element_spec[CLIENT_STATE])
+        ),
+        tf.constant(0),
+    )
     leaves, position = sequence.take(1).reduce(
-        initial, lambda _, e: (tuple(  # pylint: disable=g-long-lambda
-            tf.reshape(a[0], s) for a, s in zip(e[CLIENT_STATE], shapes)),
-                               e[POSITION]))
+        initial,
+        lambda _, e: (
+            tuple(  # pylint: disable=g-long-lambda
+                tf.reshape(a[0], s) for a, s in zip(e[CLIENT_STATE], shapes)
+            ),
+            e[POSITION],
+        ),
+    )
     batches = sequence.skip(1).map(lambda e: e[BATCH])
-    return (batches, tf.nest.pack_sequence_as(template, list(leaves)),
-            position)
+    return (batches, tf.nest.pack_sequence_as(template, list(leaves)), position)
 
   @tff.tensorflow.computation(client_state_type, np.int32)
   def place(client_state, position):
     return tuple(
         tf.scatter_nd([[position]], a[tf.newaxis], [k] + list(s))
-        for a, s in zip(tf.nest.flatten(client_state), shapes))
+        for a, s in zip(tf.nest.flatten(client_state), shapes)
+    )
 
   @tff.federated_computation(state_type, data_type)
   def program_round(state, data):
@@ -341,41 +413,51 @@ def build_program_round(process: stateful.StatefulClientsProcess,
   return program_round
 
 
-def unstack_states(process: stateful.StatefulClientsProcess, stacked,
-                   count: int) -> list[Any]:
-  """Row i of every `[k, ...]` leaf, packed as a client state, for i < count.
-  """
+def unstack_states(
+    process: stateful.StatefulClientsProcess, stacked, count: int
+) -> list[Any]:
+  """Row i of every `[k, ...]` leaf, packed as a client state, for i < count."""
   template = process.initial_client_state()
   leaves = [np.asarray(a) for a in tf.nest.flatten(stacked)]
-  return [tf.nest.pack_sequence_as(template, [a[i] for a in leaves])
-          for i in range(count)]
+  return [
+      tf.nest.pack_sequence_as(template, [a[i] for a in leaves])
+      for i in range(count)
+  ]
 
 
 def _program_state(state, round_num, iterator):
   return collections.OrderedDict(
-      state=state, round_num=round_num, iterator=iterator)
+      state=state, round_num=round_num, iterator=iterator
+  )
 
 
 async def _train(process, source, store, config, output_dir):
   state_manager = run_dir.CheckpointManager(
-      os.path.join(output_dir, 'program_state'), keep_total=3,
-      keep_first=True)
-  metrics_manager = program.DivergenceCheck(program._release_managers(
-      output_dir, 'train', 'metrics.csv'))
+      os.path.join(output_dir, 'program_state'), keep_total=3, keep_first=True
+  )
+  metrics_manager = program.DivergenceCheck(
+      program._release_managers(output_dir, 'train', 'metrics.csv')
+  )
   model_manager = tff.program.SavedModelFileReleaseManager(
-      os.path.join(output_dir, 'models'), prefix='')
-  round_fn = build_program_round(process, source.federated_type,
-                                 config.clients_per_round)
+      os.path.join(output_dir, 'models'), prefix=''
+  )
+  round_fn = build_program_round(
+      process, source.federated_type, config.clients_per_round
+  )
   initial = process.initialize()
   loaded, version = await state_manager.load_latest(
-      _program_state(initial, 0, source.iterator()))
+      _program_state(initial, 0, source.iterator())
+  )
   if loaded is None:
     state, start, iterator = initial, 0, source.iterator()
     store.restore(0)  # Drops states of a program that never saved a round.
     await state_manager.save(_program_state(state, 0, iterator), 0)
   else:
-    state, start, iterator = (loaded['state'], int(loaded['round_num']),
-                              loaded['iterator'])
+    state, start, iterator = (
+        loaded['state'],
+        int(loaded['round_num']),
+        loaded['iterator'],
+    )
     store.restore(version)
     logging.info('resuming the program from round %d', start)
   iterator.bind(store)
@@ -383,33 +465,44 @@ async def _train(process, source, store, config, output_dir):
     datasets = iterator.select(config.clients_per_round)
     state, stacked, metrics = round_fn(state, datasets)
     stacked = await tff.program.materialize_value(stacked)
-    store.put_many(iterator.selected_ids,
-                   unstack_states(process, stacked, len(datasets)),
-                   round_num=round_num)
+    store.put_many(
+        iterator.selected_ids,
+        unstack_states(process, stacked, len(datasets)),
+        round_num=round_num,
+    )
     store.snapshot(round_num)  # Before the program state: see the docstring.
-    await state_manager.save(_program_state(state, round_num, iterator),
-                             round_num)
+    await state_manager.save(
+        _program_state(state, round_num, iterator), round_num
+    )
     await metrics_manager.release(metrics, key=round_num)
     metrics_manager.check()
-    if (round_num % MODEL_RELEASE_PERIOD == 0
-        or round_num == config.total_rounds):
+    if (
+        round_num % MODEL_RELEASE_PERIOD == 0
+        or round_num == config.total_rounds
+    ):
       await model_manager.release(state, key=round_num)
   saved, version = await state_manager.load_latest(
-      _program_state(initial, 0, source.iterator()))
+      _program_state(initial, 0, source.iterator())
+  )
   return saved['state'], version
 
 
 def build_client_state_store(
-    process: stateful.StatefulClientsProcess, output_dir: str,
-    kind: str = 'memory') -> client_states_lib.ClientStateStore:
+    process: stateful.StatefulClientsProcess,
+    output_dir: str,
+    kind: str = 'memory',
+) -> client_states_lib.ClientStateStore:
   """The program's store: `memory` (snapshots in `client_states/`) or `disk`.
 
   Its snapshots live next to `program_state/` and keep as many rounds (3)
   as the `FileProgramStateManager`.
   """
   return client_states_lib.build_store(
-      kind, lambda _: process.initial_client_state(),
-      directory=os.path.join(output_dir, 'client_states'), keep_snapshots=3)
+      kind,
+      lambda _: process.initial_client_state(),
+      directory=os.path.join(output_dir, 'client_states'),
+      keep_snapshots=3,
+  )
 
 
 def run_stateful_program(
@@ -456,32 +549,47 @@ def run_stateful_program(
   if not stateful.is_stateful(process):
     raise TypeError(
         'process must be a stateful.StatefulClientsProcess (Ditto, Fed+); '
-        'run LearningProcesses with run.program.run_program')
+        'run LearningProcesses with run.program.run_program'
+    )
   if client_state_store not in ('memory', 'disk'):
-    raise ValueError(f'unknown client-state store {client_state_store!r}; '
-                     'choose memory or disk')
+    raise ValueError(
+        f'unknown client-state store {client_state_store!r}; '
+        'choose memory or disk'
+    )
   task = program._task_for(task_name, task_kwargs)
   if len(process.personal_model_names) > 1 and task.validation_data is None:
     raise ValueError(
         'a lambda grid is selected on validation data, and this task has '
-        'none; give it a validation split or a single lambda')
+        'none; give it a validation split or a single lambda'
+    )
   spec = program.DataSpec(
-      task=task_name, task_kwargs=dict(task_kwargs), split='train', seed=seed,
-      epochs=client_epochs_per_round, sampling=client_sampling)
+      task=task_name,
+      task_kwargs=dict(task_kwargs),
+      split='train',
+      seed=seed,
+      epochs=client_epochs_per_round,
+      sampling=client_sampling,
+  )
   spec.validate()
-  config.validate(len(task.train_data.client_ids),
-                  len(task.test_data.client_ids))
+  config.validate(
+      len(task.train_data.client_ids), len(task.test_data.client_ids)
+  )
   with run_dir.locked(output_dir, 'stateful_program'):
-    program._check_and_save_config(output_dir, {
-        **dict(settings or {}), 'task': task_name,
-        'task_kwargs': dict(task_kwargs), 'seed': seed,
-        'client_epochs_per_round': client_epochs_per_round,
-        'client_sampling': client_sampling,
-        'clients_per_round': config.clients_per_round,
-        'client_state_store': client_state_store,
-        'total_rounds': config.total_rounds,
-        'rounds_per_eval': config.rounds_per_eval,
-    })
+    program._check_and_save_config(
+        output_dir,
+        {
+            **dict(settings or {}),
+            'task': task_name,
+            'task_kwargs': dict(task_kwargs),
+            'seed': seed,
+            'client_epochs_per_round': client_epochs_per_round,
+            'client_sampling': client_sampling,
+            'clients_per_round': config.clients_per_round,
+            'client_state_store': client_state_store,
+            'total_rounds': config.total_rounds,
+            'rounds_per_eval': config.rounds_per_eval,
+        },
+    )
     store = build_client_state_store(process, output_dir, client_state_store)
     source = StatefulClientDataSource(spec, process, store)
     context = program.create_context()
@@ -491,39 +599,55 @@ def run_stateful_program(
         return await _train(process, source, store, config, output_dir)
 
     state, round_num = simulation.run_async(train_in_context())
-    result = {'state': state, 'round_num': round_num,
-              'client_state_store': store, 'final_summaries': None,
-              'per_client': None}
+    result = {
+        'state': state,
+        'round_num': round_num,
+        'client_state_store': store,
+        'final_summaries': None,
+        'per_client': None,
+    }
     if config.evaluate_per_client:
       personal = simulation.evaluate_personal_per_client(
-          process, state, task, store, include_train=True)
-      result.update(program.write_per_client(
-          process, state, task, output_dir, round_num, extra=personal))
+          process, state, task, store, include_train=True
+      )
+      result.update(
+          program.write_per_client(
+              process, state, task, output_dir, round_num, extra=personal
+          )
+      )
     return result
 
 
 def main(argv: Sequence[str]) -> int:
   """`python -m run.stateful_program`: the training binary's flags."""
   if len(argv) > 1:
-    print(f'program: error: unexpected arguments: {" ".join(argv[1:])}',
-          file=sys.stderr)
+    print(
+        f'program: error: unexpected arguments: {" ".join(argv[1:])}',
+        file=sys.stderr,
+    )
     return 2
   logging.set_verbosity(logging.WARNING)
   runtime.install_worker_cleanup()
   values = flags.FLAGS
   try:
     if values.straggler_fraction:
-      raise ValueError('--straggler_fraction is not supported by the program'
-                       ' logic (use run.train)')
+      raise ValueError(
+          '--straggler_fraction is not supported by the program'
+          ' logic (use run.train)'
+      )
     if not algorithms.AlgorithmSpec(values.algorithm).is_stateful:
-      raise ValueError(f'--algorithm={values.algorithm} keeps no client '
-                       'state; run it with python -m run.program')
+      raise ValueError(
+          f'--algorithm={values.algorithm} keeps no client '
+          'state; run it with python -m run.program'
+      )
     task, process, sim_config, out_dir = train.prepare('stateful_program')[:4]
     config = program.ProgramConfig(
         total_rounds=sim_config.total_rounds,
-        clients_per_round=sim_config.clients_per_round)
-    config.validate(len(task.train_data.client_ids),
-                    len(task.test_data.client_ids))
+        clients_per_round=sim_config.clients_per_round,
+    )
+    config.validate(
+        len(task.train_data.client_ids), len(task.test_data.client_ids)
+    )
   except (ValueError, TypeError, OSError) as e:
     print(f'program: error: {e}', file=sys.stderr)
     return 2
@@ -532,32 +656,50 @@ def main(argv: Sequence[str]) -> int:
     return 1
   try:
     result = run_stateful_program(
-        process, task_name=values.task, task_kwargs=train.task_kwargs(),
-        config=config, output_dir=out_dir, seed=sim_config.seed,
+        process,
+        task_name=values.task,
+        task_kwargs=train.task_kwargs(),
+        config=config,
+        output_dir=out_dir,
+        seed=sim_config.seed,
         client_epochs_per_round=sim_config.client_epochs_per_round,
         client_sampling=sim_config.client_sampling,
         client_state_store=values.client_state_store,
-        settings={k: v for k, v in train.hparams().items()
-                  if k not in ('progress', 'root_output_dir', 'data_dir')})
-  except (program.ProgramError, task_base.TaskError, run_dir.RunDirError,
-          client_states_lib.ClientStateError, ValueError) as e:
+        settings={
+            k: v
+            for k, v in train.hparams().items()
+            if k not in ('progress', 'root_output_dir', 'data_dir')
+        },
+    )
+  except (
+      program.ProgramError,
+      task_base.TaskError,
+      run_dir.RunDirError,
+      client_states_lib.ClientStateError,
+      ValueError,
+  ) as e:
     print(f'program: error: {e}', file=sys.stderr)
     return 1
   finally:
     runtime.kill_workers()
-  print(f'Per-client metrics after round {result["round_num"]} '
-        f'({task.description}):')
+  print(
+      f'Per-client metrics after round {result["round_num"]} '
+      f'({task.description}):'
+  )
   print(simulation.summary_table(result['final_summaries']))
-  print(f'\nOutputs: {out_dir}/ (metrics.csv, clients/, summary.txt, '
-        'tensorboard/, program_state/, client_states/, models/)')
+  print(
+      f'\nOutputs: {out_dir}/ (metrics.csv, clients/, summary.txt, '
+      'tensorboard/, program_state/, client_states/, models/)'
+  )
   return 0
 
 
 def run_main() -> None:
   """Console-script entry point."""
   flags.adopt_module_key_flags(train)  # --help lists the training flags.
-  console.run(__name__, lambda argv: runtime.exit_now(main(argv)),
-              prog='program')
+  console.run(
+      __name__, lambda argv: runtime.exit_now(main(argv)), prog='program'
+  )
 
 
 if __name__ == '__main__':

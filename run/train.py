@@ -39,283 +39,446 @@ from tasks import registry
 from tasks import synthetic
 from tff_algos import attacks
 from tff_algos import runtime
+
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 _TASK = flags.DEFINE_string(
-    'task', 'synthetic', f'Task: one of {", ".join(registry.TASK_NAMES)}.')
+    'task', 'synthetic', f'Task: one of {", ".join(registry.TASK_NAMES)}.'
+)
 _ALGORITHM = flags.DEFINE_string(
-    'algorithm', 'fedavg',
-    f'Algorithm: one of {", ".join(algorithms.ALGORITHM_NAMES)}.')
+    'algorithm',
+    'fedavg',
+    f'Algorithm: one of {", ".join(algorithms.ALGORITHM_NAMES)}.',
+)
 _TOTAL_ROUNDS = flags.DEFINE_integer('total_rounds', 100, 'Training rounds.')
 _CLIENTS_PER_ROUND = flags.DEFINE_integer(
-    'clients_per_round', 10, 'Clients selected per round.')
+    'clients_per_round', 10, 'Clients selected per round.'
+)
 _EPOCHS = flags.DEFINE_integer(
-    'client_epochs_per_round', 1, 'Local epochs E per round.')
+    'client_epochs_per_round', 1, 'Local epochs E per round.'
+)
 _BATCH_SIZE = flags.DEFINE_integer('client_batch_size', 10, 'Local batch.')
 _CLIENT_OPT = flags.DEFINE_string(
-    'client_optimizer', 'sgd',
-    f'Client optimizer: {", ".join(algorithms.OPTIMIZERS)}.')
+    'client_optimizer',
+    'sgd',
+    f'Client optimizer: {", ".join(algorithms.OPTIMIZERS)}.',
+)
 _CLIENT_LR = flags.DEFINE_float('client_learning_rate', 0.01, 'Client lr.')
 _SERVER_OPT = flags.DEFINE_string(
-    'server_optimizer', 'sgd',
+    'server_optimizer',
+    'sgd',
     f'Server optimizer: {", ".join(algorithms.SERVER_OPTIMIZERS)} (dp2: '
     'DP^2-RMSProp on the aggregated update, --server_learning_rate in its '
-    'SGD phase).')
+    'SGD phase).',
+)
 _SERVER_LR = flags.DEFINE_float(
-    'server_learning_rate', 1.0,
-    'Server lr (1.0 with sgd: the new model is the average of local models).')
+    'server_learning_rate',
+    1.0,
+    'Server lr (1.0 with sgd: the new model is the average of local models).',
+)
 _SERVER_MOMENTUM = flags.DEFINE_float(
-    'server_sgd_momentum', 0.0, 'Server SGD momentum.')
+    'server_sgd_momentum', 0.0, 'Server SGD momentum.'
+)
 _WEIGHTING = flags.DEFINE_string(
-    'client_weighting', 'num_examples',
-    'Aggregation weights: num_examples or uniform.')
+    'client_weighting',
+    'num_examples',
+    'Aggregation weights: num_examples or uniform.',
+)
 _SAMPLING = flags.DEFINE_string(
-    'client_sampling', 'uniform',
+    'client_sampling',
+    'uniform',
     'Client sampling: uniform (fixed number without replacement), examples '
     '(probability proportional to size) or poisson (each client with '
-    'probability clients_per_round / N).')
+    'probability clients_per_round / N).',
+)
 _ROUNDS_PER_EVAL = flags.DEFINE_integer(
-    'rounds_per_eval', 10, 'Per-client evaluation period (0: only at end).')
+    'rounds_per_eval', 10, 'Per-client evaluation period (0: only at end).'
+)
 _ROUNDS_PER_CHECKPOINT = flags.DEFINE_integer(
-    'rounds_per_checkpoint', 10, 'Checkpoint period (0: only at the end).')
+    'rounds_per_checkpoint', 10, 'Checkpoint period (0: only at the end).'
+)
 _ROOT = flags.DEFINE_string(
-    'root_output_dir', 'output', 'Root folder of all experiments.')
+    'root_output_dir', 'output', 'Root folder of all experiments.'
+)
 _EXPERIMENT = flags.DEFINE_string(
-    'experiment_name', None,
-    'Output sub-folder (default: <task>_<algorithm>_seed<seed>).')
+    'experiment_name',
+    None,
+    'Output sub-folder (default: <task>_<algorithm>_seed<seed>).',
+)
 _SEED = flags.DEFINE_integer('seed', 0, 'Seed of data, sampling, shuffles.')
 _PROX = flags.DEFINE_float(
-    'proximal_strength', 0.0, 'FedProx mu >= 0 (fedprox, term).')
+    'proximal_strength', 0.0, 'FedProx mu >= 0 (fedprox, term).'
+)
 _Q = flags.DEFINE_float(
-    'q', 0.0, 'q-FFL fairness q >= 0 (qffl, qfedsgd; 0 is FedAvg/FedSGD).')
+    'q', 0.0, 'q-FFL fairness q >= 0 (qffl, qfedsgd; 0 is FedAvg/FedSGD).'
+)
 _Q_LIPSCHITZ = flags.DEFINE_float(
-    'q_lipschitz', 0.0,
-    'q-FFL Lipschitz constant L (0: 1 / --client_learning_rate, as the paper).')
+    'q_lipschitz',
+    0.0,
+    'q-FFL Lipschitz constant L (0: 1 / --client_learning_rate, as the paper).',
+)
 _TILT = flags.DEFINE_float(
-    'tilt', 0.0, 'TERM tilt t (term; > 0 fairness, < 0 robustness).')
+    'tilt', 0.0, 'TERM tilt t (term; > 0 fairness, < 0 robustness).'
+)
 _AFL_LAMBDA_LR = flags.DEFINE_float(
-    'afl_lambda_lr', 0.0,
+    'afl_lambda_lr',
+    0.0,
     'AFL mixture step gamma_lambda >= 0 (afl; gamma_w is '
     '--client_learning_rate). Run AFL with --clients_per_round equal to the '
-    'number of clients, as the paper.')
+    'number of clients, as the paper.',
+)
 _THETA = flags.DEFINE_float(
-    'theta', 1.0, 'Delta-FL conformity level in (0, 1] (deltafl; 1 is FedAvg).')
+    'theta', 1.0, 'Delta-FL conformity level in (0, 1] (deltafl; 1 is FedAvg).'
+)
 _THETAS = flags.DEFINE_list(
-    'thetas', [], 'Delta-FL family: train one model per conformity level in '
+    'thetas',
+    [],
+    'Delta-FL family: train one model per conformity level in '
     'one run on the same sampled clients, e.g. --thetas=1,0.8,0.5,0.1 '
-    '(deltafl; replaces --theta; metrics are prefixed theta_<t>/).')
+    '(deltafl; replaces --theta; metrics are prefixed theta_<t>/).',
+)
 _SECURE_QUANTILE = flags.DEFINE_string(
-    'secure_quantile', 'none',
+    'secure_quantile',
+    'none',
     'Delta-FL quantile through secure sums only: none (exact; the server sees '
-    'the losses), mm, bisection or private. Secure modes run under TFF\'s '
-    'test execution context, the only one that executes secure sums.')
+    "the losses), mm, bisection or private. Secure modes run under TFF's "
+    'test execution context, the only one that executes secure sums.',
+)
 _STRICT = flags.DEFINE_boolean(
-    'strict_filter', False, 'Delta-FL: keep loss > eta (Algorithm 3) instead '
-    'of >= (Algorithm 2).')
+    'strict_filter',
+    False,
+    'Delta-FL: keep loss > eta (Algorithm 3) instead ' 'of >= (Algorithm 2).',
+)
 _UNIFORM_WEIGHTS = flags.DEFINE_boolean(
-    'uniform_weights', False,
-    'Delta-FL: weigh clients uniformly (the workshop variant).')
+    'uniform_weights',
+    False,
+    'Delta-FL: weigh clients uniformly (the workshop variant).',
+)
 _WEIGHT_DECAY = flags.DEFINE_float(
-    'weight_decay', 0.0, 'Delta-FL local weight decay lambda (workshop).')
+    'weight_decay', 0.0, 'Delta-FL local weight decay lambda (workshop).'
+)
 _Q_UPPER = flags.DEFINE_float(
-    'quantile_upper_bound', 20.0,
-    'Secure quantiles: losses are clipped to [0, this].')
+    'quantile_upper_bound',
+    20.0,
+    'Secure quantiles: losses are clipped to [0, this].',
+)
 _Q_TOL = flags.DEFINE_float(
-    'quantile_tolerance', 1e-4, 'Bisection quantile: final bracket width.')
+    'quantile_tolerance', 1e-4, 'Bisection quantile: final bracket width.'
+)
 _Q_ITERS = flags.DEFINE_integer(
-    'quantile_iterations', 50, 'MM / private quantile: iterations per round.')
+    'quantile_iterations', 50, 'MM / private quantile: iterations per round.'
+)
 _DITTO_LAMBDA = flags.DEFINE_float(
-    'ditto_lambda', None, 'Ditto: fixed lambda >= 0 of the personal models\' '
-    'pull toward the global model (0: local models).')
+    'ditto_lambda',
+    None,
+    "Ditto: fixed lambda >= 0 of the personal models' "
+    'pull toward the global model (0: local models).',
+)
 _DITTO_GRID = flags.DEFINE_list(
-    'ditto_lambda_grid', [], 'Ditto: lambdas selected per client on its '
+    'ditto_lambda_grid',
+    [],
+    'Ditto: lambdas selected per client on its '
     'validation data (one personal model each), e.g. 0.1,1,2; needs a '
-    'validation split (--synthetic_validation_fraction).')
+    'validation split (--synthetic_validation_fraction).',
+)
 _DITTO_STEPS = flags.DEFINE_integer(
-    'ditto_personal_steps', 0, 'Ditto: personal mini-batch steps s per round '
-    '(0: one pass over the round\'s local stream, as the global update).')
+    'ditto_personal_steps',
+    0,
+    'Ditto: personal mini-batch steps s per round '
+    "(0: one pass over the round's local stream, as the global update).",
+)
 _DITTO_LR = flags.DEFINE_float(
-    'ditto_personal_lr', 0.0,
-    'Ditto: personal learning rate (0: --client_learning_rate).')
+    'ditto_personal_lr',
+    0.0,
+    'Ditto: personal learning rate (0: --client_learning_rate).',
+)
 _DITTO_CLIP = flags.DEFINE_float(
-    'ditto_clip_norm', 0.0, 'Ditto + robust aggregation: clip each global '
-    'update to this l2 norm before the mean (0: plain mean).')
+    'ditto_clip_norm',
+    0.0,
+    'Ditto + robust aggregation: clip each global '
+    'update to this l2 norm before the mean (0: plain mean).',
+)
 _FEDPLUS_SIGMA = flags.DEFINE_float(
-    'fedplus_sigma', None, 'Fed+: sigma >= 0; kappa = 1/(1 + lr sigma) (the '
-    'paper advises kappa in [0.9, 0.999]).')
+    'fedplus_sigma',
+    None,
+    'Fed+: sigma >= 0; kappa = 1/(1 + lr sigma) (the '
+    'paper advises kappa in [0.9, 0.999]).',
+)
 _FEDPLUS_DELTA = flags.DEFINE_float(
-    'fedplus_delta', None, 'Fed+: smoothing delta >= 0 (default 0.1).')
+    'fedplus_delta', None, 'Fed+: smoothing delta >= 0 (default 0.1).'
+)
 _FEDPLUS_LAMBDA = flags.DEFINE_float(
-    'fedplus_lambda', None,
-    'Fed+: local initialisation lambda in [0, 1] (default 0).')
+    'fedplus_lambda',
+    None,
+    'Fed+: local initialisation lambda in [0, 1] (default 0).',
+)
 _FEDPLUS_STEPS = flags.DEFINE_integer(
-    'fedplus_local_steps', 0, 'Fed+: exactly E mini-batch steps per round '
-    '(0: E_k = the batches of the client\'s stream, epochs x batches).')
+    'fedplus_local_steps',
+    0,
+    'Fed+: exactly E mini-batch steps per round '
+    "(0: E_k = the batches of the client's stream, epochs x batches).",
+)
 _FEDPLUS_ITERS = flags.DEFINE_integer(
-    'fedplus_iterations', 20,
-    'Fed+: fixed-point iterations of the geomed / comed aggregate.')
+    'fedplus_iterations',
+    20,
+    'Fed+: fixed-point iterations of the geomed / comed aggregate.',
+)
 _STATE_STORE = flags.DEFINE_string(
-    'client_state_store', 'memory', 'Ditto / Fed+ personal models: memory '
+    'client_state_store',
+    'memory',
+    'Ditto / Fed+ personal models: memory '
     '(snapshotted to <experiment>/client_states) or disk (one file per '
-    'client, for many clients or large models).')
+    'client, for many clients or large models).',
+)
 _STATE_DIR = flags.DEFINE_string(
-    'client_state_dir', None, 'Folder of the client-state store (default '
-    '<experiment>/client_states).')
+    'client_state_dir',
+    None,
+    'Folder of the client-state store (default ' '<experiment>/client_states).',
+)
 _VAL_FRACTION = flags.DEFINE_float(
-    'synthetic_validation_fraction', 0.0,
-    'Synthetic per-client validation fraction (Ditto lambda selection).')
+    'synthetic_validation_fraction',
+    0.0,
+    'Synthetic per-client validation fraction (Ditto lambda selection).',
+)
 # User-level differential privacy (privacy/, issue 6).
 _CLIP = flags.DEFINE_float(
-    'clip', 0.0, 'DP: L2 clip C of client updates (> 0 turns on DP '
+    'clip',
+    0.0,
+    'DP: L2 clip C of client updates (> 0 turns on DP '
     'aggregation; fedavg, fedprox, deltafl and the global model of ditto; '
     'needs uniform weighting). With '
-    '--adaptive_clip, the initial clip.')
+    '--adaptive_clip, the initial clip.',
+)
 _NOISE = flags.DEFINE_float(
-    'noise_multiplier', 0.0, 'DP: Gaussian noise stddev / clip on the sum of'
-    ' client updates (with --adaptive_clip the total, shared with the count).')
+    'noise_multiplier',
+    0.0,
+    'DP: Gaussian noise stddev / clip on the sum of'
+    ' client updates (with --adaptive_clip the total, shared with the count).',
+)
 _ADAPTIVE_CLIP = flags.DEFINE_boolean(
-    'adaptive_clip', False, 'DP: adapt the clip to a quantile of the update '
-    'norms (Andrew et al. 2021).')
+    'adaptive_clip',
+    False,
+    'DP: adapt the clip to a quantile of the update '
+    'norms (Andrew et al. 2021).',
+)
 _TARGET_QUANTILE = flags.DEFINE_float(
-    'target_unclipped_quantile', 0.5, 'DP: adaptive clipping\'s quantile.')
+    'target_unclipped_quantile', 0.5, "DP: adaptive clipping's quantile."
+)
 _TARGET_EPSILON = flags.DEFINE_float(
-    'target_epsilon', 0.0, 'DP: calibrate --noise_multiplier so that epsilon'
-    ' after --total_rounds is at most this (RDP accountant).')
+    'target_epsilon',
+    0.0,
+    'DP: calibrate --noise_multiplier so that epsilon'
+    ' after --total_rounds is at most this (RDP accountant).',
+)
 _DP_DELTA = flags.DEFINE_float(
-    'dp_delta', 0.0, 'DP: delta of the reported epsilon (0: 1 / clients).')
+    'dp_delta', 0.0, 'DP: delta of the reported epsilon (0: 1 / clients).'
+)
 _QUANTILE_NOISE = flags.DEFINE_float(
-    'quantile_noise_stddev', 0.0, 'DP with deltafl: Gaussian noise stddev on'
-    ' each private-quantile count (--secure_quantile=private).')
+    'quantile_noise_stddev',
+    0.0,
+    'DP with deltafl: Gaussian noise stddev on'
+    ' each private-quantile count (--secure_quantile=private).',
+)
 _DP2_SGD_STEPS = flags.DEFINE_integer(
-    'dp2_sgd_steps', 1, 'dp2: s1, SGD rounds per cycle.')
+    'dp2_sgd_steps', 1, 'dp2: s1, SGD rounds per cycle.'
+)
 _DP2_RMS_STEPS = flags.DEFINE_integer(
-    'dp2_rmsprop_steps', 1, 'dp2: s2, preconditioned rounds per cycle.')
+    'dp2_rmsprop_steps', 1, 'dp2: s2, preconditioned rounds per cycle.'
+)
 _DP2_RMS_LR = flags.DEFINE_float(
-    'dp2_rmsprop_learning_rate', 0.01, 'dp2: server lr of the RMSProp phase.')
+    'dp2_rmsprop_learning_rate', 0.01, 'dp2: server lr of the RMSProp phase.'
+)
 _DP2_BETA = flags.DEFINE_float('dp2_beta', 0.9, 'dp2: moving average of v.')
 _DP2_EPSILON = flags.DEFINE_float(
-    'dp2_epsilon', 1e-3, 'dp2: eps of the denominator sqrt(v) + eps.')
+    'dp2_epsilon', 1e-3, 'dp2: eps of the denominator sqrt(v) + eps.'
+)
 _STRAGGLERS = flags.DEFINE_float(
-    'straggler_fraction', 0.0,
+    'straggler_fraction',
+    0.0,
     'Fraction of selected clients that straggle (FedAvg drops them, FedProx '
-    'keeps their partial work).')
+    'keeps their partial work).',
+)
 # Robust aggregation and attacks (tff_algos.aggregators, tff_algos.attacks).
 _AGGREGATOR = flags.DEFINE_string(
-    'aggregator', 'mean',
+    'aggregator',
+    'mean',
     f'Model aggregator: {", ".join(algorithms.AGGREGATORS)} (not mean: '
-    f'{", ".join(algorithms.ROBUST_ALGORITHMS)}).')
+    f'{", ".join(algorithms.ROBUST_ALGORITHMS)}).',
+)
 _GM_PASSES = flags.DEFINE_integer(
-    'gm_passes', None, 'geometric_median: Weiszfeld passes (default 3).')
+    'gm_passes', None, 'geometric_median: Weiszfeld passes (default 3).'
+)
 _TRIM_FRACTION = flags.DEFINE_float(
-    'trim_fraction', None,
-    'trimmed_mean: fraction dropped at each end, in [0, 0.5) (default 0.1).')
+    'trim_fraction',
+    None,
+    'trimmed_mean: fraction dropped at each end, in [0, 0.5) (default 0.1).',
+)
 _KRUM_F = flags.DEFINE_integer(
-    'krum_num_byzantine', None,
-    'krum: f, corrupted clients expected per round.')
+    'krum_num_byzantine', None, 'krum: f, corrupted clients expected per round.'
+)
 _KRUM_M = flags.DEFINE_integer(
-    'krum_num_selected', None,
-    'krum: updates averaged (1: Krum; default n - f, multi-Krum).')
+    'krum_num_selected',
+    None,
+    'krum: updates averaged (1: Krum; default n - f, multi-Krum).',
+)
 _CLIP_NORM = flags.DEFINE_float('clip_norm', None, 'clip: fixed L2 norm C.')
 _CLIP_QUANTILE = flags.DEFINE_float(
-    'clip_target_quantile', None,
-    'clip: adaptive C tracking this quantile of update norms (0.5: median).')
+    'clip_target_quantile',
+    None,
+    'clip: adaptive C tracking this quantile of update norms (0.5: median).',
+)
 _ATTACK = flags.DEFINE_string(
-    'attack', 'none',
+    'attack',
+    'none',
     'Corrupted clients: none, label_poison (A1), gaussian (A2) or '
-    'model_replacement (A3); metrics are then reported on benign clients.')
+    'model_replacement (A3); metrics are then reported on benign clients.',
+)
 _ATTACK_FRACTION = flags.DEFINE_float(
-    'attack_fraction', 0.0, 'Fraction of all clients corrupted, in (0, 1).')
+    'attack_fraction', 0.0, 'Fraction of all clients corrupted, in (0, 1).'
+)
 _ATTACK_SCALE = flags.DEFINE_float(
-    'attack_scale', None,
+    'attack_scale',
+    None,
     'gaussian: sigma (default 1); model_replacement: update multiplier '
-    '(default -clients_per_round / server_learning_rate).')
+    '(default -clients_per_round / server_learning_rate).',
+)
 _EVAL_TRAIN = flags.DEFINE_boolean(
-    'eval_train_clients', True,
-    'Also evaluate every training client on its training data.')
+    'eval_train_clients',
+    True,
+    'Also evaluate every training client on its training data.',
+)
 _PROGRESS = flags.DEFINE_boolean('progress', True, 'Show a progress bar.')
 # Execution (results do not depend on these).
 _ENGINE = flags.DEFINE_string(
-    'simulation_engine', 'tff',
-    'tff: rounds through TFF\'s runtime (process.next); batched: each round '
+    'simulation_engine',
+    'tff',
+    "tff: rounds through TFF's runtime (process.next); batched: each round "
     'in one TensorFlow call (fedavg, fedprox, qffl, deltafl, term; same '
-    'result, simulation only); stacked: as batched with the round\'s clients '
+    "result, simulation only); stacked: as batched with the round's clients "
     'trained together (same algorithms; SGD/Adagrad client optimizer; '
     '(x, y) tasks such as synthetic and emnist; same result, simulation '
-    'only; see docs/performance.md).')
+    'only; see docs/performance.md).',
+)
 _WORKERS = flags.DEFINE_list(
-    'workers', [],
-    'host:port,... of running TFF worker_binary processes: each round\'s '
-    'clients are split across them (see docs/deployment.md).')
+    'workers',
+    [],
+    "host:port,... of running TFF worker_binary processes: each round's "
+    'clients are split across them (see docs/deployment.md).',
+)
 _MAX_CALLS = flags.DEFINE_integer(
-    'max_concurrent_computation_calls', -1,
-    'Limit on concurrent TensorFlow computations in TFF\'s runtime (e.g. to '
-    'bound GPU memory); -1: no limit.')
+    'max_concurrent_computation_calls',
+    -1,
+    "Limit on concurrent TensorFlow computations in TFF's runtime (e.g. to "
+    'bound GPU memory); -1: no limit.',
+)
 _LOOP = flags.DEFINE_string(
-    'loop_implementation', 'dataset_reduce',
+    'loop_implementation',
+    'dataset_reduce',
     'How clients iterate their data in TFF: dataset_reduce or '
-    'dataset_iterator (TFF\'s advice for GPUs).')
+    "dataset_iterator (TFF's advice for GPUs).",
+)
 # Task options.
 _DATA_DIR = flags.DEFINE_string(
-    'data_dir', None, "Folder with TFF's cached dataset files (~/.tff).")
+    'data_dir', None, "Folder with TFF's cached dataset files (~/.tff)."
+)
 _DOWNLOAD = flags.DEFINE_boolean(
-    'download', False,
+    'download',
+    False,
     "File tasks: fetch TFF's dataset files missing from --data_dir (with a "
     'progress bar, verified, resumable; see tasks/download.py). Off: a '
-    'missing file stops the run and nothing touches the network.')
+    'missing file stops the run and nothing touches the network.',
+)
 _USE_SYNTHETIC = flags.DEFINE_boolean(
-    'use_synthetic_data', False,
-    "File tasks: use TFF's small synthetic stand-in data instead of files.")
+    'use_synthetic_data',
+    False,
+    "File tasks: use TFF's small synthetic stand-in data instead of files.",
+)
 _NUM_CLIENTS = flags.DEFINE_integer(
-    'num_clients', 100, 'Synthetic tasks: number of clients.')
+    'num_clients', 100, 'Synthetic tasks: number of clients.'
+)
 _ALPHA = flags.DEFINE_float('synthetic_alpha', 1.0, 'Synthetic alpha.')
 _BETA = flags.DEFINE_float('synthetic_beta', 1.0, 'Synthetic beta.')
 _SIZE_LAW = flags.DEFINE_string(
-    'synthetic_size_law', 'fedprox',
-    'Synthetic client sizes: fedprox, table_4_4 or constant.')
+    'synthetic_size_law',
+    'fedprox',
+    'Synthetic client sizes: fedprox, table_4_4 or constant.',
+)
 _TEST_FRACTION = flags.DEFINE_float(
-    'synthetic_test_fraction', 0.2, 'Synthetic per-client test fraction.')
+    'synthetic_test_fraction', 0.2, 'Synthetic per-client test fraction.'
+)
 _MIN_EXAMPLES = flags.DEFINE_integer(
-    'min_examples', 0, 'File tasks: drop clients with fewer examples.')
+    'min_examples', 0, 'File tasks: drop clients with fewer examples.'
+)
 _TEST_CLIENTS = flags.DEFINE_float(
-    'test_clients_fraction', 0.0,
+    'test_clients_fraction',
+    0.0,
     'Evaluate on this fraction of unseen clients, the Delta-FL protocol (0: '
-    'each client\'s own test split).')
+    "each client's own test split).",
+)
 _MAX_CLIENTS = flags.DEFINE_integer(
-    'max_clients', None, 'File tasks: keep at most this many clients.')
+    'max_clients', None, 'File tasks: keep at most this many clients.'
+)
 _EMNIST_MODEL = flags.DEFINE_string(
-    'emnist_model', 'cnn_dropout',
-    'emnist_character model: linear, convnet, cnn_dropout, cnn or 2nn.')
+    'emnist_model',
+    'cnn_dropout',
+    'emnist_character model: linear, convnet, cnn_dropout, cnn or 2nn.',
+)
 _ONLY_DIGITS = flags.DEFINE_boolean(
-    'only_digits', False, 'emnist_character: 10 digit classes only.')
+    'only_digits', False, 'emnist_character: 10 digit classes only.'
+)
 _SHAKESPEARE_PRESET = flags.DEFINE_string(
-    'shakespeare_preset', 'deltafl', 'shakespeare_leaf: the seed\'s setting, '
-    'deltafl, qffl or fedprox (see docs/tasks.md).')
+    'shakespeare_preset',
+    'deltafl',
+    "shakespeare_leaf: the seed's setting, "
+    'deltafl, qffl or fedprox (see docs/tasks.md).',
+)
 _MAX_EXAMPLES = flags.DEFINE_integer(
-    'max_examples_per_client', None,
-    'shakespeare_leaf scale-down: keep each role\'s first N windows.')
+    'max_examples_per_client',
+    None,
+    "shakespeare_leaf scale-down: keep each role's first N windows.",
+)
 _RNN_UNITS = flags.DEFINE_integer(
-    'rnn_units', None,
-    'shakespeare_leaf scale-down: recurrent width instead of the preset\'s.')
+    'rnn_units',
+    None,
+    "shakespeare_leaf scale-down: recurrent width instead of the preset's.",
+)
 _PRESET_FLAGS = ('shakespeare_preset', 'max_examples_per_client', 'rnn_units')
 
 _LEAF_DIR = flags.DEFINE_string(
-    'leaf_dir', None, 'leaf: folder of a LEAF-format dataset (train/*.json, '
-    'test/*.json).')
+    'leaf_dir',
+    None,
+    'leaf: folder of a LEAF-format dataset (train/*.json, ' 'test/*.json).',
+)
 _LEAF_DATASET = flags.DEFINE_string(
-    'leaf_dataset', 'auto', 'leaf: femnist, sent140, shakespeare or auto '
-    '(detected from the data).')
+    'leaf_dataset',
+    'auto',
+    'leaf: femnist, sent140, shakespeare or auto ' '(detected from the data).',
+)
 _LEAF_MODEL = flags.DEFINE_string(
-    'leaf_model', None, "leaf: femnist cnn (LEAF's), convnet or linear; "
+    'leaf_model',
+    None,
+    "leaf: femnist cnn (LEAF's), convnet or linear; "
     'sent140 stacked_lstm or bag_log_reg; shakespeare stacked_lstm (default: '
-    "the first, LEAF's).")
+    "the first, LEAF's).",
+)
 _LEAF_LSTM_UNITS = flags.DEFINE_integer(
-    'leaf_lstm_units', None, 'leaf: units of the stacked LSTMs (default '
-    "LEAF's: 256 shakespeare, 100 sent140).")
+    'leaf_lstm_units',
+    None,
+    'leaf: units of the stacked LSTMs (default '
+    "LEAF's: 256 shakespeare, 100 sent140).",
+)
 _LEAF_VOCAB = flags.DEFINE_integer(
-    'leaf_vocab_size', None, 'leaf sent140: most frequent training tokens '
-    'kept (default 10000).')
-_LEAF_FLAGS = ('leaf_dir', 'leaf_dataset', 'leaf_model', 'leaf_lstm_units',
-               'leaf_vocab_size')
+    'leaf_vocab_size',
+    None,
+    'leaf sent140: most frequent training tokens ' 'kept (default 10000).',
+)
+_LEAF_FLAGS = (
+    'leaf_dir',
+    'leaf_dataset',
+    'leaf_model',
+    'leaf_lstm_units',
+    'leaf_vocab_size',
+)
 
 
 class UsageError(ValueError):
@@ -333,17 +496,27 @@ def num_classes_for_attack() -> int:
   raise UsageError(
       '--attack=label_poison applies to the classification tasks '
       f'({", ".join(registry.SYNTHETIC_TASKS)}, emnist_character), not '
-      f'{_TASK.value}')
+      f'{_TASK.value}'
+  )
 
 
-def _in_range(flag: str, value: float, low: float, high: float, *,
-              low_open: bool = False, high_open: bool = True) -> None:
-  ok = ((low < value if low_open else low <= value) and
-        (value < high if high_open else value <= high))
+def _in_range(
+    flag: str,
+    value: float,
+    low: float,
+    high: float,
+    *,
+    low_open: bool = False,
+    high_open: bool = True,
+) -> None:
+  ok = (low < value if low_open else low <= value) and (
+      value < high if high_open else value <= high
+  )
   if not ok or value != value:  # NaN fails every comparison.
     raise UsageError(
         f'--{flag} must be in {"(" if low_open else "["}{low:g}, {high:g}'
-        f'{")" if high_open else "]"}, got {value}')
+        f'{")" if high_open else "]"}, got {value}'
+    )
 
 
 def check_task_flags() -> None:
@@ -354,15 +527,22 @@ def check_task_flags() -> None:
   """
   _in_range('test_clients_fraction', _TEST_CLIENTS.value, 0, 1)
   if _TASK.value in registry.SYNTHETIC_TASKS:
-    _in_range('synthetic_test_fraction', _TEST_FRACTION.value, 0, 1,
-              low_open=True)
-    _in_range('synthetic_validation_fraction', _VAL_FRACTION.value, 0,
-              1 - _TEST_FRACTION.value)
+    _in_range(
+        'synthetic_test_fraction', _TEST_FRACTION.value, 0, 1, low_open=True
+    )
+    _in_range(
+        'synthetic_validation_fraction',
+        _VAL_FRACTION.value,
+        0,
+        1 - _TEST_FRACTION.value,
+    )
     for flag in (_ALPHA, _BETA):
       _in_range(flag.name, flag.value, 0, float('inf'))
     if _SIZE_LAW.value not in synthetic.SIZE_LAWS:
-      raise UsageError(f'unknown --synthetic_size_law={_SIZE_LAW.value!r}; '
-                       f'choose one of: {", ".join(synthetic.SIZE_LAWS)}')
+      raise UsageError(
+          f'unknown --synthetic_size_law={_SIZE_LAW.value!r}; '
+          f'choose one of: {", ".join(synthetic.SIZE_LAWS)}'
+      )
   if _MIN_EXAMPLES.value < 0:
     raise UsageError(f'--min_examples must be >= 0, got {_MIN_EXAMPLES.value}')
   if _MAX_CLIENTS.value is not None and _MAX_CLIENTS.value < 1:
@@ -379,17 +559,23 @@ def task_kwargs() -> dict:
         f'{", ".join(registry.TASK_NAMES)}'
     )
   if _BATCH_SIZE.value < 1:
-    raise UsageError(f'--client_batch_size must be >= 1, got {_BATCH_SIZE.value}')
+    raise UsageError(
+        f'--client_batch_size must be >= 1, got {_BATCH_SIZE.value}'
+    )
   kwargs = {'seed': _SEED.value, 'batch_size': _BATCH_SIZE.value}
   if name not in registry.PRESET_TASKS:
     for flag in _PRESET_FLAGS:
       if flags.FLAGS[flag].present:
         raise UsageError(f'--{flag} applies to --task=shakespeare_leaf only')
-  elif (flags.FLAGS['min_examples'].present
-        or flags.FLAGS['test_clients_fraction'].present):
-    raise UsageError('--task=shakespeare_leaf takes its selection rule and '
-                     'split from --shakespeare_preset; drop --min_examples and'
-                     ' --test_clients_fraction')
+  elif (
+      flags.FLAGS['min_examples'].present
+      or flags.FLAGS['test_clients_fraction'].present
+  ):
+    raise UsageError(
+        '--task=shakespeare_leaf takes its selection rule and '
+        'split from --shakespeare_preset; drop --min_examples and'
+        ' --test_clients_fraction'
+    )
 
   leaf_flags = [f for f in _LEAF_FLAGS if flags.FLAGS[f].present]
   if name != 'leaf' and leaf_flags:
@@ -399,16 +585,21 @@ def task_kwargs() -> dict:
       if flags.FLAGS[flag].present:
         raise UsageError(f'--task=leaf reads --leaf_dir, not --{flag}')
     if not _LEAF_DIR.value:
-      raise UsageError('--task=leaf reads a LEAF-format dataset: pass '
-                       '--leaf_dir (the folder holding train/ and test/)')
+      raise UsageError(
+          '--task=leaf reads a LEAF-format dataset: pass '
+          '--leaf_dir (the folder holding train/ and test/)'
+      )
     kwargs.update(
         leaf_dir=_LEAF_DIR.value,
-        leaf_dataset=(None if _LEAF_DATASET.value == 'auto'
-                      else _LEAF_DATASET.value),
+        leaf_dataset=(
+            None if _LEAF_DATASET.value == 'auto' else _LEAF_DATASET.value
+        ),
         min_examples=_MIN_EXAMPLES.value,
         test_clients_fraction=_TEST_CLIENTS.value,
-        max_clients=_MAX_CLIENTS.value, model=_LEAF_MODEL.value,
-        lstm_units=_LEAF_LSTM_UNITS.value, vocab_size=_LEAF_VOCAB.value,
+        max_clients=_MAX_CLIENTS.value,
+        model=_LEAF_MODEL.value,
+        lstm_units=_LEAF_LSTM_UNITS.value,
+        vocab_size=_LEAF_VOCAB.value,
     )
     return kwargs
   if name in registry.REGRESSION_TASKS:
@@ -420,8 +611,11 @@ def task_kwargs() -> dict:
     if _NUM_CLIENTS.value < 1:
       raise UsageError(f'--num_clients must be >= 1, got {_NUM_CLIENTS.value}')
     kwargs.update(
-        num_clients=_NUM_CLIENTS.value, alpha=_ALPHA.value, beta=_BETA.value,
-        size_law=_SIZE_LAW.value, test_fraction=_TEST_FRACTION.value,
+        num_clients=_NUM_CLIENTS.value,
+        alpha=_ALPHA.value,
+        beta=_BETA.value,
+        size_law=_SIZE_LAW.value,
+        test_fraction=_TEST_FRACTION.value,
         test_clients_fraction=_TEST_CLIENTS.value,
     )
     if _VAL_FRACTION.value:
@@ -434,14 +628,17 @@ def task_kwargs() -> dict:
       )
     if name in registry.PRESET_TASKS:
       kwargs.update(
-          preset=_SHAKESPEARE_PRESET.value, data_dir=_DATA_DIR.value,
+          preset=_SHAKESPEARE_PRESET.value,
+          data_dir=_DATA_DIR.value,
           use_synthetic_data=_USE_SYNTHETIC.value,
           max_clients=_MAX_CLIENTS.value,
           max_examples_per_client=_MAX_EXAMPLES.value,
-          rnn_units=_RNN_UNITS.value)
+          rnn_units=_RNN_UNITS.value,
+      )
       return kwargs
     kwargs.update(
-        data_dir=_DATA_DIR.value, use_synthetic_data=_USE_SYNTHETIC.value,
+        data_dir=_DATA_DIR.value,
+        use_synthetic_data=_USE_SYNTHETIC.value,
         min_examples=_MIN_EXAMPLES.value,
         test_clients_fraction=_TEST_CLIENTS.value,
         max_clients=_MAX_CLIENTS.value,
@@ -453,7 +650,10 @@ def task_kwargs() -> dict:
 
 def hparams() -> dict:
   """Every flag of this binary, for config.json."""
-  names = [f.name for f in flags.FLAGS.get_key_flags_for_module(sys.modules[__name__])]
+  names = [
+      f.name
+      for f in flags.FLAGS.get_key_flags_for_module(sys.modules[__name__])
+  ]
   return {name: flags.FLAGS[name].value for name in sorted(names)}
 
 
@@ -463,9 +663,12 @@ def experiment_dir() -> str:
   Checked before anything is created (`run.run_dir.check_output_dir`).
   """
   name = _EXPERIMENT.value or (
-      f'{_TASK.value}_{_ALGORITHM.value}_seed{_SEED.value}')
+      f'{_TASK.value}_{_ALGORITHM.value}_seed{_SEED.value}'
+  )
   if not name or '/' in name or name in ('.', '..'):
-    raise UsageError(f'--experiment_name must be a plain folder name, got {name!r}')
+    raise UsageError(
+        f'--experiment_name must be a plain folder name, got {name!r}'
+    )
   if not _ROOT.value:
     raise UsageError('--root_output_dir must name a folder, got an empty one')
   run_dir.check_output_dir(_ROOT.value, flag='--root_output_dir')
@@ -480,7 +683,8 @@ def _parse_floats(flag: str, values: list[str]) -> tuple[float, ...]:
   except ValueError:
     raise UsageError(
         f'--{flag} must be a comma-separated list of numbers, got '
-        f'{",".join(values)!r}') from None
+        f'{",".join(values)!r}'
+    ) from None
 
 
 def prepare(writer: str = 'train'):
@@ -523,8 +727,9 @@ def prepare(writer: str = 'train'):
       attack=_ATTACK.value,
       attack_scale=_ATTACK_SCALE.value,
       ditto_lambda=_DITTO_LAMBDA.value,
-      ditto_lambda_grid=tuple(_parse_floats('ditto_lambda_grid',
-                                            _DITTO_GRID.value)),
+      ditto_lambda_grid=tuple(
+          _parse_floats('ditto_lambda_grid', _DITTO_GRID.value)
+      ),
       ditto_personal_steps=_DITTO_STEPS.value,
       ditto_personal_lr=_DITTO_LR.value,
       ditto_clip_norm=_DITTO_CLIP.value,
@@ -548,41 +753,61 @@ def prepare(writer: str = 'train'):
   if spec.aggregator == 'krum':
     f, k = spec.krum_num_byzantine, _CLIENTS_PER_ROUND.value
     if k <= 2 * f + 2:
-      raise UsageError(f'--krum_num_byzantine={f} needs --clients_per_round > '
-                       f'2f + 2 = {2 * f + 2} (Krum\'s condition), got {k}')
+      raise UsageError(
+          f'--krum_num_byzantine={f} needs --clients_per_round > '
+          f"2f + 2 = {2 * f + 2} (Krum's condition), got {k}"
+      )
     if (spec.krum_num_selected or 0) > k:
-      raise UsageError(f'--krum_num_selected={spec.krum_num_selected} exceeds '
-                       f'--clients_per_round={k}')
+      raise UsageError(
+          f'--krum_num_selected={spec.krum_num_selected} exceeds '
+          f'--clients_per_round={k}'
+      )
   attack = attacks.AttackConfig(
-      kind=_ATTACK.value, fraction=_ATTACK_FRACTION.value, seed=_SEED.value,
-      num_classes=num_classes_for_attack())
+      kind=_ATTACK.value,
+      fraction=_ATTACK_FRACTION.value,
+      seed=_SEED.value,
+      num_classes=num_classes_for_attack(),
+  )
   attack.validate()
   if _STATE_STORE.value not in ('memory', 'disk'):
-    raise UsageError(f'unknown --client_state_store={_STATE_STORE.value!r}; '
-                     'choose memory or disk')
-  if not spec.is_stateful and (_STATE_STORE.value != 'memory'
-                               or _STATE_DIR.value):
-    raise UsageError('--client_state_store and --client_state_dir apply to '
-                     'ditto and the Fed+ family only')
+    raise UsageError(
+        f'unknown --client_state_store={_STATE_STORE.value!r}; '
+        'choose memory or disk'
+    )
+  if not spec.is_stateful and (
+      _STATE_STORE.value != 'memory' or _STATE_DIR.value
+  ):
+    raise UsageError(
+        '--client_state_store and --client_state_dir apply to '
+        'ditto and the Fed+ family only'
+    )
   engines.check_engine(_ENGINE.value, spec)
   if _ENGINE.value in ('batched', 'stacked') and _WORKERS.value:
-    raise UsageError(f'--simulation_engine={_ENGINE.value} runs in this '
-                     'process; it '
-                     'cannot use --workers')
+    raise UsageError(
+        f'--simulation_engine={_ENGINE.value} runs in this '
+        'process; it '
+        'cannot use --workers'
+    )
   loop_implementation = engines.loop_implementation(_LOOP.value)
   context_kind = contexts.check(
       workers=_WORKERS.value,
       max_concurrent_computation_calls=_MAX_CALLS.value,
-      secure=spec.uses_secure_intrinsics)
+      secure=spec.uses_secure_intrinsics,
+  )
   if _ENGINE.value in ('batched', 'stacked') and (
-      spec.aggregator != 'mean' or spec.uses_dp or spec.thetas
-      or _ATTACK.value != 'none' or spec.is_stateful
-      or spec.server_optimizer == 'dp2'):
+      spec.aggregator != 'mean'
+      or spec.uses_dp
+      or spec.thetas
+      or _ATTACK.value != 'none'
+      or spec.is_stateful
+      or spec.server_optimizer == 'dp2'
+  ):
     raise UsageError(
         f'--simulation_engine={_ENGINE.value} runs plain mean aggregation of '
         'one '
         'model; drop --aggregator, --clip, --attack, --thetas and dp2, or '
-        'use --simulation_engine=tff')
+        'use --simulation_engine=tff'
+    )
   config = simulation.SimulationConfig(
       total_rounds=_TOTAL_ROUNDS.value,
       clients_per_round=_CLIENTS_PER_ROUND.value,
@@ -600,32 +825,48 @@ def prepare(writer: str = 'train'):
   out_dir = experiment_dir()
   kwargs = task_kwargs()
   if _DOWNLOAD.value and not _USE_SYNTHETIC.value:
-    download.ensure(download.files_for_task(_TASK.value), _DATA_DIR.value,
-                    progress=_PROGRESS.value)
+    download.ensure(
+        download.files_for_task(_TASK.value),
+        _DATA_DIR.value,
+        progress=_PROGRESS.value,
+    )
   task = registry.create_task(_TASK.value, **kwargs)
   config.validate(num_clients=len(task.train_data.client_ids))
   spec, tracker = privacy_setup.prepare_dp(
-      spec, config, len(task.train_data.client_ids),
-      target_epsilon=_TARGET_EPSILON.value, delta=_DP_DELTA.value)
+      spec,
+      config,
+      len(task.train_data.client_ids),
+      target_epsilon=_TARGET_EPSILON.value,
+      delta=_DP_DELTA.value,
+  )
   if spec.uses_secure_intrinsics:
     # TFF 0.87 executes secure sums only in its test context, which replaces
     # them by plain sums: the algorithm is the secure one, the runtime is not.
     import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+
     tff.backends.test.set_sync_test_cpp_execution_context()
-    print('secure quantile: running under TFF\'s test execution context',
-          file=sys.stderr)
+    print(
+        "secure quantile: running under TFF's test execution context",
+        file=sys.stderr,
+    )
   elif context_kind != 'default':
     contexts.set_context(
         workers=_WORKERS.value,
-        max_concurrent_computation_calls=_MAX_CALLS.value)
+        max_concurrent_computation_calls=_MAX_CALLS.value,
+    )
   if len(spec.ditto_lambdas) > 1 and task.validation_data is None:
-    raise UsageError('--ditto_lambda_grid selects lambda on each client\'s '
-                     'validation data, and this task has none; pass '
-                     '--synthetic_validation_fraction or a fixed --ditto_lambda')
+    raise UsageError(
+        "--ditto_lambda_grid selects lambda on each client's "
+        'validation data, and this task has none; pass '
+        '--synthetic_validation_fraction or a fixed --ditto_lambda'
+    )
   process = algorithms.build_process(
-      spec, task.model_fn, num_clients=len(task.train_data.client_ids),
+      spec,
+      task.model_fn,
+      num_clients=len(task.train_data.client_ids),
       clients_per_round=config.clients_per_round,
-      loop_implementation=loop_implementation)
+      loop_implementation=loop_implementation,
+  )
   engine = None
   if _ENGINE.value == 'batched':
     engine = engines.build_batched_engine(spec, task, shuffle=config.shuffle)
@@ -634,22 +875,30 @@ def prepare(writer: str = 'train'):
   # Last: bad input is reported before a busy or foreign folder.
   run_dir.check_available(out_dir, writer)
   if writer == 'train':  # Checked again (locked) when the run starts.
-    simulation.check_settings(out_dir, hparams(),
-                              ignore=frozenset({'dp_noise_multiplier_used'}))
+    simulation.check_settings(
+        out_dir, hparams(), ignore=frozenset({'dp_noise_multiplier_used'})
+    )
   print(f'task: {task.description}', file=sys.stderr)
   print(f'algorithm: {spec.describe()}; output: {out_dir}', file=sys.stderr)
   if attack.kind != 'none':
     update = algorithms.update_attack(
-        spec, clients_per_round=_CLIENTS_PER_ROUND.value)
-    print(f'attack: {attacks.describe(attack, update and update.scale)}; '
-          'metrics on benign clients (all clients: all_*)', file=sys.stderr)
+        spec, clients_per_round=_CLIENTS_PER_ROUND.value
+    )
+    print(
+        f'attack: {attacks.describe(attack, update and update.scale)}; '
+        'metrics on benign clients (all clients: all_*)',
+        file=sys.stderr,
+    )
   if tracker is not None:
     m = tracker.mechanism
-    print(f'privacy: noise multiplier {spec.noise_multiplier:.4g}, '
-          f'{m.sampling} sampling of {m.clients_per_round} of '
-          f'{m.num_clients} clients, epsilon after {config.total_rounds} '
-          f'rounds {tracker.epsilon_rdp(config.total_rounds):.4g} at delta '
-          f'{tracker.delta:g} (RDP)', file=sys.stderr)
+    print(
+        f'privacy: noise multiplier {spec.noise_multiplier:.4g}, '
+        f'{m.sampling} sampling of {m.clients_per_round} of '
+        f'{m.num_clients} clients, epsilon after {config.total_rounds} '
+        f'rounds {tracker.epsilon_rdp(config.total_rounds):.4g} at delta '
+        f'{tracker.delta:g} (RDP)',
+        file=sys.stderr,
+    )
   return task, process, config, out_dir, tracker, engine
 
 
@@ -657,11 +906,14 @@ def client_state_store(process, out_dir):
   """The Ditto / Fed+ client-state store named by the flags (or None)."""
   from tff_algos import client_states  # pylint: disable=g-import-not-at-top
   from tff_algos import stateful  # pylint: disable=g-import-not-at-top
+
   if not stateful.is_stateful(process):
     return None
   return client_states.build_store(
-      _STATE_STORE.value, lambda _: process.initial_client_state(),
-      directory=_STATE_DIR.value or os.path.join(out_dir, 'client_states'))
+      _STATE_STORE.value,
+      lambda _: process.initial_client_state(),
+      directory=_STATE_DIR.value or os.path.join(out_dir, 'client_states'),
+  )
 
 
 def train(task, process, config, out_dir, tracker=None, engine=None) -> dict:
@@ -674,29 +926,45 @@ def train(task, process, config, out_dir, tracker=None, engine=None) -> dict:
     dp_hooks = dict(
         round_metrics_fn=lambda r: tracker.metrics(r, with_pld=False),
         summary_fn=lambda r: dict(
-            tracker.metrics(r), **{
+            tracker.metrics(r),
+            **{
                 'dp/noise_multiplier': tracker.mechanism.noise_multiplier,
-                'dp/sampling': tracker.mechanism.sampling}))
+                'dp/sampling': tracker.mechanism.sampling,
+            },
+        ),
+    )
   result = simulation.run_simulation(
-      process, task, config, output_dir=out_dir, hparams=hp,
-      progress=_PROGRESS.value, engine=engine,
-      client_state_store=client_state_store(process, out_dir), **dp_hooks,
+      process,
+      task,
+      config,
+      output_dir=out_dir,
+      hparams=hp,
+      progress=_PROGRESS.value,
+      engine=engine,
+      client_state_store=client_state_store(process, out_dir),
+      **dp_hooks,
   )
-  print(f'\nPer-client metrics after round {result["round_num"]} '
-        f'({task.description}):')
+  print(
+      f'\nPer-client metrics after round {result["round_num"]} '
+      f'({task.description}):'
+  )
   print(simulation.summary_table(result['final_summaries']))
   for key, value in result.get('extra', {}).items():
     print(f'{key}: {value}')
-  print(f'\nOutputs: {out_dir}/ (metrics.csv, clients/, summary.txt, '
-        'tensorboard/, checkpoints/)')
+  print(
+      f'\nOutputs: {out_dir}/ (metrics.csv, clients/, summary.txt, '
+      'tensorboard/, checkpoints/)'
+  )
   return result
 
 
 def main(argv) -> int:
   """Runs the binary; returns the exit code (2: bad input, 1: failed run)."""
   if len(argv) > 1:
-    print(f'train: error: unexpected arguments: {" ".join(argv[1:])}',
-          file=sys.stderr)
+    print(
+        f'train: error: unexpected arguments: {" ".join(argv[1:])}',
+        file=sys.stderr,
+    )
     return 2
   logging.set_verbosity(logging.WARNING)
   runtime.install_worker_cleanup()
@@ -713,8 +981,11 @@ def main(argv) -> int:
       return 1
     try:
       train(*job)
-    except (simulation.SimulationError, task_base.TaskError,
-            run_dir.RunDirError) as e:
+    except (
+        simulation.SimulationError,
+        task_base.TaskError,
+        run_dir.RunDirError,
+    ) as e:
       print(f'train: error: {e}', file=sys.stderr)
       return 1
     except KeyboardInterrupt:
@@ -727,8 +998,7 @@ def main(argv) -> int:
 
 def run_main() -> None:
   """Console-script entry point."""
-  console.run(__name__, lambda argv: runtime.exit_now(main(argv)),
-              prog='train')
+  console.run(__name__, lambda argv: runtime.exit_now(main(argv)), prog='train')
 
 
 if __name__ == '__main__':

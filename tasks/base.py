@@ -51,8 +51,9 @@ class FederatedTask:
   train_data: ClientData
   test_data: ClientData
   model_fn: ModelFn
-  preprocess_train: Callable[[tf.data.Dataset, int, Optional[int]],
-                             tf.data.Dataset]
+  preprocess_train: Callable[
+      [tf.data.Dataset, int, Optional[int]], tf.data.Dataset
+  ]
   preprocess_eval: Callable[[tf.data.Dataset], tf.data.Dataset]
   validation_data: Optional[ClientData] = None
   description: str = ''
@@ -66,7 +67,8 @@ class FederatedTask:
   ) -> tf.data.Dataset:
     """Preprocessed local-training stream of one client."""
     return self.preprocess_train(
-        self.train_data.create_tf_dataset_for_client(client_id), epochs,
+        self.train_data.create_tf_dataset_for_client(client_id),
+        epochs,
         shuffle_seed,
     )
 
@@ -92,9 +94,7 @@ def count_examples(dataset: tf.data.Dataset) -> int:
   return int(dataset.reduce(np.int64(0), lambda n, _: n + 1))
 
 
-def filter_clients(
-    client_data: ClientData, *, min_examples: int
-) -> ClientData:
+def filter_clients(client_data: ClientData, *, min_examples: int) -> ClientData:
   """Keeps the clients with at least `min_examples` examples.
 
   This is the papers' selection rule (e.g. Delta-FL discards EMNIST writers
@@ -113,7 +113,8 @@ def filter_clients(
   if min_examples <= 0:
     return client_data
   kept = [
-      cid for cid in client_data.client_ids
+      cid
+      for cid in client_data.client_ids
       if count_examples(client_data.create_tf_dataset_for_client(cid))
       >= min_examples
   ]
@@ -132,6 +133,7 @@ def select_clients(
   unknown = set(client_ids) - set(client_data.client_ids)
   if unknown:
     raise TaskError(f'unknown client ids: {sorted(unknown)[:5]}')
+
   def dataset_fn(client_id):
     # TFF's `serializable_dataset_fn` is often a `tf.function` method, which
     # holds its instance only weakly: this closure keeps `client_data` alive,

@@ -81,18 +81,25 @@ class DataFile:
     return f'curl -L {self.url} | tar -xj -C {data_dir}'
 
 
-EMNIST = DataFile('emnist_all.sqlite', _TFF_URL + 'emnist_all.sqlite.lzma',
-                  'lzma')
-SHAKESPEARE = DataFile('shakespeare.sqlite',
-                       _TFF_URL + 'shakespeare.sqlite.lzma', 'lzma')
-STACKOVERFLOW = DataFile('stackoverflow.sqlite',
-                         _TFF_URL + 'stackoverflow.sqlite.lzma', 'lzma')
+EMNIST = DataFile(
+    'emnist_all.sqlite', _TFF_URL + 'emnist_all.sqlite.lzma', 'lzma'
+)
+SHAKESPEARE = DataFile(
+    'shakespeare.sqlite', _TFF_URL + 'shakespeare.sqlite.lzma', 'lzma'
+)
+STACKOVERFLOW = DataFile(
+    'stackoverflow.sqlite', _TFF_URL + 'stackoverflow.sqlite.lzma', 'lzma'
+)
 STACKOVERFLOW_WORD_COUNT = DataFile(
     'stackoverflow.word_count',
-    _TFF_URL + 'stackoverflow.word_count.tar.bz2', 'tar.bz2')
+    _TFF_URL + 'stackoverflow.word_count.tar.bz2',
+    'tar.bz2',
+)
 STACKOVERFLOW_TAG_COUNT = DataFile(
     'stackoverflow.tag_count',
-    _TFF_URL + 'stackoverflow.tag_count.tar.bz2', 'tar.bz2')
+    _TFF_URL + 'stackoverflow.tag_count.tar.bz2',
+    'tar.bz2',
+)
 
 
 def default_data_dir() -> str:
@@ -166,9 +173,10 @@ def _extract_member(archive: str, member: str, directory: str) -> None:
           f'archive {archive} does not hold a file {member!r} '
           f'(found {sorted(names)[:5]})'
       )
-    with tar.extractfile(info) as src, open(
-        os.path.join(directory, member), 'wb'
-    ) as dst:
+    with (
+        tar.extractfile(info) as src,
+        open(os.path.join(directory, member), 'wb') as dst,
+    ):
       dst.write(src.read())
 
 
@@ -182,7 +190,8 @@ def sql_example_counts(
     for split in split_names:
       rows = connection.execute(
           'SELECT client_id, num_examples FROM client_metadata '
-          'WHERE split_name = ?', (split,)
+          'WHERE split_name = ?',
+          (split,),
       )
       for client_id, num in rows:
         counts[client_id] += int(num)
@@ -274,13 +283,17 @@ def subsample_client_ids(
   if max_clients is None or len(ids) <= max_clients:
     return ids
   rng = np.random.default_rng([seed, 1])
-  return sorted(ids[i] for i in rng.choice(len(ids), max_clients,
-                                           replace=False))
+  return sorted(
+      ids[i] for i in rng.choice(len(ids), max_clients, replace=False)
+  )
 
 
 def validate_selection_args(
-    *, min_examples: int, test_clients_fraction: float,
-    max_clients: Optional[int], batch_size: int
+    *,
+    min_examples: int,
+    test_clients_fraction: float,
+    max_clients: Optional[int],
+    batch_size: int,
 ) -> None:
   """Eager checks of the arguments every TFF-backed task shares."""
   if batch_size < 1:

@@ -70,18 +70,22 @@ PUBLISHED = {
     'stackoverflow.sqlite.lzma': Published(),
     'stackoverflow.word_count.tar.bz2': Published(
         sha256='1dc00256d6e527c54b9756d968118378'
-               'ae14e6692c0b3b6cad470cdd3f0c519c'),
+        'ae14e6692c0b3b6cad470cdd3f0c519c'
+    ),
     'stackoverflow.tag_count.tar.bz2': Published(
         sha256='6fe281cec490d9384a290d560072438e'
-               '7e2b377bbb823876ce7bd6f82696772d'),
+        '7e2b377bbb823876ce7bd6f82696772d'
+    ),
 }
 
 DATASETS = {
     'emnist': (data_files.EMNIST,),
     'shakespeare': (data_files.SHAKESPEARE,),
-    'stackoverflow': (data_files.STACKOVERFLOW,
-                      data_files.STACKOVERFLOW_WORD_COUNT,
-                      data_files.STACKOVERFLOW_TAG_COUNT),
+    'stackoverflow': (
+        data_files.STACKOVERFLOW,
+        data_files.STACKOVERFLOW_WORD_COUNT,
+        data_files.STACKOVERFLOW_TAG_COUNT,
+    ),
 }
 _TASK_DATASETS = {
     'emnist_character': 'emnist',
@@ -187,8 +191,10 @@ def fetch(
 
 
 def _retry_hint(url: str) -> str:
-  return (f'check the connection (or fetch {url} yourself) and rerun with '
-          '--download; a partial download resumes')
+  return (
+      f'check the connection (or fetch {url} yourself) and rerun with '
+      '--download; a partial download resumes'
+  )
 
 
 def _download(url: str, part: str, *, progress: bool) -> None:
@@ -205,27 +211,31 @@ def _download(url: str, part: str, *, progress: bool) -> None:
       return _download(url, part, progress=progress)
     raise DownloadError(
         f'cannot download {url}: HTTP {e.code} {e.reason}; '
-        f'{_retry_hint(url)}') from e
+        f'{_retry_hint(url)}'
+    ) from e
   except (urllib.error.URLError, OSError) as e:
     reason = getattr(e, 'reason', e)
     raise DownloadError(
         f'cannot download {url} (offline?): {reason}; {_retry_hint(url)}'
     ) from e
   with response:
-    resumed = have and response.status == 206 and _range_start(
-        response.headers.get('Content-Range')) == have
+    resumed = (
+        have
+        and response.status == 206
+        and _range_start(response.headers.get('Content-Range')) == have
+    )
     if not resumed:
       have = 0
     length = response.headers.get('Content-Length')
     total = have + int(length) if length is not None else None
     with open(part, 'ab' if resumed else 'wb') as out:
-      _copy(response, out, url=url, total=total, done=have,
-            progress=progress)
+      _copy(response, out, url=url, total=total, done=have, progress=progress)
   size = os.path.getsize(part)
   if total is not None and size != total:
     raise DownloadError(
         f'cannot download {url}: the connection ended after {size} of '
-        f'{total} bytes; {_retry_hint(url)}')
+        f'{total} bytes; {_retry_hint(url)}'
+    )
 
 
 def _range_start(content_range: Optional[str]) -> Optional[int]:
@@ -233,16 +243,29 @@ def _range_start(content_range: Optional[str]) -> Optional[int]:
   if not content_range or not content_range.startswith('bytes '):
     return None
   try:
-    return int(content_range[len('bytes '):].split('-', 1)[0])
+    return int(content_range[len('bytes ') :].split('-', 1)[0])
   except ValueError:
     return None
 
 
-def _copy(response: BinaryIO, out: BinaryIO, *, url: str,
-          total: Optional[int], done: int, progress: bool) -> None:
-  with tqdm.tqdm(total=total, initial=done, unit='B', unit_scale=True,
-                 desc=f'Downloading {url.rsplit("/", 1)[-1]}',
-                 disable=not progress, file=sys.stderr) as bar:
+def _copy(
+    response: BinaryIO,
+    out: BinaryIO,
+    *,
+    url: str,
+    total: Optional[int],
+    done: int,
+    progress: bool,
+) -> None:
+  with tqdm.tqdm(
+      total=total,
+      initial=done,
+      unit='B',
+      unit_scale=True,
+      desc=f'Downloading {url.rsplit("/", 1)[-1]}',
+      disable=not progress,
+      file=sys.stderr,
+  ) as bar:
     while True:
       try:
         chunk = response.read(CHUNK_BYTES)
@@ -252,7 +275,8 @@ def _copy(response: BinaryIO, out: BinaryIO, *, url: str,
       except (OSError, socket.timeout) as e:
         out.flush()
         raise DownloadError(
-            f'cannot download {url}: {e}; {_retry_hint(url)}') from e
+            f'cannot download {url}: {e}; {_retry_hint(url)}'
+        ) from e
       if not chunk:
         return
       out.write(chunk)
@@ -272,17 +296,20 @@ def _verify(url: str, part: str, published: Published) -> None:
   size = os.path.getsize(part)
   if published.size is not None and size != published.size:
     raise DownloadError(
-        f'{url} has {size} bytes, TFF publishes {published.size}: {deleted}')
+        f'{url} has {size} bytes, TFF publishes {published.size}: {deleted}'
+    )
   if published.sha256 is not None:
     got = _sha256(part)
     if got != published.sha256:
       raise DownloadError(
           f'{url} has SHA-256 {got}, TFF publishes {published.sha256}: '
-          f'{deleted}')
+          f'{deleted}'
+      )
 
 
-def _unpack(url: str, part: str, data_file: data_files.DataFile,
-            target: str) -> None:
+def _unpack(
+    url: str, part: str, data_file: data_files.DataFile, target: str
+) -> None:
   """Decompresses or extracts `part` to `target`, atomically."""
   tmp = f'{target}.tmp-{os.getpid()}'
   try:
@@ -305,11 +332,13 @@ def _decompress_lzma(url: str, source: str, dest: str) -> None:
   except lzma.LZMAError as e:
     raise DownloadError(
         f'{url} is corrupted ({e}); deleted it, rerun with --download to '
-        'fetch it again') from e
+        'fetch it again'
+    ) from e
   if not decompressor.eof:
     raise DownloadError(
         f'{url} is truncated (the LZMA stream has no end); deleted it, rerun '
-        'with --download to fetch it again')
+        'with --download to fetch it again'
+    )
 
 
 def _check_sqlite(url: str, path: str) -> None:
@@ -323,24 +352,26 @@ def _check_sqlite(url: str, path: str) -> None:
   except sqlite3.DatabaseError as e:
     raise DownloadError(
         f'{url} does not hold a TFF SQLite dataset ({e}); deleted it, rerun '
-        'with --download to fetch it again') from e
+        'with --download to fetch it again'
+    ) from e
 
 
 def _extract(url: str, archive: str, member: str, dest: str) -> None:
   try:
     with tarfile.open(archive, 'r:bz2') as tar:
-      info = {os.path.normpath(m.name): m for m in tar.getmembers()}.get(
-          member)
+      info = {os.path.normpath(m.name): m for m in tar.getmembers()}.get(member)
       if info is None or not info.isfile():
         raise DownloadError(
-            f'{url} does not hold a file {member!r}; deleted it')
+            f'{url} does not hold a file {member!r}; deleted it'
+        )
       with tar.extractfile(info) as src, open(dest, 'wb') as out:
         for chunk in iter(lambda: src.read(CHUNK_BYTES), b''):
           out.write(chunk)
   except (tarfile.TarError, EOFError, OSError) as e:
     raise DownloadError(
         f'{url} is corrupted ({e}); deleted it, rerun with --download to '
-        'fetch it again') from e
+        'fetch it again'
+    ) from e
 
 
 def _remove(path: str) -> None:

@@ -78,27 +78,38 @@ def create_keras_model(
   if model in _TFF_MODELS:
     return _TFF_MODELS[model](only_digits=only_digits, debug_seed=seed)
   if model == 'linear':
-    return tf.keras.Sequential([
-        tf.keras.layers.Flatten(input_shape=(28, 28, 1)),
-        tf.keras.layers.Dense(
-            classes, use_bias=False, kernel_initializer='zeros'
-        ),
-    ])
+    return tf.keras.Sequential(
+        [
+            tf.keras.layers.Flatten(input_shape=(28, 28, 1)),
+            tf.keras.layers.Dense(
+                classes, use_bias=False, kernel_initializer='zeros'
+            ),
+        ]
+    )
   glorot = lambda k: tf.keras.initializers.GlorotUniform(seed=seed * 16 + k)
-  return tf.keras.Sequential([
-      tf.keras.layers.Conv2D(
-          32, (5, 5), padding='valid', activation='relu',
-          input_shape=(28, 28, 1), kernel_initializer=glorot(1),
-      ),
-      tf.keras.layers.MaxPool2D(pool_size=(2, 2), strides=(2, 2)),
-      tf.keras.layers.Conv2D(
-          64, (5, 5), padding='valid', activation='relu',
-          kernel_initializer=glorot(2),
-      ),
-      tf.keras.layers.MaxPool2D(pool_size=(2, 2), strides=(2, 2)),
-      tf.keras.layers.Flatten(),
-      tf.keras.layers.Dense(classes, kernel_initializer=glorot(3)),
-  ])
+  return tf.keras.Sequential(
+      [
+          tf.keras.layers.Conv2D(
+              32,
+              (5, 5),
+              padding='valid',
+              activation='relu',
+              input_shape=(28, 28, 1),
+              kernel_initializer=glorot(1),
+          ),
+          tf.keras.layers.MaxPool2D(pool_size=(2, 2), strides=(2, 2)),
+          tf.keras.layers.Conv2D(
+              64,
+              (5, 5),
+              padding='valid',
+              activation='relu',
+              kernel_initializer=glorot(2),
+          ),
+          tf.keras.layers.MaxPool2D(pool_size=(2, 2), strides=(2, 2)),
+          tf.keras.layers.Flatten(),
+          tf.keras.layers.Dense(classes, kernel_initializer=glorot(3)),
+      ]
+  )
 
 
 def create_model_fn(
@@ -196,8 +207,10 @@ def create_task(
   """
   _check_model(model)
   data_files.validate_selection_args(
-      min_examples=min_examples, test_clients_fraction=test_clients_fraction,
-      max_clients=max_clients, batch_size=batch_size,
+      min_examples=min_examples,
+      test_clients_fraction=test_clients_fraction,
+      max_clients=max_clients,
+      batch_size=batch_size,
   )
   preprocess_train, preprocess_eval = make_preprocess_fns(
       batch_size, eval_batch_size
@@ -216,14 +229,20 @@ def create_task(
     )
     source = f'EMNIST-{num_classes(only_digits)} ({path})'
   train, test = data_files.select_clients(
-      train_data=train, test_data=test, seed=seed, min_examples=min_examples,
-      test_clients_fraction=test_clients_fraction, max_clients=max_clients,
-      train_counts=train_counts, test_counts=test_counts,
+      train_data=train,
+      test_data=test,
+      seed=seed,
+      min_examples=min_examples,
+      test_clients_fraction=test_clients_fraction,
+      max_clients=max_clients,
+      train_counts=train_counts,
+      test_counts=test_counts,
       same_data=use_synthetic_data,
   )
   protocol = (
       f'{len(test.client_ids)} unseen test writers'
-      if test_clients_fraction > 0 else 'per-writer test split'
+      if test_clients_fraction > 0
+      else 'per-writer test split'
   )
   return base.FederatedTask(
       name='emnist_character',

@@ -32,8 +32,9 @@ def _model_types(model_fn: ModelFn):
   return weights_type, tff.SequenceType(element_type)
 
 
-def evaluate_local(model: tff.learning.models.VariableModel, weights,
-                   dataset: tf.data.Dataset) -> collections.OrderedDict:
+def evaluate_local(
+    model: tff.learning.models.VariableModel, weights, dataset: tf.data.Dataset
+) -> collections.OrderedDict:
   """Evaluates `weights` on `dataset` with `model`; call in a `tf.function`.
 
   Returns:
@@ -113,7 +114,9 @@ def evaluate_clients(
     raise ValueError(f'chunk_size must be >= 1, got {chunk_size}')
   rows = []
   for start in range(0, len(datasets), chunk_size):
-    rows.extend(evaluation(model_weights, list(datasets[start:start + chunk_size])))
+    rows.extend(
+        evaluation(model_weights, list(datasets[start : start + chunk_size]))
+    )
   if not rows:
     return {}
   return {

@@ -32,8 +32,9 @@ from tasks import base
 DIM = 1000
 
 
-def generate(*, num_parties: int = 10, samples: int = 100, dim: int = DIM,
-             seed: int = 0):
+def generate(
+    *, num_parties: int = 10, samples: int = 100, dim: int = DIM, seed: int = 0
+):
   """`[(x, y), ...]` per party (float32), the last party the outlier."""
   rng = np.random.default_rng([seed, 5001])
   j = np.arange(1, dim + 1)
@@ -53,25 +54,38 @@ def generate(*, num_parties: int = 10, samples: int = 100, dim: int = DIM,
 
 def create_linear_regression_model_fn(dim: int = DIM) -> base.ModelFn:
   """y = w^T x, zero-initialised, MSE loss and `mse` metric."""
-  spec = (tf.TensorSpec([None, dim], tf.float32),
-          tf.TensorSpec([None, 1], tf.float32))
+  spec = (
+      tf.TensorSpec([None, dim], tf.float32),
+      tf.TensorSpec([None, 1], tf.float32),
+  )
 
   def model_fn():
-    keras_model = tf.keras.Sequential([
-        tf.keras.layers.InputLayer(input_shape=(dim,)),
-        tf.keras.layers.Dense(1, use_bias=False, kernel_initializer='zeros'),
-    ])
+    keras_model = tf.keras.Sequential(
+        [
+            tf.keras.layers.InputLayer(input_shape=(dim,)),
+            tf.keras.layers.Dense(
+                1, use_bias=False, kernel_initializer='zeros'
+            ),
+        ]
+    )
     return tff.learning.models.from_keras_model(
-        keras_model, loss=tf.keras.losses.MeanSquaredError(),
+        keras_model,
+        loss=tf.keras.losses.MeanSquaredError(),
         input_spec=spec,
-        metrics=[tf.keras.metrics.MeanSquaredError(name='mse')])
+        metrics=[tf.keras.metrics.MeanSquaredError(name='mse')],
+    )
 
   return model_fn
 
 
-def create_task(*, num_parties: int = 10, samples: int = 100,
-                batch_size: int = 10, seed: int = 0,
-                dim: int = DIM) -> base.FederatedTask:
+def create_task(
+    *,
+    num_parties: int = 10,
+    samples: int = 100,
+    batch_size: int = 10,
+    seed: int = 0,
+    dim: int = DIM,
+) -> base.FederatedTask:
   """The Fed+ synthetic-regression task (50/50 train/test per party)."""
   if num_parties < 2:
     raise base.TaskError(f'num_parties must be >= 2, got {num_parties}')
@@ -82,8 +96,9 @@ def create_task(*, num_parties: int = 10, samples: int = 100,
   width = len(str(num_parties - 1))
   train, test = {}, {}
   half = samples // 2
-  for k, (x, y) in enumerate(generate(num_parties=num_parties,
-                                      samples=samples, dim=dim, seed=seed)):
+  for k, (x, y) in enumerate(
+      generate(num_parties=num_parties, samples=samples, dim=dim, seed=seed)
+  ):
     cid = f'{k:0{width}d}'
     train[cid] = collections.OrderedDict(x=x[:half], y=y[:half, None])
     test[cid] = collections.OrderedDict(x=x[half:], y=y[half:, None])
@@ -91,12 +106,14 @@ def create_task(*, num_parties: int = 10, samples: int = 100,
   def to_tuple(example):
     return example['x'], example['y']
 
-  def preprocess_train(dataset: tf.data.Dataset, epochs: int,
-                       shuffle_seed: Optional[int] = None) -> tf.data.Dataset:
+  def preprocess_train(
+      dataset: tf.data.Dataset, epochs: int, shuffle_seed: Optional[int] = None
+  ) -> tf.data.Dataset:
     dataset = dataset.map(to_tuple)
     if shuffle_seed is not None:
-      dataset = dataset.shuffle(1000, seed=shuffle_seed,
-                                reshuffle_each_iteration=True)
+      dataset = dataset.shuffle(
+          1000, seed=shuffle_seed, reshuffle_each_iteration=True
+      )
     return dataset.batch(batch_size).repeat(epochs)
 
   def preprocess_eval(dataset: tf.data.Dataset) -> tf.data.Dataset:
@@ -109,7 +126,9 @@ def create_task(*, num_parties: int = 10, samples: int = 100,
       model_fn=create_linear_regression_model_fn(dim),
       preprocess_train=preprocess_train,
       preprocess_eval=preprocess_eval,
-      description=(f'Fed+ synthetic regression, {num_parties} parties (the '
-                   f'last an outlier), {samples} samples each (50/50), '
-                   f'd={dim}; linear regression'),
+      description=(
+          f'Fed+ synthetic regression, {num_parties} parties (the '
+          f'last an outlier), {samples} samples each (50/50), '
+          f'd={dim}; linear regression'
+      ),
   )

@@ -88,7 +88,7 @@ REQUIRED_KEYS = ('users', 'num_samples', 'user_data')
 FEMNIST_CLASSES = 62
 IMAGE_SIDE = 28
 ALL_LETTERS = (
-    "\n !\"&'(),-.0123456789:;>?ABCDEFGHIJKLMNOPQRSTUVWXYZ[]"
+    '\n !"&\'(),-.0123456789:;>?ABCDEFGHIJKLMNOPQRSTUVWXYZ[]'
     'abcdefghijklmnopqrstuvwxyz}'
 )
 CHAR_OOV = len(ALL_LETTERS)  # 80.
@@ -156,7 +156,8 @@ def _load_json(path: str) -> Mapping[str, Any]:
   if not isinstance(users, list) or not all(isinstance(u, str) for u in users):
     raise base.TaskError(f'{path}: "users" must be a list of strings')
   if not isinstance(counts, list) or not all(
-      isinstance(n, int) and not isinstance(n, bool) for n in counts):
+      isinstance(n, int) and not isinstance(n, bool) for n in counts
+  ):
     raise base.TaskError(f'{path}: "num_samples" must be a list of integers')
   if len(users) != len(counts):
     raise base.TaskError(
@@ -208,11 +209,17 @@ def detect_layout(x: Any, y: Any) -> Optional[str]:
   """The LEAF dataset one example `(x, y)` belongs to, or None."""
   if isinstance(x, str) and isinstance(y, str):
     return 'shakespeare'
-  if (isinstance(x, list) and len(x) == SENT140_FIELDS
-      and isinstance(x[-1], str)):
+  if (
+      isinstance(x, list)
+      and len(x) == SENT140_FIELDS
+      and isinstance(x[-1], str)
+  ):
     return 'sent140'
-  if (isinstance(x, list) and len(x) == IMAGE_SIDE * IMAGE_SIDE
-      and isinstance(x[0], (int, float))):
+  if (
+      isinstance(x, list)
+      and len(x) == IMAGE_SIDE * IMAGE_SIDE
+      and isinstance(x[0], (int, float))
+  ):
     return 'femnist'
   return None
 
@@ -226,7 +233,7 @@ def _file_layout(path: str, content: Mapping[str, Any]) -> Optional[str]:
   layout = detect_layout(x, y)
   if layout is None:
     raise base.TaskError(
-        f'{path}: unknown LEAF layout: user {users[0]!r}\'s first example '
+        f"{path}: unknown LEAF layout: user {users[0]!r}'s first example "
         f'has x {_describe(x)} and y {_describe(y)}; this task reads femnist '
         '(x: 784 numbers), sent140 (x: 5 fields ending in the text) and '
         'shakespeare (x: a string, y: one character)'
@@ -245,9 +252,7 @@ def _int_labels(y: list, path: str, user: str, classes: int) -> np.ndarray:
   elif labels.dtype.kind == 'f' and np.all(np.mod(labels, 1) == 0):
     labels = labels.astype(np.int64)
   if labels.dtype.kind not in 'iu' or labels.shape != (len(y),):
-    raise base.TaskError(
-        f'{path}: user {user!r}: y must be integer class ids'
-    )
+    raise base.TaskError(f'{path}: user {user!r}: y must be integer class ids')
   if labels.min() < 0 or labels.max() >= classes:
     raise base.TaskError(
         f'{path}: user {user!r}: y must be in [0, {classes}), got '
@@ -279,7 +284,8 @@ def char_ids(text: str) -> np.ndarray:
 
 def _shakespeare_user(x: list, y: list, path: str, user: str) -> _User:
   if not all(isinstance(s, str) for s in x) or not all(
-      isinstance(c, str) and len(c) == 1 for c in y):
+      isinstance(c, str) and len(c) == 1 for c in y
+  ):
     raise base.TaskError(
         f'{path}: user {user!r}: shakespeare x must be strings and y single '
         'characters'
@@ -300,8 +306,12 @@ def tokenize(text: str) -> list[str]:
 
 
 def _sent140_user(x: list, y: list, path: str, user: str) -> _User:
-  if not all(isinstance(r, list) and len(r) == SENT140_FIELDS
-             and isinstance(r[-1], str) for r in x):
+  if not all(
+      isinstance(r, list)
+      and len(r) == SENT140_FIELDS
+      and isinstance(r[-1], str)
+      for r in x
+  ):
     raise base.TaskError(
         f'{path}: user {user!r}: sent140 x must be [id, date, query, user, '
         'text] records'
@@ -318,7 +328,9 @@ _CONVERTERS = {
 
 
 def read_split(
-    leaf_dir: str, split: str, dataset: Optional[str],
+    leaf_dir: str,
+    split: str,
+    dataset: Optional[str],
     expected_by: str = 'leaf_dataset is',
 ) -> tuple[dict[str, _User], Optional[str]]:
   """The users of `leaf_dir/split`, and the dataset their examples form.
@@ -368,10 +380,14 @@ def read_split(
 
 def _concat(first: _User, second: _User) -> _User:
   if isinstance(first.x, list):
-    return _User(first.x + second.x, np.concatenate([first.y, second.y]),
-                 first.path)
-  return _User(np.concatenate([first.x, second.x]),
-               np.concatenate([first.y, second.y]), first.path)
+    return _User(
+        first.x + second.x, np.concatenate([first.y, second.y]), first.path
+    )
+  return _User(
+      np.concatenate([first.x, second.x]),
+      np.concatenate([first.y, second.y]),
+      first.path,
+  )
 
 
 def _at_least(users: Mapping[str, _User], min_examples: int) -> list[str]:
@@ -401,15 +417,24 @@ def select_users(
     if test_clients_fraction > 0:
       pool = {u: _concat(train[u], test[u]) for u in train}
       ids = data_files.subsample_client_ids(
-          _at_least(pool, min_examples), max_clients, seed)
+          _at_least(pool, min_examples), max_clients, seed
+      )
       train_ids, test_ids = base.split_client_ids(
-          ids, test_fraction=test_clients_fraction, seed=seed)
-      return ({u: pool[u] for u in train_ids}, {u: pool[u] for u in test_ids},
-              f'{len(test_ids)} unseen test users')
+          ids, test_fraction=test_clients_fraction, seed=seed
+      )
+      return (
+          {u: pool[u] for u in train_ids},
+          {u: pool[u] for u in test_ids},
+          f'{len(test_ids)} unseen test users',
+      )
     ids = data_files.subsample_client_ids(
-        _at_least(train, min_examples), max_clients, seed)
-    return ({u: train[u] for u in ids}, {u: test[u] for u in ids},
-            'per-user test split')
+        _at_least(train, min_examples), max_clients, seed
+    )
+    return (
+        {u: train[u] for u in ids},
+        {u: test[u] for u in ids},
+        'per-user test split',
+    )
   if len(train_only) == len(train) and len(test_only) == len(test):
     if test_clients_fraction > 0:
       raise base.TaskError(
@@ -418,17 +443,23 @@ def select_users(
           'test_clients_fraction at 0'
       )
     ids = data_files.subsample_client_ids(
-        _at_least(train, min_examples), max_clients, seed)
+        _at_least(train, min_examples), max_clients, seed
+    )
     test_ids = _at_least(test, min_examples)
-    return ({u: train[u] for u in ids}, {u: test[u] for u in test_ids},
-            f'{len(test_ids)} unseen test users (split by user)')
+    return (
+        {u: train[u] for u in ids},
+        {u: test[u] for u in test_ids},
+        f'{len(test_ids)} unseen test users (split by user)',
+    )
   side, user, other = (
-      ('train', train_only[0], 'test') if train_only
-      else ('test', test_only[0], 'train'))
+      ('train', train_only[0], 'test')
+      if train_only
+      else ('test', test_only[0], 'train')
+  )
   raise base.TaskError(
       f'{leaf_dir}: user {user!r} of {side}/ ({len(train_only)} train-only '
       f'and {len(test_only)} test-only users) is not in {other}/: LEAF '
-      'splits each user\'s samples, so both splits hold the same users (or, '
+      "splits each user's samples, so both splits hold the same users (or, "
       'split by user, none in common)'
   )
 
@@ -450,7 +481,7 @@ def encode_tokens(
   """`[n, 25]` int32 ids, out-of-vocabulary 1, padded with 0 at the end."""
   ids = np.full((len(token_lists), SENT140_MAX_WORDS), WORD_PAD, np.int32)
   for row, tokens in zip(ids, token_lists):
-    row[:len(tokens)] = [vocabulary.get(t, WORD_OOV) for t in tokens]
+    row[: len(tokens)] = [vocabulary.get(t, WORD_OOV) for t in tokens]
   return ids
 
 
@@ -470,8 +501,7 @@ def _client_data(users: Mapping[str, _User]) -> base.ClientData:
     if tf.is_tensor(client_id):
       client_id = client_id.numpy().decode('utf-8')
     x, y = arrays[client_id]
-    return tf.data.Dataset.from_tensor_slices(
-        collections.OrderedDict(x=x, y=y))
+    return tf.data.Dataset.from_tensor_slices(collections.OrderedDict(x=x, y=y))
 
   return base.ClientData.from_clients_and_tf_fn(sorted(arrays), dataset_fn)
 
@@ -481,9 +511,11 @@ def _to_xy_fn(dataset: str, model: str, vocab_size: int) -> Callable:
   if dataset == 'femnist':
     return lambda e: (tf.reshape(e['x'], [IMAGE_SIDE, IMAGE_SIDE, 1]), e['y'])
   if model == 'bag_log_reg':
+
     def bag(e):
       counts = tf.one_hot(e['x'] - 2, vocab_size, dtype=tf.float32)
       return tf.reduce_sum(counts, axis=0), e['y']
+
     return bag
   return lambda e: (e['x'], e['y'])
 
@@ -515,39 +547,67 @@ def make_preprocess_fns(
 
 def _femnist_cnn(seed: int) -> tf.keras.Model:
   glorot = lambda k: tf.keras.initializers.GlorotUniform(seed=seed * 16 + k)
-  return tf.keras.Sequential([
-      tf.keras.layers.InputLayer(input_shape=(IMAGE_SIDE, IMAGE_SIDE, 1)),
-      tf.keras.layers.Conv2D(32, 5, padding='same', activation='relu',
-                             kernel_initializer=glorot(1)),
-      tf.keras.layers.MaxPool2D(pool_size=2, strides=2),
-      tf.keras.layers.Conv2D(64, 5, padding='same', activation='relu',
-                             kernel_initializer=glorot(2)),
-      tf.keras.layers.MaxPool2D(pool_size=2, strides=2),
-      tf.keras.layers.Flatten(),
-      tf.keras.layers.Dense(2048, activation='relu',
-                            kernel_initializer=glorot(3)),
-      tf.keras.layers.Dense(FEMNIST_CLASSES, kernel_initializer=glorot(4)),
-  ])
+  return tf.keras.Sequential(
+      [
+          tf.keras.layers.InputLayer(input_shape=(IMAGE_SIDE, IMAGE_SIDE, 1)),
+          tf.keras.layers.Conv2D(
+              32,
+              5,
+              padding='same',
+              activation='relu',
+              kernel_initializer=glorot(1),
+          ),
+          tf.keras.layers.MaxPool2D(pool_size=2, strides=2),
+          tf.keras.layers.Conv2D(
+              64,
+              5,
+              padding='same',
+              activation='relu',
+              kernel_initializer=glorot(2),
+          ),
+          tf.keras.layers.MaxPool2D(pool_size=2, strides=2),
+          tf.keras.layers.Flatten(),
+          tf.keras.layers.Dense(
+              2048, activation='relu', kernel_initializer=glorot(3)
+          ),
+          tf.keras.layers.Dense(FEMNIST_CLASSES, kernel_initializer=glorot(4)),
+      ]
+  )
 
 
 def _stacked_lstm(
-    *, vocab: int, embedding: int, units: int, length: int,
-    hidden: Optional[int], classes: int, seed: int
+    *,
+    vocab: int,
+    embedding: int,
+    units: int,
+    length: int,
+    hidden: Optional[int],
+    classes: int,
+    seed: int,
 ) -> tf.keras.Model:
   seeds = iter(range(seed * 16 + 1, seed * 16 + 16))
   glorot = lambda: tf.keras.initializers.GlorotUniform(seed=next(seeds))
   layers = [
       tf.keras.layers.InputLayer(input_shape=(length,), dtype=tf.int32),
       tf.keras.layers.Embedding(
-          vocab, embedding,
+          vocab,
+          embedding,
           embeddings_initializer=tf.keras.initializers.RandomUniform(
-              -0.05, 0.05, seed=next(seeds))),
+              -0.05, 0.05, seed=next(seeds)
+          ),
+      ),
   ]
   for last in (False, True):
-    layers.append(tf.keras.layers.LSTM(
-        units, return_sequences=not last, kernel_initializer=glorot(),
-        recurrent_initializer=tf.keras.initializers.Orthogonal(
-            seed=next(seeds))))
+    layers.append(
+        tf.keras.layers.LSTM(
+            units,
+            return_sequences=not last,
+            kernel_initializer=glorot(),
+            recurrent_initializer=tf.keras.initializers.Orthogonal(
+                seed=next(seeds)
+            ),
+        )
+    )
   if hidden:
     layers.append(tf.keras.layers.Dense(hidden, kernel_initializer=glorot()))
   layers.append(tf.keras.layers.Dense(classes, kernel_initializer=glorot()))
@@ -555,8 +615,13 @@ def _stacked_lstm(
 
 
 def create_keras_model(
-    dataset: str, model: str, *, seed: int = 0, lstm_units: int = 0,
-    sequence_length: int = 80, vocab_size: int = DEFAULT_VOCAB_SIZE,
+    dataset: str,
+    model: str,
+    *,
+    seed: int = 0,
+    lstm_units: int = 0,
+    sequence_length: int = 80,
+    vocab_size: int = DEFAULT_VOCAB_SIZE,
 ) -> tf.keras.Model:
   """The uncompiled Keras model `model` of `dataset` (module docstring)."""
   if dataset == 'femnist':
@@ -565,32 +630,51 @@ def create_keras_model(
     return emnist.create_keras_model(model, seed=seed)
   if dataset == 'shakespeare':
     return _stacked_lstm(
-        vocab=SHAKESPEARE_CLASSES, embedding=8,
-        units=lstm_units or LSTM_UNITS[dataset], length=sequence_length,
-        hidden=None, classes=SHAKESPEARE_CLASSES, seed=seed)
+        vocab=SHAKESPEARE_CLASSES,
+        embedding=8,
+        units=lstm_units or LSTM_UNITS[dataset],
+        length=sequence_length,
+        hidden=None,
+        classes=SHAKESPEARE_CLASSES,
+        seed=seed,
+    )
   if model == 'bag_log_reg':
-    return tf.keras.Sequential([
-        tf.keras.layers.InputLayer(input_shape=(vocab_size,)),
-        tf.keras.layers.Dense(SENT140_CLASSES, kernel_initializer='zeros'),
-    ])
+    return tf.keras.Sequential(
+        [
+            tf.keras.layers.InputLayer(input_shape=(vocab_size,)),
+            tf.keras.layers.Dense(SENT140_CLASSES, kernel_initializer='zeros'),
+        ]
+    )
   units = lstm_units or LSTM_UNITS[dataset]
   return _stacked_lstm(
-      vocab=vocab_size + 2, embedding=units, units=units,
-      length=SENT140_MAX_WORDS, hidden=128, classes=SENT140_CLASSES,
-      seed=seed)
+      vocab=vocab_size + 2,
+      embedding=units,
+      units=units,
+      length=SENT140_MAX_WORDS,
+      hidden=128,
+      classes=SENT140_CLASSES,
+      seed=seed,
+  )
 
 
 def create_model_fn(
-    dataset: str, model: str, *, seed: int = 0, lstm_units: int = 0,
-    sequence_length: int = 80, vocab_size: int = DEFAULT_VOCAB_SIZE,
+    dataset: str,
+    model: str,
+    *,
+    seed: int = 0,
+    lstm_units: int = 0,
+    sequence_length: int = 80,
+    vocab_size: int = DEFAULT_VOCAB_SIZE,
 ) -> base.ModelFn:
   """A no-arg `model_fn` of `create_keras_model` as a TFF `VariableModel`."""
   x_spec = {
       'femnist': tf.TensorSpec([None, IMAGE_SIDE, IMAGE_SIDE, 1], tf.float32),
       'shakespeare': tf.TensorSpec([None, sequence_length], tf.int32),
-      'sent140': (tf.TensorSpec([None, vocab_size], tf.float32)
-                  if model == 'bag_log_reg'
-                  else tf.TensorSpec([None, SENT140_MAX_WORDS], tf.int32)),
+      'sent140': (
+          tf.TensorSpec([None, vocab_size], tf.float32)
+          if model == 'bag_log_reg'
+          else tf.TensorSpec([None, SENT140_MAX_WORDS], tf.int32)
+      ),
   }[dataset]
   input_spec = (x_spec, tf.TensorSpec([None], tf.int32))
   # emnist's `linear` and `convnet` end in logits, as LEAF's models.
@@ -598,8 +682,13 @@ def create_model_fn(
   def model_fn():
     return tff.learning.models.from_keras_model(
         create_keras_model(
-            dataset, model, seed=seed, lstm_units=lstm_units,
-            sequence_length=sequence_length, vocab_size=vocab_size),
+            dataset,
+            model,
+            seed=seed,
+            lstm_units=lstm_units,
+            sequence_length=sequence_length,
+            vocab_size=vocab_size,
+        ),
         loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         input_spec=input_spec,
         metrics=[tf.keras.metrics.SparseCategoricalAccuracy(name='accuracy')],
@@ -612,23 +701,22 @@ def create_model_fn(
 # The task.
 
 
-def _check_args(
-    leaf_dir, leaf_dataset, model, lstm_units, vocab_size
-) -> str:
+def _check_args(leaf_dir, leaf_dataset, model, lstm_units, vocab_size) -> str:
   if not isinstance(leaf_dir, str) or not leaf_dir:
-    raise base.TaskError(
-        f'leaf_dir must be a non-empty path, got {leaf_dir!r}')
+    raise base.TaskError(f'leaf_dir must be a non-empty path, got {leaf_dir!r}')
   leaf_dir = os.path.expanduser(leaf_dir)
   if not os.path.isdir(leaf_dir):
     raise base.TaskError(f'LEAF directory {leaf_dir} does not exist')
   if leaf_dataset is not None and leaf_dataset not in DATASETS:
     raise base.TaskError(
         f'unknown LEAF dataset {leaf_dataset!r}; choose one of '
-        f'{", ".join(DATASETS)} (or none: detected from the data)')
+        f'{", ".join(DATASETS)} (or none: detected from the data)'
+    )
   known = sorted({m for models in MODELS.values() for m in models})
   if model is not None and model not in known:
     raise base.TaskError(
-        f'unknown LEAF model {model!r}; choose one of {", ".join(known)}')
+        f'unknown LEAF model {model!r}; choose one of {", ".join(known)}'
+    )
   if lstm_units is not None and lstm_units < 1:
     raise base.TaskError(f'lstm_units must be >= 1, got {lstm_units}')
   if vocab_size is not None and vocab_size < 1:
@@ -641,11 +729,13 @@ def _check_model_for(dataset, model, lstm_units, vocab_size) -> str:
   if model not in MODELS[dataset]:
     raise base.TaskError(
         f'model {model!r} does not apply to LEAF {dataset}; choose one of '
-        f'{", ".join(MODELS[dataset])}')
+        f'{", ".join(MODELS[dataset])}'
+    )
   if lstm_units is not None and model != 'stacked_lstm':
     raise base.TaskError(
         f'lstm_units applies to the stacked_lstm models, not {dataset} '
-        f'{model}')
+        f'{model}'
+    )
   if vocab_size is not None and dataset != 'sent140':
     raise base.TaskError(f'vocab_size applies to sent140, not {dataset}')
   return model
@@ -692,25 +782,38 @@ def create_task(
   Raises:
     TaskError: On invalid arguments or data, in one line naming the file.
   """
-  leaf_dir = _check_args(leaf_dir, leaf_dataset, model, lstm_units,
-                         vocab_size)
+  leaf_dir = _check_args(leaf_dir, leaf_dataset, model, lstm_units, vocab_size)
   data_files.validate_selection_args(
-      min_examples=min_examples, test_clients_fraction=test_clients_fraction,
-      max_clients=max_clients, batch_size=batch_size)
+      min_examples=min_examples,
+      test_clients_fraction=test_clients_fraction,
+      max_clients=max_clients,
+      batch_size=batch_size,
+  )
   if leaf_dataset is not None:
     model = _check_model_for(leaf_dataset, model, lstm_units, vocab_size)
   train, dataset = read_split(leaf_dir, 'train', leaf_dataset)
   if dataset is None:
     raise base.TaskError(
-        f'no users in {os.path.join(leaf_dir, "train")}/*.json')
-  test, _ = read_split(leaf_dir, 'test', dataset,
-                       'leaf_dataset is' if leaf_dataset else 'train/ holds')
+        f'no users in {os.path.join(leaf_dir, "train")}/*.json'
+    )
+  test, _ = read_split(
+      leaf_dir,
+      'test',
+      dataset,
+      'leaf_dataset is' if leaf_dataset else 'train/ holds',
+  )
   if not test:
     raise base.TaskError(f'no users in {os.path.join(leaf_dir, "test")}/*.json')
   model = _check_model_for(dataset, model, lstm_units, vocab_size)
   train, test, protocol = select_users(
-      train, test, leaf_dir=leaf_dir, seed=seed, min_examples=min_examples,
-      test_clients_fraction=test_clients_fraction, max_clients=max_clients)
+      train,
+      test,
+      leaf_dir=leaf_dir,
+      seed=seed,
+      min_examples=min_examples,
+      test_clients_fraction=test_clients_fraction,
+      max_clients=max_clients,
+  )
   sequence_length, vocab_size = 80, vocab_size or DEFAULT_VOCAB_SIZE
   detail = ''
   if dataset == 'shakespeare':
@@ -718,12 +821,14 @@ def create_task(
     if len(lengths) != 1:
       raise base.TaskError(
           f'{leaf_dir}: shakespeare x strings must all have one length, got '
-          f'lengths {sorted(lengths)[:5]}')
+          f'lengths {sorted(lengths)[:5]}'
+      )
     sequence_length = lengths.pop()
     detail = f', windows of {sequence_length}'
   if dataset == 'sent140':
     vocabulary = build_vocabulary(
-        [t for u in train.values() for t in u.x], vocab_size)
+        [t for u in train.values() for t in u.x], vocab_size
+    )
     for users in (train, test):
       for user in users.values():
         user.x = encode_tokens(user.x, vocabulary)
@@ -731,15 +836,21 @@ def create_task(
   if lstm_units is not None:
     detail += f', {lstm_units} LSTM units'
   preprocess_train, preprocess_eval = make_preprocess_fns(
-      _to_xy_fn(dataset, model, vocab_size), batch_size, eval_batch_size)
+      _to_xy_fn(dataset, model, vocab_size), batch_size, eval_batch_size
+  )
   examples = sum(len(u.y) for u in train.values())
   return base.FederatedTask(
       name='leaf',
       train_data=_client_data(train),
       test_data=_client_data(test),
       model_fn=create_model_fn(
-          dataset, model, seed=seed, lstm_units=lstm_units or 0,
-          sequence_length=sequence_length, vocab_size=vocab_size),
+          dataset,
+          model,
+          seed=seed,
+          lstm_units=lstm_units or 0,
+          sequence_length=sequence_length,
+          vocab_size=vocab_size,
+      ),
       preprocess_train=preprocess_train,
       preprocess_eval=preprocess_eval,
       description=(

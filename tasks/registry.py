@@ -23,13 +23,18 @@ from tasks import base
 from tasks import synthetic
 
 SYNTHETIC_TASKS = ('synthetic', 'synthetic_iid')
-FILE_TASKS = ('emnist_character', 'shakespeare_character',
-              'stackoverflow_word', 'stackoverflow_tag')
+FILE_TASKS = (
+    'emnist_character',
+    'shakespeare_character',
+    'stackoverflow_word',
+    'stackoverflow_tag',
+)
 PRESET_TASKS = ('shakespeare_leaf',)
 REGRESSION_TASKS = ('fedplus_regression',)
 LEAF_TASKS = ('leaf',)
-TASK_NAMES = (SYNTHETIC_TASKS + FILE_TASKS + PRESET_TASKS + REGRESSION_TASKS
-              + LEAF_TASKS)
+TASK_NAMES = (
+    SYNTHETIC_TASKS + FILE_TASKS + PRESET_TASKS + REGRESSION_TASKS + LEAF_TASKS
+)
 
 
 def create_task(name: str, **kwargs: Any) -> base.FederatedTask:
@@ -49,21 +54,27 @@ def create_task(name: str, **kwargs: Any) -> base.FederatedTask:
     return synthetic.create_task(iid=(name == 'synthetic_iid'), **kwargs)
   if name == 'fedplus_regression':
     from tasks import fedplus_regression  # pylint: disable=g-import-not-at-top
+
     return fedplus_regression.create_task(**kwargs)
   if name == 'leaf':
     from tasks import leaf  # pylint: disable=g-import-not-at-top
+
     return leaf.create_task(**kwargs)
   if name == 'emnist_character':
     from tasks import emnist  # pylint: disable=g-import-not-at-top
+
     return emnist.create_task(**kwargs)
   if name == 'shakespeare_character':
     from tasks import shakespeare  # pylint: disable=g-import-not-at-top
+
     return shakespeare.create_task(**kwargs)
   if name == 'shakespeare_leaf':
     from tasks import shakespeare_leaf  # pylint: disable=g-import-not-at-top
+
     return shakespeare_leaf.create_task(**kwargs)
   if name in ('stackoverflow_word', 'stackoverflow_tag'):
     from tasks import stackoverflow  # pylint: disable=g-import-not-at-top
+
     return stackoverflow.create_task(task_type=name.split('_')[1], **kwargs)
   raise base.TaskError(
       f'unknown task {name!r}; choose one of: {", ".join(TASK_NAMES)}'

@@ -49,9 +49,7 @@ SHUFFLE_BUFFER_SIZE = 10_000
 
 def _check_sequence_length(sequence_length: int) -> None:
   if sequence_length < 1:
-    raise base.TaskError(
-        f'sequence_length must be >= 1, got {sequence_length}'
-    )
+    raise base.TaskError(f'sequence_length must be >= 1, got {sequence_length}')
 
 
 def _build_tokenize_fn(split_length: int):
@@ -111,27 +109,39 @@ def create_keras_model(
   """TFF's character LSTM (`char_prediction_models`), seeded initialisers."""
   _check_sequence_length(sequence_length)
   seeds = iter(range(seed * 16 + 1, seed * 16 + 16))
-  model = tf.keras.Sequential([
-      tf.keras.layers.Embedding(
-          input_dim=VOCAB_SIZE, input_length=sequence_length, output_dim=8,
-          mask_zero=True,
-          embeddings_initializer=tf.keras.initializers.RandomUniform(
-              -0.05, 0.05, seed=next(seeds)
+  model = tf.keras.Sequential(
+      [
+          tf.keras.layers.Embedding(
+              input_dim=VOCAB_SIZE,
+              input_length=sequence_length,
+              output_dim=8,
+              mask_zero=True,
+              embeddings_initializer=tf.keras.initializers.RandomUniform(
+                  -0.05, 0.05, seed=next(seeds)
+              ),
           ),
-      ),
-  ])
+      ]
+  )
   for _ in range(2):
-    model.add(tf.keras.layers.LSTM(
-        units=256, return_sequences=True, stateful=False,
-        kernel_initializer=tf.keras.initializers.HeNormal(seed=next(seeds)),
-        recurrent_initializer=tf.keras.initializers.Orthogonal(
-            seed=next(seeds)
-        ),
-    ))
-  model.add(tf.keras.layers.Dense(
-      VOCAB_SIZE,
-      kernel_initializer=tf.keras.initializers.GlorotUniform(seed=next(seeds)),
-  ))
+    model.add(
+        tf.keras.layers.LSTM(
+            units=256,
+            return_sequences=True,
+            stateful=False,
+            kernel_initializer=tf.keras.initializers.HeNormal(seed=next(seeds)),
+            recurrent_initializer=tf.keras.initializers.Orthogonal(
+                seed=next(seeds)
+            ),
+        )
+    )
+  model.add(
+      tf.keras.layers.Dense(
+          VOCAB_SIZE,
+          kernel_initializer=tf.keras.initializers.GlorotUniform(
+              seed=next(seeds)
+          ),
+      )
+  )
   return model
 
 
@@ -197,8 +207,10 @@ def create_task(
   """
   _check_sequence_length(sequence_length)
   data_files.validate_selection_args(
-      min_examples=min_examples, test_clients_fraction=test_clients_fraction,
-      max_clients=max_clients, batch_size=batch_size,
+      min_examples=min_examples,
+      test_clients_fraction=test_clients_fraction,
+      max_clients=max_clients,
+      batch_size=batch_size,
   )
   preprocess_train, preprocess_eval = make_preprocess_fns(
       batch_size, sequence_length, eval_batch_size
@@ -216,14 +228,20 @@ def create_task(
     )
     source = f'Shakespeare ({path})'
   train, test = data_files.select_clients(
-      train_data=train, test_data=test, seed=seed, min_examples=min_examples,
-      test_clients_fraction=test_clients_fraction, max_clients=max_clients,
-      train_counts=train_counts, test_counts=test_counts,
+      train_data=train,
+      test_data=test,
+      seed=seed,
+      min_examples=min_examples,
+      test_clients_fraction=test_clients_fraction,
+      max_clients=max_clients,
+      train_counts=train_counts,
+      test_counts=test_counts,
       same_data=use_synthetic_data,
   )
   protocol = (
       f'{len(test.client_ids)} unseen test roles'
-      if test_clients_fraction > 0 else 'per-role test split'
+      if test_clients_fraction > 0
+      else 'per-role test split'
   )
   return base.FederatedTask(
       name='shakespeare_character',

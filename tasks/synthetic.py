@@ -106,8 +106,9 @@ def generate(
   else:
     mean_u = rng.normal(0.0, alpha, num_clients)
     feature_shift = rng.normal(0.0, beta, num_clients)
-    mean_x = rng.normal(feature_shift[:, None], 1.0,
-                        (num_clients, NUM_FEATURES))
+    mean_x = rng.normal(
+        feature_shift[:, None], 1.0, (num_clients, NUM_FEATURES)
+    )
   clients = []
   for k in range(num_clients):
     if iid:
@@ -124,15 +125,19 @@ def generate(
 
 
 def _split(
-    n: int, rng: np.random.Generator, test_fraction: float,
-    validation_fraction: float
+    n: int,
+    rng: np.random.Generator,
+    test_fraction: float,
+    validation_fraction: float,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
   perm = rng.permutation(n)
   n_test = max(1, int(round(test_fraction * n)))
-  n_val = max(1, int(round(validation_fraction * n))) if validation_fraction else 0
+  n_val = (
+      max(1, int(round(validation_fraction * n))) if validation_fraction else 0
+  )
   if n - n_test - n_val < 1:
     raise base.TaskError(f'a client with {n} examples cannot be split')
-  return perm[n_test + n_val:], perm[:n_test], perm[n_test:n_test + n_val]
+  return perm[n_test + n_val :], perm[:n_test], perm[n_test : n_test + n_val]
 
 
 def split_arrays(
@@ -161,9 +166,9 @@ def split_arrays(
 
 
 def _client_data(arrays: dict[str, tuple[np.ndarray, np.ndarray]]):
-  return tff.simulation.datasets.TestClientData({
-      cid: collections.OrderedDict(x=x, y=y) for cid, (x, y) in arrays.items()
-  })
+  return tff.simulation.datasets.TestClientData(
+      {cid: collections.OrderedDict(x=x, y=y) for cid, (x, y) in arrays.items()}
+  )
 
 
 def create_softmax_regression_model_fn(
@@ -176,12 +181,16 @@ def create_softmax_regression_model_fn(
   )
 
   def model_fn():
-    keras_model = tf.keras.Sequential([
-        tf.keras.layers.InputLayer(input_shape=(num_features,)),
-        tf.keras.layers.Dense(
-            num_classes, kernel_initializer='zeros', bias_initializer='zeros'
-        ),
-    ])
+    keras_model = tf.keras.Sequential(
+        [
+            tf.keras.layers.InputLayer(input_shape=(num_features,)),
+            tf.keras.layers.Dense(
+                num_classes,
+                kernel_initializer='zeros',
+                bias_initializer='zeros',
+            ),
+        ]
+    )
     return tff.learning.models.from_keras_model(
         keras_model,
         loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
@@ -256,27 +265,42 @@ def create_task(
     or the unseen test clients.
   """
   if not 0.0 < test_fraction < 1.0:
-    raise base.TaskError(f'test_fraction must be in (0, 1), got {test_fraction}')
+    raise base.TaskError(
+        f'test_fraction must be in (0, 1), got {test_fraction}'
+    )
   if not 0.0 <= validation_fraction < 1.0 - test_fraction:
     raise base.TaskError(
         f'validation_fraction must be in [0, 1 - test_fraction), got '
         f'{validation_fraction}'
     )
   clients = generate(
-      num_clients=num_clients, alpha=alpha, beta=beta, iid=iid, seed=seed,
-      size_law=size_law, constant_size=constant_size,
+      num_clients=num_clients,
+      alpha=alpha,
+      beta=beta,
+      iid=iid,
+      seed=seed,
+      size_law=size_law,
+      constant_size=constant_size,
   )
   train, test, val = split_arrays(
-      clients, seed=seed, test_fraction=test_fraction,
-      validation_fraction=validation_fraction)
+      clients,
+      seed=seed,
+      test_fraction=test_fraction,
+      validation_fraction=validation_fraction,
+  )
   width = len(str(num_clients - 1))
   preprocess_train, preprocess_eval = make_preprocess_fns(batch_size)
   protocol = 'per-client test splits'
   if test_clients_fraction:
     everything = {f'{k:0{width}d}': (x, y) for k, (x, y) in enumerate(clients)}
-    train_ids, test_ids = (sorted(d.client_ids) for d in base.split_clients(
-        _client_data(everything), test_fraction=test_clients_fraction,
-        seed=seed))
+    train_ids, test_ids = (
+        sorted(d.client_ids)
+        for d in base.split_clients(
+            _client_data(everything),
+            test_fraction=test_clients_fraction,
+            seed=seed,
+        )
+    )
     # Subsets are built from the arrays: a TFF TestClientData subset made
     # through `serializable_dataset_fn` retraces (and embeds every client's
     # data) once per client.

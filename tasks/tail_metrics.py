@@ -233,10 +233,11 @@ def superquantile(
   v, w = _sorted_support(values, weights)
   w = w / w.sum()
   j = int(_quantile_indices(w, np.array([1.0 - theta]))[0])
-  candidates = v[max(j - 1, 0):j + 2]
-  objective = candidates + (
-      np.maximum(v[None, :] - candidates[:, None], 0.0) @ w
-  ) / theta
+  candidates = v[max(j - 1, 0) : j + 2]
+  objective = (
+      candidates
+      + (np.maximum(v[None, :] - candidates[:, None], 0.0) @ w) / theta
+  )
   return float(objective.min())
 
 
@@ -268,7 +269,7 @@ def lowest_fraction_mean(
     TypeError: Non-numeric input.
   """
   v = np.sort(_as_vector(values, 'values'))
-  return float(v[:_tail_count(v.size, fraction)].mean())
+  return float(v[: _tail_count(v.size, fraction)].mean())
 
 
 def highest_fraction_mean(
@@ -290,7 +291,7 @@ def highest_fraction_mean(
     TypeError: Non-numeric input.
   """
   v = np.sort(_as_vector(values, 'values'))
-  return float(v[v.size - _tail_count(v.size, fraction):].mean())
+  return float(v[v.size - _tail_count(v.size, fraction) :].mean())
 
 
 def worst_fraction_mean(

@@ -16,9 +16,13 @@ def run_module(module, args, timeout=400):
   TFF worker of a timed-out or crashed run outlives the test.
   """
   proc = subprocess.Popen(
-      [sys.executable, '-m', module] + list(args), cwd=ROOT,
-      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-      start_new_session=True)
+      [sys.executable, '-m', module] + list(args),
+      cwd=ROOT,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+      text=True,
+      start_new_session=True,
+  )
   try:
     stdout, stderr = proc.communicate(timeout=timeout)
   finally:
@@ -29,8 +33,9 @@ def run_module(module, args, timeout=400):
 
 def run_train(args, out_dir, timeout=400):
   """`run_module('run.train', ...)` writing under `out_dir`."""
-  return run_module('run.train', [f'--root_output_dir={out_dir}'] + args,
-                    timeout)
+  return run_module(
+      'run.train', [f'--root_output_dir={out_dir}'] + args, timeout
+  )
 
 
 def error_lines(stderr: str) -> list[str]:
@@ -51,8 +56,7 @@ def call_main(main, prog, args):
 
   flags.FLAGS.unparse_flags()
   # Real files: TFF hands sys.stdout / sys.stderr to the worker it starts.
-  with tempfile.TemporaryFile('w+') as err, tempfile.TemporaryFile(
-      'w+') as out:
+  with tempfile.TemporaryFile('w+') as err, tempfile.TemporaryFile('w+') as out:
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
       try:
         code = main(console.flags_parser(prog)([prog] + list(args)))

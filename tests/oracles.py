@@ -29,11 +29,12 @@ def batches(x, y, batch_size, epochs):
   """The batches of `epochs` in-order passes, never straddling an epoch."""
   for _ in range(epochs):
     for start in range(0, len(y), batch_size):
-      yield x[start:start + batch_size], y[start:start + batch_size]
+      yield x[start : start + batch_size], y[start : start + batch_size]
 
 
-def proximal_local_sgd(w0, b0, x, y, *, lr, mu, batch_size, epochs,
-                       max_batches=None):
+def proximal_local_sgd(
+    w0, b0, x, y, *, lr, mu, batch_size, epochs, max_batches=None
+):
   """FedProx's local solver: SGD on F_k(w) + mu/2 ||w - w0||^2 from w0.
 
   Returns:
@@ -51,8 +52,9 @@ def proximal_local_sgd(w0, b0, x, y, *, lr, mu, batch_size, epochs,
   return w, b, n
 
 
-def fedprox_rounds(w, b, rounds, *, lr, mu, batch_size, epochs,
-                   weighting='num_examples'):
+def fedprox_rounds(
+    w, b, rounds, *, lr, mu, batch_size, epochs, weighting='num_examples'
+):
   """FedProx / FedAvg server loop (server lr 1: weighted mean of models).
 
   Args:
@@ -78,8 +80,9 @@ def fedprox_rounds(w, b, rounds, *, lr, mu, batch_size, epochs,
   return w, b
 
 
-def q_ffl_rounds(w, b, rounds, *, q, lipschitz, lr=None, batch_size=None,
-                 epochs=1):
+def q_ffl_rounds(
+    w, b, rounds, *, q, lipschitz, lr=None, batch_size=None, epochs=1
+):
   """q-FedAvg (lr given) or q-FedSGD (lr None), Li et al. ICLR 2020, Alg 3/4."""
   for clients in rounds:
     sum_dw, sum_db, sum_h = 0.0, 0.0, 0.0
@@ -88,13 +91,16 @@ def q_ffl_rounds(w, b, rounds, *, q, lipschitz, lr=None, batch_size=None,
       if lr is None:
         dw, db = softmax_regression_grads(w, b, x, y)
       else:
-        wk, bk, _ = proximal_local_sgd(w, b, x, y, lr=lr, mu=0.0,
-                                       batch_size=batch_size, epochs=epochs)
+        wk, bk, _ = proximal_local_sgd(
+            w, b, x, y, lr=lr, mu=0.0, batch_size=batch_size, epochs=epochs
+        )
         dw, db = lipschitz * (w - wk), lipschitz * (b - bk)
       sq_norm = np.sum(dw**2) + np.sum(db**2)
       sum_dw = sum_dw + loss**q * dw
       sum_db = sum_db + loss**q * db
-      sum_h += (q * loss**(q - 1) * sq_norm if q else 0.0) + lipschitz * loss**q
+      sum_h += (
+          q * loss ** (q - 1) * sq_norm if q else 0.0
+      ) + lipschitz * loss**q
     w = w - sum_dw / sum_h
     b = b - sum_db / sum_h
   return w, b
@@ -122,8 +128,7 @@ def project_simplex_bisection(v, iters=200):
   return np.maximum(v - (lo + hi) / 2, 0)
 
 
-def afl_rounds(w, b, clients, rounds, *, lr_w, lr_lambda,
-               participants=None):
+def afl_rounds(w, b, clients, rounds, *, lr_w, lr_lambda, participants=None):
   """AFL with full local gradients; all clients every round by default.
 
   `participants[t]` (optional) lists the client indices of round t: the

@@ -9,15 +9,27 @@ import shlex
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # requirements.txt entries a user of the package does not need.
 DEV_ONLY = {
-    'pytest', 'nbformat', 'nbclient', 'ipykernel', 'ipython', 'jupyter-client',
-    'jupyter-core', 'traitlets', 'pyzmq', 'tornado', 'comm', 'debugpy', 'pdoc',
+    'pytest',
+    'nbformat',
+    'nbclient',
+    'ipykernel',
+    'ipython',
+    'jupyter-client',
+    'jupyter-core',
+    'traitlets',
+    'pyzmq',
+    'tornado',
+    'comm',
+    'debugpy',
+    'pdoc',
 }
 
 
 def load_setup():
   """setup.py as a module (its `setup()` call only runs as `__main__`)."""
   spec = importlib.util.spec_from_file_location(
-      'tff_hetero_setup', os.path.join(ROOT, 'setup.py'))
+      'tff_hetero_setup', os.path.join(ROOT, 'setup.py')
+  )
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module
@@ -29,8 +41,11 @@ def readme_pip_commands() -> list[list[str]]:
     readme = f.read()
   section = readme.split('## Install with pip (Colab, Jupyter)', 1)[1]
   block = section.split('```bash\n', 1)[1].split('```', 1)[0]
-  commands = [shlex.split(c) for c in block.replace('\\\n', ' ').splitlines()
-              if c.strip()]
+  commands = [
+      shlex.split(c)
+      for c in block.replace('\\\n', ' ').splitlines()
+      if c.strip()
+  ]
   assert all(c[:2] == ['pip', 'install'] for c in commands), commands
   return commands
 

@@ -29,8 +29,18 @@ def client_batches(x, y, batch_size, epochs=1, steps=None):
   return [one_pass[i % len(one_pass)] for i in range(steps)]
 
 
-def ditto_rounds(rounds, *, lambdas, lr, personal_lr, batch_size, epochs,
-                 personal_steps=None, weighting='num_examples', clip=None):
+def ditto_rounds(
+    rounds,
+    *,
+    lambdas,
+    lr,
+    personal_lr,
+    batch_size,
+    epochs,
+    personal_steps=None,
+    weighting='num_examples',
+    clip=None,
+):
   """Ditto (Algorithm 7) with clients keyed by id.
 
   Args:
@@ -54,19 +64,25 @@ def ditto_rounds(rounds, *, lambdas, lr, personal_lr, batch_size, epochs,
       wk, bk = sgd_steps(w, b, batches, lr=lr)
       delta = (w - wk, b - bk)
       if clip is not None:
-        norm = np.sqrt(np.sum(delta[0]**2) + np.sum(delta[1]**2))
+        norm = np.sqrt(np.sum(delta[0] ** 2) + np.sum(delta[1] ** 2))
         scale = min(1.0, clip / norm) if norm > 0 else 1.0
         delta = (delta[0] * scale, delta[1] * scale)
       deltas.append(delta)
       weights.append(len(y) * epochs if weighting == 'num_examples' else 1.0)
-      pbatches = (batches if personal_steps is None
-                  else client_batches(x, y, batch_size, steps=personal_steps))
-      old = personal.get(cid, [(np.zeros((60, 10)), np.zeros(10))] *
-                         len(lambdas))
+      pbatches = (
+          batches
+          if personal_steps is None
+          else client_batches(x, y, batch_size, steps=personal_steps)
+      )
+      old = personal.get(
+          cid, [(np.zeros((60, 10)), np.zeros(10))] * len(lambdas)
+      )
       personal[cid] = [
-          sgd_steps(v[0], v[1], pbatches, lr=personal_lr, lam=lam,
-                    anchor=(w, b))
-          for v, lam in zip(old, lambdas)]
+          sgd_steps(
+              v[0], v[1], pbatches, lr=personal_lr, lam=lam, anchor=(w, b)
+          )
+          for v, lam in zip(old, lambdas)
+      ]
     a = np.asarray(weights, np.float64) / np.sum(weights)
     w = w - sum(ai * d[0] for ai, d in zip(a, deltas))
     b = b - sum(ai * d[1] for ai, d in zip(a, deltas))
@@ -93,15 +109,27 @@ def fedplus_aggregate(psi, models, delta, iterations):
     return mean
   agg = mean
   for _ in range(iterations):
-    thetas = [fedplus_prox(psi, [m[i] - agg[i] for i in range(2)], delta)
-              for m in models]
-    agg = [mean[i] - np.mean([t[i] for t in thetas], axis=0)
-           for i in range(2)]
+    thetas = [
+        fedplus_prox(psi, [m[i] - agg[i] for i in range(2)], delta)
+        for m in models
+    ]
+    agg = [mean[i] - np.mean([t[i] for t in thetas], axis=0) for i in range(2)]
   return agg
 
 
-def fedplus_rounds(rounds, *, psi, lr, sigma, delta, lam, batch_size,
-                   epochs=1, local_steps=None, iterations=20):
+def fedplus_rounds(
+    rounds,
+    *,
+    psi,
+    lr,
+    sigma,
+    delta,
+    lam,
+    batch_size,
+    epochs=1,
+    local_steps=None,
+    iterations=20,
+):
   """Fed+ Algorithm 1 over the sampled parties; returns `(global, locals)`."""
   kappa = 1.0 / (1.0 + lr * sigma)
   g = [np.zeros((60, 10)), np.zeros(10)]
@@ -115,8 +143,10 @@ def fedplus_rounds(rounds, *, psi, lr, sigma, delta, lam, batch_size,
       w = [(1 - lam) * wk[i] + lam * g[i] for i in range(2)]
       for xb, yb in client_batches(x, y, batch_size, epochs, local_steps):
         grads = oracles.softmax_regression_grads(w[0], w[1], xb, yb)
-        w = [kappa * (w[i] - lr * grads[i]) + (1 - kappa) * anchor[i]
-             for i in range(2)]
+        w = [
+            kappa * (w[i] - lr * grads[i]) + (1 - kappa) * anchor[i]
+            for i in range(2)
+        ]
       local[cid] = w
       new_models.append(w)
     g = fedplus_aggregate(psi, new_models, delta, iterations)

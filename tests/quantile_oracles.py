@@ -15,8 +15,11 @@ SLACK = 1e-10
 
 def _support(values, weights):
   x = np.asarray(values, np.float64).ravel()
-  a = (np.ones_like(x) if weights is None
-       else np.asarray(weights, np.float64).ravel())
+  a = (
+      np.ones_like(x)
+      if weights is None
+      else np.asarray(weights, np.float64).ravel()
+  )
   return x[a > 0], a[a > 0]
 
 
@@ -55,8 +58,15 @@ def clean_weights(weights, max_weight: float = np.inf) -> np.ndarray:
   return np.minimum(a, max_weight)
 
 
-def mm_step(mu: float, x: np.ndarray, normalized_weights: np.ndarray,
-            level: float, smoothing: float, lower: float, upper: float):
+def mm_step(
+    mu: float,
+    x: np.ndarray,
+    normalized_weights: np.ndarray,
+    level: float,
+    smoothing: float,
+    lower: float,
+    upper: float,
+):
   """One MM step, eq. (17) with beta_k = a_k / max(nu, |x_k - mu|).
 
   Returns:
@@ -76,9 +86,15 @@ def mm_step(mu: float, x: np.ndarray, normalized_weights: np.ndarray,
   return float(np.clip(mu_next, lower, upper)), u, d
 
 
-def mm_quantile_oracle(values, weights, level: float, num_iterations: int,
-                       lower: float, upper: float,
-                       smoothing: Optional[float] = None) -> np.ndarray:
+def mm_quantile_oracle(
+    values,
+    weights,
+    level: float,
+    num_iterations: int,
+    lower: float,
+    upper: float,
+    smoothing: Optional[float] = None,
+) -> np.ndarray:
   """mu_0..mu_T of the MM iteration in float64, without quantisation.
 
   mu_0 is the weighted mean of the clipped values; weights are normalised to
@@ -98,9 +114,16 @@ def mm_quantile_oracle(values, weights, level: float, num_iterations: int,
   return np.array(out)
 
 
-def mm_step_tolerance(mu: float, x: np.ndarray, normalized_weights,
-                      level: float, smoothing: float, lower: float,
-                      upper: float, bits: int = 32) -> float:
+def mm_step_tolerance(
+    mu: float,
+    x: np.ndarray,
+    normalized_weights,
+    level: float,
+    smoothing: float,
+    lower: float,
+    upper: float,
+    bits: int = 32,
+) -> float:
   """Bound on |quantised step - exact step| from mu (fixed point, `bits`).
 
   Each client's u_k in [-1, 1] and d_k in [0, 1] is rounded to the nearest
@@ -120,8 +143,9 @@ def mm_step_tolerance(mu: float, x: np.ndarray, normalized_weights,
   return 2.0 * bound + 1e-12 * (upper - lower)
 
 
-def iterations_to_tolerance(trajectory: np.ndarray, low: float, high: float,
-                            rel_tol: float) -> int:
+def iterations_to_tolerance(
+    trajectory: np.ndarray, low: float, high: float, rel_tol: float
+) -> int:
   """First t after which mu_t stays within rel_tol |low| of [low, high]."""
   scale = max(abs(low), 1e-12)
   err = np.maximum(np.maximum(low - trajectory, trajectory - high), 0) / scale
@@ -133,17 +157,24 @@ def fixed_point_scale(span: float, bits: int) -> float:
   """Largest power of two s with span * s <= 2**bits - 1."""
   k = 0
   limit = 2.0**bits - 1
-  while span * 2.0**(k + 1) <= limit:
+  while span * 2.0 ** (k + 1) <= limit:
     k += 1
   while span * 2.0**k > limit:
     k -= 1
   return 2.0**k
 
 
-def bisection_quantile_oracle(values, weights, level: float, lower: float,
-                              upper: float, tolerance: float,
-                              num_buckets: int = 2,
-                              max_weight: float = 65536.0, bits: int = 32):
+def bisection_quantile_oracle(
+    values,
+    weights,
+    level: float,
+    lower: float,
+    upper: float,
+    tolerance: float,
+    num_buckets: int = 2,
+    max_weight: float = 65536.0,
+    bits: int = 32,
+):
   """B-ary bracket search on quantised weights.
 
   Returns:

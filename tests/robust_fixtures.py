@@ -25,8 +25,10 @@ def make_clients(seed=11, sizes=(13, 17, 9, 23, 11), outlier=True):
 
 
 def datasets(clients, epochs=1):
-  return [tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH).repeat(epochs)
-          for x, y in clients]
+  return [
+      tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH).repeat(epochs)
+      for x, y in clients
+  ]
 
 
 def sgd(lr=LR):
@@ -34,8 +36,10 @@ def sgd(lr=LR):
 
 
 def zeros():
-  return (np.zeros((synthetic.NUM_FEATURES, synthetic.NUM_CLASSES)),
-          np.zeros(synthetic.NUM_CLASSES))
+  return (
+      np.zeros((synthetic.NUM_FEATURES, synthetic.NUM_CLASSES)),
+      np.zeros(synthetic.NUM_CLASSES),
+  )
 
 
 def run(process, rounds, epochs=1):

@@ -40,7 +40,7 @@ def trimmed_mean(points, weights, fraction):
   k = min(int(np.floor(fraction * n)), (n - 1) // 2)
   out = np.empty(points.shape[1])
   for j in range(points.shape[1]):
-    order = np.argsort(points[:, j], kind='stable')[k:n - k]
+    order = np.argsort(points[:, j], kind='stable')[k : n - k]
     out[j] = np.dot(points[order, j], weights[order]) / weights[order].sum()
   return out
 
@@ -53,8 +53,7 @@ def multi_krum(points, weights, *, f, m=None):
   neighbours = min(max(n - f - 2, 1), n - 1)
   scores = []
   for i in range(n):
-    d = sorted(np.sum((points[i] - points[j]) ** 2)
-               for j in range(n) if j != i)
+    d = sorted(np.sum((points[i] - points[j]) ** 2) for j in range(n) if j != i)
     scores.append(sum(d[:neighbours]))
   m = n - f if m is None else m
   chosen = np.argsort(scores, kind='stable')[:m]
@@ -67,8 +66,17 @@ def clip(points, norm):
   return points * np.minimum(1.0, norm / np.maximum(norms, 1e-30))
 
 
-def fedavg_with(w, b, rounds, aggregate, *, lr, batch_size, epochs=1,
-                weighting='num_examples'):
+def fedavg_with(
+    w,
+    b,
+    rounds,
+    aggregate,
+    *,
+    lr,
+    batch_size,
+    epochs=1,
+    weighting='num_examples',
+):
   """FedAvg (server SGD lr 1) with `aggregate(deltas, weights) -> delta`.
 
   Deltas follow TFF's sign (broadcast minus local model); the server model
@@ -78,7 +86,8 @@ def fedavg_with(w, b, rounds, aggregate, *, lr, batch_size, epochs=1,
     deltas, weights = [], []
     for x, y in clients:
       wk, bk, n = oracles.proximal_local_sgd(
-          w, b, x, y, lr=lr, mu=0.0, batch_size=batch_size, epochs=epochs)
+          w, b, x, y, lr=lr, mu=0.0, batch_size=batch_size, epochs=epochs
+      )
       deltas.append(flat(w - wk, b - bk))
       weights.append(float(n) if weighting == 'num_examples' else 1.0)
     step = aggregate(np.asarray(deltas), np.asarray(weights))

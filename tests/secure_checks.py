@@ -14,8 +14,9 @@ SECURE_URIS = {
 
 def _has_placement(type_spec, placement):
   return type_spec is not None and type_analysis.contains(
-      type_spec, lambda t: isinstance(t, tff.FederatedType)
-      and t.placement is placement)
+      type_spec,
+      lambda t: isinstance(t, tff.FederatedType) and t.placement is placement,
+  )
 
 
 def client_to_server_intrinsics(comp):
@@ -25,9 +26,11 @@ def client_to_server_intrinsics(comp):
   def visit(block):
     if isinstance(block, building_blocks.Intrinsic):
       t = block.type_signature
-      if (isinstance(t, tff.FunctionType)
+      if (
+          isinstance(t, tff.FunctionType)
           and _has_placement(t.parameter, tff.CLIENTS)
-          and _has_placement(t.result, tff.SERVER)):
+          and _has_placement(t.result, tff.SERVER)
+      ):
         uris.append(block.uri)
 
   tree_analysis.visit_postorder(comp.to_building_block(), visit)

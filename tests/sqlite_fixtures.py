@@ -53,7 +53,8 @@ def write_sqlite(path: str, rows: Rows) -> str:
         )
         connection.execute(
             'INSERT INTO client_metadata (client_id, split_name, num_examples)'
-            ' VALUES (?, ?, ?);', (client_id, split, len(examples))
+            ' VALUES (?, ?, ?);',
+            (client_id, split, len(examples)),
         )
   connection.close()
   return path
@@ -84,10 +85,12 @@ def emnist_example(pixels: np.ndarray, label: int) -> bytes:
   """`pixels` float [28, 28] in [0, 1], `label` in [0, 62)."""
   pixels = np.asarray(pixels, np.float32)
   assert pixels.shape == (28, 28)
-  return _example({
-      'pixels': _float(pixels.reshape(-1).tolist()),
-      'label': _int64([int(label)]),
-  })
+  return _example(
+      {
+          'pixels': _float(pixels.reshape(-1).tolist()),
+          'label': _int64([int(label)]),
+      }
+  )
 
 
 def emnist_client_arrays(
@@ -102,8 +105,11 @@ def emnist_client_arrays(
   out = {}
   for cid, n in sizes.items():
     pixels = rng.random((n, 28, 28), dtype=np.float32)
-    labels = rng.permutation(num_classes)[:n] if n <= num_classes else (
-        rng.integers(0, num_classes, n))
+    labels = (
+        rng.permutation(num_classes)[:n]
+        if n <= num_classes
+        else (rng.integers(0, num_classes, n))
+    )
     out[cid] = (pixels, labels.astype(np.int32))
   return out
 
@@ -143,8 +149,9 @@ def write_shakespeare(
 ) -> str:
   """`data_dir/shakespeare.sqlite` with `train` and `test` splits."""
   rows = {
-      'train': {c: [shakespeare_example(s) for s in v] for c, v in
-                train.items()},
+      'train': {
+          c: [shakespeare_example(s) for s in v] for c, v in train.items()
+      },
       'test': {c: [shakespeare_example(s) for s in v] for c, v in test.items()},
   }
   return write_sqlite(os.path.join(data_dir, 'shakespeare.sqlite'), rows)
@@ -163,14 +170,16 @@ def stackoverflow_example(
     creation_date: str = '2010-01-08 09:34:05 UTC',
 ) -> bytes:
   """One post sentence, with the six features TFF parses."""
-  return _example({
-      'creation_date': _bytes([creation_date.encode()]),
-      'score': _int64([score]),
-      'tags': _bytes([tags.encode()]),
-      'title': _bytes([title.encode()]),
-      'tokens': _bytes([tokens.encode()]),
-      'type': _bytes([kind.encode()]),
-  })
+  return _example(
+      {
+          'creation_date': _bytes([creation_date.encode()]),
+          'score': _int64([score]),
+          'tags': _bytes([tags.encode()]),
+          'title': _bytes([title.encode()]),
+          'tokens': _bytes([tokens.encode()]),
+          'type': _bytes([kind.encode()]),
+      }
+  )
 
 
 def write_stackoverflow(
@@ -180,8 +189,10 @@ def write_stackoverflow(
   """`data_dir/stackoverflow.sqlite`; `splits[split][client] = [(tokens,
   tags), ...]` for splits among `train`, `heldout`, `test`."""
   rows = {
-      split: {c: [stackoverflow_example(t, g) for t, g in posts]
-              for c, posts in clients.items()}
+      split: {
+          c: [stackoverflow_example(t, g) for t, g in posts]
+          for c, posts in clients.items()
+      }
       for split, clients in splits.items()
   }
   return write_sqlite(os.path.join(data_dir, 'stackoverflow.sqlite'), rows)
@@ -192,21 +203,24 @@ def word_count_text(word_counts: Mapping[str, int]) -> str:
 
 
 def write_word_counts(
-    directory: str, word_counts: Mapping[str, int], *,
-    archive: bool = False
+    directory: str, word_counts: Mapping[str, int], *, archive: bool = False
 ) -> str:
   """`stackoverflow.word_count` (or its `.tar.bz2`) in `directory`."""
-  return _write(directory, 'stackoverflow.word_count',
-                word_count_text(word_counts), archive)
+  return _write(
+      directory,
+      'stackoverflow.word_count',
+      word_count_text(word_counts),
+      archive,
+  )
 
 
 def write_tag_counts(
-    directory: str, tag_counts: Mapping[str, int], *,
-    archive: bool = False
+    directory: str, tag_counts: Mapping[str, int], *, archive: bool = False
 ) -> str:
   """`stackoverflow.tag_count` (or its `.tar.bz2`) in `directory`."""
-  return _write(directory, 'stackoverflow.tag_count', json.dumps(tag_counts),
-                archive)
+  return _write(
+      directory, 'stackoverflow.tag_count', json.dumps(tag_counts), archive
+  )
 
 
 def _write(directory: str, name: str, text: str, archive: bool) -> str:

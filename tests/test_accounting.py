@@ -20,9 +20,11 @@ DELTA = 1e-3
 def independent_rdp_wor(n, m, z, rounds, delta):
   """Fixed-size sampling without replacement, replace-one: multiplier z/2."""
   acc = dp_accounting.rdp.RdpAccountant(
-      neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
+      neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE
+  )
   event = dp_accounting.SampledWithoutReplacementDpEvent(
-      n, m, dp_accounting.GaussianDpEvent(z / 2))
+      n, m, dp_accounting.GaussianDpEvent(z / 2)
+  )
   return acc.compose(event, rounds).get_epsilon(delta)
 
 
@@ -37,13 +39,18 @@ def independent_poisson(q, events, rounds, delta, kind):
 
 
 def test_fixed_clip_uniform_sampling_matches_dp_accounting():
-  mech = accounting.DpMechanism(noise_multiplier=1.3, clients_per_round=10,
-                                num_clients=100, sampling='uniform')
+  mech = accounting.DpMechanism(
+      noise_multiplier=1.3,
+      clients_per_round=10,
+      num_clients=100,
+      sampling='uniform',
+  )
   tracker = accounting.EpsilonTracker(mech, DELTA)
   for rounds in (1, 7, 50):
     want = independent_rdp_wor(100, 10, 1.3, rounds, DELTA)
-    assert tracker.metrics(rounds)['dp/epsilon'] == pytest.approx(want,
-                                                                  rel=1e-9)
+    assert tracker.metrics(rounds)['dp/epsilon'] == pytest.approx(
+        want, rel=1e-9
+    )
     assert mech.epsilon(rounds, DELTA) == pytest.approx(want, rel=1e-9)
   assert mech.available_accountants() == ('rdp',)
   with pytest.raises(ValueError, match='Poisson sampling only'):
@@ -51,15 +58,21 @@ def test_fixed_clip_uniform_sampling_matches_dp_accounting():
 
 
 def test_poisson_rdp_and_pld_match_dp_accounting():
-  mech = accounting.DpMechanism(noise_multiplier=1.1, clients_per_round=20,
-                                num_clients=100, sampling='poisson')
+  mech = accounting.DpMechanism(
+      noise_multiplier=1.1,
+      clients_per_round=20,
+      num_clients=100,
+      sampling='poisson',
+  )
   tracker = accounting.EpsilonTracker(mech, DELTA, pld=True)
   got = tracker.metrics(30)
   gauss = dp_accounting.GaussianDpEvent(1.1)
   assert got['dp/epsilon'] == pytest.approx(
-      independent_poisson(0.2, gauss, 30, DELTA, 'rdp'), rel=1e-9)
+      independent_poisson(0.2, gauss, 30, DELTA, 'rdp'), rel=1e-9
+  )
   assert got['dp/epsilon_pld'] == pytest.approx(
-      independent_poisson(0.2, gauss, 30, DELTA, 'pld'), rel=1e-6)
+      independent_poisson(0.2, gauss, 30, DELTA, 'pld'), rel=1e-6
+  )
   # PLD is tighter than RDP.
   assert got['dp/epsilon_pld'] < got['dp/epsilon']
 
@@ -67,22 +80,30 @@ def test_poisson_rdp_and_pld_match_dp_accounting():
 def tff_round_event(opts, clients_per_round=10):
   """The DpEvent TFF's DP aggregator records in its state after a round."""
   factory = dp_aggregation.build_dp_aggregator(
-      opts, clients_per_round=clients_per_round)
-  process = factory.create(tff.TensorType(np.float32, [3]),
-                           tff.TensorType(np.float32))
-  out = process.next(process.initialize(), [np.ones(3, np.float32)] * 4,
-                     [1.0] * 4)
+      opts, clients_per_round=clients_per_round
+  )
+  process = factory.create(
+      tff.TensorType(np.float32, [3]), tff.TensorType(np.float32)
+  )
+  out = process.next(
+      process.initialize(), [np.ones(3, np.float32)] * 4, [1.0] * 4
+  )
   return dp_event_lib.extract_dp_event_from_state(out.state)
 
 
 @pytest.mark.parametrize('adaptive', [False, True])
 def test_accounted_event_is_the_event_tff_releases(adaptive):
-  opts = dp_aggregation.DpOptions(noise_multiplier=0.8, clip=1.0,
-                                  adaptive_clip=adaptive)
+  opts = dp_aggregation.DpOptions(
+      noise_multiplier=0.8, clip=1.0, adaptive_clip=adaptive
+  )
   tff_event = tff_round_event(opts)
-  mech = accounting.DpMechanism(noise_multiplier=0.8, clients_per_round=10,
-                                num_clients=100, sampling='poisson',
-                                adaptive_clip=adaptive)
+  mech = accounting.DpMechanism(
+      noise_multiplier=0.8,
+      clients_per_round=10,
+      num_clients=100,
+      sampling='poisson',
+      adaptive_clip=adaptive,
+  )
   if adaptive:
     zs = [e.noise_multiplier for e in tff_event.events]
   else:
@@ -93,31 +114,35 @@ def test_accounted_event_is_the_event_tff_releases(adaptive):
   # multipliers are float32: dp_accounting needs Python floats, or its RDP
   # arithmetic runs in float32 and is wrong).
   as_float = dp_accounting.ComposedDpEvent(
-      [dp_accounting.GaussianDpEvent(float(z)) for z in zs])
+      [dp_accounting.GaussianDpEvent(float(z)) for z in zs]
+  )
   acc = dp_accounting.rdp.RdpAccountant()
   acc.compose(dp_accounting.PoissonSampledDpEvent(0.1, as_float), 40)
-  assert mech.epsilon(40, DELTA) == pytest.approx(acc.get_epsilon(DELTA),
-                                                  rel=1e-6)
+  assert mech.epsilon(40, DELTA) == pytest.approx(
+      acc.get_epsilon(DELTA), rel=1e-6
+  )
 
 
 def test_adaptive_clip_noise_split_closed_form():
   # z^-2 = z_value^-2 + (2 s)^-2 with s = 0.05 m by default.
   value, count = accounting.adaptive_clip_noise_split(1.0, 100)
   assert count == pytest.approx(5.0)
-  assert value == pytest.approx((1.0 - 0.1**2)**-0.5)
+  assert value == pytest.approx((1.0 - 0.1**2) ** -0.5)
   value, count = accounting.adaptive_clip_noise_split(0.5, 10, 2.0)
-  assert (value, count) == (pytest.approx((4.0 - 0.25**2)**-0.5), 2.0)
+  assert (value, count) == (pytest.approx((4.0 - 0.25**2) ** -0.5), 2.0)
   assert accounting.adaptive_clip_noise_split(0.0, 10) == (0.0, 0.0)
 
 
 def test_delta_fl_private_quantile_is_counted_in_the_budget():
   base = accounting.DpMechanism(1.0, 10, 100, 'poisson')
-  with_q = accounting.DpMechanism(1.0, 10, 100, 'poisson',
-                                  quantile_noise_stddev=2.0, quantile_steps=3)
+  with_q = accounting.DpMechanism(
+      1.0, 10, 100, 'poisson', quantile_noise_stddev=2.0, quantile_steps=3
+  )
   assert with_q.gaussian_multipliers == [1.0, 4.0, 4.0, 4.0]
   composed = dp_accounting.ComposedDpEvent(
-      [dp_accounting.GaussianDpEvent(1.0)] +
-      [dp_accounting.GaussianDpEvent(4.0)] * 3)
+      [dp_accounting.GaussianDpEvent(1.0)]
+      + [dp_accounting.GaussianDpEvent(4.0)] * 3
+  )
   want = independent_poisson(0.1, composed, 20, DELTA, 'rdp')
   assert with_q.epsilon(20, DELTA) == pytest.approx(want, rel=1e-9)
   assert with_q.epsilon(20, DELTA) > base.epsilon(20, DELTA)
@@ -155,15 +180,23 @@ def analytic_gaussian_epsilon(mu, delta):
   ICML 2018, Theorem 8: delta(eps) = Phi(mu/2 - eps/mu) - e^eps
   Phi(-mu/2 - eps/mu); solved for eps.
   """
+
   def gap(eps):
-    return (stats.norm.cdf(mu / 2 - eps / mu) -
-            math.exp(eps) * stats.norm.cdf(-mu / 2 - eps / mu) - delta)
+    return (
+        stats.norm.cdf(mu / 2 - eps / mu)
+        - math.exp(eps) * stats.norm.cdf(-mu / 2 - eps / mu)
+        - delta
+    )
+
   return optimize.brentq(gap, 0.0, 200.0, xtol=1e-12)
 
 
 # dp_accounting's default RDP orders, spelled out.
-ORDERS = ([1 + x / 10 for x in range(1, 100)] + list(range(11, 64)) +
-          [128, 256, 512, 1024])
+ORDERS = (
+    [1 + x / 10 for x in range(1, 100)]
+    + list(range(11, 64))
+    + [128, 256, 512, 1024]
+)
 
 
 def rdp_to_epsilon(orders, rdp, delta, improved=True):
@@ -174,8 +207,11 @@ def rdp_to_epsilon(orders, rdp, delta, improved=True):
   Mironov 2017 bound eps = r + log(1/delta) / (a - 1).
   """
   if improved:
-    return min(r + math.log1p(-1 / a) - math.log(delta * a) / (a - 1)
-               for a, r in zip(orders, rdp) if a > 1.01)
+    return min(
+        r + math.log1p(-1 / a) - math.log(delta * a) / (a - 1)
+        for a, r in zip(orders, rdp)
+        if a > 1.01
+    )
   return min(r + math.log(1 / delta) / (a - 1) for a, r in zip(orders, rdp))
 
 
@@ -188,9 +224,14 @@ def sampled_gaussian_rdp(q, z, alpha):
   """
   k = np.arange(alpha + 1)
   with np.errstate(divide='ignore'):
-    logs = (special.gammaln(alpha + 1) - special.gammaln(k + 1) -
-            special.gammaln(alpha - k + 1) + (alpha - k) * np.log1p(-q) +
-            k * np.log(q) + (k * k - k) / (2 * z * z))
+    logs = (
+        special.gammaln(alpha + 1)
+        - special.gammaln(k + 1)
+        - special.gammaln(alpha - k + 1)
+        + (alpha - k) * np.log1p(-q)
+        + k * np.log(q)
+        + (k * k - k) / (2 * z * z)
+    )
   return special.logsumexp(logs) / (alpha - 1)
 
 
@@ -204,8 +245,7 @@ def test_full_participation_is_the_exact_gaussian_mechanism(z, rounds):
   delta = 1e-3
   poisson = accounting.DpMechanism(z, 50, 50, 'poisson')
   exact = analytic_gaussian_epsilon(math.sqrt(rounds) / z, delta)
-  assert poisson.epsilon(rounds, delta, 'pld') == pytest.approx(exact,
-                                                                rel=1e-6)
+  assert poisson.epsilon(rounds, delta, 'pld') == pytest.approx(exact, rel=1e-6)
   rdp = [rounds * a / (2 * z * z) for a in ORDERS]
   got = poisson.epsilon(rounds, delta)
   assert got == pytest.approx(rdp_to_epsilon(ORDERS, rdp, delta), rel=1e-9)
@@ -234,24 +274,26 @@ def test_replace_one_moves_the_clipped_sum_by_twice_the_clip():
   replaced[2] = -updates[2]  # The worst replacement of client 2.
   removed = np.delete(updates, 2, axis=0)
   base = clipped_sum(updates)
-  assert np.linalg.norm(base - clipped_sum(replaced)) == pytest.approx(
-      2 * clip)
+  assert np.linalg.norm(base - clipped_sum(replaced)) == pytest.approx(2 * clip)
   assert np.linalg.norm(base - clipped_sum(removed)) == pytest.approx(clip)
   # So the accounted multiplier of fixed-size sampling is z / 2.
   mech = accounting.DpMechanism(1.2, 5, 10, 'uniform')
   assert mech.round_event().event.noise_multiplier == pytest.approx(0.6)
 
 
-@pytest.mark.parametrize('z, m, n, rounds', [
-    (1.1, 20, 100, 30), (4.0, 1, 100, 2000), (0.9, 256, 60000, 500)])
-def test_subsampled_rdp_matches_the_integer_order_closed_form(z, m, n,
-                                                              rounds):
+@pytest.mark.parametrize(
+    'z, m, n, rounds',
+    [(1.1, 20, 100, 30), (4.0, 1, 100, 2000), (0.9, 256, 60000, 500)],
+)
+def test_subsampled_rdp_matches_the_integer_order_closed_form(z, m, n, rounds):
   delta = 1e-5
   mech = accounting.DpMechanism(z, m, n, 'poisson')
   orders = list(range(2, 64)) + [128, 256, 512, 1024]
   mine = rdp_to_epsilon(
-      orders, [rounds * sampled_gaussian_rdp(m / n, z, a) for a in orders],
-      delta)
+      orders,
+      [rounds * sampled_gaussian_rdp(m / n, z, a) for a in orders],
+      delta,
+  )
   ours = mech.epsilon(rounds, delta)
   # dp_accounting also tries fractional orders: never worse, <= 5% better.
   assert mine * 0.95 <= ours <= mine * (1 + 1e-9)
@@ -260,20 +302,24 @@ def test_subsampled_rdp_matches_the_integer_order_closed_form(z, m, n,
   assert 0.7 * ours < pld < ours
 
 
-@pytest.mark.parametrize('z, m, n, rounds, published', [
-    # Abadi et al., "Deep Learning with Differential Privacy", CCS 2016,
-    # section 3.1: q = 0.01, sigma = 4, T = 10000, delta = 1e-5: eps ~ 1.26.
-    (4.0, 1, 100, 10000, 1.26),
-    # Bu, Dong, Long, Su, "Deep Learning with Gaussian Differential
-    # Privacy", HDSR 2020, Fig. 4: q = 256/60000, sigma = 0.7, 70 epochs,
-    # moments accountant: eps = 8.68 at delta = 1e-5.
-    (0.7, 256, 60000, 16406, 8.68),
-])
+@pytest.mark.parametrize(
+    'z, m, n, rounds, published',
+    [
+        # Abadi et al., "Deep Learning with Differential Privacy", CCS 2016,
+        # section 3.1: q = 0.01, sigma = 4, T = 10000, delta = 1e-5: eps ~ 1.26.
+        (4.0, 1, 100, 10000, 1.26),
+        # Bu, Dong, Long, Su, "Deep Learning with Gaussian Differential
+        # Privacy", HDSR 2020, Fig. 4: q = 256/60000, sigma = 0.7, 70 epochs,
+        # moments accountant: eps = 8.68 at delta = 1e-5.
+        (0.7, 256, 60000, 16406, 8.68),
+    ],
+)
 def test_published_moments_accountant_values(z, m, n, rounds, published):
   """Both used the classical RDP conversion; ours is the improved one."""
   delta = 1e-5
   tracker = accounting.EpsilonTracker(
-      accounting.DpMechanism(z, m, n, 'poisson'), delta)
+      accounting.DpMechanism(z, m, n, 'poisson'), delta
+  )
   rdp = rounds * tracker._rdp_one_round  # pylint: disable=protected-access
   classical = rdp_to_epsilon(ORDERS, rdp, delta, improved=False)
   assert classical == pytest.approx(published, abs=0.005)

@@ -19,8 +19,13 @@ BATCH = 4
 @pytest.fixture(scope='module')
 def clients():
   rng = np.random.default_rng(7)
-  return [(rng.normal(size=(n, 60)).astype(np.float32),
-           rng.integers(0, 10, n).astype(np.int32)) for n in (9, 6, 11)]
+  return [
+      (
+          rng.normal(size=(n, 60)).astype(np.float32),
+          rng.integers(0, 10, n).astype(np.int32),
+      )
+      for n in (9, 6, 11)
+  ]
 
 
 def datasets(cs):
@@ -55,8 +60,12 @@ def test_federated_matches_oracle_with_clipping(clients):
   rounds = [clients, clients[:2]]
   opts = dp_aggregation.DpOptions(noise_multiplier=0.0, clip=0.05)
   process = adadps.build_adadps_fed(
-      synthetic.create_softmax_regression_model_fn(), [a_w, a_b],
-      client_learning_rate=LR, clients_per_round=3, dp_options=opts)
+      synthetic.create_softmax_regression_model_fn(),
+      [a_w, a_b],
+      client_learning_rate=LR,
+      clients_per_round=3,
+      dp_options=opts,
+  )
   state = process.initialize()
   for cs in rounds:
     state = process.next(state, datasets(cs)).state
@@ -73,19 +82,28 @@ def test_side_information_of_ones_is_dp_fedavg(clients):
   model_fn = synthetic.create_softmax_regression_model_fn()
   opts = dp_aggregation.DpOptions(noise_multiplier=0.0, clip=0.05)
   ada = adadps.build_adadps_fed(
-      model_fn, [np.ones((60, 10)), np.ones(10)], client_learning_rate=LR,
-      clients_per_round=3, dp_options=opts)
+      model_fn,
+      [np.ones((60, 10)), np.ones(10)],
+      client_learning_rate=LR,
+      clients_per_round=3,
+      dp_options=opts,
+  )
   dp_fedavg = fed_avg.build_fed_avg(
-      model_fn, tff.learning.optimizers.build_sgdm(learning_rate=LR),
+      model_fn,
+      tff.learning.optimizers.build_sgdm(learning_rate=LR),
       client_weighting=tff.learning.ClientWeighting.UNIFORM,
       model_aggregator=dp_aggregation.build_dp_aggregator(
-          opts, clients_per_round=3))
+          opts, clients_per_round=3
+      ),
+  )
   sa, sb = ada.initialize(), dp_fedavg.initialize()
   for _ in range(2):
     sa = ada.next(sa, datasets(clients)).state
     sb = dp_fedavg.next(sb, datasets(clients)).state
-  for x, y in zip(composition.model_weights_as_numpy(ada, sa),
-                  composition.model_weights_as_numpy(dp_fedavg, sb)):
+  for x, y in zip(
+      composition.model_weights_as_numpy(ada, sa),
+      composition.model_weights_as_numpy(dp_fedavg, sb),
+  ):
     np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-8)
 
 
@@ -111,9 +129,17 @@ def test_centralized_matches_oracle_with_seeded_noise():
   a = rng.uniform(0.1, 1.0, size=d)
   c, sigma, b, lr = 0.5, 0.8, 6, 0.2
   got = adadps.run_centralized(
-      linreg_grads(x, y), n, np.zeros(d), steps=4, batch_size=b,
-      learning_rate=lr, clip=c, noise_multiplier=sigma,
-      preconditioner=adadps.FixedPreconditioner(a), seed=9)
+      linreg_grads(x, y),
+      n,
+      np.zeros(d),
+      steps=4,
+      batch_size=b,
+      learning_rate=lr,
+      clip=c,
+      noise_multiplier=sigma,
+      preconditioner=adadps.FixedPreconditioner(a),
+      seed=9,
+  )
   # Oracle: the same draws in the same order (Poisson batch, then noise).
   draws = np.random.default_rng(9)
   w = np.zeros(d)
@@ -135,12 +161,21 @@ def test_centralized_public_rmsprop_preconditioner_and_non_private_mode():
   pub = lambda w: (x[:5] @ w - y[:5]) @ x[:5] / 5
   pre = adadps.PublicRmsPropPreconditioner(pub, beta=0.5, epsilon=0.1)
   got = adadps.run_centralized(
-      linreg_grads(x, y), 20, np.zeros(3), steps=3, batch_size=20,
-      learning_rate=0.1, clip=1.0, noise_multiplier=0.0,
-      preconditioner=pre, sampling='fixed', private=False)
+      linreg_grads(x, y),
+      20,
+      np.zeros(3),
+      steps=3,
+      batch_size=20,
+      learning_rate=0.1,
+      clip=1.0,
+      noise_multiplier=0.0,
+      preconditioner=pre,
+      sampling='fixed',
+      private=False,
+  )
   w, v = np.zeros(3), np.zeros(3)
   for _ in range(3):
-    v = 0.5 * v + 0.5 * pub(w)**2
+    v = 0.5 * v + 0.5 * pub(w) ** 2
     w = w - 0.1 * ((x @ w - y) @ x / 20) / (np.sqrt(v) + 0.1)
   np.testing.assert_allclose(got, w, rtol=1e-12)
 
@@ -157,15 +192,19 @@ def test_federated_noise_is_added_once_to_the_clipped_sum(clients):
   a_b = rng.uniform(0.2, 2.0, size=10)
   z, c, m = 2.0, 0.05, 3
   process = adadps.build_adadps_fed(
-      synthetic.create_softmax_regression_model_fn(), [a_w, a_b],
-      client_learning_rate=LR, clients_per_round=m,
-      dp_options=dp_aggregation.DpOptions(noise_multiplier=z, clip=c))
+      synthetic.create_softmax_regression_model_fn(),
+      [a_w, a_b],
+      client_learning_rate=LR,
+      clients_per_round=m,
+      dp_options=dp_aggregation.DpOptions(noise_multiplier=z, clip=c),
+  )
   state = process.initialize()
   want_w, want_b = adadps_fed_oracle([clients], a_w, a_b, clip_norm=c, m=m)
   res_w, res_b = [], []
   for _ in range(6):  # Fresh noise each call, from the same state.
     got_w, got_b = composition.model_weights_as_numpy(
-        process, process.next(state, datasets(clients)).state)
+        process, process.next(state, datasets(clients)).state
+    )
     res_w.append(got_w - want_w)
     res_b.append(got_b - want_b)
   res_w, res_b = np.stack(res_w), np.stack(res_b)

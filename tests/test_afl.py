@@ -15,8 +15,9 @@ def test_projection_matches_bisection_oracle():
   for _ in range(50):
     v = rng.normal(size=rng.integers(1, 12)) * rng.choice([0.1, 1.0, 10.0])
     p = afl.project_to_simplex(tf.constant(v, tf.float32)).numpy()
-    np.testing.assert_allclose(p, oracles.project_simplex_bisection(v),
-                               atol=1e-5)
+    np.testing.assert_allclose(
+        p, oracles.project_simplex_bisection(v), atol=1e-5
+    )
     assert abs(p.sum() - 1) < 1e-5 and p.min() >= 0
 
 
@@ -32,38 +33,50 @@ def clients():
 
 
 def inputs(clients):
-  return [afl.client_data_with_index(
-      tf.data.Dataset.from_tensor_slices((x, y)).batch(7), k)
-          for k, (x, y) in enumerate(clients)]
+  return [
+      afl.client_data_with_index(
+          tf.data.Dataset.from_tensor_slices((x, y)).batch(7), k
+      )
+      for k, (x, y) in enumerate(clients)
+  ]
 
 
 def test_afl_matches_numpy_oracle(clients):
-  process = afl.build_afl(synthetic.create_softmax_regression_model_fn(),
-                          num_clients=3, model_learning_rate=0.5,
-                          mixture_learning_rate=0.3)
+  process = afl.build_afl(
+      synthetic.create_softmax_regression_model_fn(),
+      num_clients=3,
+      model_learning_rate=0.5,
+      mixture_learning_rate=0.3,
+  )
   state = process.initialize()
   for _ in range(3):
     out = process.next(state, inputs(clients))
     state = out.state
   w, b = composition.model_weights_as_numpy(process, state)
   w_ref, b_ref, mix_ref = oracles.afl_rounds(
-      np.zeros((60, 10)), np.zeros(10), clients, 3, lr_w=0.5, lr_lambda=0.3)
+      np.zeros((60, 10)), np.zeros(10), clients, 3, lr_w=0.5, lr_lambda=0.3
+  )
   np.testing.assert_allclose(w, w_ref, rtol=1e-4, atol=2e-6)
   np.testing.assert_allclose(b, b_ref, rtol=1e-4, atol=2e-6)
   np.testing.assert_allclose(state.client_work, mix_ref, atol=1e-5)
   assert out.metrics['client_work']['mixture']['lambda_max'] == pytest.approx(
-      mix_ref.max(), abs=1e-5)
+      mix_ref.max(), abs=1e-5
+  )
   # The client with the highest loss gains mass.
   assert np.argmax(mix_ref) == np.argmax(
-      [oracles.softmax_regression_loss(w, b, x, y) for x, y in clients])
+      [oracles.softmax_regression_loss(w, b, x, y) for x, y in clients]
+  )
 
 
 def test_partial_participation_matches_numpy_oracle(clients):
   """Only the round's clients: lambda-weighted mean of their gradients,
   ascent on their coordinates only (then the projection)."""
-  process = afl.build_afl(synthetic.create_softmax_regression_model_fn(),
-                          num_clients=3, model_learning_rate=0.5,
-                          mixture_learning_rate=0.3)
+  process = afl.build_afl(
+      synthetic.create_softmax_regression_model_fn(),
+      num_clients=3,
+      model_learning_rate=0.5,
+      mixture_learning_rate=0.3,
+  )
   participants = [[0, 2], [1], [2, 1], [0]]
   state = process.initialize()
   everyone = inputs(clients)
@@ -71,40 +84,81 @@ def test_partial_participation_matches_numpy_oracle(clients):
     state = process.next(state, [everyone[k] for k in part]).state
   w, b = composition.model_weights_as_numpy(process, state)
   w_ref, b_ref, mix_ref = oracles.afl_rounds(
-      np.zeros((60, 10)), np.zeros(10), clients, 4, lr_w=0.5, lr_lambda=0.3,
-      participants=participants)
+      np.zeros((60, 10)),
+      np.zeros(10),
+      clients,
+      4,
+      lr_w=0.5,
+      lr_lambda=0.3,
+      participants=participants,
+  )
   np.testing.assert_allclose(w, w_ref, rtol=1e-4, atol=2e-6)
   np.testing.assert_allclose(b, b_ref, rtol=1e-4, atol=2e-6)
   np.testing.assert_allclose(state.client_work, mix_ref, atol=1e-5)
   # Partial participation matters: the full-participation oracle differs.
   w_all, _, mix_all = oracles.afl_rounds(
-      np.zeros((60, 10)), np.zeros(10), clients, 4, lr_w=0.5, lr_lambda=0.3)
+      np.zeros((60, 10)), np.zeros(10), clients, 4, lr_w=0.5, lr_lambda=0.3
+  )
   assert np.abs(mix_all - mix_ref).max() > 1e-2
   assert np.abs(w_all - w_ref).max() > 1e-3
 
 
 def test_zero_mixture_rate_is_fedsgd_with_simple_average(clients):
-  process = afl.build_afl(synthetic.create_softmax_regression_model_fn(),
-                          num_clients=3, model_learning_rate=0.5,
-                          mixture_learning_rate=0.0)
+  process = afl.build_afl(
+      synthetic.create_softmax_regression_model_fn(),
+      num_clients=3,
+      model_learning_rate=0.5,
+      mixture_learning_rate=0.0,
+  )
   state = process.next(process.initialize(), inputs(clients)).state
   w, _ = composition.model_weights_as_numpy(process, state)
-  grads = [oracles.softmax_regression_grads(np.zeros((60, 10)), np.zeros(10),
-                                            x, y)[0] for x, y in clients]
+  grads = [
+      oracles.softmax_regression_grads(np.zeros((60, 10)), np.zeros(10), x, y)[
+          0
+      ]
+      for x, y in clients
+  ]
   np.testing.assert_allclose(w, -0.5 * np.mean(grads, axis=0), atol=1e-6)
   np.testing.assert_allclose(state.client_work, [1 / 3] * 3, atol=1e-7)
 
 
-@pytest.mark.parametrize('kwargs, error', [
-    (dict(num_clients=0, model_learning_rate=0.1, mixture_learning_rate=0.1),
-     ValueError),
-    (dict(num_clients=3, model_learning_rate=0.0, mixture_learning_rate=0.1),
-     ValueError),
-    (dict(num_clients=3, model_learning_rate=0.1, mixture_learning_rate=-1.0),
-     ValueError),
-    (dict(num_clients=2.5, model_learning_rate=0.1, mixture_learning_rate=0.1),
-     TypeError),
-])
+@pytest.mark.parametrize(
+    'kwargs, error',
+    [
+        (
+            dict(
+                num_clients=0,
+                model_learning_rate=0.1,
+                mixture_learning_rate=0.1,
+            ),
+            ValueError,
+        ),
+        (
+            dict(
+                num_clients=3,
+                model_learning_rate=0.0,
+                mixture_learning_rate=0.1,
+            ),
+            ValueError,
+        ),
+        (
+            dict(
+                num_clients=3,
+                model_learning_rate=0.1,
+                mixture_learning_rate=-1.0,
+            ),
+            ValueError,
+        ),
+        (
+            dict(
+                num_clients=2.5,
+                model_learning_rate=0.1,
+                mixture_learning_rate=0.1,
+            ),
+            TypeError,
+        ),
+    ],
+)
 def test_validation(kwargs, error):
   with pytest.raises(error):
     afl.build_afl(synthetic.create_softmax_regression_model_fn(), **kwargs)

@@ -9,25 +9,39 @@ from tff_algos import aggregators
 from tff_algos import attacks
 
 
-@pytest.mark.parametrize('kwargs, message', [
-    (dict(aggregator='average'), "unknown --aggregator='average'"),
-    (dict(name='qffl', aggregator='krum', krum_num_byzantine=1),
-     'applies to fedavg, fedprox, term, deltafl, ditto, not qffl'),
-    (dict(gm_passes=3), '--gm_passes applies to --aggregator=geometric_median'),
-    (dict(aggregator='krum', trim_fraction=0.1),
-     '--trim_fraction applies to --aggregator=trimmed_mean'),
-    (dict(aggregator='clip'), 'exactly one of --clip_norm'),
-    (dict(aggregator='clip', clip_norm=1.0, clip_target_quantile=0.5),
-     'exactly one of --clip_norm'),
-    (dict(aggregator='krum'), 'needs --krum_num_byzantine'),
-    (dict(aggregator='trimmed_mean', trim_fraction=0.5), 'trim_fraction'),
-    (dict(aggregator='geometric_median', gm_passes=-1), 'num_passes'),
-    (dict(attack='flip'), "unknown --attack='flip'"),
-    (dict(name='afl', attack='gaussian'), 'not afl'),
-    (dict(attack='label_poison', attack_scale=2.0),
-     '--attack_scale applies to --attack=gaussian'),
-    (dict(attack='gaussian', attack_scale=-1.0), 'sigma must be > 0'),
-])
+@pytest.mark.parametrize(
+    'kwargs, message',
+    [
+        (dict(aggregator='average'), "unknown --aggregator='average'"),
+        (
+            dict(name='qffl', aggregator='krum', krum_num_byzantine=1),
+            'applies to fedavg, fedprox, term, deltafl, ditto, not qffl',
+        ),
+        (
+            dict(gm_passes=3),
+            '--gm_passes applies to --aggregator=geometric_median',
+        ),
+        (
+            dict(aggregator='krum', trim_fraction=0.1),
+            '--trim_fraction applies to --aggregator=trimmed_mean',
+        ),
+        (dict(aggregator='clip'), 'exactly one of --clip_norm'),
+        (
+            dict(aggregator='clip', clip_norm=1.0, clip_target_quantile=0.5),
+            'exactly one of --clip_norm',
+        ),
+        (dict(aggregator='krum'), 'needs --krum_num_byzantine'),
+        (dict(aggregator='trimmed_mean', trim_fraction=0.5), 'trim_fraction'),
+        (dict(aggregator='geometric_median', gm_passes=-1), 'num_passes'),
+        (dict(attack='flip'), "unknown --attack='flip'"),
+        (dict(name='afl', attack='gaussian'), 'not afl'),
+        (
+            dict(attack='label_poison', attack_scale=2.0),
+            '--attack_scale applies to --attack=gaussian',
+        ),
+        (dict(attack='gaussian', attack_scale=-1.0), 'sigma must be > 0'),
+    ],
+)
 def test_bad_options_are_refused(kwargs, message):
   spec = algorithms.AlgorithmSpec(**{'name': 'fedavg', **kwargs})
   with pytest.raises(ValueError, match='') as info:
@@ -35,16 +49,29 @@ def test_bad_options_are_refused(kwargs, message):
   assert message in str(info.value)
 
 
-@pytest.mark.parametrize('kwargs, factory_type', [
-    (dict(), type(None)),
-    (dict(aggregator='geometric_median', gm_passes=5),
-     aggregators.GeometricMedianFactory),
-    (dict(aggregator='coordinate_median'), aggregators.CoordinateMedianFactory),
-    (dict(aggregator='trimmed_mean'), aggregators.TrimmedMeanFactory),
-    (dict(aggregator='krum', krum_num_byzantine=2), aggregators.KrumFactory),
-    (dict(aggregator='clip', clip_norm=2.0),
-     tff.aggregators.WeightedAggregationFactory),
-])
+@pytest.mark.parametrize(
+    'kwargs, factory_type',
+    [
+        (dict(), type(None)),
+        (
+            dict(aggregator='geometric_median', gm_passes=5),
+            aggregators.GeometricMedianFactory,
+        ),
+        (
+            dict(aggregator='coordinate_median'),
+            aggregators.CoordinateMedianFactory,
+        ),
+        (dict(aggregator='trimmed_mean'), aggregators.TrimmedMeanFactory),
+        (
+            dict(aggregator='krum', krum_num_byzantine=2),
+            aggregators.KrumFactory,
+        ),
+        (
+            dict(aggregator='clip', clip_norm=2.0),
+            tff.aggregators.WeightedAggregationFactory,
+        ),
+    ],
+)
 def test_factories(kwargs, factory_type):
   spec = algorithms.AlgorithmSpec(name='fedavg', **kwargs)
   spec.validate()
@@ -52,17 +79,25 @@ def test_factories(kwargs, factory_type):
 
 
 def test_update_attack_defaults_and_process_marker():
-  spec = algorithms.AlgorithmSpec(name='fedprox', attack='model_replacement',
-                                  server_learning_rate=0.5,
-                                  aggregator='coordinate_median')
+  spec = algorithms.AlgorithmSpec(
+      name='fedprox',
+      attack='model_replacement',
+      server_learning_rate=0.5,
+      aggregator='coordinate_median',
+  )
   attack = algorithms.update_attack(spec, clients_per_round=10)
   assert attack == attacks.UpdateAttack('model_replacement', -20.0)
-  assert algorithms.update_attack(
-      algorithms.AlgorithmSpec(name='fedavg', attack='label_poison'),
-      clients_per_round=10) is None
+  assert (
+      algorithms.update_attack(
+          algorithms.AlgorithmSpec(name='fedavg', attack='label_poison'),
+          clients_per_round=10,
+      )
+      is None
+  )
   process = algorithms.build_process(
-      spec, synthetic.create_softmax_regression_model_fn(),
-      clients_per_round=10)
+      spec, synthetic.create_softmax_regression_model_fn(), clients_per_round=10
+  )
   assert attacks.needs_attack_marker(process)
   assert 'aggregator coordinate_median, attack model_replacement' in (
-      spec.describe())
+      spec.describe()
+  )

@@ -26,21 +26,31 @@ def clients():
 
 
 def build(attack, **kwargs):
-  return fed_avg.build_fed_avg(synthetic.create_softmax_regression_model_fn(),
-                               fx.sgd(), update_attack=attack, **kwargs)
+  return fed_avg.build_fed_avg(
+      synthetic.create_softmax_regression_model_fn(),
+      fx.sgd(),
+      update_attack=attack,
+      **kwargs,
+  )
 
 
 def marked(round_clients, ids, corrupted, round_num, seed=0):
   return attacks.with_attack_markers(
-      fx.datasets(round_clients), ids, corrupted, seed=seed,
-      round_num=round_num, index_of={cid: i for i, cid in enumerate(IDS)})
+      fx.datasets(round_clients),
+      ids,
+      corrupted,
+      seed=seed,
+      round_num=round_num,
+      index_of={cid: i for i, cid in enumerate(IDS)},
+  )
 
 
 def run_marked(process, rounds):
   state = process.initialize()
   for round_num, (round_clients, ids, corrupted) in enumerate(rounds, 1):
     state = process.next(
-        state, marked(round_clients, ids, corrupted, round_num)).state
+        state, marked(round_clients, ids, corrupted, round_num)
+    ).state
   return composition.model_weights_as_numpy(process, state)
 
 
@@ -55,8 +65,9 @@ def test_corrupted_set_is_fixed_seeded_and_sized():
 
 def test_model_replacement_scales_only_the_marked_clients(clients):
   rounds = [(clients[:3], IDS[:3], {'b'}), (clients[1:], IDS[1:], {'b', 'e'})]
-  w, b = run_marked(build(attacks.UpdateAttack('model_replacement', -4.0)),
-                    rounds)
+  w, b = run_marked(
+      build(attacks.UpdateAttack('model_replacement', -4.0)), rounds
+  )
   corrupted_slots = iter([[1], [0, 3]])
 
   def aggregate(deltas, weights):
@@ -66,8 +77,12 @@ def test_model_replacement_scales_only_the_marked_clients(clients):
     return weights @ deltas / weights.sum()
 
   w_ref, b_ref = robust_oracles.fedavg_with(
-      *fx.zeros(), [r[0] for r in rounds], aggregate, lr=fx.LR,
-      batch_size=fx.BATCH)
+      *fx.zeros(),
+      [r[0] for r in rounds],
+      aggregate,
+      lr=fx.LR,
+      batch_size=fx.BATCH,
+  )
   np.testing.assert_allclose(w, w_ref, rtol=1e-4, atol=2e-6)
   np.testing.assert_allclose(b, b_ref, rtol=1e-4, atol=2e-6)
 
@@ -77,8 +92,10 @@ def test_gaussian_replaces_the_marked_update_by_seeded_noise(clients):
   rounds = [(clients[:3], IDS[:3], {'c'})]
   w, b = run_marked(build(attacks.UpdateAttack('gaussian', sigma)), rounds)
   seed = attacks.noise_seed(0, 1, IDS.index('c'))
-  noise = [sigma * tf.random.stateless_normal(shape, seed=[seed, i]).numpy()
-           for i, shape in enumerate([(60, 10), (10,)])]
+  noise = [
+      sigma * tf.random.stateless_normal(shape, seed=[seed, i]).numpy()
+      for i, shape in enumerate([(60, 10), (10,)])
+  ]
   flat_noise = robust_oracles.flat(*noise)
   assert abs(flat_noise.std() - sigma) < 0.05 and abs(flat_noise.mean()) < 0.05
 
@@ -88,7 +105,8 @@ def test_gaussian_replaces_the_marked_update_by_seeded_noise(clients):
     return weights @ deltas / weights.sum()
 
   w_ref, b_ref = robust_oracles.fedavg_with(
-      *fx.zeros(), [rounds[0][0]], aggregate, lr=fx.LR, batch_size=fx.BATCH)
+      *fx.zeros(), [rounds[0][0]], aggregate, lr=fx.LR, batch_size=fx.BATCH
+  )
   np.testing.assert_allclose(w, w_ref, rtol=1e-4, atol=2e-6)
   np.testing.assert_allclose(b, b_ref, rtol=1e-4, atol=2e-6)
 
@@ -105,12 +123,17 @@ def test_robust_aggregator_resists_replacement_inside_term(clients):
   """TERM with an attacked client: the median moves far less than the mean."""
   rounds = [(clients, IDS, {'a'})]
   moved = {}
-  for name, factory in (('mean', None),
-                        ('median', aggregators.build_coordinate_median())):
+  for name, factory in (
+      ('mean', None),
+      ('median', aggregators.build_coordinate_median()),
+  ):
     process = term.build_term(
-        synthetic.create_softmax_regression_model_fn(), fx.sgd(), tilt=0.0,
+        synthetic.create_softmax_regression_model_fn(),
+        fx.sgd(),
+        tilt=0.0,
         model_aggregator=factory,
-        update_attack=attacks.UpdateAttack('model_replacement', -50.0))
+        update_attack=attacks.UpdateAttack('model_replacement', -50.0),
+    )
     assert attacks.needs_attack_marker(process)
     moved[name] = np.abs(run_marked(process, rounds)[0]).max()
   clean = np.abs(fx.run(build(None), [clients])[0][0]).max()
@@ -120,9 +143,13 @@ def test_robust_aggregator_resists_replacement_inside_term(clients):
 
 def test_label_poisoning_changes_only_corrupted_labels():
   rng = np.random.default_rng(0)
-  raw = {cid: collections.OrderedDict(
-      x=rng.normal(size=(200, 3)).astype(np.float32),
-      y=rng.integers(0, 10, 200).astype(np.int32)) for cid in 'pqr'}
+  raw = {
+      cid: collections.OrderedDict(
+          x=rng.normal(size=(200, 3)).astype(np.float32),
+          y=rng.integers(0, 10, 200).astype(np.int32),
+      )
+      for cid in 'pqr'
+  }
   data = tff.simulation.datasets.TestClientData(raw)
   poisoned = attacks.poison_client_data(data, {'q'}, num_classes=10, seed=1)
   assert poisoned.client_ids == data.client_ids
@@ -144,8 +171,12 @@ def test_label_poisoning_changes_only_corrupted_labels():
   with pytest.raises(ValueError, match='label'):
     attacks.poison_client_data(
         tff.simulation.datasets.TestClientData(
-            {'p': collections.OrderedDict(z=np.zeros(3, np.float32))}),
-        {'p'}, num_classes=10, seed=0)
+            {'p': collections.OrderedDict(z=np.zeros(3, np.float32))}
+        ),
+        {'p'},
+        num_classes=10,
+        seed=0,
+    )
 
 
 def test_simulation_reports_benign_clients(tmp_path):
@@ -153,41 +184,58 @@ def test_simulation_reports_benign_clients(tmp_path):
   process = build(attacks.UpdateAttack('model_replacement', -10.0))
   attack = attacks.AttackConfig(kind='model_replacement', fraction=0.2, seed=5)
   config = simulation.SimulationConfig(
-      total_rounds=2, clients_per_round=4, rounds_per_eval=0,
-      eval_train_clients=False, attack=attack)
+      total_rounds=2,
+      clients_per_round=4,
+      rounds_per_eval=0,
+      eval_train_clients=False,
+      attack=attack,
+  )
   result = simulation.run_simulation(
-      process, task, config, output_dir=str(tmp_path / 'run'), progress=False)
+      process, task, config, output_dir=str(tmp_path / 'run'), progress=False
+  )
   corrupted = attacks.corrupted_clients(
-      list(task.train_data.client_ids), 0.2, seed=5)
+      list(task.train_data.client_ids), 0.2, seed=5
+  )
   assert len(corrupted) == 2
   test = result['per_client']['test']
   benign = np.array([c not in corrupted for c in test['client_id']])
   summaries = result['final_summaries']
   assert summaries['test/accuracy']['mean'] == pytest.approx(
-      np.mean(test['accuracy'][benign]))
+      np.mean(test['accuracy'][benign])
+  )
   assert summaries['all_test/accuracy']['mean'] == pytest.approx(
-      np.mean(test['accuracy']))
+      np.mean(test['accuracy'])
+  )
   saved = (tmp_path / 'run' / 'attack.json').read_text()
   assert all(c in saved for c in corrupted)
   with pytest.raises(ValueError, match='update_attack'):
     simulation.run_simulation(build(None), task, config, progress=False)
 
 
-@pytest.mark.parametrize('kwargs, error', [
-    (dict(kind='noise', scale=1.0), ValueError),
-    (dict(kind='gaussian', scale=-1.0), ValueError),
-    (dict(kind='model_replacement', scale=0.0), ValueError),
-    (dict(kind='gaussian', scale='1'), TypeError)])
+@pytest.mark.parametrize(
+    'kwargs, error',
+    [
+        (dict(kind='noise', scale=1.0), ValueError),
+        (dict(kind='gaussian', scale=-1.0), ValueError),
+        (dict(kind='model_replacement', scale=0.0), ValueError),
+        (dict(kind='gaussian', scale='1'), TypeError),
+    ],
+)
 def test_update_attack_validation(kwargs, error):
   with pytest.raises(error):
     attacks.UpdateAttack(**kwargs)
 
 
-@pytest.mark.parametrize('kwargs', [
-    dict(kind='gaussian', fraction=0.0), dict(kind='none', fraction=0.2),
-    dict(kind='gaussian', fraction=1.0), dict(kind='label_poison',
-                                              fraction=0.2),
-    dict(kind='flip', fraction=0.2)])
+@pytest.mark.parametrize(
+    'kwargs',
+    [
+        dict(kind='gaussian', fraction=0.0),
+        dict(kind='none', fraction=0.2),
+        dict(kind='gaussian', fraction=1.0),
+        dict(kind='label_poison', fraction=0.2),
+        dict(kind='flip', fraction=0.2),
+    ],
+)
 def test_attack_config_validation(kwargs):
   with pytest.raises(ValueError):
     attacks.AttackConfig(**kwargs).validate()
@@ -195,6 +243,9 @@ def test_attack_config_validation(kwargs):
 
 def test_default_scales():
   assert attacks.default_scale('gaussian', clients_per_round=10) == 1.0
-  assert attacks.default_scale(
-      'model_replacement', clients_per_round=10,
-      server_learning_rate=0.5) == -20.0
+  assert (
+      attacks.default_scale(
+          'model_replacement', clients_per_round=10, server_learning_rate=0.5
+      )
+      == -20.0
+  )

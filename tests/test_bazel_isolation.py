@@ -24,13 +24,19 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SITECUSTOMIZE = os.path.join(ROOT, 'tools', 'bazel', 'sitecustomize.py')
-BAZEL_VARS = ('PYTHONPATH', 'RUNFILES_DIR', 'TEST_SRCDIR',
-              'RUNFILES_MANIFEST_FILE', 'PYTHONSAFEPATH')
+BAZEL_VARS = (
+    'PYTHONPATH',
+    'RUNFILES_DIR',
+    'TEST_SRCDIR',
+    'RUNFILES_MANIFEST_FILE',
+    'PYTHONSAFEPATH',
+)
 
 
 def load_sitecustomize():
   spec = importlib.util.spec_from_file_location(
-      'isolation_under_test', SITECUSTOMIZE)
+      'isolation_under_test', SITECUSTOMIZE
+  )
   module = importlib.util.module_from_spec(spec)
   environ = dict(os.environ)
   for name in BAZEL_VARS:
@@ -57,37 +63,54 @@ def runfiles(tmp_path):
   shutil.copy(SITECUSTOMIZE, workspace / 'tools' / 'bazel')
   (workspace / 'tff_algos').mkdir()
   (workspace / 'tff_algos' / '__init__.py').write_text('')
-  shutil.copy(os.path.join(ROOT, 'tff_algos', 'runtime.py'),
-              workspace / 'tff_algos')
+  shutil.copy(
+      os.path.join(ROOT, 'tff_algos', 'runtime.py'), workspace / 'tff_algos'
+  )
   return workspace
 
 
 def run_python(code, workspace, bazel):
   env = {k: v for k, v in os.environ.items() if k not in BAZEL_VARS}
   env['PYTHONPATH'] = os.pathsep.join(
-      [str(workspace / 'tools' / 'bazel'), str(workspace)])
+      [str(workspace / 'tools' / 'bazel'), str(workspace)]
+  )
   if bazel:
     env['RUNFILES_DIR'] = str(workspace.parent)
-  return subprocess.run([sys.executable, '-c', code], cwd=workspace, env=env,
-                        capture_output=True, text=True, timeout=60,
-                        check=False)
+  return subprocess.run(
+      [sys.executable, '-c', code],
+      cwd=workspace,
+      env=env,
+      capture_output=True,
+      text=True,
+      timeout=60,
+      check=False,
+  )
 
 
 def test_editable_install_puts_a_checkout_on_sys_path(tmp_path):
   env = {k: v for k, v in os.environ.items() if k not in BAZEL_VARS}
   proc = subprocess.run(
       [sys.executable, '-c', 'import sys; print("\\n".join(sys.path[1:]))'],
-      cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
-      check=True)
-  checkouts = [p for p in proc.stdout.splitlines()
-               if os.path.isfile(os.path.join(p, 'tff_algos', 'term.py'))]
+      cwd=tmp_path,
+      env=env,
+      capture_output=True,
+      text=True,
+      timeout=60,
+      check=True,
+  )
+  checkouts = [
+      p
+      for p in proc.stdout.splitlines()
+      if os.path.isfile(os.path.join(p, 'tff_algos', 'term.py'))
+  ]
   assert checkouts, proc.stdout
 
 
 def test_package_missing_from_runfiles_imports_without_isolation(runfiles):
   """The hazard: the checkout behind the editable install fills the gap."""
-  proc = run_python('import tasks.tail_metrics as m; print(m.__file__)',
-                    runfiles, bazel=False)
+  proc = run_python(
+      'import tasks.tail_metrics as m; print(m.__file__)', runfiles, bazel=False
+  )
   assert proc.returncode == 0, proc.stderr
   assert proc.stdout.strip().endswith(os.path.join('tasks', 'tail_metrics.py'))
   assert not proc.stdout.startswith(str(runfiles))
@@ -104,8 +127,7 @@ def test_module_missing_from_a_package_in_runfiles_fails(runfiles, bazel):
   """A regular package found in the runfiles hides the checkout's copy."""
   proc = run_python('import tff_algos.term', runfiles, bazel=bazel)
   assert proc.returncode == 1
-  assert ("ModuleNotFoundError: No module named 'tff_algos.term'"
-          in proc.stderr)
+  assert "ModuleNotFoundError: No module named 'tff_algos.term'" in proc.stderr
 
 
 def test_module_in_runfiles_imports_from_runfiles(runfiles):
@@ -113,10 +135,14 @@ def test_module_in_runfiles_imports_from_runfiles(runfiles):
       'import sys, tff_algos.runtime as m; print(m.__file__);'
       ' print(all(p.startswith(sys.prefix) or p.startswith(sys.base_prefix)'
       ' or p.startswith(%r) for p in sys.path[1:]))' % str(runfiles.parent),
-      runfiles, bazel=True)
+      runfiles,
+      bazel=True,
+  )
   assert proc.returncode == 0, proc.stderr
   assert proc.stdout.splitlines() == [
-      str(runfiles / 'tff_algos' / 'runtime.py'), 'True']
+      str(runfiles / 'tff_algos' / 'runtime.py'),
+      'True',
+  ]
 
 
 def test_isolate_keeps_runfiles_and_interpreter_paths(tmp_path, monkeypatch):
@@ -132,8 +158,9 @@ def test_isolate_keeps_runfiles_and_interpreter_paths(tmp_path, monkeypatch):
 
   EditableFinder.__module__ = '__editable___tff_hetero_0_1_0_finder'
   finder = EditableFinder()
-  monkeypatch.setattr(sys, 'path', [str(runfiles / 'ws'), str(source),
-                                    stdlib, str(runfiles)])
+  monkeypatch.setattr(
+      sys, 'path', [str(runfiles / 'ws'), str(source), stdlib, str(runfiles)]
+  )
   monkeypatch.setattr(sys, 'meta_path', list(sys.meta_path) + [finder])
   dropped = isolation.isolate({'RUNFILES_DIR': str(runfiles)})
   assert dropped == [str(source)]

@@ -19,8 +19,14 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @pytest.fixture(scope='module')
 def tiny_result():
   config = bench.BenchConfig(
-      num_clients=12, examples_per_client=20, clients_per_round=3,
-      client_batch_size=5, rounds=2, warmup_rounds=1, repeats=2, seed=1,
+      num_clients=12,
+      examples_per_client=20,
+      clients_per_round=3,
+      client_batch_size=5,
+      rounds=2,
+      warmup_rounds=1,
+      repeats=2,
+      seed=1,
       client_learning_rate=0.1,
   )
   return bench.benchmark(config, log=lambda s: None)
@@ -55,8 +61,11 @@ def test_table_lists_every_system(tiny_result):
 def _run_bench(*args):
   """Runs the binary in its own process group; returns (rc, stdout, stderr)."""
   proc = subprocess.Popen(
-      [sys.executable, '-m', 'run.bench', *args], cwd=REPO,
-      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+      [sys.executable, '-m', 'run.bench', *args],
+      cwd=REPO,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+      text=True,
       start_new_session=True,
   )
   try:
@@ -69,7 +78,9 @@ def _run_bench(*args):
 
 
 def test_bad_flags_exit_2_with_one_line():
-  returncode, out, err = _run_bench('--clients_per_round=20', '--num_clients=10')
+  returncode, out, err = _run_bench(
+      '--clients_per_round=20', '--num_clients=10'
+  )
   assert returncode == 2, err
   assert err.strip().splitlines() == [err.strip()], err
   assert err.startswith('bench: error: ')
@@ -100,15 +111,21 @@ def _parse(*args) -> flags.FlagValues:
   return flag_values
 
 
-@pytest.mark.parametrize('args, message', [
-    (['--rounds=0'], '--rounds must be a positive integer'),
-    (['--examples_per_client=-3'], '--examples_per_client'),
-    (['--warmup_rounds=-1'], '--warmup_rounds'),
-    (['--repeats=0'], '--repeats'),
-    (['--task=nope'], 'unknown --task'),
-    (['--client_learning_rate=-1'], '--client_learning_rate'),
-    (['--num_clients=5', '--clients_per_round=6'], 'exceeds --num_clients=5'),
-])
+@pytest.mark.parametrize(
+    'args, message',
+    [
+        (['--rounds=0'], '--rounds must be a positive integer'),
+        (['--examples_per_client=-3'], '--examples_per_client'),
+        (['--warmup_rounds=-1'], '--warmup_rounds'),
+        (['--repeats=0'], '--repeats'),
+        (['--task=nope'], 'unknown --task'),
+        (['--client_learning_rate=-1'], '--client_learning_rate'),
+        (
+            ['--num_clients=5', '--clients_per_round=6'],
+            'exceeds --num_clients=5',
+        ),
+    ],
+)
 def test_bad_flag_values_are_refused(args, message):
   with pytest.raises(bench.UsageError, match=re.escape(message)):
     bench.config_from_flags(_parse(*args))
@@ -117,9 +134,13 @@ def test_bad_flag_values_are_refused(args, message):
 def test_flags_map_to_config():
   assert bench.config_from_flags(_parse()) == bench.BenchConfig()
   config = bench.config_from_flags(
-      _parse('--rounds=7', '--client_learning_rate=0.5', '--task=synthetic_iid'))
+      _parse('--rounds=7', '--client_learning_rate=0.5', '--task=synthetic_iid')
+  )
   assert (config.rounds, config.client_learning_rate, config.task) == (
-      7, 0.5, 'synthetic_iid')
+      7,
+      0.5,
+      'synthetic_iid',
+  )
 
 
 def test_config_validation_in_process():
@@ -135,8 +156,12 @@ def test_command_line_run_writes_json(tmp_path):
   # (imported inside app.run's main, TF 2.14 traced the plain loop wrongly).
   path = tmp_path / 'bench.json'
   returncode, out, err = _run_bench(
-      '--num_clients=4', '--clients_per_round=2', '--examples_per_client=10',
-      '--client_batch_size=5', '--rounds=1', '--warmup_rounds=0',
+      '--num_clients=4',
+      '--clients_per_round=2',
+      '--examples_per_client=10',
+      '--client_batch_size=5',
+      '--rounds=1',
+      '--warmup_rounds=0',
       f'--output_json={path}',
   )
   assert returncode == 0, err

@@ -30,12 +30,21 @@ def test_synthetic_clients_are_emnist_sized_and_deterministic():
 def test_command_line_run_measures_the_store(tmp_path):
   out = tmp_path / 'r.json'
   store = tmp_path / 'store'
-  code, stdout, stderr = _run([
-      '--num_clients=12', '--clients_per_round=3', '--rounds=2',
-      '--rounds_after=1', '--touch_clients=4', '--model=linear',
-      '--examples_per_client=4', '--batch_size=2',
-      '--rounds_per_checkpoint=1', f'--state_dir={store}',
-      f'--output_json={out}'])
+  code, stdout, stderr = _run(
+      [
+          '--num_clients=12',
+          '--clients_per_round=3',
+          '--rounds=2',
+          '--rounds_after=1',
+          '--touch_clients=4',
+          '--model=linear',
+          '--examples_per_client=4',
+          '--batch_size=2',
+          '--rounds_per_checkpoint=1',
+          f'--state_dir={store}',
+          f'--output_json={out}',
+      ]
+  )
   assert code == 0, stderr[-2000:]
   result = json.loads(out.read_text())
   assert result['state_parameters'] == 784 * 62  # The linear model.
@@ -43,8 +52,10 @@ def test_command_line_run_measures_the_store(tmp_path):
   per_file = result['usage_at_end']['bytes_per_file']
   assert state_bytes <= per_file <= state_bytes + 2000
   # The store-only pass adds one file per new client.
-  assert (result['usage_after_touch']['state_files'] -
-          result['usage_after_rounds']['state_files']) == 4
+  assert (
+      result['usage_after_touch']['state_files']
+      - result['usage_after_rounds']['state_files']
+  ) == 4
   assert len(result['raw']['rounds_before']) == 2
   assert len(result['raw']['rounds_after']) == 1
   for row in result['raw']['rounds_before']:

@@ -10,15 +10,23 @@ def _run(args, timeout=400):
 
 
 def test_one_round_of_term_both_loss_passes_agree():
-  code, stdout, stderr = _run(['--algorithms=term', '--rounds=1',
-                               '--warmup_rounds=1', '--clients_per_round=3'])
+  code, stdout, stderr = _run(
+      [
+          '--algorithms=term',
+          '--rounds=1',
+          '--warmup_rounds=1',
+          '--clients_per_round=3',
+      ]
+  )
   assert code == 0, stderr[-2000:]
-  rows = dict(re.findall(r'^\| (\S+) \| [0-9.]+ \| ([0-9.]+) \|', stdout,
-                         re.MULTILINE))
+  rows = dict(
+      re.findall(r'^\| (\S+) \| [0-9.]+ \| ([0-9.]+) \|', stdout, re.MULTILINE)
+  )
   assert set(rows) == {'fedavg', 'term', 'term/reduce_loss'}
   assert all(float(v) > 0 for v in rows.values())
   assert 'term: final weights, loss pass by iterator vs reduce, L-inf 0\n' in (
-      stdout)
+      stdout
+  )
 
 
 def test_bad_flags_exit_2_with_one_line():

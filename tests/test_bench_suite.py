@@ -13,10 +13,12 @@ from tests import binary
 
 
 def _round_datasets(task, clients):
-  config = simulation.SimulationConfig(total_rounds=1,
-                                       clients_per_round=clients, seed=0)
+  config = simulation.SimulationConfig(
+      total_rounds=1, clients_per_round=clients, seed=0
+  )
   selected = simulation.sample_clients(
-      list(task.train_data.client_ids), 1, clients_per_round=clients, seed=0)
+      list(task.train_data.client_ids), 1, clients_per_round=clients, seed=0
+  )
   plans = [stragglers.ClientPlan(c, False, 1) for c in selected]
   return simulation.client_datasets(task, plans, 1, config)
 
@@ -27,7 +29,8 @@ def test_plain_loop_is_a_fedavg_round():
   task = bench_suite.build_task('softmax', 6)
   datasets = _round_datasets(task, 4)
   stock = tff.learning.algorithms.build_weighted_fed_avg(
-      task.model_fn, algorithms.build_optimizer('sgd', 0.01))
+      task.model_fn, algorithms.build_optimizer('sgd', 0.01)
+  )
   out = stock.next(stock.initialize(), datasets)
   expected = stock.get_model_weights(out.state).trainable
   plain = bench_suite.PlainLoop('softmax', 0.01)
@@ -63,16 +66,34 @@ def test_peak_rss_sees_memory_held_while_entered():
 
 def test_one_run_times_fedavg_qffl_ditto_and_the_references(tmp_path):
   out = tmp_path / 'suite.json'
-  code, stdout, stderr = binary.run_module('run.bench_suite', [
-      '--models=softmax', '--algorithms=fedavg,qffl,ditto', '--rounds=1',
-      '--warmup_rounds=1', '--clients_per_round=3', '--num_clients=6',
-      '--stacked_modes=vectorized', f'--output_json={out}'], timeout=600)
+  code, stdout, stderr = binary.run_module(
+      'run.bench_suite',
+      [
+          '--models=softmax',
+          '--algorithms=fedavg,qffl,ditto',
+          '--rounds=1',
+          '--warmup_rounds=1',
+          '--clients_per_round=3',
+          '--num_clients=6',
+          '--stacked_modes=vectorized',
+          f'--output_json={out}',
+      ],
+      timeout=600,
+  )
   assert code == 0, stderr[-3000:]
   result = json.loads(out.read_text())['models']['softmax']
   systems = result['systems']
   assert set(systems) == {
-      'fedavg/tff', 'fedavg/batched', 'fedavg/stacked', 'fedavg/stock',
-      'fedavg/plain', 'qffl/tff', 'qffl/batched', 'qffl/stacked', 'ditto/tff'}
+      'fedavg/tff',
+      'fedavg/batched',
+      'fedavg/stacked',
+      'fedavg/stock',
+      'fedavg/plain',
+      'qffl/tff',
+      'qffl/batched',
+      'qffl/stacked',
+      'ditto/tff',
+  }
   for key, s in systems.items():
     assert s['examples_per_s'] > 0 and s['seconds_per_round'] > 0, key
     assert s['peak_rss_mb'] > 100, key  # TF alone holds more.
@@ -80,7 +101,11 @@ def test_one_run_times_fedavg_qffl_ditto_and_the_references(tmp_path):
   assert systems['fedavg/stock']['ratio_to_stock'] == 1.0
   # The engines end where our TFF path ends (same clients and batches).
   assert set(result['tff_vs_engines_linf']) == {
-      'fedavg/batched', 'fedavg/stacked', 'qffl/batched', 'qffl/stacked'}
+      'fedavg/batched',
+      'fedavg/stacked',
+      'qffl/batched',
+      'qffl/stacked',
+  }
   assert max(result['tff_vs_engines_linf'].values()) < 1e-5
   by_round = result['tff_vs_engines_linf_by_round']
   assert len(by_round) == 2  # Warm-up round included.
@@ -90,7 +115,8 @@ def test_one_run_times_fedavg_qffl_ditto_and_the_references(tmp_path):
 
 def test_bad_flags_exit_2_with_one_line():
   code, _, stderr = binary.run_module(
-      'run.bench_suite', ['--ditto_lambda=-1'], timeout=300)
+      'run.bench_suite', ['--ditto_lambda=-1'], timeout=300
+  )
   assert code == 2
   lines = binary.error_lines(stderr)
   assert len(lines) == 1 and lines[0].startswith('bench_suite: error:')

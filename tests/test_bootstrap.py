@@ -16,8 +16,14 @@ def fake_python(tmp_path, version):
 
 def run_bootstrap(python, tmp_path):
   env = dict(os.environ, PYTHON=python, VENV=str(tmp_path / 'venv'))
-  return subprocess.run(['bash', 'scripts/bootstrap.sh'], cwd=ROOT, env=env,
-                        capture_output=True, text=True, timeout=60)
+  return subprocess.run(
+      ['bash', 'scripts/bootstrap.sh'],
+      cwd=ROOT,
+      env=env,
+      capture_output=True,
+      text=True,
+      timeout=60,
+  )
 
 
 def test_wrong_python_version_is_one_line_error(tmp_path):
@@ -34,4 +40,3 @@ def test_missing_python_is_one_line_error(tmp_path):
   assert result.returncode == 2
   assert len([l for l in result.stderr.splitlines() if l.strip()]) == 1
   assert 'cannot run' in result.stderr
-

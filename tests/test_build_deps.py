@@ -20,15 +20,15 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 FAKE_TREE = {
     'pkg/__init__.py': '',
-    'pkg/a.py': '''
+    'pkg/a.py': """
         import os
 
         import numpy as np
 
         from pkg import b as bee
         from other.c import SomeClass
-        ''',
-    'pkg/b.py': '''
+        """,
+    'pkg/b.py': """
         import collections
 
 
@@ -36,32 +36,32 @@ FAKE_TREE = {
           from other import d  # pylint: disable=g-import-not-at-top
           import tensorflow as tf  # pylint: disable=g-import-not-at-top
           return d, tf
-        ''',
-    'pkg/names.py': '''
+        """,
+    'pkg/names.py': """
         from pkg import CONSTANT
         from . import a
-        ''',
+        """,
     'other/__init__.py': 'CONSTANT = 1\n',
-    'other/c.py': '''
+    'other/c.py': """
         import other.d
 
 
         class SomeClass:
           pass
-        ''',
+        """,
     'other/d.py': 'from absl import flags\n',
     'tests/__init__.py': '',
     'tests/conftest.py': 'from other import d\n',
     'tests/helpers.py': 'import numpy\n',
-    'tests/test_a.py': '''
+    'tests/test_a.py': """
         import pytest
 
         from pkg import a
         from tests import helpers
-        ''',
-    'tests/test_cli.py': '''
+        """,
+    'tests/test_cli.py': """
         import subprocess
-        ''',
+        """,
     'scripts/not_a_package.py': 'import pkg.a\n',
     'requirements.txt': 'numpy\n',
 }
@@ -90,8 +90,12 @@ def test_generated_pkg_build(tree):
   files, graph = build_deps.expected_files(tree)
   assert graph.problems == []
   assert sorted(map(str, files)) == [
-      'BUILD', 'other/BUILD', 'pkg/BUILD', 'tests/BUILD']
-  assert files[Path('pkg/BUILD')] == build_deps.GENERATED_HEADER + '''
+      'BUILD',
+      'other/BUILD',
+      'pkg/BUILD',
+      'tests/BUILD',
+  ]
+  assert files[Path('pkg/BUILD')] == build_deps.GENERATED_HEADER + """
 load("//tools/bazel:defs.bzl", "py_library")
 
 package(default_visibility = ["//visibility:public"])
@@ -132,13 +136,13 @@ py_library(
     name = "pkg",
     srcs = ["__init__.py"],
 )
-'''
+"""
 
 
 def test_generated_other_and_root_build(tree):
   files, _ = build_deps.expected_files(tree)
   other = files[Path('other/BUILD')]
-  assert '''
+  assert """
 py_library(
     name = "c",
     srcs = ["c.py"],
@@ -147,8 +151,8 @@ py_library(
         ":other",
     ],
 )
-''' in other
-  assert '''
+""" in other
+  assert """
 # third-party: absl
 py_library(
     name = "d",
@@ -157,7 +161,7 @@ py_library(
         ":other",
     ],
 )
-''' in other
+""" in other
   assert 'exports_files([\n    "requirements.txt",\n])' in files[Path('BUILD')]
   assert 'scripts' not in ''.join(map(str, files))
 
@@ -167,7 +171,7 @@ def test_generated_tests_build(tree):
   text = files[Path('tests/BUILD')]
   assert 'runs its pytest module with pytest' in text
   assert 'load("//tools/bazel:defs.bzl", "py_library", "py_test")' in text
-  assert '''
+  assert """
 # third-party: pytest
 py_test(
     name = "test_a",
@@ -180,8 +184,8 @@ py_test(
         "//pkg:a",
     ],
 )
-''' in text
-  assert '''
+""" in text
+  assert """
 py_test(
     name = "test_cli",
     size = "large",
@@ -191,8 +195,8 @@ py_test(
         ":tests",
     ],
 )
-''' in text
-  assert '''
+""" in text
+  assert """
 py_library(
     name = "conftest",
     testonly = True,
@@ -202,8 +206,11 @@ py_library(
         "//other:d",
     ],
 )
-''' in text
-  assert 'name = "tests",\n    testonly = True,\n    srcs = ["__init__.py"],' in text
+""" in text
+  assert (
+      'name = "tests",\n    testonly = True,\n    srcs = ["__init__.py"],'
+      in text
+  )
 
 
 def test_output_is_deterministic(tree):
@@ -211,8 +218,11 @@ def test_output_is_deterministic(tree):
   second, _ = build_deps.expected_files(tree)
   assert first == second
   pkg = first[Path('pkg/BUILD')]
-  names = [line.split('"')[1] for line in pkg.splitlines()
-           if line.startswith('    name = ')]
+  names = [
+      line.split('"')[1]
+      for line in pkg.splitlines()
+      if line.startswith('    name = ')
+  ]
   assert names == sorted(names)
 
 
@@ -235,8 +245,10 @@ def test_new_import_fails_check(tree, capsys):
     f.write('\n\ndef f():\n  import other.d\n  return other.d\n')
   rc, out = run_main(capsys, '--check', '--root', str(tree))
   assert rc == 1
-  assert out == ['pkg/BUILD: :names (pkg/names.py) lacks dep //other:d'
-                 ' (imported by the module)']
+  assert out == [
+      'pkg/BUILD: :names (pkg/names.py) lacks dep //other:d'
+      ' (imported by the module)'
+  ]
 
 
 def test_new_module_and_stale_target_fail_check(tree, capsys):
@@ -263,20 +275,28 @@ def test_hand_edit_fails_check(tree, capsys):
   build.write_text(build.read_text().replace('# third-party: numpy\n', ''))
   rc, out = run_main(capsys, '--check', '--root', str(tree))
   assert rc == 1
-  assert out == ['pkg/BUILD: differs from the generated text (header,'
-                 ' comments, order or formatting)']
+  assert out == [
+      'pkg/BUILD: differs from the generated text (header,'
+      ' comments, order or formatting)'
+  ]
 
 
 def test_unresolved_import_and_cycle_are_reported(tree, capsys):
-  (tree / 'other' / 'd.py').write_text('import pkg.missing\nfrom pkg import a\n')
+  (tree / 'other' / 'd.py').write_text(
+      'import pkg.missing\nfrom pkg import a\n'
+  )
   rc, out = run_main(capsys, '--write', '--root', str(tree))
   assert rc == 1
   rc, out = run_main(capsys, '--check', '--root', str(tree))
   assert rc == 1
-  assert ('other/d.py:1: import of pkg.missing names no module of this'
-          ' repository') in out
-  assert ('dependency cycle (Bazel rejects it): //other:c -> //other:d'
-          ' -> //pkg:a -> //other:c') in out
+  assert (
+      'other/d.py:1: import of pkg.missing names no module of this'
+      ' repository'
+  ) in out
+  assert (
+      'dependency cycle (Bazel rejects it): //other:c -> //other:d'
+      ' -> //pkg:a -> //other:c'
+  ) in out
 
 
 def test_library_importing_test_helper_is_reported(tree):
@@ -284,34 +304,44 @@ def test_library_importing_test_helper_is_reported(tree):
   _, graph = build_deps.expected_files(tree)
   assert graph.problems == [
       'pkg/b.py: imports tests/helpers.py, but //pkg:b is not testonly and'
-      ' //tests:helpers is']
+      ' //tests:helpers is'
+  ]
 
 
 def test_size_override(tree):
   (tree / 'tests' / 'test_cli.py').write_text(
-      'import subprocess\n# bazel-size: enormous\n')
+      'import subprocess\n# bazel-size: enormous\n'
+  )
   files, _ = build_deps.expected_files(tree)
-  assert 'name = "test_cli",\n    size = "enormous",' in files[
-      Path('tests/BUILD')]
+  assert (
+      'name = "test_cli",\n    size = "enormous",' in files[Path('tests/BUILD')]
+  )
 
 
 def test_package_init_dep_is_left_out_where_it_would_close_a_cycle(tmp_path):
-  make_tree(tmp_path, {
-      'top/__init__.py': '',
-      'top/sub/__init__.py': 'from top.sub.impl import run\n',
-      'top/sub/impl.py': 'def run():\n  return 1\n',
-      'top/sub/other.py': 'import top.sub.impl\n',
-  })
+  make_tree(
+      tmp_path,
+      {
+          'top/__init__.py': '',
+          'top/sub/__init__.py': 'from top.sub.impl import run\n',
+          'top/sub/impl.py': 'def run():\n  return 1\n',
+          'top/sub/other.py': 'import top.sub.impl\n',
+      },
+  )
   _, graph = build_deps.expected_files(tmp_path)
   assert graph.problems == []
   targets = {t.name: t for t in graph.targets['top.sub']}
   # `impl` is imported by its package's __init__: no dep back on it.
   assert {n: t.deps for n, t in targets.items()} == {
-      'impl': [], 'other': [':impl', ':sub'], 'sub': [':impl', '//top']}
-  assert targets['other'].dep_reasons == {':impl': 'imported',
-                                          ':sub': 'package'}
-  assert targets['sub'].dep_reasons == {':impl': 'imported',
-                                        '//top': 'package'}
+      'impl': [],
+      'other': [':impl', ':sub'],
+      'sub': [':impl', '//top'],
+  }
+  assert targets['other'].dep_reasons == {
+      ':impl': 'imported',
+      ':sub': 'package',
+  }
+  assert targets['sub'].dep_reasons == {':impl': 'imported', '//top': 'package'}
 
 
 CLI_TEST = """
@@ -357,15 +387,16 @@ def test_named_module_and_data_files(tree, capsys):
   assert CLI_TARGET in files[Path('tests/BUILD')]
   assert files[Path('BUILD')].endswith(
       '\nexports_files([\n    "docs/notes.md",\n    "requirements.txt",\n'
-      '    "scripts/run.sh",\n])\n')
-  assert '\nexports_files([\n    "table.csv",\n])\n' in files[
-      Path('pkg/BUILD')]
+      '    "scripts/run.sh",\n])\n'
+  )
+  assert '\nexports_files([\n    "table.csv",\n])\n' in files[Path('pkg/BUILD')]
   test_cli = next(t for t in graph.targets['tests'] if t.name == 'test_cli')
   assert test_cli.dep_reasons['//pkg:names'] == 'named'
   assert build_deps.main(['--write', '--root', str(tree)]) == 0
   build = tree / 'tests' / 'BUILD'
-  build.write_text(build.read_text().replace(
-      '        "//:scripts/run.sh",\n', ''))
+  build.write_text(
+      build.read_text().replace('        "//:scripts/run.sh",\n', '')
+  )
   capsys.readouterr()
   rc, out = run_main(capsys, '--check', '--root', str(tree))
   assert rc == 1
@@ -373,12 +404,14 @@ def test_named_module_and_data_files(tree, capsys):
       "tests/BUILD: :test_cli (tests/test_cli.py) has data ['//:docs/notes.md',"
       " '//:requirements.txt', '//pkg:table.csv'], expected"
       " ['//:docs/notes.md', '//:requirements.txt', '//:scripts/run.sh',"
-      " '//pkg:table.csv']"]
+      " '//pkg:table.csv']"
+  ]
 
 
 def test_bad_data_directive_is_reported(tree):
   (tree / 'tests' / 'test_cli.py').write_text(
-      '# bazel-data: docs/missing.md ../outside.txt\n')
+      '# bazel-data: docs/missing.md ../outside.txt\n'
+  )
   _, graph = build_deps.expected_files(tree)
   assert graph.problems == [
       "tests/test_cli.py: bazel-data 'docs/missing.md' names no file of this"
@@ -389,50 +422,77 @@ def test_bad_data_directive_is_reported(tree):
 
 
 def notebook(*cells):
-  return json.dumps({'cells': [
-      {'cell_type': kind, 'source': source, 'metadata': {}}
-      for kind, source in cells], 'metadata': {}, 'nbformat': 4,
-                     'nbformat_minor': 5})
+  return json.dumps(
+      {
+          'cells': [
+              {'cell_type': kind, 'source': source, 'metadata': {}}
+              for kind, source in cells
+          ],
+          'metadata': {},
+          'nbformat': 4,
+          'nbformat_minor': 5,
+      }
+  )
 
 
 def test_notebook_in_data_adds_its_imports(tree):
   (tree / 'examples').mkdir()
-  (tree / 'examples' / 'demo.ipynb').write_text(notebook(
-      ('markdown', 'import nothing.here'),
-      ('code', ['%matplotlib inline\n', 'from pkg import names\n',
-                '!pip install x\n', 'import numpy as np\n']),
-      ('code', 'def f():\n  from pkg import a\n  return a\n')))
+  (tree / 'examples' / 'demo.ipynb').write_text(
+      notebook(
+          ('markdown', 'import nothing.here'),
+          (
+              'code',
+              [
+                  '%matplotlib inline\n',
+                  'from pkg import names\n',
+                  '!pip install x\n',
+                  'import numpy as np\n',
+              ],
+          ),
+          ('code', 'def f():\n  from pkg import a\n  return a\n'),
+      )
+  )
   (tree / 'tests' / 'test_nb.py').write_text(
-      '# bazel-data: examples/demo.ipynb\nimport pytest\n')
+      '# bazel-data: examples/demo.ipynb\nimport pytest\n'
+  )
   _, graph = build_deps.expected_files(tree)
   assert graph.problems == []
   target = next(t for t in graph.targets['tests'] if t.name == 'test_nb')
   assert target.data == ['//:examples/demo.ipynb']
-  assert {dep: why for dep, why in target.dep_reasons.items()
-          if why == 'notebook'} == {'//pkg:a': 'notebook',
-                                     '//pkg:names': 'notebook'}
+  assert {
+      dep: why for dep, why in target.dep_reasons.items() if why == 'notebook'
+  } == {'//pkg:a': 'notebook', '//pkg:names': 'notebook'}
   assert target.third_party == ['numpy', 'pytest']
 
 
 def test_broken_notebook_is_reported(tree):
   (tree / 'examples').mkdir()
-  (tree / 'examples' / 'bad.ipynb').write_text(notebook(
-      ('code', 'from pkg import names\ndef (\n')))
+  (tree / 'examples' / 'bad.ipynb').write_text(
+      notebook(('code', 'from pkg import names\ndef (\n'))
+  )
   (tree / 'examples' / 'worse.ipynb').write_text('{not json')
   (tree / 'tests' / 'test_nb.py').write_text(
-      '# bazel-data: examples/bad.ipynb examples/worse.ipynb\n')
+      '# bazel-data: examples/bad.ipynb examples/worse.ipynb\n'
+  )
   _, graph = build_deps.expected_files(tree)
   assert len(graph.problems) == 2
   assert graph.problems[0].startswith(
-      'examples/bad.ipynb: not a notebook whose code cells parse:')
+      'examples/bad.ipynb: not a notebook whose code cells parse:'
+  )
   assert graph.problems[1].startswith(
-      'examples/worse.ipynb: not a notebook whose code cells parse:')
+      'examples/worse.ipynb: not a notebook whose code cells parse:'
+  )
 
 
 def test_check_on_the_real_repository():
   """Last: the checked-in BUILD files match the current source tree."""
   proc = subprocess.run(
-      [sys.executable, '-m', 'tools.build_deps', '--check'], cwd=REPO_ROOT,
-      capture_output=True, text=True, timeout=120, check=False)
+      [sys.executable, '-m', 'tools.build_deps', '--check'],
+      cwd=REPO_ROOT,
+      capture_output=True,
+      text=True,
+      timeout=120,
+      check=False,
+  )
   assert proc.returncode == 0, proc.stdout + proc.stderr
   assert proc.stdout == 'BUILD files are up to date\n'

@@ -11,13 +11,17 @@ from tff_algos import client_states
 
 def initial(cid):
   del cid
-  return collections.OrderedDict(personal=([np.zeros((2, 3), np.float32),
-                                            np.zeros(3, np.float32)],))
+  return collections.OrderedDict(
+      personal=([np.zeros((2, 3), np.float32), np.zeros(3, np.float32)],)
+  )
 
 
 def state(value):
-  return collections.OrderedDict(personal=(
-      [np.full((2, 3), value, np.float32), np.full(3, -value, np.float32)],))
+  return collections.OrderedDict(
+      personal=(
+          [np.full((2, 3), value, np.float32), np.full(3, -value, np.float32)],
+      )
+  )
 
 
 def value_of(s):
@@ -27,18 +31,26 @@ def value_of(s):
 def make(kind, tmp_path, **kwargs):
   if kind == 'memory':
     return client_states.InMemoryClientStateStore(
-        initial, snapshot_dir=str(tmp_path / 'mem'), **kwargs)
-  return client_states.DiskClientStateStore(str(tmp_path / 'disk'), initial,
-                                            **kwargs)
+        initial, snapshot_dir=str(tmp_path / 'mem'), **kwargs
+    )
+  return client_states.DiskClientStateStore(
+      str(tmp_path / 'disk'), initial, **kwargs
+  )
 
 
 def play(store):
   """Rounds 1..5 writing a few clients each, snapshots at 2 and 4."""
-  schedule = {1: ['a', 'b'], 2: ['b', 'c/x'], 3: ['a'], 4: ['c/x', 'd'],
-              5: ['a', 'd']}
+  schedule = {
+      1: ['a', 'b'],
+      2: ['b', 'c/x'],
+      3: ['a'],
+      4: ['c/x', 'd'],
+      5: ['a', 'd'],
+  }
   for r, ids in schedule.items():
-    store.put_many(ids, [state(10 * r + i) for i in range(len(ids))],
-                   round_num=r)
+    store.put_many(
+        ids, [state(10 * r + i) for i in range(len(ids))], round_num=r
+    )
     if r in (2, 4):
       store.snapshot(r)
 
@@ -48,8 +60,7 @@ def test_get_put_and_initial_state(kind, tmp_path):
   store = make(kind, tmp_path)
   got = store.get_many(['never'])
   assert value_of(got[0]) == 0.0
-  store.put_many(['a', 'weird id/../x'], [state(1.0), state(2.0)],
-                 round_num=1)
+  store.put_many(['a', 'weird id/../x'], [state(1.0), state(2.0)], round_num=1)
   a, w, n = store.get_many(['a', 'weird id/../x', 'n'])
   assert (value_of(a), value_of(w), value_of(n)) == (1.0, 2.0, 0.0)
   np.testing.assert_array_equal(a['personal'][0][1], np.full(3, -1.0))
@@ -89,7 +100,10 @@ def test_restore_in_a_new_process_continues_exactly(kind, tmp_path):
   store = make(kind, tmp_path)
   store.restore(4)
   assert [value_of(s) for s in store.get_many(['a', 'c/x', 'd'])] == [
-      30.0, 40.0, 41.0]
+      30.0,
+      40.0,
+      41.0,
+  ]
   # The resumed run writes round 5 again and sees its own values.
   store.put_many(['d'], [state(7.0)], round_num=5)
   assert value_of(store.get_many(['d'])[0]) == 7.0
@@ -117,12 +131,15 @@ def test_snapshots_are_pruned_and_old_versions_collected(tmp_path):
     mem.snapshot(r)
   assert mem.snapshot_rounds() == [6, 7]
   assert sorted(os.listdir(tmp_path / 'mem')) == [
-      'states_round_00000006.npz', 'states_round_00000007.npz']
+      'states_round_00000006.npz',
+      'states_round_00000007.npz',
+  ]
 
 
 @pytest.mark.parametrize('kind', ['memory', 'disk'])
-def test_crash_mid_write_keeps_the_previous_version(kind, tmp_path,
-                                                    monkeypatch):
+def test_crash_mid_write_keeps_the_previous_version(
+    kind, tmp_path, monkeypatch
+):
   store = make(kind, tmp_path)
   store.put_many(['a'], [state(1.0)], round_num=1)
   store.snapshot(1)
@@ -141,17 +158,24 @@ def test_crash_mid_write_keeps_the_previous_version(kind, tmp_path,
   fresh = make(kind, tmp_path)
   fresh.restore(1)
   assert value_of(fresh.get_many(['a'])[0]) == 1.0
-  leftovers = [name for _, _, files in os.walk(tmp_path) for name in files
-               if name.startswith('.tmp_')]
+  leftovers = [
+      name
+      for _, _, files in os.walk(tmp_path)
+      for name in files
+      if name.startswith('.tmp_')
+  ]
   assert leftovers == []
 
 
 def test_build_store_and_validation(tmp_path):
-  assert isinstance(client_states.build_store('memory', initial),
-                    client_states.InMemoryClientStateStore)
+  assert isinstance(
+      client_states.build_store('memory', initial),
+      client_states.InMemoryClientStateStore,
+  )
   assert isinstance(
       client_states.build_store('disk', initial, directory=str(tmp_path)),
-      client_states.DiskClientStateStore)
+      client_states.DiskClientStateStore,
+  )
   with pytest.raises(ValueError, match='directory'):
     client_states.build_store('disk', initial)
   with pytest.raises(ValueError, match='unknown'):
@@ -162,7 +186,8 @@ def test_build_store_and_validation(tmp_path):
     client_states.InMemoryClientStateStore('not callable')
   with pytest.raises(ValueError, match='round_num'):
     client_states.InMemoryClientStateStore(initial).put_many(
-        ['a'], [state(1)], round_num=-1)
+        ['a'], [state(1)], round_num=-1
+    )
 
 
 def _count_client_listings(monkeypatch, store):
@@ -180,8 +205,7 @@ def _count_client_listings(monkeypatch, store):
   return seen
 
 
-def test_disk_snapshot_reads_only_clients_written_since(tmp_path,
-                                                        monkeypatch):
+def test_disk_snapshot_reads_only_clients_written_since(tmp_path, monkeypatch):
   store = make('disk', tmp_path, keep_snapshots=2)
   many = [f'c{i:03d}' for i in range(40)]
   store.put_many(many, [state(1.0)] * 40, round_num=1)
@@ -197,7 +221,10 @@ def test_disk_snapshot_reads_only_clients_written_since(tmp_path,
   # Kept snapshots 4 and 5: versions 4 and 5 only (1, 2, 3 collected).
   assert sorted(os.listdir(folder)) == ['00000004.npz', '00000005.npz']
   assert [value_of(s) for s in store.get_many(['c000', 'c001', 'c039'])] == [
-      5.0, -5.0, 1.0]
+      5.0,
+      -5.0,
+      1.0,
+  ]
 
 
 def test_disk_snapshot_of_a_new_store_object_collects_old_versions(tmp_path):
@@ -213,7 +240,10 @@ def test_disk_snapshot_of_a_new_store_object_collects_old_versions(tmp_path):
     assert sorted(os.listdir(folder)) == [f'{r:08d}.npz' for r in versions]
   store.restore(4)
   assert [value_of(s) for s in store.get_many(['a', 'b', 'c'])] == [
-      3.0, -3.0, 4.0]
+      3.0,
+      -3.0,
+      4.0,
+  ]
 
 
 def test_disk_cache_is_bounded_in_states_and_bytes(tmp_path):

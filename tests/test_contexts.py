@@ -23,8 +23,10 @@ def start_workers(n):
   procs = [
       subprocess.Popen(
           [contexts.worker_binary_path(), f'--port={port}'],
-          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-          start_new_session=True)
+          stdout=subprocess.DEVNULL,
+          stderr=subprocess.DEVNULL,
+          start_new_session=True,
+      )
       for port in ports
   ]
   return ports, procs
@@ -52,19 +54,29 @@ def stop_workers(procs):
 
 def train(task, config):
   process = q_ffl.build_q_fedavg(
-      task.model_fn, tff.learning.optimizers.build_sgdm(learning_rate=0.1),
-      q=1.0, lipschitz_constant=10.0)
+      task.model_fn,
+      tff.learning.optimizers.build_sgdm(learning_rate=0.1),
+      q=1.0,
+      lipschitz_constant=10.0,
+  )
   result = simulation.run_simulation(process, task, config, progress=False)
-  return (composition.model_weights_as_numpy(process, result['state']),
-          result['final_summaries'])
+  return (
+      composition.model_weights_as_numpy(process, result['state']),
+      result['final_summaries'],
+  )
 
 
 def test_two_remote_workers_equal_local_run():
-  task = synthetic.create_task(num_clients=12, seed=1, batch_size=5,
-                               size_law='table_4_4')
+  task = synthetic.create_task(
+      num_clients=12, seed=1, batch_size=5, size_law='table_4_4'
+  )
   config = simulation.SimulationConfig(
-      total_rounds=2, clients_per_round=5, rounds_per_eval=0, seed=3,
-      eval_train_clients=False)
+      total_rounds=2,
+      clients_per_round=5,
+      rounds_per_eval=0,
+      seed=3,
+      eval_train_clients=False,
+  )
   local_w, local_summary = train(task, config)
   ports, procs = start_workers(2)
   try:
@@ -74,8 +86,10 @@ def test_two_remote_workers_equal_local_run():
     busy = [cpu_seconds(p.pid) for p in procs]
     # Both workers really ran: each spent CPU time on the run (an idle
     # worker spent 0.03 s here, busy ones 0.8-0.9 s), and is still alive.
-    print('worker CPU seconds during the run:',
-          [b - a for a, b in zip(idle, busy)])
+    print(
+        'worker CPU seconds during the run:',
+        [b - a for a, b in zip(idle, busy)],
+    )
     assert all(b - a >= 0.3 for a, b in zip(idle, busy)), (idle, busy)
     assert all(p.poll() is None for p in procs)
   finally:
@@ -85,8 +99,11 @@ def test_two_remote_workers_equal_local_run():
   assert np.abs(local_w[0]).max() > 1e-3
   for a, b in zip(local_w, remote_w):
     np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-7)
-  np.testing.assert_allclose(remote_summary['test/loss']['mean'],
-                             local_summary['test/loss']['mean'], rtol=1e-5)
+  np.testing.assert_allclose(
+      remote_summary['test/loss']['mean'],
+      local_summary['test/loss']['mean'],
+      rtol=1e-5,
+  )
 
 
 def test_unreachable_worker_is_one_clear_error():
@@ -95,11 +112,14 @@ def test_unreachable_worker_is_one_clear_error():
     contexts.create_remote_context([f'127.0.0.1:{port}'], timeout=0.5)
 
 
-@pytest.mark.parametrize('workers,message', [
-    (['localhost'], 'not host:port'),
-    (['a:1', 'a:1'], 'twice'),
-    (['h:70000'], 'not host:port'),
-])
+@pytest.mark.parametrize(
+    'workers,message',
+    [
+        (['localhost'], 'not host:port'),
+        (['a:1', 'a:1'], 'twice'),
+        (['h:70000'], 'not host:port'),
+    ],
+)
 def test_bad_worker_addresses(workers, message):
   with pytest.raises(ValueError, match=message):
     contexts.check(workers=workers, max_concurrent_computation_calls=-1)
@@ -107,26 +127,39 @@ def test_bad_worker_addresses(workers, message):
 
 def test_option_checks():
   assert contexts.check(workers=[], max_concurrent_computation_calls=-1) == (
-      'default')
+      'default'
+  )
   assert contexts.check(workers=[], max_concurrent_computation_calls=2) == (
-      'local')
-  assert contexts.check(workers=['10.0.0.5:8000', '[::1]:9000'],
-                        max_concurrent_computation_calls=-1) == 'remote'
+      'local'
+  )
+  assert (
+      contexts.check(
+          workers=['10.0.0.5:8000', '[::1]:9000'],
+          max_concurrent_computation_calls=-1,
+      )
+      == 'remote'
+  )
   with pytest.raises(ValueError, match='-1'):
     contexts.check(workers=[], max_concurrent_computation_calls=0)
   with pytest.raises(ValueError, match='secure'):
-    contexts.check(workers=['h:1'], max_concurrent_computation_calls=-1,
-                   secure=True)
+    contexts.check(
+        workers=['h:1'], max_concurrent_computation_calls=-1, secure=True
+    )
   assert os.access(contexts.worker_binary_path(), os.X_OK)
 
 
 def test_local_context_with_call_limit_and_iterator_loop():
   """The GPU options run (and give the same result) on CPU."""
-  task = synthetic.create_task(num_clients=6, seed=2, batch_size=5,
-                               size_law='constant', constant_size=12)
+  task = synthetic.create_task(
+      num_clients=6, seed=2, batch_size=5, size_law='constant', constant_size=12
+  )
   config = simulation.SimulationConfig(
-      total_rounds=1, clients_per_round=3, rounds_per_eval=0, seed=1,
-      eval_train_clients=False)
+      total_rounds=1,
+      clients_per_round=3,
+      rounds_per_eval=0,
+      seed=1,
+      eval_train_clients=False,
+  )
   base_w, _ = train(task, config)
   try:
     contexts.set_context(max_concurrent_computation_calls=1)

@@ -18,8 +18,11 @@ def clients():
 
 
 def build(factory):
-  return fed_avg.build_fed_avg(synthetic.create_softmax_regression_model_fn(),
-                               fx.sgd(), model_aggregator=factory)
+  return fed_avg.build_fed_avg(
+      synthetic.create_softmax_regression_model_fn(),
+      fx.sgd(),
+      model_aggregator=factory,
+  )
 
 
 def median_oracle(deltas, weights):
@@ -31,9 +34,11 @@ def median_oracle(deltas, weights):
 def test_matches_numpy_median_two_rounds(clients, num_clients):
   rounds = [clients[:num_clients], clients[::-1][:num_clients]]
   (w, b), metrics = fx.run(
-      build(coordinate_median.build_coordinate_median()), rounds)
+      build(coordinate_median.build_coordinate_median()), rounds
+  )
   w_ref, b_ref = robust_oracles.fedavg_with(
-      *fx.zeros(), rounds, median_oracle, lr=fx.LR, batch_size=fx.BATCH)
+      *fx.zeros(), rounds, median_oracle, lr=fx.LR, batch_size=fx.BATCH
+  )
   np.testing.assert_allclose(w, w_ref, rtol=1e-4, atol=2e-6)
   np.testing.assert_allclose(b, b_ref, rtol=1e-4, atol=2e-6)
   assert metrics['aggregator']['num_clients'] == num_clients
@@ -49,8 +54,10 @@ def test_one_client_is_its_update_and_stock_tff_agrees(clients):
   np.testing.assert_allclose(w, w_mean, atol=1e-6)
   np.testing.assert_allclose(b, b_mean, atol=1e-6)
   stock = tff.learning.algorithms.build_weighted_fed_avg(
-      synthetic.create_softmax_regression_model_fn(), fx.sgd(),
-      model_aggregator=factory)
+      synthetic.create_softmax_regression_model_fn(),
+      fx.sgd(),
+      model_aggregator=factory,
+  )
   rounds = [clients, clients[1:]]
   for a, c in zip(fx.run(stock, rounds)[0], fx.run(build(factory), rounds)[0]):
     np.testing.assert_allclose(a, c, atol=1e-6)
@@ -62,9 +69,11 @@ def test_zero_weight_clients_are_left_out(clients):
   bad_x[0, 0] = np.nan
   with_bad = [(bad_x, clients[0][1])] + list(clients[1:4])
   (w, b), metrics = fx.run(
-      build(coordinate_median.build_coordinate_median()), [with_bad])
+      build(coordinate_median.build_coordinate_median()), [with_bad]
+  )
   (w_ref, b_ref), _ = fx.run(
-      build(coordinate_median.build_coordinate_median()), [clients[1:4]])
+      build(coordinate_median.build_coordinate_median()), [clients[1:4]]
+  )
   np.testing.assert_allclose(w, w_ref, atol=1e-7)
   np.testing.assert_allclose(b, b_ref, atol=1e-7)
   assert metrics['aggregator']['num_clients'] == 3
@@ -73,11 +82,15 @@ def test_zero_weight_clients_are_left_out(clients):
 def test_structure_and_dtypes_are_kept():
   """A nested float64/float32 value comes back with its own structure."""
   value_type = tff.types.to_type(
-      [tff.TensorType(np.float32, [2, 2]), tff.TensorType(np.float64, [3])])
+      [tff.TensorType(np.float32, [2, 2]), tff.TensorType(np.float64, [3])]
+  )
   process = coordinate_median.build_coordinate_median().create(
-      value_type, tff.TensorType(np.float32))
-  values = [[np.full((2, 2), v, np.float32), np.full(3, 10 * v)]
-            for v in (1.0, 5.0, 2.0)]
+      value_type, tff.TensorType(np.float32)
+  )
+  values = [
+      [np.full((2, 2), v, np.float32), np.full(3, 10 * v)]
+      for v in (1.0, 5.0, 2.0)
+  ]
   out = process.next(process.initialize(), values, [1.0, 1.0, 1.0])
   np.testing.assert_allclose(out.result[0], np.full((2, 2), 2.0))
   np.testing.assert_allclose(out.result[1], np.full(3, 20.0))

@@ -33,8 +33,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     prefix, _, name = self.path.lstrip('/').partition('/')
     body = self.server.files.get(name)
     self.server.log.append((prefix, name, self.headers.get('Range')))
-    if body is None or prefix not in ('good', 'norange', 'corrupt',
-                                      'truncated'):
+    if body is None or prefix not in (
+        'good',
+        'norange',
+        'corrupt',
+        'truncated',
+    ):
       self.send_error(404)
       return
     if prefix == 'corrupt':
@@ -49,14 +53,15 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.send_error(416)
         return
       self.send_response(206)
-      self.send_header('Content-Range',
-                       f'bytes {start}-{len(body) - 1}/{len(body)}')
+      self.send_header(
+          'Content-Range', f'bytes {start}-{len(body) - 1}/{len(body)}'
+      )
     else:
       self.send_response(200)
     self.send_header('Content-Length', str(len(body) - start))
     self.end_headers()
     if prefix == 'truncated':
-      self.wfile.write(body[:len(body) // 2])
+      self.wfile.write(body[: len(body) // 2])
       self.close_connection = True
       return
     self.wfile.write(body[start:])
@@ -69,12 +74,15 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 def fixtures(tmp_path_factory):
   """The archives TFF publishes, made from fixture files."""
   src = str(tmp_path_factory.mktemp('src'))
-  sqlite_fixtures.write_shakespeare(src, {'A': ['to be'], 'B': ['or not']},
-                                    {'A': ['to be'], 'B': ['that is']})
-  train = sqlite_fixtures.emnist_client_arrays({'u1': 4, 'u2': 4, 'u3': 4},
-                                               seed=0)
-  test = sqlite_fixtures.emnist_client_arrays({'u1': 2, 'u2': 2, 'u3': 2},
-                                              seed=1)
+  sqlite_fixtures.write_shakespeare(
+      src, {'A': ['to be'], 'B': ['or not']}, {'A': ['to be'], 'B': ['that is']}
+  )
+  train = sqlite_fixtures.emnist_client_arrays(
+      {'u1': 4, 'u2': 4, 'u3': 4}, seed=0
+  )
+  test = sqlite_fixtures.emnist_client_arrays(
+      {'u1': 2, 'u2': 2, 'u3': 2}, seed=1
+  )
   sqlite_fixtures.write_emnist(src, train, test)
   contents = {}
   files = {}
@@ -121,8 +129,9 @@ def _sha256(data):
   return hashlib.sha256(data).hexdigest()
 
 
-def test_fetch_verifies_decompresses_and_renames(tmp_path, monkeypatch,
-                                                 server, fixtures, capfd):
+def test_fetch_verifies_decompresses_and_renames(
+    tmp_path, monkeypatch, server, fixtures, capfd
+):
   _use(monkeypatch, server, 'good')
   data_dir = str(tmp_path / 'new' / 'dir')
   path = download.fetch(data_files.SHAKESPEARE, data_dir)
@@ -135,34 +144,42 @@ def test_fetch_verifies_decompresses_and_renames(tmp_path, monkeypatch,
   # A published hash that matches, and a tar.bz2 member extracted.
   archive = fixtures[0]['stackoverflow.word_count.tar.bz2']
   path = download.fetch(
-      data_files.STACKOVERFLOW_WORD_COUNT, data_dir, progress=False,
-      published=download.Published(size=len(archive),
-                                   sha256=_sha256(archive)))
+      data_files.STACKOVERFLOW_WORD_COUNT,
+      data_dir,
+      progress=False,
+      published=download.Published(size=len(archive), sha256=_sha256(archive)),
+  )
   assert _read(path) == b'the 9\nof 7\n'
-  assert data_files.find(data_files.STACKOVERFLOW_WORD_COUNT,
-                         data_dir) == path
+  assert data_files.find(data_files.STACKOVERFLOW_WORD_COUNT, data_dir) == path
 
 
-def test_ensure_fetches_only_missing_files(tmp_path, monkeypatch, server,
-                                           fixtures):
+def test_ensure_fetches_only_missing_files(
+    tmp_path, monkeypatch, server, fixtures
+):
   _use(monkeypatch, server, 'good')
   data_dir = str(tmp_path)
   sqlite_fixtures.write_shakespeare(data_dir, {'Z': ['z']}, {'Z': ['z']})
   mine = _read(os.path.join(data_dir, 'shakespeare.sqlite'))
   paths = download.ensure(
-      [data_files.SHAKESPEARE, data_files.EMNIST], data_dir, progress=False)
-  assert [os.path.basename(p) for p in paths] == ['shakespeare.sqlite',
-                                                  'emnist_all.sqlite']
+      [data_files.SHAKESPEARE, data_files.EMNIST], data_dir, progress=False
+  )
+  assert [os.path.basename(p) for p in paths] == [
+      'shakespeare.sqlite',
+      'emnist_all.sqlite',
+  ]
   assert _read(paths[0]) == mine  # Kept, not fetched.
   assert _read(paths[1]) == fixtures[1]['emnist_all.sqlite']
   assert [name for _, name, _ in server.log] == ['emnist_all.sqlite.lzma']
-  assert download.files_for_task('stackoverflow_tag') == download.DATASETS[
-      'stackoverflow']
+  assert (
+      download.files_for_task('stackoverflow_tag')
+      == download.DATASETS['stackoverflow']
+  )
   assert download.files_for_task('synthetic') == ()
 
 
-def test_partial_download_resumes_with_range(tmp_path, monkeypatch, server,
-                                             fixtures):
+def test_partial_download_resumes_with_range(
+    tmp_path, monkeypatch, server, fixtures
+):
   _use(monkeypatch, server, 'good')
   archive = fixtures[0]['emnist_all.sqlite.lzma']
   part = tmp_path / 'emnist_all.sqlite.lzma.part'
@@ -181,8 +198,7 @@ def test_partial_download_resumes_with_range(tmp_path, monkeypatch, server,
   assert _read(path) == fixtures[1]['emnist_all.sqlite']
 
 
-def test_server_without_range_restarts(tmp_path, monkeypatch, server,
-                                       fixtures):
+def test_server_without_range_restarts(tmp_path, monkeypatch, server, fixtures):
   _use(monkeypatch, server, 'norange')
   (tmp_path / 'emnist_all.sqlite.lzma.part').write_bytes(b'stale bytes')
   path = download.fetch(data_files.EMNIST, str(tmp_path), progress=False)
@@ -196,29 +212,47 @@ def _closed_port():
     return s.getsockname()[1]
 
 
-def test_failures_are_one_line_naming_the_url(tmp_path, monkeypatch, server,
-                                              fixtures):
+def test_failures_are_one_line_naming_the_url(
+    tmp_path, monkeypatch, server, fixtures
+):
   archive = fixtures[0]['stackoverflow.word_count.tar.bz2']
   cases = [
       # (prefix or URL, file, published, words in the message, .part kept)
-      (f'http://127.0.0.1:{_closed_port()}/', data_files.EMNIST, None,
-       'offline', False),
+      (
+          f'http://127.0.0.1:{_closed_port()}/',
+          data_files.EMNIST,
+          None,
+          'offline',
+          False,
+      ),
       ('missing', data_files.EMNIST, None, 'HTTP 404', False),
       ('corrupt', data_files.EMNIST, None, 'corrupted', False),
-      ('good', data_files.STACKOVERFLOW_WORD_COUNT,
-       download.Published(sha256=_sha256(b'other')), 'SHA-256', False),
-      ('good', data_files.STACKOVERFLOW_WORD_COUNT,
-       download.Published(size=len(archive) + 1), 'bytes', False),
+      (
+          'good',
+          data_files.STACKOVERFLOW_WORD_COUNT,
+          download.Published(sha256=_sha256(b'other')),
+          'SHA-256',
+          False,
+      ),
+      (
+          'good',
+          data_files.STACKOVERFLOW_WORD_COUNT,
+          download.Published(size=len(archive) + 1),
+          'bytes',
+          False,
+      ),
       ('truncated', data_files.SHAKESPEARE, None, 'connection ended', True),
   ]
   for where, data_file, published, words, kept in cases:
     data_dir = tmp_path / where.replace('/', '_').replace(':', '_')
-    url = where if where.startswith('http') else _use(
-        monkeypatch, server, where)
+    url = (
+        where if where.startswith('http') else _use(monkeypatch, server, where)
+    )
     monkeypatch.setenv(download.BASE_URL_ENV, url)
     with pytest.raises(download.DownloadError) as raised:
-      download.fetch(data_file, str(data_dir), progress=False,
-                     published=published)
+      download.fetch(
+          data_file, str(data_dir), progress=False, published=published
+      )
     message = str(raised.value)
     assert isinstance(raised.value, base.TaskError)
     assert '\n' not in message, message
@@ -232,39 +266,45 @@ def test_failures_are_one_line_naming_the_url(tmp_path, monkeypatch, server,
   have = os.path.getsize(data_dir / 'shakespeare.sqlite.lzma.part')
   assert have == len(fixtures[0]['shakespeare.sqlite.lzma']) // 2
   _use(monkeypatch, server, 'good')
-  path = download.fetch(data_files.SHAKESPEARE, str(data_dir),
-                        progress=False)
-  assert server.log == [('good', 'shakespeare.sqlite.lzma',
-                         f'bytes={have}-')]
+  path = download.fetch(data_files.SHAKESPEARE, str(data_dir), progress=False)
+  assert server.log == [('good', 'shakespeare.sqlite.lzma', f'bytes={have}-')]
   assert _read(path) == fixtures[1]['shakespeare.sqlite']
 
 
 def test_published_hashes_are_tffs():
   # TFF 0.87 stackoverflow.load_word_counts / load_tag_counts pin these.
   assert download.PUBLISHED['stackoverflow.word_count.tar.bz2'].sha256 == (
-      '1dc00256d6e527c54b9756d968118378ae14e6692c0b3b6cad470cdd3f0c519c')
+      '1dc00256d6e527c54b9756d968118378ae14e6692c0b3b6cad470cdd3f0c519c'
+  )
   assert download.PUBLISHED['stackoverflow.tag_count.tar.bz2'].sha256 == (
-      '6fe281cec490d9384a290d560072438e7e2b377bbb823876ce7bd6f82696772d')
+      '6fe281cec490d9384a290d560072438e7e2b377bbb823876ce7bd6f82696772d'
+  )
   for files in download.DATASETS.values():
     for data_file in files:
       assert data_file.url == download.TFF_BASE_URL + download.archive_name(
-          data_file)
+          data_file
+      )
       assert download.archive_name(data_file) in download.PUBLISHED
 
 
 def test_training_binary_downloads_when_asked(tmp_path, monkeypatch, server):
-  args = ['--task=emnist_character', '--emnist_model=linear',
-          f'--data_dir={tmp_path / "data"}', '--total_rounds=1',
-          '--clients_per_round=2', '--client_batch_size=2',
-          '--progress=false', f'--root_output_dir={tmp_path / "out"}']
+  args = [
+      '--task=emnist_character',
+      '--emnist_model=linear',
+      f'--data_dir={tmp_path / "data"}',
+      '--total_rounds=1',
+      '--clients_per_round=2',
+      '--client_batch_size=2',
+      '--progress=false',
+      f'--root_output_dir={tmp_path / "out"}',
+  ]
   _use(monkeypatch, server, 'good')
   # Without --download nothing is fetched: one line with the fix.
   code, _, stderr = binary.run_module('run.train', args)
   lines = binary.error_lines(stderr)
   assert code == 2 and len(lines) == 1 and '--download' in lines[0], stderr
   assert server.log == []
-  code, stdout, stderr = binary.run_module('run.train',
-                                           args + ['--download'])
+  code, stdout, stderr = binary.run_module('run.train', args + ['--download'])
   assert code == 0, stderr
   assert server.log == [('good', 'emnist_all.sqlite.lzma', None)]
   assert 'Per-client metrics after round 1' in stdout
@@ -272,11 +312,13 @@ def test_training_binary_downloads_when_asked(tmp_path, monkeypatch, server):
   # The download binary: the file is there, so nothing is fetched.
   server.log.clear()
   code, stdout, stderr = binary.run_module(
-      'run.download', ['--datasets=emnist', f'--data_dir={tmp_path / "data"}'])
+      'run.download', ['--datasets=emnist', f'--data_dir={tmp_path / "data"}']
+  )
   assert code == 0, stderr
   assert stdout.split() == [str(tmp_path / 'data' / 'emnist_all.sqlite')]
   assert server.log == []
   code, _, stderr = binary.run_module('run.download', ['--datasets=mnist'])
   assert code == 2 and binary.error_lines(stderr) == [
       'download: error: --datasets must name some of emnist, shakespeare, '
-      'stackoverflow, got mnist']
+      'stackoverflow, got mnist'
+  ]

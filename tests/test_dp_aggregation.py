@@ -11,9 +11,11 @@ DIM = 20000
 
 def run_once(opts, values, clients_per_round):
   factory = dp_aggregation.build_dp_aggregator(
-      opts, clients_per_round=clients_per_round)
-  process = factory.create(tff.TensorType(np.float32, [DIM]),
-                           tff.TensorType(np.float32))
+      opts, clients_per_round=clients_per_round
+  )
+  process = factory.create(
+      tff.TensorType(np.float32, [DIM]), tff.TensorType(np.float32)
+  )
   # Arbitrary weights: the DP mean ignores them.
   weights = [float(5 + 3 * i) for i in range(len(values))]
   return np.asarray(process.next(process.initialize(), values, weights).result)
@@ -43,17 +45,22 @@ def test_refuses_non_uniform_weighting_and_bad_options():
   opts = dp_aggregation.DpOptions(1.0, 1.0)
   with pytest.raises(ValueError, match='uniform client weighting'):
     dp_aggregation.build_dp_aggregator(
-        opts, clients_per_round=10,
-        client_weighting=tff.learning.ClientWeighting.NUM_EXAMPLES)
+        opts,
+        clients_per_round=10,
+        client_weighting=tff.learning.ClientWeighting.NUM_EXAMPLES,
+    )
   with pytest.raises(ValueError, match='clip must be > 0'):
     dp_aggregation.build_dp_aggregator(
-        dp_aggregation.DpOptions(1.0, 0.0), clients_per_round=10)
+        dp_aggregation.DpOptions(1.0, 0.0), clients_per_round=10
+    )
   with pytest.raises(ValueError, match='target_unclipped_quantile'):
-    dp_aggregation.DpOptions(1.0, 1.0, adaptive_clip=True,
-                             target_unclipped_quantile=1.0).validate()
+    dp_aggregation.DpOptions(
+        1.0, 1.0, adaptive_clip=True, target_unclipped_quantile=1.0
+    ).validate()
   with pytest.raises(ValueError, match='too large for adaptive'):
     dp_aggregation.build_dp_aggregator(
         dp_aggregation.DpOptions(2.0, 1.0, adaptive_clip=True),
-        clients_per_round=10)
+        clients_per_round=10,
+    )
   with pytest.raises(TypeError, match='noise_multiplier'):
     dp_aggregation.DpOptions('1', 1.0).validate()

@@ -45,8 +45,10 @@ def test_reads_clients_examples_and_pixels_through_tff_loader(data):
   for cid in IDS:
     raw = task.train_data.create_tf_dataset_for_client(cid)
     assert base.count_examples(raw) == TRAIN_SIZES[cid]
-    assert base.count_examples(
-        task.test_data.create_tf_dataset_for_client(cid)) == TEST_SIZES[cid]
+    assert (
+        base.count_examples(task.test_data.create_tf_dataset_for_client(cid))
+        == TEST_SIZES[cid]
+    )
   spec = task.train_data.element_type_structure
   assert spec['pixels'] == tf.TensorSpec([28, 28], tf.float32)
   assert spec['label'] == tf.TensorSpec([], tf.int32)
@@ -72,10 +74,12 @@ def test_shuffle_is_seeded_and_reshuffles_each_epoch(data):
   task = _task(data[0])
   cid = 'f0002_07'  # 8 examples with distinct labels.
   stored = data[1][cid][1].tolist()
-  runs = [_labels(task.train_dataset(cid, epochs=3, shuffle_seed=5))
-          for _ in range(2)]
+  runs = [
+      _labels(task.train_dataset(cid, epochs=3, shuffle_seed=5))
+      for _ in range(2)
+  ]
   assert runs[0] == runs[1]
-  epochs = [runs[0][i * 8:(i + 1) * 8] for i in range(3)]
+  epochs = [runs[0][i * 8 : (i + 1) * 8] for i in range(3)]
   assert all(sorted(e) == sorted(stored) for e in epochs)
   assert len({tuple(e) for e in epochs + [stored]}) > 1
   other = _labels(task.train_dataset(cid, epochs=3, shuffle_seed=6))
@@ -98,8 +102,10 @@ def test_min_examples_max_clients_and_unseen_test_clients(data):
   assert len(test_ids) == 2
   for cid in test_ids:
     full = TRAIN_SIZES[cid] + TEST_SIZES[cid]
-    assert base.count_examples(
-        task.test_data.create_tf_dataset_for_client(cid)) == full
+    assert (
+        base.count_examples(task.test_data.create_tf_dataset_for_client(cid))
+        == full
+    )
   with pytest.raises(base.TaskError, match='at least 100 examples'):
     _task(data_dir, min_examples=100)
 
@@ -129,7 +135,13 @@ def test_models_forward_pass(data, model):
     assert not np.any(weights[0])
   if model == 'convnet':
     assert [w.shape for w in weights] == [
-        (5, 5, 1, 32), (32,), (5, 5, 32, 64), (64,), (1024, 62), (62,)]
+        (5, 5, 1, 32),
+        (32,),
+        (5, 5, 32, 64),
+        (64,),
+        (1024, 62),
+        (62,),
+    ]
 
 
 def test_missing_file_names_it_and_does_not_download(tmp_path):
@@ -144,24 +156,34 @@ def test_missing_file_names_it_and_does_not_download(tmp_path):
 
 def test_invalid_arguments():
   with pytest.raises(base.TaskError, match='unknown EMNIST model'):
-    emnist.create_task(data_dir=None, use_synthetic_data=True, batch_size=2,
-                       model='resnet')
+    emnist.create_task(
+        data_dir=None, use_synthetic_data=True, batch_size=2, model='resnet'
+    )
   with pytest.raises(base.TaskError, match='test_clients_fraction'):
-    emnist.create_task(data_dir=None, use_synthetic_data=True, batch_size=2,
-                       test_clients_fraction=1.0)
+    emnist.create_task(
+        data_dir=None,
+        use_synthetic_data=True,
+        batch_size=2,
+        test_clients_fraction=1.0,
+    )
 
 
 def test_synthetic_data_forward_pass():
-  task = emnist.create_task(data_dir=None, use_synthetic_data=True,
-                            batch_size=4, model='convnet')
+  task = emnist.create_task(
+      data_dir=None, use_synthetic_data=True, batch_size=4, model='convnet'
+  )
   assert len(task.train_data.client_ids) == 2
   batch = next(iter(task.train_dataset(task.train_data.client_ids[0], 1, 0)))
   assert batch[0].shape == (4, 28, 28, 1)
   model = task.model_fn()  # forward_pass holds its model weakly.
   output = model.forward_pass(batch, training=False)
   assert np.isfinite(float(output.loss))
-  split = emnist.create_task(data_dir=None, use_synthetic_data=True,
-                             batch_size=4, test_clients_fraction=0.5)
+  split = emnist.create_task(
+      data_dir=None,
+      use_synthetic_data=True,
+      batch_size=4,
+      test_clients_fraction=0.5,
+  )
   assert len(split.test_data.client_ids) == 1
 
 
@@ -176,7 +198,8 @@ def test_one_fedavg_round_on_sqlite_clients(data):
       state, [task.train_dataset(c, epochs=1, shuffle_seed=0) for c in clients]
   )
   train_metrics = result.metrics['client_work']['train']
-  assert train_metrics['num_examples'] == TRAIN_SIZES[IDS[0]] + TRAIN_SIZES[
-      IDS[1]]
+  assert (
+      train_metrics['num_examples'] == TRAIN_SIZES[IDS[0]] + TRAIN_SIZES[IDS[1]]
+  )
   assert np.isfinite(train_metrics['loss'])
   assert 0.0 <= train_metrics['accuracy'] <= 1.0

@@ -44,23 +44,26 @@ def population(seed: int):
   for k in range(NUM_MAJORITY + NUM_MINORITY):
     y = rng.integers(0, synthetic.NUM_CLASSES, 2 * EXAMPLES)
     component = y if k < NUM_MAJORITY else permutation[y]
-    x = (means[component]
-         + rng.normal(size=(2 * EXAMPLES, synthetic.NUM_FEATURES)))
+    x = means[component] + rng.normal(
+        size=(2 * EXAMPLES, synthetic.NUM_FEATURES)
+    )
     x, y = x.astype(np.float32), y.astype(np.int32)
-    clients.append(((x[:EXAMPLES], y[:EXAMPLES]),
-                    (x[EXAMPLES:], y[EXAMPLES:])))
+    clients.append(((x[:EXAMPLES], y[:EXAMPLES]), (x[EXAMPLES:], y[EXAMPLES:])))
   return clients
 
 
 def per_client_accuracy(process, rounds: int, clients) -> np.ndarray:
-  datasets = [tf.data.Dataset.from_tensor_slices(train).batch(BATCH)
-              for train, _ in clients]
+  datasets = [
+      tf.data.Dataset.from_tensor_slices(train).batch(BATCH)
+      for train, _ in clients
+  ]
   state = process.initialize()
   for _ in range(rounds):
     state = process.next(state, datasets).state
   w, b = composition.model_weights_as_numpy(process, state)
-  return np.array([np.mean(np.argmax(x @ w + b, axis=1) == y)
-                   for _, (x, y) in clients])
+  return np.array(
+      [np.mean(np.argmax(x @ w + b, axis=1) == y) for _, (x, y) in clients]
+  )
 
 
 def sgd():
@@ -81,8 +84,9 @@ def clients():
 
 def test_population_has_a_tail_under_fedavg(clients):
   """The premise: FedAvg leaves the two minority clients far behind."""
-  process = term.build_term(synthetic.create_softmax_regression_model_fn(),
-                            sgd(), tilt=0.0)
+  process = term.build_term(
+      synthetic.create_softmax_regression_model_fn(), sgd(), tilt=0.0
+  )
   accuracy = per_client_accuracy(process, 30, clients)
   assert accuracy[NUM_MAJORITY:].max() < accuracy[:NUM_MAJORITY].min()
 
@@ -91,16 +95,23 @@ def test_q_one_is_fairer_than_q_zero(clients):
   model_fn = synthetic.create_softmax_regression_model_fn()
   accuracy = {
       q: per_client_accuracy(
-          q_ffl.build_q_fedavg(model_fn, sgd(), q=q,
-                               lipschitz_constant=1.0 / LR), 100, clients)
-      for q in (0.0, 1.0)}
+          q_ffl.build_q_fedavg(
+              model_fn, sgd(), q=q, lipschitz_constant=1.0 / LR
+          ),
+          100,
+          clients,
+      )
+      for q in (0.0, 1.0)
+  }
   assert_fairer(accuracy[1.0], accuracy[0.0])
 
 
 def test_positive_tilt_is_fairer_than_zero_tilt(clients):
   model_fn = synthetic.create_softmax_regression_model_fn()
   accuracy = {
-      t: per_client_accuracy(term.build_term(model_fn, sgd(), tilt=t), 30,
-                             clients)
-      for t in (0.0, 1.0)}
+      t: per_client_accuracy(
+          term.build_term(model_fn, sgd(), tilt=t), 30, clients
+      )
+      for t in (0.0, 1.0)
+  }
   assert_fairer(accuracy[1.0], accuracy[0.0])

@@ -95,8 +95,14 @@ def test_fed_avg_equals_stock_tff(clients, weighting):
     np.testing.assert_allclose(a, b, atol=1e-6)
   w0 = np.zeros((synthetic.NUM_FEATURES, synthetic.NUM_CLASSES))
   w_ref, _ = oracles.fedprox_rounds(
-      w0, np.zeros(synthetic.NUM_CLASSES), rounds, lr=LR, mu=0.0,
-      batch_size=BATCH, epochs=2, weighting=weighting,
+      w0,
+      np.zeros(synthetic.NUM_CLASSES),
+      rounds,
+      lr=LR,
+      mu=0.0,
+      batch_size=BATCH,
+      epochs=2,
+      weighting=weighting,
   )
   np.testing.assert_allclose(ours_w[0], w_ref, atol=2e-6)
 
@@ -129,8 +135,9 @@ def test_metrics_report_training_loss(clients):
   process = fed_avg.build_fed_avg(
       synthetic.create_softmax_regression_model_fn(), sgd()
   )
-  out = process.next(process.initialize(),
-                     [as_dataset(x, y, 1) for x, y in clients])
+  out = process.next(
+      process.initialize(), [as_dataset(x, y, 1) for x, y in clients]
+  )
   train = out.metrics['client_work']['train']
   assert train['num_examples'] == sum(len(y) for _, y in clients)
   # The mean over all examples of each batch's loss at the weights before
@@ -173,7 +180,8 @@ def test_rejects_keras_optimizer():
 
 def test_process_is_a_learning_process():
   process = fed_prox.build_fed_prox(
-      synthetic.create_softmax_regression_model_fn(), sgd(),
+      synthetic.create_softmax_regression_model_fn(),
+      sgd(),
       proximal_strength=0.1,
   )
   assert isinstance(process, tff.learning.templates.LearningProcess)

@@ -16,8 +16,11 @@ def clients():
 
 
 def build(factory):
-  return fed_avg.build_fed_avg(synthetic.create_softmax_regression_model_fn(),
-                               fx.sgd(), model_aggregator=factory)
+  return fed_avg.build_fed_avg(
+      synthetic.create_softmax_regression_model_fn(),
+      fx.sgd(),
+      model_aggregator=factory,
+  )
 
 
 @pytest.mark.parametrize('f, m', [(1, None), (2, 1), (1, 3)])
@@ -31,9 +34,11 @@ def test_matches_numpy_krum_two_rounds(clients, f, m):
     return value
 
   (w, b), metrics = fx.run(
-      build(krum.build_krum(num_byzantine=f, num_selected=m)), rounds)
+      build(krum.build_krum(num_byzantine=f, num_selected=m)), rounds
+  )
   w_ref, b_ref = robust_oracles.fedavg_with(
-      *fx.zeros(), rounds, aggregate, lr=fx.LR, batch_size=fx.BATCH)
+      *fx.zeros(), rounds, aggregate, lr=fx.LR, batch_size=fx.BATCH
+  )
   np.testing.assert_allclose(w, w_ref, rtol=1e-4, atol=2e-6)
   np.testing.assert_allclose(b, b_ref, rtol=1e-4, atol=2e-6)
   assert metrics['aggregator']['num_selected'] == len(chosen[-1][0])
@@ -49,11 +54,15 @@ def test_selecting_everyone_is_fedavg(clients):
   np.testing.assert_allclose(b, b_ref, atol=1e-6)
 
 
-@pytest.mark.parametrize('kwargs, error', [
-    (dict(num_byzantine=-1), ValueError),
-    (dict(num_byzantine=1, num_selected=0), ValueError),
-    (dict(num_byzantine=1.0), TypeError),
-    (dict(num_byzantine=1, num_selected='2'), TypeError)])
+@pytest.mark.parametrize(
+    'kwargs, error',
+    [
+        (dict(num_byzantine=-1), ValueError),
+        (dict(num_byzantine=1, num_selected=0), ValueError),
+        (dict(num_byzantine=1.0), TypeError),
+        (dict(num_byzantine=1, num_selected='2'), TypeError),
+    ],
+)
 def test_validation(kwargs, error):
   with pytest.raises(error):
     krum.build_krum(**kwargs)

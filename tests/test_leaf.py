@@ -23,8 +23,10 @@ from tasks import registry
 from tests import binary
 
 # LEAF's vocabulary (models/utils/language_utils.py), spelled out again here.
-LETTERS = ("\n !\"&'(),-.0123456789:;>?ABCDEFGHIJKLMNOPQRSTUVWXYZ[]"
-           'abcdefghijklmnopqrstuvwxyz}')
+LETTERS = (
+    '\n !"&\'(),-.0123456789:;>?ABCDEFGHIJKLMNOPQRSTUVWXYZ[]'
+    'abcdefghijklmnopqrstuvwxyz}'
+)
 WORDS = ['Good', 'bad', 'day', 'sad', 'happy', 'lol', '!', "don't", 'the']
 
 
@@ -50,8 +52,13 @@ def write_leaf(root, train_files, test_files):
 
 def femnist_users(sizes, seed):
   rng = np.random.default_rng(seed)
-  return {u: (rng.random((n, 784)).round(4).tolist(),
-              rng.integers(0, 62, n).tolist()) for u, n in sizes.items()}
+  return {
+      u: (
+          rng.random((n, 784)).round(4).tolist(),
+          rng.integers(0, 62, n).tolist(),
+      )
+      for u, n in sizes.items()
+  }
 
 
 def shakespeare_users(sizes, seed, length=80):
@@ -60,8 +67,10 @@ def shakespeare_users(sizes, seed, length=80):
   users = {}
   for u, n in sizes.items():
     text = ''.join(rng.choice(alphabet, length + n))
-    users[u] = ([text[i:i + length] for i in range(n)],
-                [text[i + length] for i in range(n)])
+    users[u] = (
+        [text[i : i + length] for i in range(n)],
+        [text[i + length] for i in range(n)],
+    )
   return users
 
 
@@ -69,8 +78,16 @@ def sent140_users(sizes, seed):
   rng = np.random.default_rng(seed)
   users = {}
   for u, n in sizes.items():
-    x = [[str(i), 'Mon Apr 06 22:19:45 PDT 2009', 'NO_QUERY', u,
-          ' '.join(rng.choice(WORDS, rng.integers(1, 30)))] for i in range(n)]
+    x = [
+        [
+            str(i),
+            'Mon Apr 06 22:19:45 PDT 2009',
+            'NO_QUERY',
+            u,
+            ' '.join(rng.choice(WORDS, rng.integers(1, 30))),
+        ]
+        for i in range(n)
+    ]
     users[u] = (x, rng.integers(0, 2, n).tolist())
   return users
 
@@ -84,14 +101,17 @@ IDS = sorted(TRAIN)
 def dirs(tmp_path_factory):
   """Valid FEMNIST (two train files), Shakespeare and Sent140 folders."""
   out = {}
-  for name, make in (('femnist', femnist_users),
-                     ('shakespeare', shakespeare_users),
-                     ('sent140', sent140_users)):
+  for name, make in (
+      ('femnist', femnist_users),
+      ('shakespeare', shakespeare_users),
+      ('sent140', sent140_users),
+  ):
     train, test = make(TRAIN, 0), make(TEST, 1)
     if name == 'femnist':
       train_files = {
           'all_data_0.json': leaf_file({u: train[u] for u in IDS[:2]}),
-          'all_data_1.json': leaf_file({u: train[u] for u in IDS[2:]})}
+          'all_data_1.json': leaf_file({u: train[u] for u in IDS[2:]}),
+      }
     else:
       train_files = {'all_data_0.json': leaf_file(train)}
     root = tmp_path_factory.mktemp(name)
@@ -107,8 +127,10 @@ def _task(leaf_dir, **kwargs):
 
 def _raw(client_data, cid):
   examples = list(client_data.create_tf_dataset_for_client(cid))
-  return (np.stack([e['x'].numpy() for e in examples]),
-          np.array([int(e['y']) for e in examples]))
+  return (
+      np.stack([e['x'].numpy() for e in examples]),
+      np.array([int(e['y']) for e in examples]),
+  )
 
 
 def _char_oracle(text):
@@ -121,7 +143,8 @@ def test_femnist_examples_equal_the_json(dirs):
   assert task.name == 'leaf' and 'LEAF femnist' in task.description
   assert task.train_data.client_ids == IDS == task.test_data.client_ids
   assert task.element_spec == collections.OrderedDict(
-      x=tf.TensorSpec([784], tf.float32), y=tf.TensorSpec([], tf.int32))
+      x=tf.TensorSpec([784], tf.float32), y=tf.TensorSpec([], tf.int32)
+  )
   for split, data in ((task.train_data, train), (task.test_data, test)):
     for cid in IDS:
       x, y = _raw(split, cid)
@@ -138,7 +161,8 @@ def test_shakespeare_characters_map_to_leaf_letters(dirs):
   leaf_dir, train, test = dirs['shakespeare']
   task = _task(leaf_dir, leaf_dataset='shakespeare', lstm_units=4)
   assert task.element_spec == collections.OrderedDict(
-      x=tf.TensorSpec([80], tf.int32), y=tf.TensorSpec([], tf.int32))
+      x=tf.TensorSpec([80], tf.int32), y=tf.TensorSpec([], tf.int32)
+  )
   for split, data in ((task.train_data, train), (task.test_data, test)):
     for cid in IDS:
       x, y = _raw(split, cid)
@@ -151,8 +175,10 @@ def test_shakespeare_characters_map_to_leaf_letters(dirs):
 
 def test_shakespeare_reads_other_window_lengths(tmp_path):
   leaf_dir = write_leaf(
-      tmp_path, {'a.json': leaf_file(shakespeare_users({'r': 4}, 0, 12))},
-      {'a.json': leaf_file(shakespeare_users({'r': 2}, 1, 12))})
+      tmp_path,
+      {'a.json': leaf_file(shakespeare_users({'r': 4}, 0, 12))},
+      {'a.json': leaf_file(shakespeare_users({'r': 2}, 1, 12))},
+  )
   task = _task(leaf_dir, lstm_units=4)
   assert task.element_spec['x'].shape == [12]
   assert 'windows of 12' in task.description
@@ -169,7 +195,8 @@ def _tokens(text):
 def test_sent140_vocabulary_from_training_tweets(dirs):
   leaf_dir, train, test = dirs['sent140']
   counts = collections.Counter(
-      t for cid in IDS for r in train[cid][0] for t in _tokens(r[4]))
+      t for cid in IDS for r in train[cid][0] for t in _tokens(r[4])
+  )
   ranked = sorted(counts, key=lambda w: (-counts[w], w))
   vocab = {w: i + 2 for i, w in enumerate(ranked[:5])}
   task = _task(leaf_dir, vocab_size=5, lstm_units=4)
@@ -178,16 +205,18 @@ def test_sent140_vocabulary_from_training_tweets(dirs):
   for split, data in ((task.train_data, train), (task.test_data, test)):
     for cid in IDS:
       x, y = _raw(split, cid)
-      expected = [[vocab.get(t, 1) for t in _tokens(r[4])]
-                  for r in data[cid][0]]
+      expected = [
+          [vocab.get(t, 1) for t in _tokens(r[4])] for r in data[cid][0]
+      ]
       expected = [e + [0] * (25 - len(e)) for e in expected]
       assert x.tolist() == expected
       assert y.tolist() == data[cid][1]
   # Bag of words: counts of the 5 vocabulary words among the 25 tokens.
   bag = _task(leaf_dir, vocab_size=5, model='bag_log_reg')
   x, _ = next(iter(bag.eval_dataset('f0', split='train')))
-  expected = [[_tokens(r[4]).count(w) for w in ranked[:5]]
-              for r in train['f0'][0]]
+  expected = [
+      [_tokens(r[4]).count(w) for w in ranked[:5]] for r in train['f0'][0]
+  ]
   np.testing.assert_array_equal(x.numpy(), np.float32(expected))
 
 
@@ -203,8 +232,10 @@ def test_batches_stay_within_epochs_and_shuffle_is_seeded(dirs):
   task = _task(dirs['femnist'][0], model='linear')
   sizes = [len(y) for _, y in task.train_dataset('f0', epochs=2)]  # 5 each.
   assert sizes == [3, 2, 3, 2]
+
   def labels(seed):
     return [int(v) for _, y in task.train_dataset('f2', 2, seed) for v in y]
+
   first, again, other = labels(7), labels(7), labels(8)
   assert first == again and first != other
   stored = dirs['femnist'][1]['f2'][1]
@@ -233,8 +264,10 @@ def test_selection_filter_subset_and_unseen_test_users(dirs):
 
 def test_users_split_by_user_are_unseen_test_clients(tmp_path):
   leaf_dir = write_leaf(
-      tmp_path, {'a.json': leaf_file(femnist_users({'a': 3, 'b': 4}, 0))},
-      {'a.json': leaf_file(femnist_users({'c': 2}, 1))})
+      tmp_path,
+      {'a.json': leaf_file(femnist_users({'a': 3, 'b': 4}, 0))},
+      {'a.json': leaf_file(femnist_users({'c': 2}, 1))},
+  )
   task = _task(leaf_dir, model='linear')
   assert task.train_data.client_ids == ['a', 'b']
   assert task.test_data.client_ids == ['c']
@@ -243,17 +276,20 @@ def test_users_split_by_user_are_unseen_test_clients(tmp_path):
     _task(leaf_dir, test_clients_fraction=0.5)
 
 
-@pytest.mark.parametrize('dataset, model, units, params', [
-    # Conv 5x5x1x32 + 32, 5x5x32x64 + 64, dense 3136x2048 + 2048, 2048x62 + 62.
-    ('femnist', 'cnn', None, 832 + 51264 + 6424576 + 127038),
-    ('femnist', 'linear', None, 784 * 62),
-    # Embedding 81x8, LSTM 4(256(8 + 256) + 256), 4(256(512) + 256), 256x81+81.
-    ('shakespeare', 'stacked_lstm', None, 648 + 271360 + 525312 + 20817),
-    # Embedding (5 + 2)x100, two LSTM 4(100(200) + 100), 100x128+128, 128x2+2.
-    ('sent140', 'stacked_lstm', None, 700 + 2 * 80400 + 12928 + 258),
-    ('sent140', 'stacked_lstm', 4, 28 + 2 * 144 + 4 * 128 + 128 + 258),
-    ('sent140', 'bag_log_reg', None, 5 * 2 + 2),
-])
+@pytest.mark.parametrize(
+    'dataset, model, units, params',
+    [
+        # Conv 5x5x1x32 + 32, 5x5x32x64 + 64, dense 3136x2048 + 2048, 2048x62 + 62.
+        ('femnist', 'cnn', None, 832 + 51264 + 6424576 + 127038),
+        ('femnist', 'linear', None, 784 * 62),
+        # Embedding 81x8, LSTM 4(256(8 + 256) + 256), 4(256(512) + 256), 256x81+81.
+        ('shakespeare', 'stacked_lstm', None, 648 + 271360 + 525312 + 20817),
+        # Embedding (5 + 2)x100, two LSTM 4(100(200) + 100), 100x128+128, 128x2+2.
+        ('sent140', 'stacked_lstm', None, 700 + 2 * 80400 + 12928 + 258),
+        ('sent140', 'stacked_lstm', 4, 28 + 2 * 144 + 4 * 128 + 128 + 258),
+        ('sent140', 'bag_log_reg', None, 5 * 2 + 2),
+    ],
+)
 def test_models_are_leafs_and_seeded(dirs, dataset, model, units, params):
   kwargs = {'vocab_size': 5} if dataset == 'sent140' else {}
   task = _task(dirs[dataset][0], model=model, lstm_units=units, **kwargs)
@@ -264,8 +300,9 @@ def test_models_are_leafs_and_seeded(dirs, dataset, model, units, params):
   classes = {'femnist': 62, 'shakespeare': 81, 'sent140': 2}[dataset]
   assert keras_model(x).shape == (len(y), classes)
   again = _task(dirs[dataset][0], model=model, lstm_units=units, **kwargs)
-  other = _task(dirs[dataset][0], model=model, lstm_units=units, seed=1,
-                **kwargs)
+  other = _task(
+      dirs[dataset][0], model=model, lstm_units=units, seed=1, **kwargs
+  )
   same = [v.numpy() for v in again.model_fn().trainable_variables]
   for v, w in zip(variables, same):
     np.testing.assert_array_equal(v.numpy(), w)
@@ -304,37 +341,55 @@ BAD_TRAIN = [
     (_with(lambda c: c.pop('num_samples')), "missing key 'num_samples'"),
     (_with(lambda c: c.pop('user_data')), "missing key 'user_data'"),
     (_with(lambda c: c.pop('users')), "missing key 'users'"),
-    (_with(lambda c: c['num_samples'].__setitem__(0, 4)),
-     "user 'a' has num_samples 4 but 3 examples"),
+    (
+        _with(lambda c: c['num_samples'].__setitem__(0, 4)),
+        "user 'a' has num_samples 4 but 3 examples",
+    ),
     (_with(lambda c: c['num_samples'].pop()), '2 "users" but 1 "num_samples"'),
-    (_with(lambda c: c['user_data']['a']['y'].pop()),
-     "user 'a' has 3 x but 2 y"),
-    (_with(lambda c: c['user_data'].pop('b')),
-     "user 'b' has no \"user_data\" entry"),
+    (
+        _with(lambda c: c['user_data']['a']['y'].pop()),
+        "user 'a' has 3 x but 2 y",
+    ),
+    (
+        _with(lambda c: c['user_data'].pop('b')),
+        'user \'b\' has no "user_data" entry',
+    ),
     (_with(lambda c: c['user_data']['b'].pop('y')), 'must hold "x" and "y"'),
-    (_with(lambda c: c['user_data'].__setitem__('z', {'x': [], 'y': []})),
-     "user 'z', who is not in \"users\""),
+    (
+        _with(lambda c: c['user_data'].__setitem__('z', {'x': [], 'y': []})),
+        'user \'z\', who is not in "users"',
+    ),
     (_with(lambda c: c.update(users=['a', 'a'])), 'listed twice'),
     (_with(_set_x('b', SHORT_X)), 'femnist x must be lists of 784 numbers'),
     (_with(_set_x('b', [[0.5] * 784, [float('nan')] * 784])), 'non-finite'),
     (_with(_set_y('b', [1, 62])), 'y must be in [0, 62), got 1..62'),
     (_with(_set_y('b', [1, 1.5])), 'y must be integer class ids'),
-    (_with(_set_x('a', [['1', 'd', 'q', 'u', 'hi']] * 3)),
-     'holds sent140 examples, but leaf_dataset is femnist'),
-    (_with(lambda c: c['user_data']['a'].update(x=[[1.0] * 60] * 3)),
-     'unknown LEAF layout'),
-    (_with(lambda c: c.update(users=['a', 'b', 'e'], num_samples=[3, 2, 0],
-                              user_data=dict(c['user_data'],
-                                             e={'x': [], 'y': []}))),
-     "user 'e' has no examples"),
+    (
+        _with(_set_x('a', [['1', 'd', 'q', 'u', 'hi']] * 3)),
+        'holds sent140 examples, but leaf_dataset is femnist',
+    ),
+    (
+        _with(lambda c: c['user_data']['a'].update(x=[[1.0] * 60] * 3)),
+        'unknown LEAF layout',
+    ),
+    (
+        _with(
+            lambda c: c.update(
+                users=['a', 'b', 'e'],
+                num_samples=[3, 2, 0],
+                user_data=dict(c['user_data'], e={'x': [], 'y': []}),
+            )
+        ),
+        "user 'e' has no examples",
+    ),
 ]
 
 
 @pytest.mark.parametrize('content, message', BAD_TRAIN)
-def test_malformed_train_file_is_one_line_naming_it(tmp_path, content,
-                                                     message):
-  leaf_dir = write_leaf(tmp_path, {'bad.json': content},
-                        {'t.json': _good_test()})
+def test_malformed_train_file_is_one_line_naming_it(tmp_path, content, message):
+  leaf_dir = write_leaf(
+      tmp_path, {'bad.json': content}, {'t.json': _good_test()}
+  )
   with pytest.raises(base.TaskError) as e:
     _task(leaf_dir, leaf_dataset='femnist')
   text = str(e.value)
@@ -346,23 +401,26 @@ def _layout_dir(tmp_path, train_files, test_files):
   return write_leaf(tmp_path, train_files, test_files)
 
 
-@pytest.mark.parametrize('case, message', [
-    ('no_train', 'has no train/ folder'),
-    ('no_test', 'has no test/ folder'),
-    ('no_json', 'no .json files in'),
-    ('empty', 'no users in'),
-    ('two_files_one_user', "user 'a' is also in"),
-    ('mixed_layouts', 'holds shakespeare examples, but'),
-    ('test_only_user', "user 'c' of test/"),
-    ('train_only_user', "user 'b' of train/"),
-    ('window_lengths', 'must all have one length'),
-    ('window_lengths_in_user', 'one non-zero length'),
-    ('two_chars', 'y single characters'),
-    ('sent140_label', 'y must be in [0, 2)'),
-    ('femnist_lstm_units', 'lstm_units applies to the stacked_lstm'),
-    ('model', "model 'cnn' does not apply to LEAF shakespeare"),
-    ('min_examples', 'no client has at least 50 examples'),
-])
+@pytest.mark.parametrize(
+    'case, message',
+    [
+        ('no_train', 'has no train/ folder'),
+        ('no_test', 'has no test/ folder'),
+        ('no_json', 'no .json files in'),
+        ('empty', 'no users in'),
+        ('two_files_one_user', "user 'a' is also in"),
+        ('mixed_layouts', 'holds shakespeare examples, but'),
+        ('test_only_user', "user 'c' of test/"),
+        ('train_only_user', "user 'b' of train/"),
+        ('window_lengths', 'must all have one length'),
+        ('window_lengths_in_user', 'one non-zero length'),
+        ('two_chars', 'y single characters'),
+        ('sent140_label', 'y must be in [0, 2)'),
+        ('femnist_lstm_units', 'lstm_units applies to the stacked_lstm'),
+        ('model', "model 'cnn' does not apply to LEAF shakespeare"),
+        ('min_examples', 'no client has at least 50 examples'),
+    ],
+)
 def test_bad_folders(tmp_path, case, message):
   good = {'a.json': _good()}
   kwargs = {}
@@ -381,14 +439,21 @@ def test_bad_folders(tmp_path, case, message):
   elif case == 'mixed_layouts':
     write_leaf(tmp_path, good, {'a.json': shake({'a': 1, 'b': 1}, 0)})
   elif case == 'test_only_user':
-    write_leaf(tmp_path, good, {
-        'a.json': leaf_file(femnist_users({'a': 1, 'b': 1, 'c': 1}, 1))})
+    write_leaf(
+        tmp_path,
+        good,
+        {'a.json': leaf_file(femnist_users({'a': 1, 'b': 1, 'c': 1}, 1))},
+    )
   elif case == 'train_only_user':
-    write_leaf(tmp_path, good, {
-        'a.json': leaf_file(femnist_users({'a': 1}, 1))})
+    write_leaf(
+        tmp_path, good, {'a.json': leaf_file(femnist_users({'a': 1}, 1))}
+    )
   elif case == 'window_lengths':
-    write_leaf(tmp_path, {'a.json': shake({'a': 2}, 0)},
-               {'a.json': shake({'a': 1}, 0, 79)})
+    write_leaf(
+        tmp_path,
+        {'a.json': shake({'a': 2}, 0)},
+        {'a.json': shake({'a': 1}, 0, 79)},
+    )
   elif case == 'window_lengths_in_user':
     content = shake({'a': 2}, 0)
     content['user_data']['a']['x'][1] = 'short'
@@ -400,14 +465,18 @@ def test_bad_folders(tmp_path, case, message):
   elif case == 'sent140_label':
     content = leaf_file(sent140_users({'a': 2}, 0))
     content['user_data']['a']['y'][0] = 4  # Sentiment140's raw positive.
-    write_leaf(tmp_path, {'a.json': content},
-               {'a.json': leaf_file(sent140_users({'a': 1}, 1))})
+    write_leaf(
+        tmp_path,
+        {'a.json': content},
+        {'a.json': leaf_file(sent140_users({'a': 1}, 1))},
+    )
   elif case == 'femnist_lstm_units':
     write_leaf(tmp_path, good, {'a.json': _good_test()})
     kwargs = {'lstm_units': 8}
   elif case == 'model':
-    write_leaf(tmp_path, {'a.json': shake({'a': 2}, 0)},
-               {'a.json': shake({'a': 1}, 0)})
+    write_leaf(
+        tmp_path, {'a.json': shake({'a': 2}, 0)}, {'a.json': shake({'a': 1}, 0)}
+    )
     kwargs = {'model': 'cnn'}
   elif case == 'min_examples':
     write_leaf(tmp_path, good, {'a.json': _good_test()})
@@ -421,7 +490,7 @@ def test_bad_arguments():
   for kwargs, message in (
       ({'leaf_dir': '/nonexistent/leaf'}, 'does not exist'),
       ({'leaf_dir': ''}, 'non-empty path'),
-      ({'leaf_dir': '/', 'leaf_dataset': 'celeba'}, "unknown LEAF dataset"),
+      ({'leaf_dir': '/', 'leaf_dataset': 'celeba'}, 'unknown LEAF dataset'),
       ({'leaf_dir': '/', 'model': 'resnet'}, "unknown LEAF model 'resnet'"),
       ({'leaf_dir': '/', 'lstm_units': 0}, 'lstm_units must be >= 1'),
       ({'leaf_dir': '/', 'max_clients': 0}, 'max_clients must be >= 1'),
@@ -436,29 +505,48 @@ def _metrics(out_dir, name):
   return rows
 
 
-SMALL = ['--clients_per_round=2', '--client_batch_size=3', '--total_rounds=2',
-         '--rounds_per_eval=1', '--progress=false', '--seed=1']
+SMALL = [
+    '--clients_per_round=2',
+    '--client_batch_size=3',
+    '--total_rounds=2',
+    '--rounds_per_eval=1',
+    '--progress=false',
+    '--seed=1',
+]
 
 
-@pytest.mark.parametrize('dataset, extra', [
-    ('femnist', ['--leaf_dataset=femnist']),
-    ('shakespeare', ['--leaf_lstm_units=8', '--simulation_engine=stacked']),
-    ('sent140', ['--leaf_lstm_units=8', '--leaf_vocab_size=6']),
-])
+@pytest.mark.parametrize(
+    'dataset, extra',
+    [
+        ('femnist', ['--leaf_dataset=femnist']),
+        ('shakespeare', ['--leaf_lstm_units=8', '--simulation_engine=stacked']),
+        ('sent140', ['--leaf_lstm_units=8', '--leaf_vocab_size=6']),
+    ],
+)
 def test_two_rounds_through_the_binary(dirs, tmp_path, dataset, extra):
   code, _, stderr = binary.run_train(
-      SMALL + ['--task=leaf', f'--leaf_dir={dirs[dataset][0]}',
-               f'--experiment_name={dataset}'] + extra, tmp_path)
+      SMALL
+      + [
+          '--task=leaf',
+          f'--leaf_dir={dirs[dataset][0]}',
+          f'--experiment_name={dataset}',
+      ]
+      + extra,
+      tmp_path,
+  )
   assert code == 0, stderr
   rows = _metrics(tmp_path, dataset)
   assert [int(r['round_num']) for r in rows] == [1, 2]
-  losses = [float(rows[-1][k]) for k in rows[-1] if k.endswith('train/loss')
-            or k == 'eval/test/loss/mean']
+  losses = [
+      float(rows[-1][k])
+      for k in rows[-1]
+      if k.endswith('train/loss') or k == 'eval/test/loss/mean'
+  ]
   assert losses and all(math.isfinite(v) and v > 0 for v in losses), rows[-1]
   assert f'task: LEAF {dataset}' in stderr
 
 
-_LOOP = '''
+_LOOP = """
 import contextlib, io, json, sys
 from absl import flags
 from run import train
@@ -474,33 +562,55 @@ for args in json.loads(sys.argv[1]):
     code = repr(e)
   out.append([code, err.getvalue()])
 print(json.dumps(out))
-'''
+"""
 
 
 def test_bad_input_through_the_binary_one_line_exit_2(dirs, tmp_path):
-  bad = write_leaf(tmp_path / 'bad', {'all_data_0.json': '{"users": ['},
-                   {'all_data_0.json': _good_test()})
+  bad = write_leaf(
+      tmp_path / 'bad',
+      {'all_data_0.json': '{"users": ['},
+      {'all_data_0.json': _good_test()},
+  )
   femnist = dirs['femnist'][0]
   cases = [
       (['--task=leaf'], 'pass --leaf_dir'),
       (['--task=leaf', '--leaf_dir=/nonexistent/leaf'], 'does not exist'),
-      (['--task=leaf', f'--leaf_dir={bad}'],
-       f'{bad}/train/all_data_0.json: malformed JSON'),
-      (['--task=leaf', f'--leaf_dir={femnist}', '--leaf_dataset=reddit'],
-       "unknown LEAF dataset 'reddit'"),
-      (['--task=leaf', f'--leaf_dir={femnist}', '--leaf_vocab_size=9'],
-       'vocab_size applies to sent140, not femnist'),
-      (['--task=leaf', f'--leaf_dir={femnist}', '--data_dir=/tmp'],
-       '--task=leaf reads --leaf_dir, not --data_dir'),
-      (['--task=synthetic', f'--leaf_dir={femnist}'],
-       '--leaf_dir applies to --task=leaf only'),
+      (
+          ['--task=leaf', f'--leaf_dir={bad}'],
+          f'{bad}/train/all_data_0.json: malformed JSON',
+      ),
+      (
+          ['--task=leaf', f'--leaf_dir={femnist}', '--leaf_dataset=reddit'],
+          "unknown LEAF dataset 'reddit'",
+      ),
+      (
+          ['--task=leaf', f'--leaf_dir={femnist}', '--leaf_vocab_size=9'],
+          'vocab_size applies to sent140, not femnist',
+      ),
+      (
+          ['--task=leaf', f'--leaf_dir={femnist}', '--data_dir=/tmp'],
+          '--task=leaf reads --leaf_dir, not --data_dir',
+      ),
+      (
+          ['--task=synthetic', f'--leaf_dir={femnist}'],
+          '--leaf_dir applies to --task=leaf only',
+      ),
   ]
   proc = subprocess.Popen(
-      [sys.executable, '-c', _LOOP,
-       json.dumps([SMALL + [f'--root_output_dir={tmp_path}'] + a
-                   for a, _ in cases])],
-      cwd=binary.ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-      text=True, start_new_session=True)
+      [
+          sys.executable,
+          '-c',
+          _LOOP,
+          json.dumps(
+              [SMALL + [f'--root_output_dir={tmp_path}'] + a for a, _ in cases]
+          ),
+      ],
+      cwd=binary.ROOT,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+      text=True,
+      start_new_session=True,
+  )
   try:
     stdout, stderr = proc.communicate(timeout=300)
   finally:

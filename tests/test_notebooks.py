@@ -62,20 +62,33 @@ def kernel_specs(tmp_path_factory):
   kernels = tmp_path_factory.mktemp('kernels')
   spec_dir = kernels / KERNEL_NAME
   spec_dir.mkdir()
-  (spec_dir / 'kernel.json').write_text(json.dumps({
-      'argv': [sys.executable, '-m', 'ipykernel_launcher', '-f',
-               '{connection_file}'],
-      'display_name': 'tff-hetero test kernel',
-      'language': 'python',
-      'env': {'TF_CPP_MIN_LOG_LEVEL': '3'},
-  }))
+  (spec_dir / 'kernel.json').write_text(
+      json.dumps(
+          {
+              'argv': [
+                  sys.executable,
+                  '-m',
+                  'ipykernel_launcher',
+                  '-f',
+                  '{connection_file}',
+              ],
+              'display_name': 'tff-hetero test kernel',
+              'language': 'python',
+              'env': {'TF_CPP_MIN_LOG_LEVEL': '3'},
+          }
+      )
+  )
   return kernelspec.KernelSpecManager(kernel_dirs=[str(kernels)])
 
 
 def test_the_examples_are_there():
   names = {os.path.basename(path) for path in NOTEBOOKS}
-  assert {'quickstart.ipynb', 'tail_objectives.ipynb',
-          'personalization_robustness.ipynb', 'privacy.ipynb'} <= names
+  assert {
+      'quickstart.ipynb',
+      'tail_objectives.ipynb',
+      'personalization_robustness.ipynb',
+      'privacy.ipynb',
+  } <= names
 
 
 def test_every_notebook_is_bazel_data():
@@ -100,11 +113,16 @@ def test_notebooks_are_committed_lean():
 @pytest.mark.parametrize('path', NOTEBOOKS, ids=os.path.basename)
 def test_notebook_runs(path, kernel_specs):
   nb = nbformat.read(path, as_version=4)
-  km = manager.KernelManager(kernel_name=KERNEL_NAME,
-                             kernel_spec_manager=kernel_specs)
+  km = manager.KernelManager(
+      kernel_name=KERNEL_NAME, kernel_spec_manager=kernel_specs
+  )
   client = nbclient.NotebookClient(
-      nb, km=km, timeout=CELL_TIMEOUT, allow_errors=False,
-      resources={'metadata': {'path': EXAMPLES}})
+      nb,
+      km=km,
+      timeout=CELL_TIMEOUT,
+      allow_errors=False,
+      resources={'metadata': {'path': EXAMPLES}},
+  )
   t0 = time.monotonic()
   with client.setup_kernel():
     kernel_pid = km.provisioner.pid
@@ -131,5 +149,7 @@ def test_notebook_runs(path, kernel_specs):
     assert probe.outputs[0]['text'].strip() == sys.executable
   # CPU time is what a quiet machine would take (the kernel is one busy
   # thread); wall time on a shared machine can be far longer.
-  print(f'\n{os.path.basename(path)}: {time.monotonic() - t0:.0f} s wall, '
-        f'{cpu:.0f} s CPU (kernel)')
+  print(
+      f'\n{os.path.basename(path)}: {time.monotonic() - t0:.0f} s wall, '
+      f'{cpu:.0f} s CPU (kernel)'
+  )

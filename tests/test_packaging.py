@@ -44,8 +44,9 @@ def test_every_binary_is_a_console_command():
   assert len(set(names)) == len(names)
   assert setup.command_name('run.bench_suite') == 'tff-hetero-bench-suite'
   for module, tree in binaries.items():
-    functions = {node.name for node in tree.body
-                 if isinstance(node, ast.FunctionDef)}
+    functions = {
+        node.name for node in tree.body if isinstance(node, ast.FunctionDef)
+    }
     assert 'run_main' in functions, module
     main_block = tree.body[-1]
     assert isinstance(main_block, ast.If), module
@@ -56,7 +57,8 @@ def test_packages_hold_every_subpackage():
   setup = package_sources.load_setup()
   found = setuptools.find_packages(
       where=ROOT,
-      include=[p for name in setup.PACKAGES for p in (name, name + '.*')])
+      include=[p for name in setup.PACKAGES for p in (name, name + '.*')],
+  )
   on_disk = {
       os.path.relpath(folder, ROOT).replace(os.sep, '.')
       for package in setup.PACKAGES
@@ -64,8 +66,13 @@ def test_packages_hold_every_subpackage():
       if '__init__.py' in files
   }
   assert set(found) == on_disk
-  assert {'tff_algos', 'tff_algos.aggregators', 'tasks', 'privacy',
-          'run'} <= on_disk
+  assert {
+      'tff_algos',
+      'tff_algos.aggregators',
+      'tasks',
+      'privacy',
+      'run',
+  } <= on_disk
 
 
 def test_readme_pip_commands_carry_the_pins():
@@ -75,11 +82,15 @@ def test_readme_pip_commands_carry_the_pins():
   assert package[:3] == ['pip', 'install', '--no-deps']
   assert package[3].startswith('tff-hetero@') and len(package) == 4
   required = {
-      name: spec for name, spec in
-      package_sources.requirement_file('requirements.txt').items()
-      if name not in package_sources.DEV_ONLY}
+      name: spec
+      for name, spec in package_sources.requirement_file(
+          'requirements.txt'
+      ).items()
+      if name not in package_sources.DEV_ONLY
+  }
   assert package_sources.pins(stack[2:]) == required
   nodeps_pins = package_sources.pins(nodeps[3:])
   assert nodeps_pins == package_sources.requirement_file(
-      'requirements-nodeps.txt')
+      'requirements-nodeps.txt'
+  )
   assert 'jaxlib' in nodeps_pins

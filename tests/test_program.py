@@ -22,8 +22,13 @@ from run import simulation
 from tasks import registry
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TASK_KWARGS = {'num_clients': 8, 'seed': 2, 'batch_size': 5,
-               'size_law': 'constant', 'constant_size': 30}
+TASK_KWARGS = {
+    'num_clients': 8,
+    'seed': 2,
+    'batch_size': 5,
+    'size_law': 'constant',
+    'constant_size': 30,
+}
 SEED = 5
 PER_ROUND = 3
 
@@ -39,22 +44,36 @@ def weights(process, state):
 
 def simulate(process, task, rounds):
   result = simulation.run_simulation(
-      process, task,
-      simulation.SimulationConfig(total_rounds=rounds,
-                                  clients_per_round=PER_ROUND, seed=SEED,
-                                  rounds_per_eval=0, eval_train_clients=False),
-      progress=False)
+      process,
+      task,
+      simulation.SimulationConfig(
+          total_rounds=rounds,
+          clients_per_round=PER_ROUND,
+          seed=SEED,
+          rounds_per_eval=0,
+          eval_train_clients=False,
+      ),
+      progress=False,
+  )
   return weights(process, result['state'])
 
 
 def run(process, out_dir, rounds, **kwargs):
   config = program.ProgramConfig(
-      total_rounds=rounds, clients_per_round=PER_ROUND,
+      total_rounds=rounds,
+      clients_per_round=PER_ROUND,
       rounds_per_eval=kwargs.pop('rounds_per_eval', 0),
-      evaluate_per_client=kwargs.pop('evaluate_per_client', False))
+      evaluate_per_client=kwargs.pop('evaluate_per_client', False),
+  )
   return program.run_program(
-      process, task_name='synthetic', task_kwargs=TASK_KWARGS, config=config,
-      output_dir=str(out_dir), seed=SEED, **kwargs)
+      process,
+      task_name='synthetic',
+      task_kwargs=TASK_KWARGS,
+      config=config,
+      output_dir=str(out_dir),
+      seed=SEED,
+      **kwargs,
+  )
 
 
 def read_rows(path):
@@ -72,8 +91,9 @@ def assert_same(actual, expected):
 SPECS = {
     'fedavg': algorithms.AlgorithmSpec('fedavg', client_learning_rate=0.05),
     'qffl': algorithms.AlgorithmSpec('qffl', q=1.0, client_learning_rate=0.05),
-    'deltafl': algorithms.AlgorithmSpec('deltafl', theta=0.5,
-                                        client_learning_rate=0.05),
+    'deltafl': algorithms.AlgorithmSpec(
+        'deltafl', theta=0.5, client_learning_rate=0.05
+    ),
 }
 
 
@@ -90,50 +110,58 @@ def test_resumed_program_matches_uninterrupted_run(name, task, tmp_path):
   rounds = [int(r['round_num']) for r in read_rows(tmp_path / 'metrics.csv')]
   assert rounds == [1, 2, 3]
   assert_same(weights(process, first['state']), simulate(process, task, 2))
-  versions = sorted(int(v.removeprefix('program_state_'))
-                    for v in os.listdir(tmp_path / 'program_state'))
+  versions = sorted(
+      int(v.removeprefix('program_state_'))
+      for v in os.listdir(tmp_path / 'program_state')
+  )
   assert versions == [0, 2, 3]  # keep_total=3: the first and last two.
 
 
 def test_uninterrupted_program_with_evaluation_and_outputs(task, tmp_path):
   process = algorithms.build_process(SPECS['fedavg'], task.model_fn)
-  result = run(process, tmp_path, 3, rounds_per_eval=2,
-               evaluate_per_client=True)
+  result = run(
+      process, tmp_path, 3, rounds_per_eval=2, evaluate_per_client=True
+  )
   assert_same(weights(process, result['state']), simulate(process, task, 3))
   train_rows = read_rows(tmp_path / 'metrics.csv')
   assert [int(r['round_num']) for r in train_rows] == [1, 2, 3]
-  assert all(int(r['model_metrics/num_examples']) == PER_ROUND * 24
-             for r in train_rows)  # 30 examples, 80% for training.
+  assert all(
+      int(r['model_metrics/num_examples']) == PER_ROUND * 24 for r in train_rows
+  )  # 30 examples, 80% for training.
   # EvaluationManager: rounds 2 (periodic) and 3 (last), on all 8 clients.
   eval_rows = read_rows(tmp_path / 'evaluation.csv')
   assert sorted(int(r['round_num']) for r in eval_rows) == [2, 3]
-  assert all(int(r['model_metrics/num_examples']) == 8 * 6
-             for r in eval_rows)
+  assert all(int(r['model_metrics/num_examples']) == 8 * 6 for r in eval_rows)
   # The final per-client table, in the training binary's format, agrees with
   # the EvaluationManager's pooled accuracy over the same test clients.
   per_client = result['per_client']['test']
-  pooled = (np.sum(per_client['accuracy'] * per_client['num_examples'])
-            / np.sum(per_client['num_examples']))
+  pooled = np.sum(per_client['accuracy'] * per_client['num_examples']) / np.sum(
+      per_client['num_examples']
+  )
   last = [r for r in eval_rows if r['round_num'] == '3'][0]
-  assert float(last['model_metrics/accuracy']) == pytest.approx(pooled,
-                                                                abs=1e-6)
+  assert float(last['model_metrics/accuracy']) == pytest.approx(
+      pooled, abs=1e-6
+  )
   with open(tmp_path / 'summary.json') as f:
     summary = json.load(f)
   assert summary['round_num'] == 3
   assert summary['summaries']['test/accuracy']['weighted_mean'] == (
-      pytest.approx(pooled, abs=1e-6))
+      pytest.approx(pooled, abs=1e-6)
+  )
   assert os.listdir(tmp_path / 'models')  # The released training state.
   assert os.path.isdir(tmp_path / 'tensorboard' / 'train')
   # A finished program asked for no more rounds trains nothing and keeps
   # its state.
   again = run(process, tmp_path, 3, rounds_per_eval=2)
-  assert_same(weights(process, again['state']),
-              weights(process, result['state']))
+  assert_same(
+      weights(process, again['state']), weights(process, result['state'])
+  )
 
 
 def test_afl_is_refused_with_the_reason(task, tmp_path):
-  spec = algorithms.AlgorithmSpec('afl', client_learning_rate=0.05,
-                                  afl_lambda_lr=0.1)
+  spec = algorithms.AlgorithmSpec(
+      'afl', client_learning_rate=0.05, afl_lambda_lr=0.1
+  )
   process = algorithms.build_process(spec, task.model_fn, num_clients=8)
   with pytest.raises(ValueError, match='NativeFederatedContext materializes'):
     run(process, tmp_path, 1, evaluate=False)
@@ -141,8 +169,7 @@ def test_afl_is_refused_with_the_reason(task, tmp_path):
 
 def test_iterator_serialization_round_trip(task):
   del task
-  spec = program.DataSpec(task='synthetic', task_kwargs=TASK_KWARGS,
-                          seed=SEED)
+  spec = program.DataSpec(task='synthetic', task_kwargs=TASK_KWARGS, seed=SEED)
   iterator = program.ClientDataSource(spec).iterator()
   iterator.select(2)
   restored = program.ClientDataSourceIterator.from_bytes(iterator.to_bytes())
@@ -160,14 +187,20 @@ def test_bad_settings(task, tmp_path):
   process = algorithms.build_process(SPECS['fedavg'], task.model_fn)
   with pytest.raises(ValueError, match='clients_per_round must be in'):
     program.run_program(
-        process, task_name='synthetic', task_kwargs=TASK_KWARGS,
+        process,
+        task_name='synthetic',
+        task_kwargs=TASK_KWARGS,
         config=program.ProgramConfig(total_rounds=1, clients_per_round=20),
-        output_dir=str(tmp_path))
+        output_dir=str(tmp_path),
+    )
   with pytest.raises(TypeError, match='LearningProcess'):
     program.run_program(
-        process.next, task_name='synthetic', task_kwargs=TASK_KWARGS,
+        process.next,
+        task_name='synthetic',
+        task_kwargs=TASK_KWARGS,
         config=program.ProgramConfig(total_rounds=1, clients_per_round=2),
-        output_dir=str(tmp_path))
+        output_dir=str(tmp_path),
+    )
   (tmp_path / program.PROGRAM_CONFIG).write_text(json.dumps({'seed': 99}))
   with pytest.raises(program.ProgramError, match='other settings'):
     run(process, tmp_path, 1)
@@ -175,11 +208,22 @@ def test_bad_settings(task, tmp_path):
 
 def test_binary_bad_flag_is_one_line():
   proc = subprocess.run(
-      [sys.executable, '-m', 'run.program', '--straggler_fraction=0.5',
-       '--progress=false'],
-      cwd=ROOT, capture_output=True, text=True, timeout=300,
-      start_new_session=True)
+      [
+          sys.executable,
+          '-m',
+          'run.program',
+          '--straggler_fraction=0.5',
+          '--progress=false',
+      ],
+      cwd=ROOT,
+      capture_output=True,
+      text=True,
+      timeout=300,
+      start_new_session=True,
+  )
   assert proc.returncode == 2
   lines = [l for l in proc.stderr.splitlines() if l.strip()]
-  assert lines == ['program: error: --straggler_fraction is not supported by'
-                   ' the program logic (use run.train)']
+  assert lines == [
+      'program: error: --straggler_fraction is not supported by'
+      ' the program logic (use run.train)'
+  ]

@@ -27,17 +27,26 @@ from run import stateful_program
 from tasks import registry
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TASK_KWARGS = {'num_clients': 8, 'seed': 2, 'batch_size': 5,
-               'size_law': 'constant', 'constant_size': 30}
+TASK_KWARGS = {
+    'num_clients': 8,
+    'seed': 2,
+    'batch_size': 5,
+    'size_law': 'constant',
+    'constant_size': 30,
+}
 SEED = 5
 PER_ROUND = 3
 
 SPECS = {
-    'ditto': algorithms.AlgorithmSpec('ditto', ditto_lambda=0.5,
-                                      client_learning_rate=0.05),
+    'ditto': algorithms.AlgorithmSpec(
+        'ditto', ditto_lambda=0.5, client_learning_rate=0.05
+    ),
     'fedavg_plus': algorithms.AlgorithmSpec(
-        'fedavg_plus', fedplus_sigma=1.0, fedplus_lambda=0.5,
-        client_learning_rate=0.05),
+        'fedavg_plus',
+        fedplus_sigma=1.0,
+        fedplus_lambda=0.5,
+        client_learning_rate=0.05,
+    ),
 }
 
 
@@ -48,8 +57,10 @@ def task():
 
 @pytest.fixture(scope='module')
 def processes(task):
-  return {name: algorithms.build_process(spec, task.model_fn)
-          for name, spec in SPECS.items()}
+  return {
+      name: algorithms.build_process(spec, task.model_fn)
+      for name, spec in SPECS.items()
+  }
 
 
 _SIMULATIONS = {}
@@ -59,27 +70,42 @@ def simulate(name, process, task):
   """`run.simulation` of 3 rounds (cached per algorithm)."""
   if name not in _SIMULATIONS:
     _SIMULATIONS[name] = simulation.run_simulation(
-        process, task,
+        process,
+        task,
         simulation.SimulationConfig(
-            total_rounds=3, clients_per_round=PER_ROUND, seed=SEED,
-            rounds_per_eval=0, eval_train_clients=False),
-        progress=False)
+            total_rounds=3,
+            clients_per_round=PER_ROUND,
+            seed=SEED,
+            rounds_per_eval=0,
+            eval_train_clients=False,
+        ),
+        progress=False,
+    )
   return _SIMULATIONS[name]
 
 
 def run(process, out_dir, rounds, store='memory', evaluate=False):
-  config = program.ProgramConfig(total_rounds=rounds,
-                                 clients_per_round=PER_ROUND,
-                                 evaluate_per_client=evaluate)
+  config = program.ProgramConfig(
+      total_rounds=rounds,
+      clients_per_round=PER_ROUND,
+      evaluate_per_client=evaluate,
+  )
   return stateful_program.run_stateful_program(
-      process, task_name='synthetic', task_kwargs=TASK_KWARGS, config=config,
-      output_dir=str(out_dir), seed=SEED, client_state_store=store)
+      process,
+      task_name='synthetic',
+      task_kwargs=TASK_KWARGS,
+      config=config,
+      output_dir=str(out_dir),
+      seed=SEED,
+      client_state_store=store,
+  )
 
 
 def stored_states(store):
-  return {cid: [np.asarray(a) for a in tf.nest.flatten(s)]
-          for cid, s in zip(store.client_ids(),
-                            store.get_many(store.client_ids()))}
+  return {
+      cid: [np.asarray(a) for a in tf.nest.flatten(s)]
+      for cid, s in zip(store.client_ids(), store.get_many(store.client_ids()))
+  }
 
 
 def assert_same_run(process, result, expected):
@@ -107,14 +133,17 @@ def read_rounds(path):
 
 
 def versions(folder):
-  return sorted(int(v.removeprefix('program_state_'))
-                for v in os.listdir(folder))
+  return sorted(
+      int(v.removeprefix('program_state_')) for v in os.listdir(folder)
+  )
 
 
-@pytest.mark.parametrize('name, store', [('ditto', 'memory'),
-                                         ('fedavg_plus', 'disk')])
+@pytest.mark.parametrize(
+    'name, store', [('ditto', 'memory'), ('fedavg_plus', 'disk')]
+)
 def test_resumed_program_matches_uninterrupted_and_simulation(
-    name, store, task, processes, tmp_path):
+    name, store, task, processes, tmp_path
+):
   process = processes[name]
   first = run(process, tmp_path / 'resumed', 2, store=store)
   assert first['round_num'] == 2
@@ -132,7 +161,8 @@ def test_resumed_program_matches_uninterrupted_and_simulation(
 
 
 def test_interrupted_between_store_snapshot_and_program_state(
-    task, processes, tmp_path):
+    task, processes, tmp_path
+):
   """A crash after the store's round-3 snapshot, before round 3 was saved."""
   process = processes['ditto']
   run(process, tmp_path, 3, store='disk')
@@ -157,9 +187,11 @@ def test_interrupted_between_store_snapshot_and_program_state(
 def test_client_sequence_carries_state_once(processes):
   process = processes['ditto']
   batches = tf.data.Dataset.from_tensor_slices(
-      (np.ones((7, 60), np.float32), np.arange(7, dtype=np.int32))).batch(3)
-  state = tf.nest.map_structure(lambda a: a + 2.0,
-                                process.initial_client_state())
+      (np.ones((7, 60), np.float32), np.arange(7, dtype=np.int32))
+  ).batch(3)
+  state = tf.nest.map_structure(
+      lambda a: a + 2.0, process.initial_client_state()
+  )
   elements = list(stateful_program.client_sequence(batches, state, 2))
   assert len(elements) == 4  # Header + 3 batches.
   header = elements[0]
@@ -168,14 +200,12 @@ def test_client_sequence_carries_state_once(processes):
   for a, b in zip(header['client_state'], tf.nest.flatten(state)):
     np.testing.assert_array_equal(a.numpy()[0], b)
   assert [int(e['batch'][0].shape[0]) for e in elements[1:]] == [3, 3, 1]
-  assert all(a.shape[0] == 0 for e in elements[1:]
-             for a in e['client_state'])
+  assert all(a.shape[0] == 0 for e in elements[1:] for a in e['client_state'])
 
 
 def test_iterator_serialization_and_binding(processes, tmp_path):
   process = processes['ditto']
-  spec = program.DataSpec(task='synthetic', task_kwargs=TASK_KWARGS,
-                          seed=SEED)
+  spec = program.DataSpec(task='synthetic', task_kwargs=TASK_KWARGS, seed=SEED)
   store = stateful_program.build_client_state_store(process, str(tmp_path))
   source = stateful_program.StatefulClientDataSource(spec, process, store)
   iterator = source.iterator()
@@ -183,9 +213,11 @@ def test_iterator_serialization_and_binding(processes, tmp_path):
   assert len(first) == PER_ROUND
   # The same clients as run.program's data source and the simulation.
   assert iterator.selected_ids == simulation.sample_clients(
-      [str(i) for i in range(8)], 1, clients_per_round=PER_ROUND, seed=SEED)
+      [str(i) for i in range(8)], 1, clients_per_round=PER_ROUND, seed=SEED
+  )
   restored = stateful_program.StatefulClientDataSourceIterator.from_bytes(
-      iterator.to_bytes())
+      iterator.to_bytes()
+  )
   assert restored == iterator and restored.round_num == 1
   with pytest.raises(ValueError, match='bind a ClientStateStore'):
     restored.select(PER_ROUND)
@@ -198,54 +230,77 @@ def test_iterator_serialization_and_binding(processes, tmp_path):
 def test_bad_input(task, processes, tmp_path):
   fedavg = algorithms.build_process(
       algorithms.AlgorithmSpec('fedavg', client_learning_rate=0.05),
-      task.model_fn)
+      task.model_fn,
+  )
   with pytest.raises(TypeError, match='StatefulClientsProcess'):
     run(fedavg, tmp_path, 1)
   with pytest.raises(TypeError, match='run.stateful_program'):
     program.run_program(
-        processes['ditto'], task_name='synthetic', task_kwargs=TASK_KWARGS,
+        processes['ditto'],
+        task_name='synthetic',
+        task_kwargs=TASK_KWARGS,
         config=program.ProgramConfig(total_rounds=1, clients_per_round=2),
-        output_dir=str(tmp_path))
+        output_dir=str(tmp_path),
+    )
   with pytest.raises(ValueError, match='clients_per_round must be in'):
     stateful_program.run_stateful_program(
-        processes['ditto'], task_name='synthetic', task_kwargs=TASK_KWARGS,
+        processes['ditto'],
+        task_name='synthetic',
+        task_kwargs=TASK_KWARGS,
         config=program.ProgramConfig(total_rounds=1, clients_per_round=9),
-        output_dir=str(tmp_path))
+        output_dir=str(tmp_path),
+    )
   with pytest.raises(ValueError, match='unknown client-state store'):
     run(processes['ditto'], tmp_path / 'x', 1, store='cloud')
 
 
 def test_binary(tmp_path):
   """`python -m run.stateful_program`: a Ditto lambda grid, and a refusal."""
-  out = binary(['--task=synthetic', '--num_clients=8', '--algorithm=ditto',
-                '--ditto_lambda_grid=0.1,1',
-                '--synthetic_validation_fraction=0.1', '--total_rounds=1',
-                '--clients_per_round=3', '--client_learning_rate=0.05',
-                f'--root_output_dir={tmp_path}', '--experiment_name=ditto'])
+  out = binary(
+      [
+          '--task=synthetic',
+          '--num_clients=8',
+          '--algorithm=ditto',
+          '--ditto_lambda_grid=0.1,1',
+          '--synthetic_validation_fraction=0.1',
+          '--total_rounds=1',
+          '--clients_per_round=3',
+          '--client_learning_rate=0.05',
+          f'--root_output_dir={tmp_path}',
+          '--experiment_name=ditto',
+      ]
+  )
   assert out.returncode == 0, out.stderr[-2000:]
   assert 'personal/test/lambda' in out.stdout
   with open(tmp_path / 'ditto' / 'clients' / 'round_00001.csv') as f:
     rows = list(csv.DictReader(f))
   assert len(rows) == 4 * 8  # Global and personal, test and train splits.
   assert {r['lambda'] for r in rows if r['split'] == 'personal/test'} <= {
-      '0.1', '1.0'}
+      '0.1',
+      '1.0',
+  }
   refused = binary(['--algorithm=fedavg'])
   assert refused.returncode == 2
   lines = [l for l in refused.stderr.splitlines() if l.strip()]
-  assert lines == ['program: error: --algorithm=fedavg keeps no client '
-                   'state; run it with python -m run.program']
+  assert lines == [
+      'program: error: --algorithm=fedavg keeps no client '
+      'state; run it with python -m run.program'
+  ]
 
 
 def binary(args):
   """Runs the binary in its own process group, ended afterwards."""
   proc = subprocess.Popen(
-      [sys.executable, '-m', 'run.stateful_program', '--progress=false']
-      + args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-      text=True, start_new_session=True)
+      [sys.executable, '-m', 'run.stateful_program', '--progress=false'] + args,
+      cwd=ROOT,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+      text=True,
+      start_new_session=True,
+  )
   try:
     stdout, stderr = proc.communicate(timeout=600)
   finally:
     with contextlib.suppress(ProcessLookupError):
       os.killpg(proc.pid, signal.SIGKILL)
-  return subprocess.CompletedProcess(proc.args, proc.returncode, stdout,
-                                     stderr)
+  return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)

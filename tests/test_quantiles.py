@@ -50,12 +50,20 @@ def f32(x):
 
 def test_factory_builds_each_estimator_with_stated_costs():
   exact = quantiles.build_estimator('exact', level=0.5)
-  mm = quantiles.build_estimator('mm', level=0.9, num_iterations=30,
-                                 lower=0.0, upper=20.0)
-  bis = quantiles.build_estimator('bisection', level=0.9, lower=0.0,
-                                  upper=10.0, tolerance=1e-5)
-  hist = quantiles.build_estimator('bisection', level=0.9, lower=0.0,
-                                   upper=10.0, tolerance=1e-5, num_buckets=32)
+  mm = quantiles.build_estimator(
+      'mm', level=0.9, num_iterations=30, lower=0.0, upper=20.0
+  )
+  bis = quantiles.build_estimator(
+      'bisection', level=0.9, lower=0.0, upper=10.0, tolerance=1e-5
+  )
+  hist = quantiles.build_estimator(
+      'bisection',
+      level=0.9,
+      lower=0.0,
+      upper=10.0,
+      tolerance=1e-5,
+      num_buckets=32,
+  )
   priv = quantiles.build_estimator('private', level=0.9, initial_estimate=1.0)
   assert isinstance(exact, quantiles.ExactQuantile) and not exact.secure
   assert isinstance(mm, quantiles.MMQuantile) and mm.secure
@@ -72,42 +80,85 @@ def test_factory_builds_each_estimator_with_stated_costs():
   assert 'UNWEIGHTED' in priv.describe()
 
 
-@pytest.mark.parametrize('name,options,error', [
-    ('median', {}, ValueError),
-    ('exact', {'tolerance': 1.0}, TypeError),
-    ('mm', {'lower': 0.0, 'upper': 1.0}, TypeError),  # num_iterations missing
-    ('mm', {'num_iterations': 0, 'lower': 0.0, 'upper': 1.0}, ValueError),
-    ('mm', {'num_iterations': 2.0, 'lower': 0.0, 'upper': 1.0}, TypeError),
-    ('mm', {'num_iterations': 5, 'lower': 1.0, 'upper': 1.0}, ValueError),
-    ('mm', {'num_iterations': 5, 'lower': 0.0, 'upper': 1.0,
-            'smoothing': 0.0}, ValueError),
-    ('mm', {'num_iterations': 5, 'lower': 0.0, 'upper': 1.0,
-            'bits': 63}, ValueError),
-    ('bisection', {'lower': 0.0, 'upper': 1.0, 'tolerance': -1.0}, ValueError),
-    ('bisection', {'lower': 0.0, 'upper': 1.0, 'tolerance': 1e-300},
-     ValueError),
-    ('bisection', {'lower': 0.0, 'upper': float('inf'), 'tolerance': 1.0},
-     ValueError),
-    ('bisection', {'lower': 0.0, 'upper': 1.0, 'tolerance': 0.1,
-                   'num_buckets': 1}, ValueError),
-    ('bisection', {'lower': '0', 'upper': 1.0, 'tolerance': 0.1}, TypeError),
-    ('bisection', {'lower': 0.0, 'upper': 1.0, 'tolerance': 0.1,
-                   'max_weight': 0.0}, ValueError),
-    ('private', {}, TypeError),  # initial_estimate missing
-    ('private', {'initial_estimate': -1.0}, ValueError),
-    ('private', {'initial_estimate': 1.0, 'secure': 1}, TypeError),
-    ('private', {'initial_estimate': 1.0, 'noise_stddev': 1.0}, ValueError),
-    ('private', {'initial_estimate': 1.0, 'expected_num_clients': 10.0},
-     ValueError),
-])
+@pytest.mark.parametrize(
+    'name,options,error',
+    [
+        ('median', {}, ValueError),
+        ('exact', {'tolerance': 1.0}, TypeError),
+        (
+            'mm',
+            {'lower': 0.0, 'upper': 1.0},
+            TypeError,
+        ),  # num_iterations missing
+        ('mm', {'num_iterations': 0, 'lower': 0.0, 'upper': 1.0}, ValueError),
+        ('mm', {'num_iterations': 2.0, 'lower': 0.0, 'upper': 1.0}, TypeError),
+        ('mm', {'num_iterations': 5, 'lower': 1.0, 'upper': 1.0}, ValueError),
+        (
+            'mm',
+            {'num_iterations': 5, 'lower': 0.0, 'upper': 1.0, 'smoothing': 0.0},
+            ValueError,
+        ),
+        (
+            'mm',
+            {'num_iterations': 5, 'lower': 0.0, 'upper': 1.0, 'bits': 63},
+            ValueError,
+        ),
+        (
+            'bisection',
+            {'lower': 0.0, 'upper': 1.0, 'tolerance': -1.0},
+            ValueError,
+        ),
+        (
+            'bisection',
+            {'lower': 0.0, 'upper': 1.0, 'tolerance': 1e-300},
+            ValueError,
+        ),
+        (
+            'bisection',
+            {'lower': 0.0, 'upper': float('inf'), 'tolerance': 1.0},
+            ValueError,
+        ),
+        (
+            'bisection',
+            {'lower': 0.0, 'upper': 1.0, 'tolerance': 0.1, 'num_buckets': 1},
+            ValueError,
+        ),
+        (
+            'bisection',
+            {'lower': '0', 'upper': 1.0, 'tolerance': 0.1},
+            TypeError,
+        ),
+        (
+            'bisection',
+            {'lower': 0.0, 'upper': 1.0, 'tolerance': 0.1, 'max_weight': 0.0},
+            ValueError,
+        ),
+        ('private', {}, TypeError),  # initial_estimate missing
+        ('private', {'initial_estimate': -1.0}, ValueError),
+        ('private', {'initial_estimate': 1.0, 'secure': 1}, TypeError),
+        ('private', {'initial_estimate': 1.0, 'noise_stddev': 1.0}, ValueError),
+        (
+            'private',
+            {'initial_estimate': 1.0, 'expected_num_clients': 10.0},
+            ValueError,
+        ),
+    ],
+)
 def test_factory_validates_eagerly(name, options, error):
   with pytest.raises(error):
     quantiles.build_estimator(name, level=0.5, **options)
 
 
-@pytest.mark.parametrize('level,error', [
-    (1.5, ValueError), (-0.1, ValueError), (True, TypeError),
-    ('0.5', TypeError), (float('nan'), ValueError)])
+@pytest.mark.parametrize(
+    'level,error',
+    [
+        (1.5, ValueError),
+        (-0.1, ValueError),
+        (True, TypeError),
+        ('0.5', TypeError),
+        (float('nan'), ValueError),
+    ],
+)
 def test_level_is_validated(level, error):
   with pytest.raises(error):
     quantiles.ExactQuantile(level)
@@ -116,8 +167,15 @@ def test_level_is_validated(level, error):
 
 
 def test_fixed_point_scale_is_largest_power_of_two():
-  for span, bits in [(1.0, 32), (2.0, 32), (65536.0, 32), (1e4, 32),
-                     (20.0 * 65536, 32), (3.0, 8), (1e-3, 20)]:
+  for span, bits in [
+      (1.0, 32),
+      (2.0, 32),
+      (65536.0, 32),
+      (1e4, 32),
+      (20.0 * 65536, 32),
+      (3.0, 8),
+      (1e-3, 20),
+  ]:
     s = quantiles.fixed_point_scale(span, bits)
     assert s == oracles.fixed_point_scale(span, bits)
     assert math.log2(s) == int(math.log2(s))
@@ -127,6 +185,7 @@ def test_fixed_point_scale_is_largest_power_of_two():
 def test_estimate_rejects_non_client_values():
   est = quantiles.ExactQuantile(0.5)
   with pytest.raises(TypeError, match='CLIENTS'):
+
     @tff.federated_computation(tff.FederatedType(np.float32, tff.SERVER), F32)
     def _(values, weights):
       return est.estimate(values, weights)
@@ -144,7 +203,8 @@ def test_bisection_oracle_within_tolerance_of_exact_many_seeds():
     b = int(rng.choice([2, 3, 8]))
     q = oracles.weighted_quantile(x, level, a)
     est, rounds = oracles.bisection_quantile_oracle(
-        x, a, level, 0.0, 10.0, 1e-4, num_buckets=b, max_weight=1000.0)
+        x, a, level, 0.0, 10.0, 1e-4, num_buckets=b, max_weight=1000.0
+    )
     assert rounds == quantiles.bisection_num_rounds(0.0, 10.0, 1e-4, b)
     assert 0.0 <= est - min(q, 10.0) <= 1e-4, (seed, level, b)
 
@@ -169,8 +229,9 @@ def test_mm_fixed_point_is_within_smoothing_of_quantile_interval():
     qh = oracles.upper_weighted_quantile(x, level, a)
     assert q - nu - 1e-9 <= lo and hi <= qh + nu + 1e-9
     # And it is a fixed point of the MM step.
-    step, _, _ = oracles.mm_step(hi, x.astype(np.float64), w, level, nu,
-                                 0.0, 20.0)
+    step, _, _ = oracles.mm_step(
+        hi, x.astype(np.float64), w, level, nu, 0.0, 20.0
+    )
     assert abs(step - hi) < 1e-6
 
 
@@ -221,8 +282,7 @@ def test_exact_zero_total_weight_is_nan():
 
 
 def test_bisection_within_tolerance_and_equals_oracle():
-  est = quantiles.BisectionQuantile(0.8, lower=0.0, upper=10.0,
-                                    tolerance=1e-5)
+  est = quantiles.BisectionQuantile(0.8, lower=0.0, upper=10.0, tolerance=1e-5)
   assert est.num_sum_calls == 20
   comp = est.build_computation()
   for seed in range(6):
@@ -231,7 +291,8 @@ def test_bisection_within_tolerance_and_equals_oracle():
       x[:] = x * 4 + 3
     q = min(max(oracles.weighted_quantile(x, 0.8, a), 0.0), 10.0)
     expected, rounds = oracles.bisection_quantile_oracle(
-        x, a, 0.8, 0.0, 10.0, 1e-5)
+        x, a, 0.8, 0.0, 10.0, 1e-5
+    )
     assert rounds == 20
     got = comp(list(x), list(a))
     assert got == f32(expected)
@@ -241,9 +302,9 @@ def test_bisection_within_tolerance_and_equals_oracle():
 
 
 def test_histogram_search_float_weights():
-  est = quantiles.BisectionQuantile(0.3, lower=-5.0, upper=5.0,
-                                    tolerance=1e-4, num_buckets=16,
-                                    max_weight=1.0)
+  est = quantiles.BisectionQuantile(
+      0.3, lower=-5.0, upper=5.0, tolerance=1e-4, num_buckets=16, max_weight=1.0
+  )
   assert est.num_sum_calls == 5  # 10 / 16^4 = 1.5e-4 > 1e-4 >= 10 / 16^5.
   comp = est.build_computation()
   for seed in range(4):
@@ -257,8 +318,9 @@ def test_histogram_search_float_weights():
 
 def test_mm_matches_oracle_step_by_step_and_converges():
   level, lower, upper, iters = 0.9, 0.0, 20.0, 50
-  est = quantiles.MMQuantile(level, num_iterations=iters, lower=lower,
-                             upper=upper)
+  est = quantiles.MMQuantile(
+      level, num_iterations=iters, lower=lower, upper=upper
+  )
   nu = est.smoothing
 
   @tff.federated_computation(F32, F32)
@@ -299,8 +361,9 @@ def test_mm_estimate_is_last_iterate_float32():
 
 def test_private_tracks_unweighted_quantile_across_rounds():
   x, a = problem(3, m_range=(40, 41))
-  est = quantiles.PrivateQuantileEstimator(0.8, initial_estimate=0.5,
-                                           learning_rate=0.2, num_steps=3)
+  est = quantiles.PrivateQuantileEstimator(
+      0.8, initial_estimate=0.5, learning_rate=0.2, num_steps=3
+  )
   state = est.initialize()
   for _ in range(40):
     state = est.next(state, list(x))
@@ -320,49 +383,64 @@ def test_private_tracks_unweighted_quantile_across_rounds():
 # Only secure sums move client data to the server.
 
 
-@pytest.mark.parametrize('name,options,expected_calls', [
-    ('mm', dict(num_iterations=3, lower=0.0, upper=5.0), 4),
-    ('bisection', dict(lower=0.0, upper=10.0, tolerance=1e-5), 20),
-    ('bisection', dict(lower=0.0, upper=10.0, tolerance=1e-5,
-                       num_buckets=32), 4),
-])
-def test_secure_estimators_use_only_secure_sums(name, options,
-                                                expected_calls):
+@pytest.mark.parametrize(
+    'name,options,expected_calls',
+    [
+        ('mm', dict(num_iterations=3, lower=0.0, upper=5.0), 4),
+        ('bisection', dict(lower=0.0, upper=10.0, tolerance=1e-5), 20),
+        (
+            'bisection',
+            dict(lower=0.0, upper=10.0, tolerance=1e-5, num_buckets=32),
+            4,
+        ),
+    ],
+)
+def test_secure_estimators_use_only_secure_sums(name, options, expected_calls):
   est = quantiles.build_estimator(name, level=0.5, **options)
   comp = est.build_computation()
   assert comp.type_signature.parameter[0] == F32
-  assert comp.type_signature.result == tff.FederatedType(np.float32,
-                                                         tff.SERVER)
+  assert comp.type_signature.result == tff.FederatedType(np.float32, tff.SERVER)
   uris = client_to_server_intrinsics(comp)
   assert set(uris) <= SECURE_URIS, uris
   assert len(uris) == est.num_sum_calls == expected_calls
   block = comp.to_building_block()
   assert not tree_analysis.find_unsecure_aggregation_in_tree(block)
   assert len(tree_analysis.find_secure_aggregation_in_tree(block)) == (
-      expected_calls)
+      expected_calls
+  )
 
 
 def test_private_secure_uses_secure_sums_and_controls_do_not():
-  priv = quantiles.PrivateQuantileEstimator(0.5, initial_estimate=1.0,
-                                            num_steps=2)
+  priv = quantiles.PrivateQuantileEstimator(
+      0.5, initial_estimate=1.0, num_steps=2
+  )
   uris = client_to_server_intrinsics(priv.build_computation())
   assert uris and set(uris) <= SECURE_URIS
   # Positive controls: the check does see insecure aggregations.
   insecure = quantiles.PrivateQuantileEstimator(
-      0.5, initial_estimate=1.0, num_steps=2, secure=False)
-  assert not set(client_to_server_intrinsics(
-      insecure.build_computation())) <= SECURE_URIS
+      0.5, initial_estimate=1.0, num_steps=2, secure=False
+  )
+  assert (
+      not set(client_to_server_intrinsics(insecure.build_computation()))
+      <= SECURE_URIS
+  )
   exact = quantiles.ExactQuantile(0.5).build_computation()
   assert client_to_server_intrinsics(exact) == [
-      intrinsic_defs.FEDERATED_AGGREGATE.uri]
+      intrinsic_defs.FEDERATED_AGGREGATE.uri
+  ]
 
 
 def test_private_with_dp_noise_builds_and_runs():
   est = quantiles.PrivateQuantileEstimator(
-      0.5, initial_estimate=1.0, num_steps=2, noise_stddev=0.5,
-      expected_num_clients=10.0)
+      0.5,
+      initial_estimate=1.0,
+      num_steps=2,
+      noise_stddev=0.5,
+      expected_num_clients=10.0,
+  )
   assert set(client_to_server_intrinsics(est.build_computation())) <= (
-      SECURE_URIS)
+      SECURE_URIS
+  )
   state = est.initialize()
   state = est.next(state, [0.5] * 10)
   assert np.isfinite(est.report(state))

@@ -28,16 +28,29 @@ from run import stateful_program
 from run import train
 from tests import binary
 
-SMALL = ['--task=synthetic', '--num_clients=12',
-         '--synthetic_size_law=constant', '--clients_per_round=4',
-         '--client_batch_size=5', '--client_learning_rate=0.05',
-         '--rounds_per_eval=4', '--seed=3', '--progress=false']
-MAINS = {'train': train.main, 'program': program.main,
-         'stateful': stateful_program.main}
+SMALL = [
+    '--task=synthetic',
+    '--num_clients=12',
+    '--synthetic_size_law=constant',
+    '--clients_per_round=4',
+    '--client_batch_size=5',
+    '--client_learning_rate=0.05',
+    '--rounds_per_eval=4',
+    '--seed=3',
+    '--progress=false',
+]
+MAINS = {
+    'train': train.main,
+    'program': program.main,
+    'stateful': stateful_program.main,
+}
 PROG = {'train': 'train', 'program': 'program', 'stateful': 'program'}
 # The stateful binary runs Ditto; the others FedAvg.
-BASE = {'train': [], 'program': [],
-        'stateful': ['--algorithm=ditto', '--ditto_lambda=1']}
+BASE = {
+    'train': [],
+    'program': [],
+    'stateful': ['--algorithm=ditto', '--ditto_lambda=1'],
+}
 NOT_UTF8 = os.fsdecode(b'run\xff')
 
 
@@ -49,14 +62,19 @@ def tree_hashes(path) -> dict[str, str]:
       full = os.path.join(folder, name)
       with open(full, 'rb') as f:
         hashes[os.path.relpath(full, path)] = hashlib.sha256(
-            f.read()).hexdigest()
+            f.read()
+        ).hexdigest()
   return hashes
 
 
 def _immutable(path) -> bool:
   """Makes folder `path` unwritable, even for root where chattr works."""
-  if subprocess.run(['chattr', '+i', str(path)], capture_output=True,
-                    check=False).returncode == 0:
+  if (
+      subprocess.run(
+          ['chattr', '+i', str(path)], capture_output=True, check=False
+      ).returncode
+      == 0
+  ):
     return True
   os.chmod(path, 0o555)
   return False
@@ -66,9 +84,17 @@ def _immutable(path) -> bool:
 def earlier(tmp_path_factory):
   """An earlier finished run.train run (2 rounds) and paths for the cases."""
   root = tmp_path_factory.mktemp('runs')
-  code, stderr = binary.call_main(train.main, 'train', SMALL + [
-      f'--root_output_dir={root}', '--experiment_name=earlier',
-      '--total_rounds=2', '--rounds_per_checkpoint=1'])
+  code, stderr = binary.call_main(
+      train.main,
+      'train',
+      SMALL
+      + [
+          f'--root_output_dir={root}',
+          '--experiment_name=earlier',
+          '--total_rounds=2',
+          '--rounds_per_checkpoint=1',
+      ],
+  )
   assert code == 0, stderr
   scratch = tmp_path_factory.mktemp('scratch')
   (scratch / 'file').write_text('not a folder')
@@ -80,13 +106,19 @@ def earlier(tmp_path_factory):
   _immutable(readonly_parent)
   if not chattr and os.geteuid() == 0:  # Root without chattr: /proc.
     locked_dir, readonly_parent = '/proc', '/proc/self'
-  paths = {'root': str(root), 'run': str(root / 'earlier'),
-           'scratch': str(scratch), 'file': str(scratch / 'file'),
-           'locked': str(locked_dir), 'readonly': str(readonly_parent)}
+  paths = {
+      'root': str(root),
+      'run': str(root / 'earlier'),
+      'scratch': str(scratch),
+      'file': str(scratch / 'file'),
+      'locked': str(locked_dir),
+      'readonly': str(readonly_parent),
+  }
   yield paths
   for path in (scratch / 'locked' / 'exp', readonly_parent):
-    subprocess.run(['chattr', '-i', str(path)], capture_output=True,
-                   check=False)
+    subprocess.run(
+        ['chattr', '-i', str(path)], capture_output=True, check=False
+    )
     with contextlib.suppress(OSError):
       os.chmod(path, 0o755)
 
@@ -106,12 +138,15 @@ SHARED_CASES = [
     (['--client_learning_rate=fast'], 2, 'client_learning_rate'),
     (['--total_rounds=0'], 2, 'total_rounds must be >= 1'),
     (['--total_rounds=-5'], 2, 'total_rounds must be >= 1'),
-    (['--total_rounds=abc'], 2, "--total_rounds=abc"),
+    (['--total_rounds=abc'], 2, '--total_rounds=abc'),
     (['--total_rounds=1000000000000'], 2, 'total_rounds must be <= 1,000,000'),
     (['--total_rounds=99999999999999999999999'], 2, 'total_rounds'),
     (['--client_epochs_per_round=0'], 2, 'client_epochs_per_round'),
-    (['--client_epochs_per_round=1000000000'], 2,
-     'client_epochs_per_round must be <='),
+    (
+        ['--client_epochs_per_round=1000000000'],
+        2,
+        'client_epochs_per_round must be <=',
+    ),
     (['--client_batch_size=0'], 2, '--client_batch_size must be >= 1'),
     (['--rounds_per_eval=-1'], 2, 'rounds_per_eval must be >= 0'),
     (['--client_optimizer=lbfgs'], 2, "unknown --client_optimizer='lbfgs'"),
@@ -127,15 +162,31 @@ SHARED_CASES = [
     (['--synthetic_alpha=-1'], 2, '--synthetic_alpha must be'),
     (['--synthetic_beta=inf'], 2, '--synthetic_beta must be'),
     (['--synthetic_size_law=bogus'], 2, '--synthetic_size_law'),
-    (['--synthetic_validation_fraction=0.9'], 2,
-     '--synthetic_validation_fraction'),
+    (
+        ['--synthetic_validation_fraction=0.9'],
+        2,
+        '--synthetic_validation_fraction',
+    ),
     (['--task=emnist_character'], 2, 'pass --data_dir'),
-    (['--task=emnist_character', '--data_dir={scratch}'], 2,
-     'emnist_all.sqlite'),
-    (['--task=emnist_character', '--use_synthetic_data', '--min_examples=-1'],
-     2, '--min_examples must be >= 0'),
-    (['--task=emnist_character', '--use_synthetic_data', '--max_clients=0'],
-     2, '--max_clients must be >= 1'),
+    (
+        ['--task=emnist_character', '--data_dir={scratch}'],
+        2,
+        'emnist_all.sqlite',
+    ),
+    (
+        [
+            '--task=emnist_character',
+            '--use_synthetic_data',
+            '--min_examples=-1',
+        ],
+        2,
+        '--min_examples must be >= 0',
+    ),
+    (
+        ['--task=emnist_character', '--use_synthetic_data', '--max_clients=0'],
+        2,
+        '--max_clients must be >= 1',
+    ),
     (['--attack=bogus'], 2, "unknown --attack='bogus'"),
     (['--aggregator=bogus'], 2, "unknown --aggregator='bogus'"),
     (['--clip=-1'], 2, '--clip must be >= 0'),
@@ -143,23 +194,38 @@ SHARED_CASES = [
     (['--simulation_engine=bogus'], 2, "unknown --simulation_engine='bogus'"),
     (['--workers=nohost'], 2, "--workers: 'nohost' is not host:port"),
     (['--loop_implementation=bogus'], 2, '--loop_implementation'),
-    (['--client_state_store=bogus'], 2, "unknown --client_state_store"),
-    (['--max_concurrent_computation_calls=0'], 2,
-     '--max_concurrent_computation_calls must be'),
+    (['--client_state_store=bogus'], 2, 'unknown --client_state_store'),
+    (
+        ['--max_concurrent_computation_calls=0'],
+        2,
+        '--max_concurrent_computation_calls must be',
+    ),
     (['--seed=x'], 2, 'seed'),
     (['--nosuchflag=1'], 2, "Unknown command line flag 'nosuchflag'"),
     (['--flagfile={scratch}/missing.flags'], 2, 'Unable to open flagfile'),
     (['stray'], 2, 'unexpected arguments: stray'),
     # Output locations (kind 1).
-    (['--root_output_dir={file}'], 2,
-     '--root_output_dir: {file} is a file, not a folder'),
+    (
+        ['--root_output_dir={file}'],
+        2,
+        '--root_output_dir: {file} is a file, not a folder',
+    ),
     (['--root_output_dir={file}/below'], 2, '{file} is a file, not a folder'),
-    (['--root_output_dir={scratch}', '--experiment_name=file'], 2,
-     '--experiment_name: {file} is a file, not a folder'),
-    (['--root_output_dir={readonly}/new'], 2,
-     '--root_output_dir: cannot write in {readonly}'),
-    (['--root_output_dir={locked}', '--experiment_name=exp'], 2,
-     'cannot write in {locked}'),
+    (
+        ['--root_output_dir={scratch}', '--experiment_name=file'],
+        2,
+        '--experiment_name: {file} is a file, not a folder',
+    ),
+    (
+        ['--root_output_dir={readonly}/new'],
+        2,
+        '--root_output_dir: cannot write in {readonly}',
+    ),
+    (
+        ['--root_output_dir={locked}', '--experiment_name=exp'],
+        2,
+        'cannot write in {locked}',
+    ),
     (['--root_output_dir='], 2, '--root_output_dir must name a folder'),
     (['--experiment_name=a/b'], 2, 'must be a plain folder name'),
     (['--experiment_name=..'], 2, 'must be a plain folder name'),
@@ -172,33 +238,63 @@ TRAIN_PROGRAM_CASES = [
     (['--algorithm=term', '--tilt=nan'], 2, 'tilt must be finite'),
     (['--thetas=0.5,0.1'], 2, '--thetas applies to deltafl only'),
     (['--algorithm=deltafl', '--thetas=0.5,x'], 2, '--thetas must be a comma'),
-    (['--algorithm=deltafl', '--thetas=0.5,0.5'], 2,
-     '--thetas must be distinct'),
+    (
+        ['--algorithm=deltafl', '--thetas=0.5,0.5'],
+        2,
+        '--thetas must be distinct',
+    ),
     (['--algorithm=deltafl', '--theta=0.5', '--thetas=0.1'], 2, 'not both'),
     (['--algorithm=deltafl', '--theta=0'], 2, 'theta'),
-    (['--algorithm=deltafl', '--secure_quantile=bogus'], 2,
-     "unknown --secure_quantile='bogus'"),
+    (
+        ['--algorithm=deltafl', '--secure_quantile=bogus'],
+        2,
+        "unknown --secure_quantile='bogus'",
+    ),
     (['--attack=gaussian', '--attack_fraction=2'], 2, 'attack fraction'),
 ]
 CASES = (
-    [(b, args, code, text) for b in ALL
-     for args, code, text in SHARED_CASES] +
-    [(b, args, code, text) for b in ('train', 'program')
-     for args, code, text in TRAIN_PROGRAM_CASES] + [
-         ('train', ['--straggler_fraction=1.5'], 2,
-          'straggler_fraction must be in [0, 1]'),
-         ('program', ['--straggler_fraction=0.5'], 2,
-          '--straggler_fraction is not supported'),
-         ('program', ['--algorithm=ditto', '--ditto_lambda=1'], 2,
-          'run it with python -m run.stateful_program'),
-         ('stateful', ['--algorithm=fedavg'], 2,
-          'run it with python -m run.program'),
-         # The earlier run's folder (kind 3): other settings, other writer.
-         ('train', ['--client_learning_rate=0.5'], 1,
-          'holds a run with other settings'),
-         ('program', [], 1, 'was written by run.train'),
-         ('stateful', [], 1, 'was written by run.train'),
-     ])
+    [(b, args, code, text) for b in ALL for args, code, text in SHARED_CASES]
+    + [
+        (b, args, code, text)
+        for b in ('train', 'program')
+        for args, code, text in TRAIN_PROGRAM_CASES
+    ]
+    + [
+        (
+            'train',
+            ['--straggler_fraction=1.5'],
+            2,
+            'straggler_fraction must be in [0, 1]',
+        ),
+        (
+            'program',
+            ['--straggler_fraction=0.5'],
+            2,
+            '--straggler_fraction is not supported',
+        ),
+        (
+            'program',
+            ['--algorithm=ditto', '--ditto_lambda=1'],
+            2,
+            'run it with python -m run.stateful_program',
+        ),
+        (
+            'stateful',
+            ['--algorithm=fedavg'],
+            2,
+            'run it with python -m run.program',
+        ),
+        # The earlier run's folder (kind 3): other settings, other writer.
+        (
+            'train',
+            ['--client_learning_rate=0.5'],
+            1,
+            'holds a run with other settings',
+        ),
+        ('program', [], 1, 'was written by run.train'),
+        ('stateful', [], 1, 'was written by run.train'),
+    ]
+)
 
 
 def _fill(value: str, paths) -> str:
@@ -206,16 +302,28 @@ def _fill(value: str, paths) -> str:
 
 
 @pytest.mark.parametrize(
-    'which, args, code, text', CASES,
-    ids=[f'{c[0]}:{" ".join(c[1])}'.encode('ascii', 'backslashreplace')
-         .decode() for c in CASES])
-def test_bad_input_is_one_line_and_touches_nothing(earlier, which, args, code,
-                                                   text):
+    'which, args, code, text',
+    CASES,
+    ids=[
+        f'{c[0]}:{" ".join(c[1])}'.encode('ascii', 'backslashreplace').decode()
+        for c in CASES
+    ],
+)
+def test_bad_input_is_one_line_and_touches_nothing(
+    earlier, which, args, code, text
+):
   before = tree_hashes(earlier['run'])
-  argv = SMALL + BASE[which] + [
-      f'--root_output_dir={earlier["root"]}', '--experiment_name=earlier',
-      '--total_rounds=2', '--rounds_per_checkpoint=1'] + [
-          _fill(a, earlier) for a in args]
+  argv = (
+      SMALL
+      + BASE[which]
+      + [
+          f'--root_output_dir={earlier["root"]}',
+          '--experiment_name=earlier',
+          '--total_rounds=2',
+          '--rounds_per_checkpoint=1',
+      ]
+      + [_fill(a, earlier) for a in args]
+  )
   status, stderr = binary.call_main(MAINS[which], PROG[which], argv)
   lines = binary.error_lines(stderr)
   assert status == code, stderr
@@ -231,14 +339,23 @@ REPORT_CASES = [
     ('summary.json', b'{"round_num": 2, "summ', 'summary.json: damaged'),
     ('summary.json', b'', 'summary.json: damaged'),
     ('summary.json', b'[1, 2]', 'summary.json: damaged'),
-    ('summary.json', b'{"round_num": "two", "summaries": {}}',
-     'summary.json: damaged'),
+    (
+        'summary.json',
+        b'{"round_num": "two", "summaries": {}}',
+        'summary.json: damaged',
+    ),
     ('summary.json', b'{"summaries": {}}', 'summary.json: damaged'),
     ('summary.json', b'\xff\xfe{}', 'summary.json: damaged'),
-    ('clients/round_00002.csv', b'split,client_id,accuracy\ntest,0,high\n',
-     'round_00002.csv: damaged'),
-    ('clients/round_00002.csv', b'split,client_id,num_examples,accuracy\n'
-     b'test,0,5\n', 'round_00002.csv: damaged'),
+    (
+        'clients/round_00002.csv',
+        b'split,client_id,accuracy\ntest,0,high\n',
+        'round_00002.csv: damaged',
+    ),
+    (
+        'clients/round_00002.csv',
+        b'split,client_id,num_examples,accuracy\n' b'test,0,5\n',
+        'round_00002.csv: damaged',
+    ),
     ('clients/round_00002.csv', b'garbage\n\x00\x01', 'round_00002.csv'),
     ('clients/round_00002.csv', b'', 'no test clients'),
     ('config.json', b'{"algorithm": ', 'config.json: damaged'),
@@ -246,14 +363,14 @@ REPORT_CASES = [
 
 
 @pytest.mark.parametrize('name, content, text', REPORT_CASES)
-def test_report_names_the_damaged_file(earlier, tmp_path, name, content,
-                                       text):
+def test_report_names_the_damaged_file(earlier, tmp_path, name, content, text):
   run = tmp_path / 'run'
   shutil.copytree(earlier['run'], run)
   (run / name).write_bytes(content)
   with contextlib.redirect_stdout(None):
-    status, stderr = _report(['--runs', str(run), '--output_dir',
-                              str(tmp_path / 'report')])
+    status, stderr = _report(
+        ['--runs', str(run), '--output_dir', str(tmp_path / 'report')]
+    )
   lines = binary.error_lines(stderr)
   assert status == 2 and len(lines) == 1, stderr
   assert lines[0].startswith('report: error: ') and text in lines[0], stderr
@@ -262,6 +379,7 @@ def test_report_names_the_damaged_file(earlier, tmp_path, name, content,
 
 def _report(args):
   import io  # pylint: disable=g-import-not-at-top
+
   err = io.StringIO()
   with contextlib.redirect_stderr(err):
     try:
@@ -272,17 +390,21 @@ def _report(args):
 
 
 def test_report_of_the_earlier_run_works(earlier, tmp_path):
-  status, stderr = _report(['--runs', earlier['run'], '--output_dir',
-                            str(tmp_path)])
+  status, stderr = _report(
+      ['--runs', earlier['run'], '--output_dir', str(tmp_path)]
+  )
   assert status == 0, stderr
   assert (tmp_path / 'summary.md').exists()
 
 
 def test_a_held_lock_refuses_a_second_run_naming_the_holder(earlier):
   before = tree_hashes(earlier['run'])
-  argv = SMALL + [f'--root_output_dir={earlier["root"]}',
-                  '--experiment_name=earlier', '--total_rounds=2',
-                  '--rounds_per_checkpoint=1']
+  argv = SMALL + [
+      f'--root_output_dir={earlier["root"]}',
+      '--experiment_name=earlier',
+      '--total_rounds=2',
+      '--rounds_per_checkpoint=1',
+  ]
   with run_dir.locked(earlier['run'], 'train', binary='the-holder'):
     held = tree_hashes(earlier['run'])
     for which in ('train', 'program'):
@@ -300,8 +422,11 @@ def test_a_held_lock_refuses_a_second_run_naming_the_holder(earlier):
 
 def test_a_lock_left_by_a_dead_process_is_stale(tmp_path):
   (tmp_path / 'run').mkdir()
-  (tmp_path / 'run' / '.lock').write_text(json.dumps(
-      {'writer': 'train', 'pid': 999999999, 'host': 'gone', 'binary': 'x'}))
+  (tmp_path / 'run' / '.lock').write_text(
+      json.dumps(
+          {'writer': 'train', 'pid': 999999999, 'host': 'gone', 'binary': 'x'}
+      )
+  )
   run_dir.check_available(str(tmp_path / 'run'), 'train')
   with run_dir.locked(str(tmp_path / 'run'), 'train'):
     record = json.loads((tmp_path / 'run' / '.lock').read_text())
@@ -313,8 +438,11 @@ def test_a_lock_left_by_a_dead_process_is_stale(tmp_path):
 
 def _damage(checkpoint, how):
   if how == 'truncated_variables':
-    data = [n for n in os.listdir(checkpoint / 'variables')
-            if n.startswith('variables.data')]
+    data = [
+        n
+        for n in os.listdir(checkpoint / 'variables')
+        if n.startswith('variables.data')
+    ]
     with open(checkpoint / 'variables' / data[0], 'r+b') as f:
       f.truncate(7)
   elif how == 'emptied':
@@ -324,19 +452,27 @@ def _damage(checkpoint, how):
     (checkpoint / 'saved_model.pb').write_bytes(b'\x00garbage' * 10)
 
 
-@pytest.mark.parametrize('how', ['truncated_variables', 'emptied',
-                                 'garbage_saved_model'])
-def test_damaged_last_checkpoint_falls_back_and_is_kept(earlier, tmp_path,
-                                                        how):
+@pytest.mark.parametrize(
+    'how', ['truncated_variables', 'emptied', 'garbage_saved_model']
+)
+def test_damaged_last_checkpoint_falls_back_and_is_kept(earlier, tmp_path, how):
   root = tmp_path / 'root'
   shutil.copytree(earlier['run'], root / 'earlier')
   run = root / 'earlier'
   os.remove(run / 'summary.json')
   _damage(run / 'checkpoints' / 'program_state_2', how)
   damaged = tree_hashes(run / 'checkpoints' / 'program_state_2')
-  status, stderr = binary.call_main(train.main, 'train', SMALL + [
-      f'--root_output_dir={root}', '--experiment_name=earlier',
-      '--total_rounds=2', '--rounds_per_checkpoint=1'])
+  status, stderr = binary.call_main(
+      train.main,
+      'train',
+      SMALL
+      + [
+          f'--root_output_dir={root}',
+          '--experiment_name=earlier',
+          '--total_rounds=2',
+          '--rounds_per_checkpoint=1',
+      ],
+  )
   assert status == 0, stderr
   warnings = [l for l in stderr.splitlines() if l.startswith('warning:')]
   assert len(warnings) == 1, stderr
@@ -348,8 +484,10 @@ def test_damaged_last_checkpoint_falls_back_and_is_kept(earlier, tmp_path,
   with open(os.path.join(earlier['run'], 'summary.json')) as f:
     expected = json.load(f)
   assert json.loads((run / 'summary.json').read_text()) == expected
-  rounds = [l.split(',')[0] for l in
-            (run / 'metrics.csv').read_text().splitlines()[1:]]
+  rounds = [
+      l.split(',')[0]
+      for l in (run / 'metrics.csv').read_text().splitlines()[1:]
+  ]
   assert rounds == ['1', '2']
 
 
@@ -357,11 +495,19 @@ def test_no_intact_checkpoint_is_one_line(earlier, tmp_path):
   root = tmp_path / 'root'
   shutil.copytree(earlier['run'], root / 'earlier')
   for version in (1, 2):
-    _damage(root / 'earlier' / 'checkpoints' / f'program_state_{version}',
-            'emptied')
-  status, stderr = binary.call_main(train.main, 'train', SMALL + [
-      f'--root_output_dir={root}', '--experiment_name=earlier',
-      '--total_rounds=3'])
+    _damage(
+        root / 'earlier' / 'checkpoints' / f'program_state_{version}', 'emptied'
+    )
+  status, stderr = binary.call_main(
+      train.main,
+      'train',
+      SMALL
+      + [
+          f'--root_output_dir={root}',
+          '--experiment_name=earlier',
+          '--total_rounds=3',
+      ],
+  )
   errors = [l for l in stderr.splitlines() if l.startswith('train: error:')]
   assert status == 1 and len(errors) == 1, stderr
   assert 'no intact checkpoint' in errors[0]
@@ -371,45 +517,63 @@ def test_no_intact_checkpoint_is_one_line(earlier, tmp_path):
 
 
 def test_program_falls_back_from_a_damaged_state_and_stops_on_nan(tmp_path):
-  args = SMALL + [f'--root_output_dir={tmp_path}', '--experiment_name=p',
-                  '--rounds_per_eval=0']
-  status, stderr = binary.call_main(program.main, 'program',
-                                    args + ['--total_rounds=2'])
+  args = SMALL + [
+      f'--root_output_dir={tmp_path}',
+      '--experiment_name=p',
+      '--rounds_per_eval=0',
+  ]
+  status, stderr = binary.call_main(
+      program.main, 'program', args + ['--total_rounds=2']
+  )
   assert status == 0, stderr
   states = tmp_path / 'p' / 'program_state'
   _damage(states / 'program_state_2', 'truncated_variables')
-  status, stderr = binary.call_main(program.main, 'program',
-                                    args + ['--total_rounds=3'])
+  status, stderr = binary.call_main(
+      program.main, 'program', args + ['--total_rounds=3']
+  )
   assert status == 0, stderr
   assert 'skipped the damaged checkpoint program_state_2' in stderr
   assert (states / 'damaged_program_state_2').is_dir()
-  rounds = [l.split(',')[0] for l in
-            (tmp_path / 'p' / 'metrics.csv').read_text().splitlines()[1:]]
+  rounds = [
+      l.split(',')[0]
+      for l in (tmp_path / 'p' / 'metrics.csv').read_text().splitlines()[1:]
+  ]
   assert sorted(rounds, key=int) == ['1', '2', '3']
 
   # A learning rate that overflows: stopped, not finished with NaN metrics.
-  status, stderr = binary.call_main(program.main, 'program', SMALL + [
-      f'--root_output_dir={tmp_path}', '--experiment_name=nan',
-      '--rounds_per_eval=0', '--total_rounds=4',
-      '--client_learning_rate=1e38'])
+  status, stderr = binary.call_main(
+      program.main,
+      'program',
+      SMALL
+      + [
+          f'--root_output_dir={tmp_path}',
+          '--experiment_name=nan',
+          '--rounds_per_eval=0',
+          '--total_rounds=4',
+          '--client_learning_rate=1e38',
+      ],
+  )
   errors = binary.error_lines(stderr)
   assert status == 1, stderr
   assert errors[-1].startswith('program: error: training diverged at round')
   assert 'Traceback' not in stderr
   assert not (tmp_path / 'nan' / 'summary.json').exists()
-  metrics = (tmp_path / 'nan' / 'metrics.csv')
+  metrics = tmp_path / 'nan' / 'metrics.csv'
   assert not metrics.exists() or 'nan' not in metrics.read_text().lower()
 
 
 # Subprocesses: what only a process of its own shows.
 
 
-@pytest.mark.parametrize('module, args, code', [
-    ('run.train', ['--help'], 0),
-    ('run.program', ['--helpfull'], 0),
-    ('run.stateful_program', ['--total_rounds=abc'], 2),
-    ('run.train', ['--flagfile=/nonexistent/flags'], 2),
-])
+@pytest.mark.parametrize(
+    'module, args, code',
+    [
+        ('run.train', ['--help'], 0),
+        ('run.program', ['--helpfull'], 0),
+        ('run.stateful_program', ['--total_rounds=abc'], 2),
+        ('run.train', ['--flagfile=/nonexistent/flags'], 2),
+    ],
+)
 def test_exit_paths_print_no_traceback(module, args, code):
   status, _, stderr = binary.run_module(module, args, timeout=120)
   assert status == code, stderr
@@ -423,7 +587,8 @@ def _descendant_workers(pid: int) -> list[int]:
   for proc in psutil.process_iter(['pid', 'name', 'ppid']):
     with contextlib.suppress(psutil.Error):
       if proc.info['name'].startswith('worker_binary') and (
-          proc.status() != psutil.STATUS_ZOMBIE):
+          proc.status() != psutil.STATUS_ZOMBIE
+      ):
         found.append(proc)
   ours = []
   for proc in found:
@@ -438,8 +603,14 @@ def _descendant_workers(pid: int) -> list[int]:
 def _start(args, out_dir):
   return subprocess.Popen(
       [sys.executable, '-m', 'run.train', f'--root_output_dir={out_dir}']
-      + SMALL + args, cwd=binary.ROOT, stdout=subprocess.DEVNULL,
-      stderr=subprocess.PIPE, text=True, start_new_session=True)
+      + SMALL
+      + args,
+      cwd=binary.ROOT,
+      stdout=subprocess.DEVNULL,
+      stderr=subprocess.PIPE,
+      text=True,
+      start_new_session=True,
+  )
 
 
 def _wait_for_round(proc, run, round_num, timeout=180):
@@ -457,13 +628,20 @@ REPEATS = int(os.environ.get('TFF_HETERO_STRESS_REPEATS', '0'))
 SIGNAL_REPEATS = REPEATS or 3
 
 
-@pytest.mark.parametrize('signum', [signal.SIGTERM, signal.SIGINT,
-                                    signal.SIGHUP])
+@pytest.mark.parametrize(
+    'signum', [signal.SIGTERM, signal.SIGINT, signal.SIGHUP]
+)
 def test_no_worker_survives_a_signal(signum, tmp_path):
   """The signal goes to the driver only (not its group), mid-round."""
   for attempt in range(SIGNAL_REPEATS):
-    proc = _start(['--total_rounds=400', '--rounds_per_checkpoint=0',
-                   f'--experiment_name=s{attempt}'], tmp_path)
+    proc = _start(
+        [
+            '--total_rounds=400',
+            '--rounds_per_checkpoint=0',
+            f'--experiment_name=s{attempt}',
+        ],
+        tmp_path,
+    )
     try:
       assert _wait_for_round(proc, tmp_path / f's{attempt}', 1 + attempt)
       assert _descendant_workers(proc.pid), 'no TFF worker to leave behind'
@@ -476,7 +654,8 @@ def test_no_worker_survives_a_signal(signum, tmp_path):
       if signum == signal.SIGINT:
         assert proc.returncode == 130, stderr
         assert binary.error_lines(stderr)[-1].startswith(
-            'train: interrupted'), stderr
+            'train: interrupted'
+        ), stderr
       else:
         assert proc.returncode == -signum, stderr
     finally:
@@ -496,16 +675,21 @@ def test_two_runs_of_one_folder_at_once(tmp_path):
   """
   for attempt in range(CONCURRENT_REPEATS):
     name = f'c{attempt}'
-    args = ['--total_rounds=2000', '--rounds_per_checkpoint=3',
-            '--rounds_per_eval=0', f'--experiment_name={name}']
+    args = [
+        '--total_rounds=2000',
+        '--rounds_per_checkpoint=3',
+        '--rounds_per_eval=0',
+        f'--experiment_name={name}',
+    ]
     procs = [_start(args, tmp_path)]
     try:
       if attempt % 2 == 0:
         assert _wait_for_round(procs[0], tmp_path / name, 1)
       procs.append(_start(args, tmp_path))
       deadline = time.monotonic() + 240
-      while (all(p.poll() is None for p in procs)
-             and time.monotonic() < deadline):
+      while (
+          all(p.poll() is None for p in procs) and time.monotonic() < deadline
+      ):
         time.sleep(0.1)
       done = [p for p in procs if p.poll() is not None]
       assert len(done) == 1, 'neither run was refused'
@@ -524,8 +708,10 @@ def test_two_runs_of_one_folder_at_once(tmp_path):
     assert len(lines) == 1 and lines[0].startswith('train: error: '), lines
     assert 'is in use by python -m run.train (pid' in lines[0], lines
     assert f'pid {winner.pid} ' in lines[0], lines
-    rows = [l.split(',')[0] for l in
-            (tmp_path / name / 'metrics.csv').read_text().splitlines()[1:]]
+    rows = [
+        l.split(',')[0]
+        for l in (tmp_path / name / 'metrics.csv').read_text().splitlines()[1:]
+    ]
     assert rows == [str(r) for r in range(1, len(rows) + 1)]
     events = os.listdir(tmp_path / name / 'tensorboard')
     assert len(events) == 1, events
@@ -537,8 +723,13 @@ KILL_REPEATS = REPEATS or 2
 def test_killed_runs_resume_to_the_same_result(earlier, tmp_path):
   """SIGKILL of the whole group at another round each time, then resume."""
   args = ['--total_rounds=8', '--rounds_per_checkpoint=1']
-  status, stderr = binary.call_main(train.main, 'train', SMALL + args + [
-      f'--root_output_dir={tmp_path}', '--experiment_name=whole'])
+  status, stderr = binary.call_main(
+      train.main,
+      'train',
+      SMALL
+      + args
+      + [f'--root_output_dir={tmp_path}', '--experiment_name=whole'],
+  )
   assert status == 0, stderr
   expected = json.loads((tmp_path / 'whole' / 'summary.json').read_text())
   for attempt in range(KILL_REPEATS):
@@ -549,11 +740,19 @@ def test_killed_runs_resume_to_the_same_result(earlier, tmp_path):
     finally:
       os.killpg(proc.pid, signal.SIGKILL)
       proc.communicate()
-    status, stderr = binary.call_main(train.main, 'train', SMALL + args + [
-        f'--root_output_dir={tmp_path}', f'--experiment_name={name}'])
+    status, stderr = binary.call_main(
+        train.main,
+        'train',
+        SMALL
+        + args
+        + [f'--root_output_dir={tmp_path}', f'--experiment_name={name}'],
+    )
     assert status == 0, stderr
     assert json.loads((tmp_path / name / 'summary.json').read_text()) == (
-        expected)
-    rows = [l.split(',')[0] for l in
-            (tmp_path / name / 'metrics.csv').read_text().splitlines()[1:]]
+        expected
+    )
+    rows = [
+        l.split(',')[0]
+        for l in (tmp_path / name / 'metrics.csv').read_text().splitlines()[1:]
+    ]
     assert rows == [str(r) for r in range(1, 9)]

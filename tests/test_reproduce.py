@@ -16,26 +16,36 @@ def fake_run(tmp_path, name, errors):
     for member, values in errors.items():
       for i, e in enumerate(values):
         writer.writerow([f'{member}/test', str(i), '10', '1.0', str(1 - e)])
-  summaries = {f'{m}/test/error': {'mean': float(np.mean(v))}
-               for m, v in errors.items()}
+  summaries = {
+      f'{m}/test/error': {'mean': float(np.mean(v))} for m, v in errors.items()
+  }
   return {'summaries': summaries, 'run_dir': str(run_dir)}
 
 
 def test_family_rows_and_histogram(tmp_path):
   experiment = {
       'members': {'FedAvg': 'theta_1', 'Delta-FL 0.5': 'theta_0.5'},
-      'metric': 'test/error', 'columns': ('mean',),
+      'metric': 'test/error',
+      'columns': ('mean',),
       'histogram': 'test/error',
   }
-  runs = [fake_run(tmp_path, f'seed{s}', {'theta_1': [0.1, 0.5, 0.9],
-                                          'theta_0.5': [0.2, 0.4, 0.6 + s]})
-          for s in (0, 1)]
+  runs = [
+      fake_run(
+          tmp_path,
+          f'seed{s}',
+          {'theta_1': [0.1, 0.5, 0.9], 'theta_0.5': [0.2, 0.4, 0.6 + s]},
+      )
+      for s in (0, 1)
+  ]
   expanded = reproduce.expand_members(experiment, {'family': runs})
   assert list(expanded) == ['FedAvg', 'Delta-FL 0.5']
   assert expanded['FedAvg'][0]['summaries'] == {'test/error': {'mean': 0.5}}
   np.testing.assert_allclose(
-      reproduce.per_client_values(runs[1]['run_dir'], 'theta_0.5/test',
-                                  'error'), [0.2, 0.4, 1.6])
+      reproduce.per_client_values(
+          runs[1]['run_dir'], 'theta_0.5/test', 'error'
+      ),
+      [0.2, 0.4, 1.6],
+  )
   table = reproduce.table(experiment, expanded)
   assert '| FedAvg | 50 (0) |' in table
   assert '| Delta-FL 0.5 | 56.67 (17) |' in table  # Seeds: 40%, 73.3%.

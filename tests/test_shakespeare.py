@@ -14,8 +14,14 @@ TRAIN = {
     'ALLS_WELL_THAT_ENDS_WELL_BERTRAM': ['Hi', 'Go.', 'No!', 'Yes', 'Ay'],
     'HAMLET_OPHELIA': ['What, my lord?', 'Adieu.', 'Oh'],
     'KING_LEAR_FOOL': ['Nuncle'],
-    'MACBETH_MACBETH': ['If it were done', 'Is this a dagger', 'Out', 'Hark',
-                        'Who', 'Ho'],
+    'MACBETH_MACBETH': [
+        'If it were done',
+        'Is this a dagger',
+        'Out',
+        'Hark',
+        'Who',
+        'Ho',
+    ],
 }
 TEST = {cid: ['Why?'] * (i + 1) for i, cid in enumerate(sorted(TRAIN))}
 IDS = sorted(TRAIN)
@@ -52,9 +58,11 @@ def test_reads_clients_and_snippets_through_tff_loader(data_dir):
   assert task.test_data.client_ids == IDS
   for cid in IDS:
     assert base.count_examples(
-        task.train_data.create_tf_dataset_for_client(cid)) == len(TRAIN[cid])
+        task.train_data.create_tf_dataset_for_client(cid)
+    ) == len(TRAIN[cid])
     assert base.count_examples(
-        task.test_data.create_tf_dataset_for_client(cid)) == len(TEST[cid])
+        task.test_data.create_tf_dataset_for_client(cid)
+    ) == len(TEST[cid])
   raw = list(task.train_data.create_tf_dataset_for_client(SHORT))
   assert [e['snippets'].numpy().decode() for e in raw] == TRAIN[SHORT]
 
@@ -80,11 +88,13 @@ def test_shuffle_is_seeded_and_reshuffles_each_epoch(data_dir):
   task = _task(data_dir)
   cid = 'MACBETH_MACBETH'
   stored = _first_inputs(task.train_dataset(cid, 1))
-  runs = [_first_inputs(task.train_dataset(cid, 3, shuffle_seed=2))
-          for _ in range(2)]
+  runs = [
+      _first_inputs(task.train_dataset(cid, 3, shuffle_seed=2))
+      for _ in range(2)
+  ]
   assert runs[0] == runs[1]
   n = len(stored)
-  epochs = [runs[0][i * n:(i + 1) * n] for i in range(3)]
+  epochs = [runs[0][i * n : (i + 1) * n] for i in range(3)]
   assert all(sorted(e) == sorted(stored) for e in epochs)
   assert len({tuple(e) for e in epochs + [stored]}) > 1
 
@@ -92,14 +102,18 @@ def test_shuffle_is_seeded_and_reshuffles_each_epoch(data_dir):
 def test_min_examples_and_unseen_test_clients(data_dir):
   task = _task(data_dir, min_examples=3)
   assert task.train_data.client_ids == [
-      'ALLS_WELL_THAT_ENDS_WELL_BERTRAM', 'HAMLET_OPHELIA', 'MACBETH_MACBETH']
+      'ALLS_WELL_THAT_ENDS_WELL_BERTRAM',
+      'HAMLET_OPHELIA',
+      'MACBETH_MACBETH',
+  ]
   task = _task(data_dir, test_clients_fraction=0.25, max_clients=4, seed=4)
   train_ids, test_ids = task.train_data.client_ids, task.test_data.client_ids
   assert len(train_ids) == 3 and len(test_ids) == 1
   assert sorted(train_ids + test_ids) == IDS
   (cid,) = test_ids
-  assert base.count_examples(task.test_data.create_tf_dataset_for_client(
-      cid)) == len(TRAIN[cid]) + len(TEST[cid])
+  assert base.count_examples(
+      task.test_data.create_tf_dataset_for_client(cid)
+  ) == len(TRAIN[cid]) + len(TEST[cid])
 
 
 def test_model_forward_pass_and_padding(data_dir):
@@ -114,7 +128,8 @@ def test_model_forward_pass_and_padding(data_dir):
   assert int(metrics['num_tokens'][0]) == 7  # 'i', 'Go.' and two ends.
   x, y = (t.numpy() for t in batch)
   losses = tf.keras.losses.sparse_categorical_crossentropy(
-      y, output.predictions, from_logits=True).numpy()
+      y, output.predictions, from_logits=True
+  ).numpy()
   # TFF's forward pass averages over every position, padding included.
   np.testing.assert_allclose(float(output.loss), losses.mean(), rtol=1e-5)
   assert (x == shakespeare.PAD).any()
@@ -133,13 +148,15 @@ def test_missing_file_names_it(tmp_path):
 
 def test_invalid_sequence_length():
   with pytest.raises(base.TaskError, match='sequence_length'):
-    shakespeare.create_task(data_dir=None, use_synthetic_data=True,
-                            batch_size=2, sequence_length=0)
+    shakespeare.create_task(
+        data_dir=None, use_synthetic_data=True, batch_size=2, sequence_length=0
+    )
 
 
 def test_synthetic_data_forward_pass():
-  task = shakespeare.create_task(data_dir=None, use_synthetic_data=True,
-                                 batch_size=2, sequence_length=SEQ)
+  task = shakespeare.create_task(
+      data_dir=None, use_synthetic_data=True, batch_size=2, sequence_length=SEQ
+  )
   assert len(task.train_data.client_ids) == 3
   cid = task.train_data.client_ids[0]
   batch = next(iter(task.train_dataset(cid, 1, shuffle_seed=0)))

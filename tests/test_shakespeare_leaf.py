@@ -21,10 +21,28 @@ from tests import binary
 from tests import engine_runs
 from tests import sqlite_fixtures
 
-LEAF_80 = ('\n !"&\'(),-.0123456789:;>?ABCDEFGHIJKLMNOPQRSTUVWXYZ[]'
-           'abcdefghijklmnopqrstuvwxyz}')
-WORDS = ['Thou', 'art', 'a', 'villain;', 'Good', 'my', 'lord,', 'é', '*x*',
-         'ZOUNDS!', 'speak:', '12', 'o\'er', '[Exit]', '|bar|', 'Hie  thee']
+LEAF_80 = (
+    '\n !"&\'(),-.0123456789:;>?ABCDEFGHIJKLMNOPQRSTUVWXYZ[]'
+    'abcdefghijklmnopqrstuvwxyz}'
+)
+WORDS = [
+    'Thou',
+    'art',
+    'a',
+    'villain;',
+    'Good',
+    'my',
+    'lord,',
+    'é',
+    '*x*',
+    'ZOUNDS!',
+    'speak:',
+    '12',
+    "o'er",
+    '[Exit]',
+    '|bar|',
+    'Hie  thee',
+]
 
 
 def role_snippets(rng, n_snippets, words_per_snippet):
@@ -32,8 +50,9 @@ def role_snippets(rng, n_snippets, words_per_snippet):
   for _ in range(n_snippets):
     words = rng.choice(WORDS, words_per_snippet)
     # Newlines and runs of spaces, as speeches spanning several lines.
-    snippets.append('\n'.join(' '.join(words[i:i + 4])
-                              for i in range(0, len(words), 4)))
+    snippets.append(
+        '\n'.join(' '.join(words[i : i + 4]) for i in range(0, len(words), 4))
+    )
   return snippets
 
 
@@ -77,7 +96,7 @@ def oracle_class_80(c):
 
 
 def oracle_windows(text, h, classes):
-  xs = [[classes(c) for c in text[i:i + h]] for i in range(len(text) - h)]
+  xs = [[classes(c) for c in text[i : i + h]] for i in range(len(text) - h)]
   ys = [classes(text[i + h]) for i in range(len(text) - h)]
   return xs, ys
 
@@ -91,10 +110,12 @@ def test_vocabularies():
   text = string.ascii_letters + string.digits + ' \n.;é}~'
   np.testing.assert_array_equal(
       shakespeare_leaf.encode(text, 'deltafl53'),
-      [oracle_class_53(c) for c in text])
+      [oracle_class_53(c) for c in text],
+  )
   np.testing.assert_array_equal(
       shakespeare_leaf.encode(text, 'leaf80'),
-      [oracle_class_80(c) for c in text])
+      [oracle_class_80(c) for c in text],
+  )
   assert shakespeare_leaf.PRESETS['deltafl'].num_classes == 53
   assert shakespeare_leaf.PRESETS['qffl'].num_classes == 80
 
@@ -104,8 +125,9 @@ def test_windows_match_an_independent_computation(data_dir, preset):
   directory, train, test = data_dir
   spec = shakespeare_leaf.PRESETS[preset]
   classes = oracle_class_53 if preset == 'deltafl' else oracle_class_80
-  task = shakespeare_leaf.create_task(preset=preset, data_dir=directory,
-                                      batch_size=4, rnn_units=4)
+  task = shakespeare_leaf.create_task(
+      preset=preset, data_dir=directory, batch_size=4, rnn_units=4
+  )
   seen = 0
   for data in (task.train_data, task.test_data, task.validation_data):
     if data is None:
@@ -132,8 +154,9 @@ def test_windows_match_an_independent_computation(data_dir, preset):
 def test_per_device_splits_partition_the_windows(data_dir):
   directory, train, test = data_dir
   for preset, parts in (('qffl', (0.8, 0.1, 0.1)), ('fedprox', (0.8, 0.2))):
-    task = shakespeare_leaf.create_task(preset=preset, data_dir=directory,
-                                        batch_size=4, rnn_units=4)
+    task = shakespeare_leaf.create_task(
+        preset=preset, data_dir=directory, batch_size=4, rnn_units=4
+    )
     splits = [task.train_data, task.test_data]
     if len(parts) == 3:
       splits.append(task.validation_data)
@@ -166,8 +189,7 @@ def test_selection_rules():
   assert eligible == sorted(c for c, n in counts.items() if n >= 100)
   train, test = shakespeare_leaf.split_devices(eligible, seed=0)
   assert len(train) == 150 and len(test) == 150
-  assert not set(train) & set(test) and set(train) | set(test) == set(
-      eligible)
+  assert not set(train) & set(test) and set(train) | set(test) == set(eligible)
   assert shakespeare_leaf.split_devices(eligible, seed=0) == (train, test)
   assert shakespeare_leaf.split_devices(eligible, seed=1) != (train, test)
   for preset, n, floor in (('qffl', 31, 64), ('fedprox', 143, 2)):
@@ -175,19 +197,23 @@ def test_selection_rules():
     assert len(a) == n and all(counts[c] >= floor for c in a)
     assert a == shakespeare_leaf.select_roles(counts, spec[preset], seed=4)
     assert a != shakespeare_leaf.select_roles(counts, spec[preset], seed=5)
-    small = shakespeare_leaf.select_roles(counts, spec[preset], seed=4,
-                                          max_clients=7)
+    small = shakespeare_leaf.select_roles(
+        counts, spec[preset], seed=4, max_clients=7
+    )
     assert len(small) == 7
 
 
 def test_fixture_selection_and_unseen_test_devices(data_dir):
   directory, train, test = data_dir
-  task = shakespeare_leaf.create_task(preset='deltafl', data_dir=directory,
-                                      batch_size=4, rnn_units=4)
+  task = shakespeare_leaf.create_task(
+      preset='deltafl', data_dir=directory, batch_size=4, rnn_units=4
+  )
   kept = sorted(task.train_data.client_ids + task.test_data.client_ids)
   expected = sorted(
-      c for c in train
-      if len(oracle_text(train[c] + test.get(c, []))) - 20 >= 100)
+      c
+      for c in train
+      if len(oracle_text(train[c] + test.get(c, []))) - 20 >= 100
+  )
   assert kept == expected and len(kept) == 12  # The tiny roles are dropped.
   assert not set(task.train_data.client_ids) & set(task.test_data.client_ids)
   assert len(task.train_data.client_ids) == 6
@@ -196,30 +222,51 @@ def test_fixture_selection_and_unseen_test_devices(data_dir):
 def test_scale_down_and_errors(data_dir, tmp_path):
   directory, _, _ = data_dir
   task = shakespeare_leaf.create_task(
-      preset='fedprox', data_dir=directory, batch_size=4, rnn_units=4,
-      max_clients=3, max_examples_per_client=50)
+      preset='fedprox',
+      data_dir=directory,
+      batch_size=4,
+      rnn_units=4,
+      max_clients=3,
+      max_examples_per_client=50,
+  )
   assert len(task.train_data.client_ids) == 3
   for cid in task.train_data.client_ids:
-    assert sum(len(list(d.create_tf_dataset_for_client(cid)))
-               for d in (task.train_data, task.test_data)) == 50
+    assert (
+        sum(
+            len(list(d.create_tf_dataset_for_client(cid)))
+            for d in (task.train_data, task.test_data)
+        )
+        == 50
+    )
   with pytest.raises(base.TaskError, match='missing data file'):
-    shakespeare_leaf.create_task(preset='qffl', data_dir=str(tmp_path),
-                                 batch_size=4)
+    shakespeare_leaf.create_task(
+        preset='qffl', data_dir=str(tmp_path), batch_size=4
+    )
   with pytest.raises(base.TaskError, match='unknown Shakespeare preset'):
-    shakespeare_leaf.create_task(preset='leaf', data_dir=directory,
-                                 batch_size=4)
+    shakespeare_leaf.create_task(
+        preset='leaf', data_dir=directory, batch_size=4
+    )
   with pytest.raises(base.TaskError, match='rnn_units'):
-    shakespeare_leaf.create_task(preset='qffl', data_dir=directory,
-                                 batch_size=4, rnn_units=0)
+    shakespeare_leaf.create_task(
+        preset='qffl', data_dir=directory, batch_size=4, rnn_units=0
+    )
 
 
 def test_models_follow_the_presets():
-  shapes = lambda p, **k: [tuple(w.shape) for w in shakespeare_leaf
-                           .create_keras_model(shakespeare_leaf.PRESETS[p],
-                                               **k).trainable_weights]
+  shapes = lambda p, **k: [
+      tuple(w.shape)
+      for w in shakespeare_leaf.create_keras_model(
+          shakespeare_leaf.PRESETS[p], **k
+      ).trainable_weights
+  ]
   # Delta-FL: one-hot 53 -> GRU(128) -> dense 53 (no embedding).
-  assert shapes('deltafl') == [(53, 384), (128, 384), (2, 384), (128, 53),
-                               (53,)]
+  assert shapes('deltafl') == [
+      (53, 384),
+      (128, 384),
+      (2, 384),
+      (128, 53),
+      (53,),
+  ]
   # q-FFL: embedding 8, 2 x LSTM(256), dense 80; FedProx: LSTM(100).
   assert shapes('qffl')[:3] == [(80, 8), (8, 1024), (256, 1024)]
   assert shapes('qffl')[-2:] == [(256, 80), (80,)]
@@ -239,8 +286,12 @@ def sgd(lr):
 def small_tasks(data_dir):
   directory, _, _ = data_dir
   make = lambda p, b: shakespeare_leaf.create_task(
-      preset=p, data_dir=directory, batch_size=b, rnn_units=6,
-      max_examples_per_client=40 if p == 'deltafl' else 23)
+      preset=p,
+      data_dir=directory,
+      batch_size=b,
+      rnn_units=6,
+      max_examples_per_client=40 if p == 'deltafl' else 23,
+  )
   return {'deltafl': make('deltafl', 4), 'qffl': make('qffl', 5)}
 
 
@@ -256,30 +307,43 @@ def assert_same(process, tff_s, fast_s, tm, fm, keys):
       np.testing.assert_allclose(f[key], t[key], rtol=1e-5, err_msg=key)
 
 
-TRAIN_KEYS = ['train/loss', 'train/accuracy', 'train/num_examples',
-              'train/num_batches']
+TRAIN_KEYS = [
+    'train/loss',
+    'train/accuracy',
+    'train/num_examples',
+    'train/num_batches',
+]
 
 
 def engine(kind, task, algorithm, vectorize=True):
   if kind == 'batched':
     return batched.BatchedEngine(
-        task.model_fn, task.preprocess_train,
-        batched.ClientArrays(task.train_data), algorithm)
-  return stacked.StackedEngine(task.model_fn, task.preprocess_train,
-                               task.train_data, algorithm,
-                               vectorize=vectorize)
+        task.model_fn,
+        task.preprocess_train,
+        batched.ClientArrays(task.train_data),
+        algorithm,
+    )
+  return stacked.StackedEngine(
+      task.model_fn,
+      task.preprocess_train,
+      task.train_data,
+      algorithm,
+      vectorize=vectorize,
+  )
 
 
-@pytest.mark.parametrize('kind,vectorize', [
-    ('batched', True), ('stacked', True), ('stacked', False)])
-def test_gru_fedavg_engines_equal_federated_path(small_tasks, kind,
-                                                 vectorize):
+@pytest.mark.parametrize(
+    'kind,vectorize', [('batched', True), ('stacked', True), ('stacked', False)]
+)
+def test_gru_fedavg_engines_equal_federated_path(small_tasks, kind, vectorize):
   task = small_tasks['deltafl']
-  process = fed_prox.build_fed_prox(task.model_fn, sgd(0.5), sgd(1.0),
-                                    proximal_strength=0.0)
+  process = fed_prox.build_fed_prox(
+      task.model_fn, sgd(0.5), sgd(1.0), proximal_strength=0.0
+  )
   algorithm = batched.BatchedAlgorithm('fedprox', sgd(0.5), sgd(1.0))
-  out = engine_runs.run_both(task, process,
-                             engine(kind, task, algorithm, vectorize))
+  out = engine_runs.run_both(
+      task, process, engine(kind, task, algorithm, vectorize)
+  )
   assert_same(process, *out, TRAIN_KEYS)
 
 
@@ -288,59 +352,109 @@ def test_gru_delta_fl_engines_equal_federated_path(small_tasks, kind):
   task = small_tasks['deltafl']
   process = delta_fl.build_delta_fl(task.model_fn, sgd(0.5), theta=0.5)
   algorithm = batched.BatchedAlgorithm('deltafl', sgd(0.5), theta=0.5)
-  out = engine_runs.run_both(task, process, engine(kind, task, algorithm),
-                             epochs=1)
-  assert_same(process, *out, TRAIN_KEYS + [
-      'client_work/eta', 'client_work/fraction_kept'])
+  out = engine_runs.run_both(
+      task, process, engine(kind, task, algorithm), epochs=1
+  )
+  assert_same(
+      process,
+      *out,
+      TRAIN_KEYS + ['client_work/eta', 'client_work/fraction_kept'],
+  )
   assert any(m['client_work/fraction_kept'] < 1.0 for m in out[3])
 
 
 def test_lstm_q_ffl_stacked_equals_federated_path(small_tasks):
   task = small_tasks['qffl']
-  process = q_ffl.build_q_fedavg(task.model_fn, sgd(0.8), q=0.001,
-                                 lipschitz_constant=1.0 / 0.8)
-  algorithm = batched.BatchedAlgorithm('qffl', sgd(0.8), q=0.001,
-                                       lipschitz_constant=1.0 / 0.8)
-  out = engine_runs.run_both(task, process,
-                             engine('stacked', task, algorithm), epochs=1)
+  process = q_ffl.build_q_fedavg(
+      task.model_fn, sgd(0.8), q=0.001, lipschitz_constant=1.0 / 0.8
+  )
+  algorithm = batched.BatchedAlgorithm(
+      'qffl', sgd(0.8), q=0.001, lipschitz_constant=1.0 / 0.8
+  )
+  out = engine_runs.run_both(
+      task, process, engine('stacked', task, algorithm), epochs=1
+  )
   assert_same(process, *out, TRAIN_KEYS + ['client_work/loss_at_broadcast'])
 
 
 # -------------------------------------------------------- The binary.
 
 
-@pytest.mark.parametrize('preset,extra', [
-    ('deltafl', ['--algorithm=deltafl', '--theta=0.5',
-                 '--simulation_engine=stacked']),
-    ('qffl', ['--algorithm=qffl', '--q=0.001', '--client_learning_rate=0.8',
-              '--simulation_engine=stacked']),
-    ('fedprox', ['--algorithm=fedprox', '--proximal_strength=0.001',
-                 '--client_learning_rate=0.8']),
-])
-def test_two_rounds_of_each_preset_through_the_binary(data_dir, tmp_path,
-                                                      preset, extra):
+@pytest.mark.parametrize(
+    'preset,extra',
+    [
+        (
+            'deltafl',
+            [
+                '--algorithm=deltafl',
+                '--theta=0.5',
+                '--simulation_engine=stacked',
+            ],
+        ),
+        (
+            'qffl',
+            [
+                '--algorithm=qffl',
+                '--q=0.001',
+                '--client_learning_rate=0.8',
+                '--simulation_engine=stacked',
+            ],
+        ),
+        (
+            'fedprox',
+            [
+                '--algorithm=fedprox',
+                '--proximal_strength=0.001',
+                '--client_learning_rate=0.8',
+            ],
+        ),
+    ],
+)
+def test_two_rounds_of_each_preset_through_the_binary(
+    data_dir, tmp_path, preset, extra
+):
   directory, _, _ = data_dir
-  code, stdout, stderr = binary.run_train([
-      '--task=shakespeare_leaf', f'--shakespeare_preset={preset}',
-      f'--data_dir={directory}', '--rnn_units=4',
-      '--max_examples_per_client=60', '--total_rounds=2',
-      '--clients_per_round=3', '--client_batch_size=10', '--rounds_per_eval=1',
-      '--progress=false', '--experiment_name=run'] + extra, str(tmp_path))
+  code, stdout, stderr = binary.run_train(
+      [
+          '--task=shakespeare_leaf',
+          f'--shakespeare_preset={preset}',
+          f'--data_dir={directory}',
+          '--rnn_units=4',
+          '--max_examples_per_client=60',
+          '--total_rounds=2',
+          '--clients_per_round=3',
+          '--client_batch_size=10',
+          '--rounds_per_eval=1',
+          '--progress=false',
+          '--experiment_name=run',
+      ]
+      + extra,
+      str(tmp_path),
+  )
   assert code == 0, stderr[-2000:]
   assert f'{preset} preset' in stderr
   assert os.path.exists(tmp_path / 'run' / 'metrics.csv')
   assert 'Per-client metrics after round 2' in stdout
 
 
-@pytest.mark.parametrize('args,message', [
-    (['--task=shakespeare_leaf', '--shakespeare_preset=leaf'],
-     'unknown Shakespeare preset'),
-    (['--task=shakespeare_leaf', '--min_examples=5'], 'drop --min_examples'),
-    (['--task=synthetic', '--rnn_units=4'], 'shakespeare_leaf only'),
-])
+@pytest.mark.parametrize(
+    'args,message',
+    [
+        (
+            ['--task=shakespeare_leaf', '--shakespeare_preset=leaf'],
+            'unknown Shakespeare preset',
+        ),
+        (
+            ['--task=shakespeare_leaf', '--min_examples=5'],
+            'drop --min_examples',
+        ),
+        (['--task=synthetic', '--rnn_units=4'], 'shakespeare_leaf only'),
+    ],
+)
 def test_binary_refuses_bad_flags(data_dir, tmp_path, args, message):
-  code, _, stderr = binary.run_train(args + [f'--data_dir={data_dir[0]}'],
-                                     str(tmp_path))
+  code, _, stderr = binary.run_train(
+      args + [f'--data_dir={data_dir[0]}'], str(tmp_path)
+  )
   assert code == 2
   lines = binary.error_lines(stderr)
   assert len(lines) == 1 and lines[0].startswith('train: error:')

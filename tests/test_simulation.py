@@ -17,20 +17,33 @@ from tff_algos import fed_prox
 
 @pytest.fixture(scope='module')
 def task():
-  return synthetic.create_task(num_clients=12, seed=5, size_law='constant',
-                               constant_size=20, batch_size=5)
+  return synthetic.create_task(
+      num_clients=12,
+      seed=5,
+      size_law='constant',
+      constant_size=20,
+      batch_size=5,
+  )
 
 
 def make_process(task):
   return fed_prox.build_fed_prox(
-      task.model_fn, tff.learning.optimizers.build_sgdm(learning_rate=0.05),
-      proximal_strength=0.1)
+      task.model_fn,
+      tff.learning.optimizers.build_sgdm(learning_rate=0.05),
+      proximal_strength=0.1,
+  )
 
 
 def config(**kwargs):
-  base = dict(total_rounds=6, clients_per_round=4, rounds_per_eval=3,
-              rounds_per_checkpoint=2, seed=1, straggler_fraction=0.5,
-              client_epochs_per_round=2)
+  base = dict(
+      total_rounds=6,
+      clients_per_round=4,
+      rounds_per_eval=3,
+      rounds_per_checkpoint=2,
+      seed=1,
+      straggler_fraction=0.5,
+      client_epochs_per_round=2,
+  )
   base.update(kwargs)
   return simulation.SimulationConfig(**base)
 
@@ -45,21 +58,31 @@ def test_sampling_is_deterministic_without_replacement():
 
 def test_sampling_proportional_to_examples():
   ids = ['small', 'big']
-  picks = [simulation.sample_clients(ids, r, clients_per_round=1, seed=0,
-                                     scheme='examples',
-                                     num_examples=[1, 9])[0]
-           for r in range(2000)]
+  picks = [
+      simulation.sample_clients(
+          ids,
+          r,
+          clients_per_round=1,
+          seed=0,
+          scheme='examples',
+          num_examples=[1, 9],
+      )[0]
+      for r in range(2000)
+  ]
   share = picks.count('big') / len(picks)
   assert 0.86 < share < 0.94
 
 
-@pytest.mark.parametrize('kwargs, message', [
-    (dict(total_rounds=0), 'total_rounds'),
-    (dict(clients_per_round=13), 'exceeds the 12 training clients'),
-    (dict(client_epochs_per_round=0), 'client_epochs_per_round'),
-    (dict(client_sampling='bogus'), 'client_sampling'),
-    (dict(straggler_fraction=2.0), 'straggler_fraction'),
-])
+@pytest.mark.parametrize(
+    'kwargs, message',
+    [
+        (dict(total_rounds=0), 'total_rounds'),
+        (dict(clients_per_round=13), 'exceeds the 12 training clients'),
+        (dict(client_epochs_per_round=0), 'client_epochs_per_round'),
+        (dict(client_sampling='bogus'), 'client_sampling'),
+        (dict(straggler_fraction=2.0), 'straggler_fraction'),
+    ],
+)
 def test_config_validation(kwargs, message):
   with pytest.raises(ValueError, match=message):
     config(**kwargs).validate(12)
@@ -67,21 +90,37 @@ def test_config_validation(kwargs, message):
 
 def test_run_writes_outputs_and_resume_matches_uninterrupted(task, tmp_path):
   full = simulation.run_simulation(
-      make_process(task), task, config(), output_dir=str(tmp_path / 'full'),
-      hparams={'a': 1}, progress=False)
+      make_process(task),
+      task,
+      config(),
+      output_dir=str(tmp_path / 'full'),
+      hparams={'a': 1},
+      progress=False,
+  )
   # A run stopped after 3 rounds, then resumed to 6 from its checkpoint.
   part_dir = str(tmp_path / 'part')
   simulation.run_simulation(
-      make_process(task), task, config(total_rounds=3), output_dir=part_dir,
-      hparams={'a': 1}, progress=False)
+      make_process(task),
+      task,
+      config(total_rounds=3),
+      output_dir=part_dir,
+      hparams={'a': 1},
+      progress=False,
+  )
   resumed = simulation.run_simulation(
-      make_process(task), task, config(), output_dir=part_dir,
-      hparams={'a': 1}, progress=False)
+      make_process(task),
+      task,
+      config(),
+      output_dir=part_dir,
+      hparams={'a': 1},
+      progress=False,
+  )
   assert [m['round_num'] for m in resumed['history']] == [4, 5, 6]
   process = make_process(task)
-  for a, b in zip(composition.model_weights_as_numpy(process, full['state']),
-                  composition.model_weights_as_numpy(process,
-                                                     resumed['state'])):
+  for a, b in zip(
+      composition.model_weights_as_numpy(process, full['state']),
+      composition.model_weights_as_numpy(process, resumed['state']),
+  ):
     np.testing.assert_array_equal(a, b)
   assert full['final_summaries'] == resumed['final_summaries']
 
@@ -103,28 +142,46 @@ def test_run_writes_outputs_and_resume_matches_uninterrupted(task, tmp_path):
   assert os.listdir(out / 'tensorboard')
   # Resuming the finished run only evaluates.
   again = simulation.run_simulation(
-      make_process(task), task, config(), output_dir=str(out),
-      hparams={'a': 1}, progress=False)
+      make_process(task),
+      task,
+      config(),
+      output_dir=str(out),
+      hparams={'a': 1},
+      progress=False,
+  )
   assert again['history'] == [] and again['round_num'] == 6
 
 
 def test_resume_with_other_settings_is_refused(task, tmp_path):
   simulation.run_simulation(
-      make_process(task), task, config(total_rounds=2), output_dir=str(tmp_path),
-      hparams={'client_learning_rate': 0.1}, progress=False)
+      make_process(task),
+      task,
+      config(total_rounds=2),
+      output_dir=str(tmp_path),
+      hparams={'client_learning_rate': 0.1},
+      progress=False,
+  )
   with pytest.raises(simulation.SimulationError, match='client_learning_rate'):
     simulation.run_simulation(
-        make_process(task), task, config(total_rounds=3),
-        output_dir=str(tmp_path), hparams={'client_learning_rate': 0.2},
-        progress=False)
+        make_process(task),
+        task,
+        config(total_rounds=3),
+        output_dir=str(tmp_path),
+        hparams={'client_learning_rate': 0.2},
+        progress=False,
+    )
 
 
 def test_evaluation_matches_numpy(task):
   process = fed_avg.build_fed_avg(
-      task.model_fn, tff.learning.optimizers.build_sgdm(learning_rate=0.1))
+      task.model_fn, tff.learning.optimizers.build_sgdm(learning_rate=0.1)
+  )
   result = simulation.run_simulation(
-      process, task, config(total_rounds=2, straggler_fraction=0.0),
-      progress=False)
+      process,
+      task,
+      config(total_rounds=2, straggler_fraction=0.0),
+      progress=False,
+  )
   w, b = composition.model_weights_as_numpy(process, result['state'])
   test = result['per_client']['test']
   for i, cid in enumerate(test['client_id']):
@@ -133,25 +190,31 @@ def test_evaluation_matches_numpy(task):
     x, y = batch['x'].numpy(), batch['y'].numpy()
     pred = np.argmax(x @ w + b, axis=1)
     assert test['num_examples'][i] == len(y)
-    np.testing.assert_allclose(test['accuracy'][i], np.mean(pred == y),
-                               atol=1e-6)
+    np.testing.assert_allclose(
+        test['accuracy'][i], np.mean(pred == y), atol=1e-6
+    )
     logits = x @ w + b
     logits -= logits.max(axis=1, keepdims=True)
     log_p = logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
-    np.testing.assert_allclose(test['loss'][i],
-                               -log_p[np.arange(len(y)), y].mean(), rtol=1e-5)
+    np.testing.assert_allclose(
+        test['loss'][i], -log_p[np.arange(len(y)), y].mean(), rtol=1e-5
+    )
   summary = result['final_summaries']['test/accuracy']
-  np.testing.assert_allclose(summary['mean'], np.mean(test['accuracy']),
-                             rtol=1e-6)
+  np.testing.assert_allclose(
+      summary['mean'], np.mean(test['accuracy']), rtol=1e-6
+  )
 
 
 def test_fedavg_with_all_stragglers_skips_rounds(task):
   process = fed_avg.build_fed_avg(
-      task.model_fn, tff.learning.optimizers.build_sgdm(learning_rate=0.1))
+      task.model_fn, tff.learning.optimizers.build_sgdm(learning_rate=0.1)
+  )
   result = simulation.run_simulation(
-      process, task,
+      process,
+      task,
       config(total_rounds=2, straggler_fraction=1.0, drop_stragglers=True),
-      progress=False)
+      progress=False,
+  )
   assert all(m['skipped'] == 1 for m in result['history'])
   w, _ = composition.model_weights_as_numpy(process, result['state'])
   assert np.all(w == 0)
@@ -159,6 +222,10 @@ def test_fedavg_with_all_stragglers_skips_rounds(task):
 
 def test_flatten_metrics():
   flat = simulation.flatten_metrics(
-      {'client_work': {'train': {'loss': np.float32(1.5)}},
-       'aggregator': {'mean_value': ()}, 'finalizer': {'n': 3}})
+      {
+          'client_work': {'train': {'loss': np.float32(1.5)}},
+          'aggregator': {'mean_value': ()},
+          'finalizer': {'n': 3},
+      }
+  )
   assert flat == {'train/loss': 1.5, 'finalizer/n': 3}

@@ -30,24 +30,41 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def task():
   # Unequal client sizes (a partial last batch, clients padded to the
   # longest one's step count) and batch 5.
-  return synthetic.create_task(num_clients=12, seed=1, batch_size=5,
-                               size_law='table_4_4')
+  return synthetic.create_task(
+      num_clients=12, seed=1, batch_size=5, size_law='table_4_4'
+  )
 
 
 def sgd(lr=LR, momentum=None):
-  return tff.learning.optimizers.build_sgdm(learning_rate=lr,
-                                            momentum=momentum)
+  return tff.learning.optimizers.build_sgdm(learning_rate=lr, momentum=momentum)
 
 
-def run_both(task, process, algorithm, *, rounds=2, epochs=2,
-             straggler_fraction=0.0, vectorize=True):
+def run_both(
+    task,
+    process,
+    algorithm,
+    *,
+    rounds=2,
+    epochs=2,
+    straggler_fraction=0.0,
+    vectorize=True,
+):
   """Trains `rounds` rounds both ways; returns both states and metrics."""
   engine = stacked.StackedEngine(
-      task.model_fn, task.preprocess_train, task.train_data, algorithm,
-      vectorize=vectorize)
-  return engine_runs.run_both(task, process, engine, rounds=rounds,
-                              epochs=epochs,
-                              straggler_fraction=straggler_fraction)
+      task.model_fn,
+      task.preprocess_train,
+      task.train_data,
+      algorithm,
+      vectorize=vectorize,
+  )
+  return engine_runs.run_both(
+      task,
+      process,
+      engine,
+      rounds=rounds,
+      epochs=epochs,
+      straggler_fraction=straggler_fraction,
+  )
 
 
 def assert_same(process, tff_s, fast_s, tm, fm, keys):
@@ -56,20 +73,27 @@ def assert_same(process, tff_s, fast_s, tm, fm, keys):
   assert np.abs(tff_w[0]).max() > 1e-2  # The model moved.
   for a, b in zip(tff_w, fast_w):
     np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
-  for a, b in zip(tf.nest.flatten(tff_s.finalizer),
-                  tf.nest.flatten(fast_s.finalizer)):
+  for a, b in zip(
+      tf.nest.flatten(tff_s.finalizer), tf.nest.flatten(fast_s.finalizer)
+  ):
     np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
   for t, f in zip(tm, fm):
     for key in keys:
       np.testing.assert_allclose(f[key], t[key], rtol=1e-5, err_msg=key)
 
 
-TRAIN_KEYS = ['train/loss', 'train/accuracy', 'train/num_examples',
-              'train/num_batches']
+TRAIN_KEYS = [
+    'train/loss',
+    'train/accuracy',
+    'train/num_examples',
+    'train/num_batches',
+]
 
 
-@pytest.mark.parametrize('mu,momentum,vectorize', [
-    (0.0, 0.9, True), (0.5, None, True), (0.5, None, False)])
+@pytest.mark.parametrize(
+    'mu,momentum,vectorize',
+    [(0.0, 0.9, True), (0.5, None, True), (0.5, None, False)],
+)
 def test_fedavg_fedprox_equal_federated_path(task, mu, momentum, vectorize):
   # Server momentum (a server-optimizer state to carry), client momentum
   # (a client-optimizer state that padded steps must leave unchanged), two
@@ -79,11 +103,14 @@ def test_fedavg_fedprox_equal_federated_path(task, mu, momentum, vectorize):
   # engine by 4.5e-6, over two rounds.)
   server = sgd(1.0, momentum=0.5)
   process = fed_prox.build_fed_prox(
-      task.model_fn, sgd(momentum=momentum), server, proximal_strength=mu)
+      task.model_fn, sgd(momentum=momentum), server, proximal_strength=mu
+  )
   algorithm = batched.BatchedAlgorithm(
-      'fedprox', sgd(momentum=momentum), server, proximal_strength=mu)
-  out = run_both(task, process, algorithm, straggler_fraction=0.5,
-                 vectorize=vectorize)
+      'fedprox', sgd(momentum=momentum), server, proximal_strength=mu
+  )
+  out = run_both(
+      task, process, algorithm, straggler_fraction=0.5, vectorize=vectorize
+  )
   assert_same(process, *out, TRAIN_KEYS)
 
 
@@ -91,25 +118,40 @@ def test_fedavg_fedprox_equal_federated_path(task, mu, momentum, vectorize):
 def test_q_ffl_equals_federated_path(task, epochs):
   # q-FFL trains on the second pass over its dataset (the next shuffles),
   # with stragglers cutting both passes.
-  process = q_ffl.build_q_fedavg(task.model_fn, sgd(), q=1.0,
-                                 lipschitz_constant=1.0 / LR)
-  algorithm = batched.BatchedAlgorithm('qffl', sgd(), q=1.0,
-                                       lipschitz_constant=1.0 / LR)
-  out = run_both(task, process, algorithm, epochs=epochs,
-                 straggler_fraction=0.5)
-  assert_same(process, *out, TRAIN_KEYS + [
-      'client_work/loss_at_broadcast', 'finalizer/h_sum'])
+  process = q_ffl.build_q_fedavg(
+      task.model_fn, sgd(), q=1.0, lipschitz_constant=1.0 / LR
+  )
+  algorithm = batched.BatchedAlgorithm(
+      'qffl', sgd(), q=1.0, lipschitz_constant=1.0 / LR
+  )
+  out = run_both(
+      task, process, algorithm, epochs=epochs, straggler_fraction=0.5
+  )
+  assert_same(
+      process,
+      *out,
+      TRAIN_KEYS + ['client_work/loss_at_broadcast', 'finalizer/h_sum'],
+  )
 
 
 def test_delta_fl_equals_federated_path(task):
-  process = delta_fl.build_delta_fl(task.model_fn, sgd(), theta=0.5,
-                                    weight_decay=0.01)
-  algorithm = batched.BatchedAlgorithm('deltafl', sgd(), theta=0.5,
-                                       weight_decay=0.01)
+  process = delta_fl.build_delta_fl(
+      task.model_fn, sgd(), theta=0.5, weight_decay=0.01
+  )
+  algorithm = batched.BatchedAlgorithm(
+      'deltafl', sgd(), theta=0.5, weight_decay=0.01
+  )
   out = run_both(task, process, algorithm, epochs=2)
-  assert_same(process, *out, TRAIN_KEYS + [
-      'client_work/eta', 'client_work/fraction_kept',
-      'client_work/loss_at_broadcast'])
+  assert_same(
+      process,
+      *out,
+      TRAIN_KEYS
+      + [
+          'client_work/eta',
+          'client_work/fraction_kept',
+          'client_work/loss_at_broadcast',
+      ],
+  )
   # The filter really filtered.
   assert any(m['client_work/fraction_kept'] < 1.0 for m in out[3][1:])
 
@@ -117,43 +159,63 @@ def test_delta_fl_equals_federated_path(task):
 @pytest.mark.parametrize('tilt', [2.0, -1.0])
 def test_term_equals_federated_path(task, tilt):
   server = sgd(1.0, momentum=0.5)
-  process = term.build_term(task.model_fn, sgd(), server, tilt=tilt,
-                            proximal_strength=0.1)
+  process = term.build_term(
+      task.model_fn, sgd(), server, tilt=tilt, proximal_strength=0.1
+  )
   algorithm = batched.BatchedAlgorithm(
-      'term', sgd(), server, tilt=tilt, proximal_strength=0.1)
+      'term', sgd(), server, tilt=tilt, proximal_strength=0.1
+  )
   out = run_both(task, process, algorithm, straggler_fraction=0.5)
-  assert_same(process, *out, TRAIN_KEYS + [
-      'client_work/loss_at_broadcast', 'client_work/max_loss_at_broadcast',
-      'finalizer/update_non_finite'])
+  assert_same(
+      process,
+      *out,
+      TRAIN_KEYS
+      + [
+          'client_work/loss_at_broadcast',
+          'client_work/max_loss_at_broadcast',
+          'finalizer/update_non_finite',
+      ],
+  )
 
 
 def test_run_simulation_through_binary_flags_equals_tff(task):
   # The binary's path: spec -> engines.build_stacked_engine ->
   # run_simulation, against the same run through TFF.
-  spec = algorithms.AlgorithmSpec(name='fedprox', proximal_strength=0.1,
-                                  client_learning_rate=LR)
+  spec = algorithms.AlgorithmSpec(
+      name='fedprox', proximal_strength=0.1, client_learning_rate=LR
+  )
   config = simulation.SimulationConfig(
-      total_rounds=2, clients_per_round=4, rounds_per_eval=0, seed=5,
-      eval_train_clients=False, client_epochs_per_round=2)
+      total_rounds=2,
+      clients_per_round=4,
+      rounds_per_eval=0,
+      seed=5,
+      eval_train_clients=False,
+      client_epochs_per_round=2,
+  )
   results = []
   for engine in (None, engines.build_stacked_engine(spec, task)):
     process = algorithms.build_process(spec, task.model_fn)
-    results.append(simulation.run_simulation(
-        process, task, config, progress=False, engine=engine))
-  w0, w1 = (composition.model_weights_as_numpy(process, r['state'])
-            for r in results)
+    results.append(
+        simulation.run_simulation(
+            process, task, config, progress=False, engine=engine
+        )
+    )
+  w0, w1 = (
+      composition.model_weights_as_numpy(process, r['state']) for r in results
+  )
   for a, b in zip(w0, w1):
     np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(
       results[1]['final_summaries']['test/loss']['mean'],
-      results[0]['final_summaries']['test/loss']['mean'], rtol=1e-5)
+      results[0]['final_summaries']['test/loss']['mean'],
+      rtol=1e-5,
+  )
 
 
 def test_stream_layout_pads_and_cuts():
   # Clients of 7 and 3 examples, batch 5, 2 epochs, the second cut to 3
   # batches: 4 and 2 steps; padding is -1.
-  pos, steps = stacked.stream_layout([7, 3], [2, 2], [-1, 3], 5,
-                                     shuffle=True)
+  pos, steps = stacked.stream_layout([7, 3], [2, 2], [-1, 3], 5, shuffle=True)
   np.testing.assert_array_equal(steps, [4, 2])
   assert pos.shape == (4, 2, 5)
   np.testing.assert_array_equal(pos[:, 0, 0], [0, 5, 7, 12])
@@ -167,14 +229,22 @@ def test_stream_layout_pads_and_cuts():
 def test_refuses_unsupported_configurations(task):
   with pytest.raises(ValueError, match='per-weight state'):
     stacked.StackedEngine(
-        task.model_fn, task.preprocess_train, task.train_data,
+        task.model_fn,
+        task.preprocess_train,
+        task.train_data,
         batched.BatchedAlgorithm(
-            'fedavg', tff.learning.optimizers.build_adam(0.1)))
+            'fedavg', tff.learning.optimizers.build_adam(0.1)
+        ),
+    )
   with pytest.raises(ValueError, match='stacked'):
     engines.check_engine('stacked', algorithms.AlgorithmSpec(name='afl'))
   with pytest.raises(TypeError, match='ClientData'):
-    stacked.StackedEngine(task.model_fn, task.preprocess_train, object(),
-                          batched.BatchedAlgorithm('fedavg', sgd()))
+    stacked.StackedEngine(
+        task.model_fn,
+        task.preprocess_train,
+        object(),
+        batched.BatchedAlgorithm('fedavg', sgd()),
+    )
 
   def shuffled_twice(dataset, epochs, seed=None):
     # Not the layout the engine reproduces (batches of 2, then shuffled).
@@ -182,42 +252,72 @@ def test_refuses_unsupported_configurations(task):
     return ds.shuffle(100, seed=seed or 0)
 
   with pytest.raises(ValueError, match='preprocess_train'):
-    stacked.StackedEngine(task.model_fn, shuffled_twice, task.train_data,
-                          batched.BatchedAlgorithm('fedavg', sgd()))
+    stacked.StackedEngine(
+        task.model_fn,
+        shuffled_twice,
+        task.train_data,
+        batched.BatchedAlgorithm('fedavg', sgd()),
+    )
 
 
-@pytest.mark.parametrize('args', [
-    ['--algorithm=afl'], ['--algorithm=fedavg', '--client_optimizer=adam']])
+@pytest.mark.parametrize(
+    'args',
+    [['--algorithm=afl'], ['--algorithm=fedavg', '--client_optimizer=adam']],
+)
 def test_binary_refuses_unsupported_combinations(tmp_path, args):
   proc = subprocess.run(
-      [sys.executable, '-m', 'run.train', '--simulation_engine=stacked',
-       f'--root_output_dir={tmp_path}', '--progress=false'] + args,
-      cwd=ROOT, capture_output=True, text=True, timeout=300,
-      start_new_session=True)
+      [
+          sys.executable,
+          '-m',
+          'run.train',
+          '--simulation_engine=stacked',
+          f'--root_output_dir={tmp_path}',
+          '--progress=false',
+      ]
+      + args,
+      cwd=ROOT,
+      capture_output=True,
+      text=True,
+      timeout=300,
+      start_new_session=True,
+  )
   assert proc.returncode == 2
   last = proc.stderr.strip().splitlines()[-1]
   assert last.startswith('train: error: ') and (
-      'stacked' in last or 'per-weight' in last), last
+      'stacked' in last or 'per-weight' in last
+  ), last
 
 
 def test_binary_stacked_run_equals_tff_run(tmp_path):
   """`python -m run.train --simulation_engine=stacked` end to end: the
   per-client evaluation it writes equals the TFF engine's run."""
   from tests import binary  # pylint: disable=g-import-not-at-top
-  args = ['--task=synthetic', '--num_clients=8', '--clients_per_round=4',
-          '--client_batch_size=5', '--client_learning_rate=0.1',
-          '--synthetic_size_law=table_4_4', '--algorithm=term', '--tilt=1',
-          '--total_rounds=3', '--rounds_per_eval=3', '--progress=false',
-          '--eval_train_clients=false']
+
+  args = [
+      '--task=synthetic',
+      '--num_clients=8',
+      '--clients_per_round=4',
+      '--client_batch_size=5',
+      '--client_learning_rate=0.1',
+      '--synthetic_size_law=table_4_4',
+      '--algorithm=term',
+      '--tilt=1',
+      '--total_rounds=3',
+      '--rounds_per_eval=3',
+      '--progress=false',
+      '--eval_train_clients=false',
+  ]
   tables = {}
   for engine in ('tff', 'stacked'):
     code, _, stderr = binary.run_train(
-        args + [f'--simulation_engine={engine}',
-                f'--experiment_name={engine}'], tmp_path)
+        args + [f'--simulation_engine={engine}', f'--experiment_name={engine}'],
+        tmp_path,
+    )
     assert code == 0, stderr[-2000:]
     path = tmp_path / engine / 'clients' / 'round_00003.csv'
     rows = [line.split(',') for line in path.read_text().splitlines()[1:]]
     tables[engine] = np.array([[float(v) for v in row[2:]] for row in rows])
   assert tables['tff'].shape == (8, 3)
-  np.testing.assert_allclose(tables['stacked'], tables['tff'], rtol=1e-5,
-                             atol=1e-6)
+  np.testing.assert_allclose(
+      tables['stacked'], tables['tff'], rtol=1e-5, atol=1e-6
+  )

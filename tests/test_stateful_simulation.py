@@ -18,9 +18,14 @@ from tff_algos import fed_plus
 
 @pytest.fixture(scope='module')
 def task():
-  return synthetic.create_task(num_clients=6, seed=2, size_law='constant',
-                               constant_size=25, batch_size=5,
-                               validation_fraction=0.2)
+  return synthetic.create_task(
+      num_clients=6,
+      seed=2,
+      size_law='constant',
+      constant_size=25,
+      batch_size=5,
+      validation_fraction=0.2,
+  )
 
 
 _PROCESSES = {}
@@ -30,14 +35,22 @@ def make_ditto(task):
   """One process per task (building is slow; runs do not mutate it)."""
   if id(task) not in _PROCESSES:
     _PROCESSES[id(task)] = ditto.build_ditto(
-        task.model_fn, tff.learning.optimizers.build_sgdm(learning_rate=0.1),
-        lam=[0.1, 2.0])
+        task.model_fn,
+        tff.learning.optimizers.build_sgdm(learning_rate=0.1),
+        lam=[0.1, 2.0],
+    )
   return _PROCESSES[id(task)]
 
 
 def config(**kwargs):
-  base = dict(total_rounds=4, clients_per_round=3, rounds_per_eval=0,
-              rounds_per_checkpoint=2, seed=3, eval_train_clients=False)
+  base = dict(
+      total_rounds=4,
+      clients_per_round=3,
+      rounds_per_eval=0,
+      rounds_per_checkpoint=2,
+      seed=3,
+      eval_train_clients=False,
+  )
   base.update(kwargs)
   return simulation.SimulationConfig(**base)
 
@@ -47,22 +60,29 @@ def store_for(kind, out_dir, process):
     return None  # The loop's default: in memory, snapshotted to out_dir.
   return client_states.DiskClientStateStore(
       os.path.join(out_dir, 'client_states'),
-      lambda _: process.initial_client_state())
+      lambda _: process.initial_client_state(),
+  )
 
 
 def run(task, out_dir, kind, **kwargs):
   process = make_ditto(task)
   return simulation.run_simulation(
-      process, task, config(**kwargs), output_dir=out_dir,
-      hparams={'store': kind}, progress=False,
-      client_state_store=store_for(kind, out_dir, process))
+      process,
+      task,
+      config(**kwargs),
+      output_dir=out_dir,
+      hparams={'store': kind},
+      progress=False,
+      client_state_store=store_for(kind, out_dir, process),
+  )
 
 
 def all_states(result, task):
   store = result['client_state_store']
-  return [np.concatenate([np.ravel(a) for model in s['personal']
-                          for a in model])
-          for s in store.get_many(list(task.train_data.client_ids))]
+  return [
+      np.concatenate([np.ravel(a) for model in s['personal'] for a in model])
+      for s in store.get_many(list(task.train_data.client_ids))
+  ]
 
 
 @pytest.mark.parametrize('kind', ['memory', 'disk'])
@@ -78,8 +98,9 @@ def test_resume_continues_every_personal_model(task, tmp_path, kind):
   run(task, crashed, kind, total_rounds=3, rounds_per_checkpoint=2)
   shutil.rmtree(os.path.join(crashed, 'checkpoints', 'program_state_3'))
   if kind == 'memory':
-    os.remove(os.path.join(crashed, 'client_states',
-                           'states_round_00000003.npz'))
+    os.remove(
+        os.path.join(crashed, 'client_states', 'states_round_00000003.npz')
+    )
   else:
     os.remove(os.path.join(crashed, 'client_states', 'snapshots', '00000003'))
   after_crash = run(task, crashed, kind)
@@ -88,9 +109,9 @@ def test_resume_continues_every_personal_model(task, tmp_path, kind):
   reference = composition.model_weights_as_numpy(process, full['state'])
   reference_states = all_states(full, task)
   for other in (resumed, after_crash):
-    for a, b in zip(reference,
-                    composition.model_weights_as_numpy(process,
-                                                       other['state'])):
+    for a, b in zip(
+        reference, composition.model_weights_as_numpy(process, other['state'])
+    ):
       np.testing.assert_array_equal(a, b)
     for a, b in zip(reference_states, all_states(other, task)):
       np.testing.assert_array_equal(a, b)
@@ -103,8 +124,12 @@ def test_personal_evaluation_outputs(task, tmp_path):
   out = tmp_path / 'eval'
   result = run(task, str(out), 'memory', total_rounds=2)
   summaries = result['final_summaries']
-  for key in ('test/accuracy', 'personal/test/accuracy',
-              'personal/test/loss', 'personal/test/lambda'):
+  for key in (
+      'test/accuracy',
+      'personal/test/accuracy',
+      'personal/test/loss',
+      'personal/test/lambda',
+  ):
     assert key in summaries
   assert set(result['per_client']['personal/test']['lambda']) <= {0.1, 2.0}
   with open(out / 'clients' / 'personal_round_00002.csv') as f:
@@ -115,8 +140,8 @@ def test_personal_evaluation_outputs(task, tmp_path):
   store = result['client_state_store']
   cid = rows[0]['client_id']
   row = process.evaluate_personal(
-      result['state'], store.get_many([cid]),
-      [task.eval_dataset(cid, 'test')])[0]
+      result['state'], store.get_many([cid]), [task.eval_dataset(cid, 'test')]
+  )[0]
   g = [0.1, 2.0].index(float(rows[0]['lambda']))
   assert float(rows[0]['accuracy']) == pytest.approx(row['accuracy'][g])
   assert float(rows[0]['loss']) == pytest.approx(row['loss'][g], abs=1e-7)
@@ -127,8 +152,10 @@ def test_personal_evaluation_outputs(task, tmp_path):
   # here from the stored personal models (min by hand, not np.argmin).
   ids = list(task.test_data.client_ids)
   val_rows = process.evaluate_personal(
-      result['state'], store.get_many(ids),
-      [task.eval_dataset(c, 'validation') for c in ids])
+      result['state'],
+      store.get_many(ids),
+      [task.eval_dataset(c, 'validation') for c in ids],
+  )
   want, trained = [], 0
   for r in val_rows:
     losses = [float(x) for x in r['loss']]
@@ -140,31 +167,40 @@ def test_personal_evaluation_outputs(task, tmp_path):
   assert list(result['per_client']['personal/test']['client_id']) == ids
 
 
-@pytest.mark.parametrize('losses, want', [
-    ([[0.3, 0.1, 0.2]], [1]),
-    ([[1.0, 2.0], [5.0, -1.0], [0.5, 0.5]], [0, 1, 0]),  # A tie: the first.
-    ([np.float32([2.5]), np.float32([0.0])], [0, 0]),
-    ([], []),
-])
-def test_select_personal_models_takes_the_lowest_validation_loss(losses,
-                                                                 want):
+@pytest.mark.parametrize(
+    'losses, want',
+    [
+        ([[0.3, 0.1, 0.2]], [1]),
+        ([[1.0, 2.0], [5.0, -1.0], [0.5, 0.5]], [0, 1, 0]),  # A tie: the first.
+        ([np.float32([2.5]), np.float32([0.0])], [0, 0]),
+        ([], []),
+    ],
+)
+def test_select_personal_models_takes_the_lowest_validation_loss(losses, want):
   assert simulation.select_personal_models(losses) == want
 
 
 def test_lambda_grid_needs_validation_data(tmp_path):
-  no_val = synthetic.create_task(num_clients=4, seed=2, size_law='constant',
-                                 constant_size=10, batch_size=5)
+  no_val = synthetic.create_task(
+      num_clients=4, seed=2, size_law='constant', constant_size=10, batch_size=5
+  )
   with pytest.raises(simulation.SimulationError, match='validation'):
-    simulation.run_simulation(make_ditto(no_val), no_val,
-                              config(clients_per_round=2), progress=False)
+    simulation.run_simulation(
+        make_ditto(no_val), no_val, config(clients_per_round=2), progress=False
+    )
 
 
 def test_fed_plus_runs_in_the_loop(task):
-  process = fed_plus.build_fed_plus(task.model_fn, psi='comed',
-                                    learning_rate=0.05, sigma=1.0,
-                                    aggregation_iterations=3)
-  result = simulation.run_simulation(process, task, config(total_rounds=2),
-                                     progress=False)
+  process = fed_plus.build_fed_plus(
+      task.model_fn,
+      psi='comed',
+      learning_rate=0.05,
+      sigma=1.0,
+      aggregation_iterations=3,
+  )
+  result = simulation.run_simulation(
+      process, task, config(total_rounds=2), progress=False
+  )
   assert 'personal/test/accuracy' in result['final_summaries']
   assert 'personal/test/lambda' not in result['final_summaries']
   assert len(result['client_state_store'].client_ids()) >= 3

@@ -33,8 +33,14 @@ def test_size_laws():
 
 def test_features_follow_the_recipe():
   """x ~ N(v_k, diag(j^-1.2)): the per-feature variance decays as j^-1.2."""
-  clients = synthetic.generate(num_clients=1, alpha=0, beta=0, seed=0,
-                               size_law='constant', constant_size=20000)
+  clients = synthetic.generate(
+      num_clients=1,
+      alpha=0,
+      beta=0,
+      seed=0,
+      size_law='constant',
+      constant_size=20000,
+  )
   x, y = clients[0]
   var = x.var(axis=0)
   expected = np.arange(1, 61) ** -1.2
@@ -43,8 +49,15 @@ def test_features_follow_the_recipe():
 
 
 def test_iid_clients_share_one_model():
-  clients = synthetic.generate(num_clients=3, alpha=1, beta=1, iid=True,
-                               seed=2, size_law='constant', constant_size=4000)
+  clients = synthetic.generate(
+      num_clients=3,
+      alpha=1,
+      beta=1,
+      iid=True,
+      seed=2,
+      size_law='constant',
+      constant_size=4000,
+  )
   means = np.array([x.mean(axis=0) for x, _ in clients])
   assert np.abs(means).max() < 0.1  # v_k = 0 for every client.
   hist = np.array([np.bincount(y, minlength=10) / len(y) for _, y in clients])
@@ -52,22 +65,40 @@ def test_iid_clients_share_one_model():
 
 
 def test_non_iid_clients_differ():
-  clients = synthetic.generate(num_clients=3, alpha=1, beta=1, seed=2,
-                               size_law='constant', constant_size=2000)
+  clients = synthetic.generate(
+      num_clients=3,
+      alpha=1,
+      beta=1,
+      seed=2,
+      size_law='constant',
+      constant_size=2000,
+  )
   means = np.array([x.mean(axis=0) for x, _ in clients])
   assert np.abs(means[0] - means[1]).max() > 0.3
 
 
 def test_task_splits_and_unseen_test_clients():
-  task = synthetic.create_task(num_clients=10, seed=0, size_law='constant',
-                               constant_size=50, test_fraction=0.2,
-                               validation_fraction=0.1)
+  task = synthetic.create_task(
+      num_clients=10,
+      seed=0,
+      size_law='constant',
+      constant_size=50,
+      test_fraction=0.2,
+      validation_fraction=0.1,
+  )
   cid = task.train_data.client_ids[0]
-  sizes = [sum(1 for _ in d.create_tf_dataset_for_client(cid))
-           for d in (task.train_data, task.test_data, task.validation_data)]
+  sizes = [
+      sum(1 for _ in d.create_tf_dataset_for_client(cid))
+      for d in (task.train_data, task.test_data, task.validation_data)
+  ]
   assert sizes == [35, 10, 5]
-  split = synthetic.create_task(num_clients=10, seed=0, size_law='constant',
-                                constant_size=50, test_clients_fraction=0.3)
+  split = synthetic.create_task(
+      num_clients=10,
+      seed=0,
+      size_law='constant',
+      constant_size=50,
+      test_clients_fraction=0.3,
+  )
   train_ids = set(split.train_data.client_ids)
   test_ids = set(split.test_data.client_ids)
   assert len(test_ids) == 3 and not train_ids & test_ids
@@ -77,8 +108,9 @@ def test_task_splits_and_unseen_test_clients():
 
 
 def test_preprocessing_batches_within_epochs_and_shuffles_reproducibly():
-  task = synthetic.create_task(num_clients=2, seed=0, size_law='constant',
-                               constant_size=13, batch_size=4)
+  task = synthetic.create_task(
+      num_clients=2, seed=0, size_law='constant', constant_size=13, batch_size=4
+  )
   cid = task.train_data.client_ids[0]
   sizes = [int(b[1].shape[0]) for b in task.train_dataset(cid, 2, None)]
   assert sizes == [4, 4, 2, 4, 4, 2]  # 10 training examples per epoch.
@@ -87,9 +119,16 @@ def test_preprocessing_batches_within_epochs_and_shuffles_reproducibly():
   assert first == again
 
 
-@pytest.mark.parametrize('kwargs', [
-    dict(num_clients=0), dict(alpha=-1.0), dict(test_fraction=1.0),
-    dict(validation_fraction=0.9), dict(batch_size=0)])
+@pytest.mark.parametrize(
+    'kwargs',
+    [
+        dict(num_clients=0),
+        dict(alpha=-1.0),
+        dict(test_fraction=1.0),
+        dict(validation_fraction=0.9),
+        dict(batch_size=0),
+    ],
+)
 def test_validation(kwargs):
   with pytest.raises(base.TaskError):
     synthetic.create_task(**kwargs)
@@ -97,18 +136,22 @@ def test_validation(kwargs):
 
 def test_unseen_test_clients_are_disjoint_and_complete():
   """Unseen test clients hold all their data; training clients their split."""
-  task = synthetic.create_task(num_clients=10, seed=0,
-                               test_clients_fraction=0.5)
+  task = synthetic.create_task(
+      num_clients=10, seed=0, test_clients_fraction=0.5
+  )
   full = synthetic.create_task(num_clients=10, seed=0)
   train_ids, test_ids = set(task.train_data.client_ids), set(
-      task.test_data.client_ids)
+      task.test_data.client_ids
+  )
   assert not train_ids & test_ids
   assert train_ids | test_ids == set(full.train_data.client_ids)
   count = lambda data, cid: sum(
-      1 for _ in data.create_tf_dataset_for_client(cid))
+      1 for _ in data.create_tf_dataset_for_client(cid)
+  )
   for cid in sorted(test_ids):
     assert count(task.test_data, cid) == (
-        count(full.train_data, cid) + count(full.test_data, cid))
+        count(full.train_data, cid) + count(full.test_data, cid)
+    )
   for cid in sorted(train_ids):
     assert count(task.train_data, cid) == count(full.train_data, cid)
 
@@ -117,11 +160,14 @@ def test_select_clients_keeps_its_source_alive():
   """TFF holds a tf.function method's instance weakly; the subset must not."""
   import gc  # pylint: disable=g-import-not-at-top
   import weakref  # pylint: disable=g-import-not-at-top
+
   source = synthetic.create_task(num_clients=4, seed=0).train_data
   ref = weakref.ref(source)
   subset = base.select_clients(source, source.client_ids[:2])
   del source
   gc.collect()
   assert ref() is not None
-  assert sum(1 for _ in subset.create_tf_dataset_for_client(
-      subset.client_ids[1])) > 0
+  assert (
+      sum(1 for _ in subset.create_tf_dataset_for_client(subset.client_ids[1]))
+      > 0
+  )

@@ -103,8 +103,15 @@ def test_weighted_percentiles():
   values = np.arange(1, 21, dtype=float)[::-1]  # 20 .. 1
   out = tm.weighted_percentiles(values)
   assert list(out) == [10, 20, 50, 60, 80, 90, 95]
-  assert out == {10: 2.0, 20: 4.0, 50: 10.0, 60: 12.0, 80: 16.0, 90: 18.0,
-                 95: 19.0}
+  assert out == {
+      10: 2.0,
+      20: 4.0,
+      50: 10.0,
+      60: 12.0,
+      80: 16.0,
+      90: 18.0,
+      95: 19.0,
+  }
   weights = np.zeros(20)
   weights[values == 5] = 9  # 90% of the mass on 5
   weights[values == 17] = 1
@@ -236,8 +243,9 @@ def test_kl_to_uniform():
     v = rng.uniform(size=int(rng.integers(2, 40)))
     a = v / v.sum()
     entropy = -np.sum(a * np.log(a))
-    assert tm.kl_to_uniform(v) == pytest.approx(np.log(v.size) - entropy,
-                                                abs=1e-12)
+    assert tm.kl_to_uniform(v) == pytest.approx(
+        np.log(v.size) - entropy, abs=1e-12
+    )
 
 
 # --------------------------------------------------------- summarize_clients
@@ -248,9 +256,24 @@ def test_summarize_clients_accuracy():
   n = np.array([10, 20, 30, 40, 50, 60, 70, 80, 90, 100])
   s = tm.summarize_clients(acc, n, kind='accuracy')
   assert list(s) == [
-      'num_clients', 'mean', 'weighted_mean', 'p10', 'p20', 'p50', 'p60',
-      'p80', 'p90', 'p95', 'worst10', 'best10', 'variance', 'std', 'sq50',
-      'sq10', 'angle_deg', 'kl_uniform',
+      'num_clients',
+      'mean',
+      'weighted_mean',
+      'p10',
+      'p20',
+      'p50',
+      'p60',
+      'p80',
+      'p90',
+      'p95',
+      'worst10',
+      'best10',
+      'variance',
+      'std',
+      'sq50',
+      'sq10',
+      'angle_deg',
+      'kl_uniform',
   ]
   assert all(isinstance(x, float) for x in s.values())
   assert s['num_clients'] == 10
@@ -286,17 +309,22 @@ def test_summarize_clients_weighting_rule():
   assert test['sq50'] == pytest.approx(3.5)
   forced = tm.summarize_clients(loss, n, kind='loss', weighted_percentiles=True)
   assert forced['p20'] == 4.0
-  off = tm.summarize_clients(loss, n, kind='train_loss',
-                             weighted_percentiles=False)
+  off = tm.summarize_clients(
+      loss, n, kind='train_loss', weighted_percentiles=False
+  )
   assert off['p20'] == 1.0
   err = tm.summarize_clients([0.1, 0.3], [5, 5], kind='error')
   assert err['variance'] == pytest.approx(100.0)  # (10 points)^2
   assert err['worst10'] == pytest.approx(0.3)
   assert err['sq50'] == pytest.approx(0.3)
-  custom = tm.summarize_clients(loss, n, kind='error', percentiles=(25, 75),
-                                superquantile_levels=(0.25,))
+  custom = tm.summarize_clients(
+      loss, n, kind='error', percentiles=(25, 75), superquantile_levels=(0.25,)
+  )
   assert [k for k in custom if k[:2] in ('p2', 'p7', 'sq')] == [
-      'p25', 'p75', 'sq25']
+      'p25',
+      'p75',
+      'sq25',
+  ]
 
 
 def test_summarize_clients_all_zero_accuracy_gives_nan_uniformity():
@@ -311,8 +339,11 @@ def test_summarize_clients_all_zero_accuracy_gives_nan_uniformity():
 def test_format_summary_table():
   table = tm.format_summary_table(
       {
-          'test/accuracy': {'num_clients': 10.0, 'mean': 0.55,
-                            'angle_deg': 33.333333},
+          'test/accuracy': {
+              'num_clients': 10.0,
+              'mean': 0.55,
+              'angle_deg': 33.333333,
+          },
           'train/loss': {'num_clients': 10.0, 'mean': 1.25},
       }
   )
@@ -344,15 +375,24 @@ def test_format_summary_table():
         (lambda: tm.weighted_quantile([1, 2], -0.1), ValueError, 'level'),
         (lambda: tm.weighted_quantile([1, 2], np.nan), ValueError, 'level'),
         (lambda: tm.weighted_quantile([1, 2], '0.5'), TypeError, 'level'),
-        (lambda: tm.weighted_quantile([1, 2], 0.5, [1, -1]), ValueError,
-         'nonnegative'),
-        (lambda: tm.weighted_quantile([1, 2], 0.5, [0, 0]), ValueError,
-         'positive sum'),
+        (
+            lambda: tm.weighted_quantile([1, 2], 0.5, [1, -1]),
+            ValueError,
+            'nonnegative',
+        ),
+        (
+            lambda: tm.weighted_quantile([1, 2], 0.5, [0, 0]),
+            ValueError,
+            'positive sum',
+        ),
         (lambda: tm.weighted_quantile([1, 2], 0.5, [1]), ValueError, 'length'),
         (lambda: tm.weighted_quantile([[1, 2]], 0.5), ValueError, '1-D'),
         (lambda: tm.weighted_quantile(['a'], 0.5), TypeError, 'numeric'),
-        (lambda: tm.weighted_percentiles([1, 2], (50, 101)), ValueError,
-         'percentiles'),
+        (
+            lambda: tm.weighted_percentiles([1, 2], (50, 101)),
+            ValueError,
+            'percentiles',
+        ),
         (lambda: tm.superquantile([1, 2], 0.0), ValueError, 'theta'),
         (lambda: tm.superquantile([1, 2], 1.2), ValueError, 'theta'),
         (lambda: tm.lowest_fraction_mean([1, 2], 0.0), ValueError, 'fraction'),
@@ -360,13 +400,23 @@ def test_format_summary_table():
         (lambda: tm.angle_to_uniform_degrees([0, 0]), ValueError, 'undefined'),
         (lambda: tm.kl_to_uniform([0, 0]), ValueError, 'all-zero'),
         (lambda: tm.kl_to_uniform([1, -1]), ValueError, 'nonnegative'),
-        (lambda: tm.summarize_clients([1], [1], kind='acc'), ValueError,
-         'unknown kind'),
-        (lambda: tm.summarize_clients([1, 2], [1], kind='loss'), ValueError,
-         'length'),
-        (lambda: tm.summarize_clients([1], [1], kind='loss',
-                                      percentiles=(12.5,)), TypeError,
-         'integers'),
+        (
+            lambda: tm.summarize_clients([1], [1], kind='acc'),
+            ValueError,
+            'unknown kind',
+        ),
+        (
+            lambda: tm.summarize_clients([1, 2], [1], kind='loss'),
+            ValueError,
+            'length',
+        ),
+        (
+            lambda: tm.summarize_clients(
+                [1], [1], kind='loss', percentiles=(12.5,)
+            ),
+            TypeError,
+            'integers',
+        ),
     ],
 )
 def test_validation(call, error, match):

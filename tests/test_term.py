@@ -27,8 +27,10 @@ def clients():
 
 
 def datasets(round_clients, epochs=1):
-  return [tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH).repeat(epochs)
-          for x, y in round_clients]
+  return [
+      tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH).repeat(epochs)
+      for x, y in round_clients
+  ]
 
 
 def sgd():
@@ -38,13 +40,18 @@ def sgd():
 def term_oracle(rounds, tilt, epochs, mu=0.0):
   w, b = np.zeros((60, 10)), np.zeros(10)
   for round_clients in rounds:
-    losses = [oracles.softmax_regression_loss(w, b, x, y)
-              for x, y in round_clients]
+    losses = [
+        oracles.softmax_regression_loss(w, b, x, y) for x, y in round_clients
+    ]
     weights = oracles.tilted_weights(
-        losses, [len(y) for _, y in round_clients], tilt)
-    models = [oracles.proximal_local_sgd(w, b, x, y, lr=LR, mu=mu,
-                                         batch_size=BATCH, epochs=epochs)
-              for x, y in round_clients]
+        losses, [len(y) for _, y in round_clients], tilt
+    )
+    models = [
+        oracles.proximal_local_sgd(
+            w, b, x, y, lr=LR, mu=mu, batch_size=BATCH, epochs=epochs
+        )
+        for x, y in round_clients
+    ]
     w = sum(a * m[0] for a, m in zip(weights, models))
     b = sum(a * m[1] for a, m in zip(weights, models))
   return w, b
@@ -53,8 +60,9 @@ def term_oracle(rounds, tilt, epochs, mu=0.0):
 @pytest.mark.parametrize('tilt', [-2.0, 0.0, 1.0, 50.0])
 def test_term_matches_numpy_oracle_two_rounds(clients, tilt):
   rounds = [clients[:3], clients[1:]]
-  process = term.build_term(synthetic.create_softmax_regression_model_fn(),
-                            sgd(), tilt=tilt)
+  process = term.build_term(
+      synthetic.create_softmax_regression_model_fn(), sgd(), tilt=tilt
+  )
   state = process.initialize()
   for round_clients in rounds:
     state = process.next(state, datasets(round_clients, 2)).state
@@ -68,8 +76,12 @@ def test_term_matches_numpy_oracle_two_rounds(clients, tilt):
 def test_term_with_proximal_term_matches_numpy_oracle(clients, tilt):
   """FedProx's local solver (mu = 0.5) under the tilted weights."""
   rounds = [clients[:3], clients[1:]]
-  process = term.build_term(synthetic.create_softmax_regression_model_fn(),
-                            sgd(), tilt=tilt, proximal_strength=0.5)
+  process = term.build_term(
+      synthetic.create_softmax_regression_model_fn(),
+      sgd(),
+      tilt=tilt,
+      proximal_strength=0.5,
+  )
   state = process.initialize()
   for round_clients in rounds:
     state = process.next(state, datasets(round_clients, 3)).state
@@ -83,9 +95,11 @@ def test_term_with_proximal_term_matches_numpy_oracle(clients, tilt):
 
 def test_tilt_zero_equals_fedavg_and_stock(clients):
   model_fn = synthetic.create_softmax_regression_model_fn()
-  procs = [term.build_term(model_fn, sgd(), tilt=0.0),
-           fed_avg.build_fed_avg(model_fn, sgd()),
-           tff.learning.algorithms.build_weighted_fed_avg(model_fn, sgd())]
+  procs = [
+      term.build_term(model_fn, sgd(), tilt=0.0),
+      fed_avg.build_fed_avg(model_fn, sgd()),
+      tff.learning.algorithms.build_weighted_fed_avg(model_fn, sgd()),
+  ]
   results = []
   for process in procs:
     state = process.initialize()
@@ -98,13 +112,15 @@ def test_tilt_zero_equals_fedavg_and_stock(clients):
 
 
 def test_huge_tilt_is_stable(clients):
-  process = term.build_term(synthetic.create_softmax_regression_model_fn(),
-                            sgd(), tilt=1e4)
+  process = term.build_term(
+      synthetic.create_softmax_regression_model_fn(), sgd(), tilt=1e4
+  )
   out = process.next(process.initialize(), datasets(clients))
   w, _ = composition.model_weights_as_numpy(process, out.state)
   assert np.all(np.isfinite(w))
   assert out.metrics['client_work']['max_loss_at_broadcast'] == pytest.approx(
-      np.log(10), rel=1e-5)
+      np.log(10), rel=1e-5
+  )
 
 
 def corrupted_population(seed=0):
@@ -132,18 +148,25 @@ def test_negative_tilt_suppresses_a_corrupted_client():
     for _ in range(15):
       state = process.next(state, datasets(clients)).state
     w, b = composition.model_weights_as_numpy(process, state)
-    clean_accuracy[tilt] = np.mean([
-        np.mean(np.argmax(x @ w + b, axis=1) == y) for x, y in clients[:5]])
+    clean_accuracy[tilt] = np.mean(
+        [np.mean(np.argmax(x @ w + b, axis=1) == y) for x, y in clients[:5]]
+    )
     losses = [oracles.softmax_regression_loss(w, b, x, y) for x, y in clients]
     corrupted_weight[tilt] = oracles.tilted_weights(losses, [40] * 6, tilt)[5]
   assert corrupted_weight[-2.0] < 0.5 * corrupted_weight[0.0]
   assert clean_accuracy[-2.0] > clean_accuracy[0.0]
 
 
-@pytest.mark.parametrize('kwargs, error', [
-    (dict(tilt=float('nan')), ValueError), (dict(tilt='1'), TypeError),
-    (dict(tilt=1.0, proximal_strength=-1.0), ValueError)])
+@pytest.mark.parametrize(
+    'kwargs, error',
+    [
+        (dict(tilt=float('nan')), ValueError),
+        (dict(tilt='1'), TypeError),
+        (dict(tilt=1.0, proximal_strength=-1.0), ValueError),
+    ],
+)
 def test_validation(kwargs, error):
   with pytest.raises(error):
-    term.build_term(synthetic.create_softmax_regression_model_fn(), sgd(),
-                    **kwargs)
+    term.build_term(
+        synthetic.create_softmax_regression_model_fn(), sgd(), **kwargs
+    )

@@ -9,12 +9,18 @@ import time
 
 import pytest
 
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SMALL = ['--task=synthetic', '--num_clients=12', '--synthetic_size_law=constant',
-         '--clients_per_round=4', '--client_batch_size=5',
-         '--client_learning_rate=0.05', '--rounds_per_eval=4', '--seed=3',
-         '--progress=false']
+SMALL = [
+    '--task=synthetic',
+    '--num_clients=12',
+    '--synthetic_size_law=constant',
+    '--clients_per_round=4',
+    '--client_batch_size=5',
+    '--client_learning_rate=0.05',
+    '--rounds_per_eval=4',
+    '--seed=3',
+    '--progress=false',
+]
 
 
 def group_members(pgid: int) -> list[int]:
@@ -28,7 +34,7 @@ def group_members(pgid: int) -> list[int]:
         stat = f.read()
     except OSError:
       continue
-    fields = stat[stat.rfind(')') + 2:].split()
+    fields = stat[stat.rfind(')') + 2 :].split()
     if fields[0] != 'Z' and int(fields[2]) == pgid:
       members.append(int(entry))
   return members
@@ -47,7 +53,10 @@ def start(args, out_dir):
   return subprocess.Popen(
       [sys.executable, '-m', 'run.train', f'--root_output_dir={out_dir}']
       + args,
-      cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+      cwd=ROOT,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+      text=True,
       start_new_session=True,
   )
 
@@ -68,22 +77,31 @@ def error_lines(stderr: str) -> list[str]:
   return [line for line in stderr.splitlines() if line.strip()]
 
 
-@pytest.mark.parametrize('args, message', [
-    (['--task=nope'], "unknown --task='nope'"),
-    (['--algorithm=fedsomething'], "unknown algorithm 'fedsomething'"),
-    (['--clients_per_round=50'], 'exceeds the 12 training clients'),
-    (['--client_learning_rate=-1'], '--client_learning_rate must be a positive'),
-    (['--total_rounds=0'], 'total_rounds must be >= 1'),
-    (['--proximal_strength=0.5'], 'applies to fedprox and term'),
-    (['--q=1'], 'applies to qffl and qfedsgd'),
-    (['--algorithm=term', '--tilt=nan'], 'tilt must be finite'),
-    (['--client_optimizer=lbfgs'], "unknown --client_optimizer='lbfgs'"),
-    (['--task=emnist_character'], 'pass --data_dir'),
-    (['--thetas=0.5,0.1'], '--thetas applies to deltafl only'),
-    (['--algorithm=deltafl', '--thetas=0.5,x'], '--thetas must be a comma'),
-    (['--algorithm=deltafl', '--thetas=0.5,0.5'], '--thetas must be distinct'),
-    (['--algorithm=deltafl', '--theta=0.5', '--thetas=0.1'], 'not both'),
-])
+@pytest.mark.parametrize(
+    'args, message',
+    [
+        (['--task=nope'], "unknown --task='nope'"),
+        (['--algorithm=fedsomething'], "unknown algorithm 'fedsomething'"),
+        (['--clients_per_round=50'], 'exceeds the 12 training clients'),
+        (
+            ['--client_learning_rate=-1'],
+            '--client_learning_rate must be a positive',
+        ),
+        (['--total_rounds=0'], 'total_rounds must be >= 1'),
+        (['--proximal_strength=0.5'], 'applies to fedprox and term'),
+        (['--q=1'], 'applies to qffl and qfedsgd'),
+        (['--algorithm=term', '--tilt=nan'], 'tilt must be finite'),
+        (['--client_optimizer=lbfgs'], "unknown --client_optimizer='lbfgs'"),
+        (['--task=emnist_character'], 'pass --data_dir'),
+        (['--thetas=0.5,0.1'], '--thetas applies to deltafl only'),
+        (['--algorithm=deltafl', '--thetas=0.5,x'], '--thetas must be a comma'),
+        (
+            ['--algorithm=deltafl', '--thetas=0.5,0.5'],
+            '--thetas must be distinct',
+        ),
+        (['--algorithm=deltafl', '--theta=0.5', '--thetas=0.1'], 'not both'),
+    ],
+)
 def test_bad_input_gives_one_line_and_exit_2(args, message, tmp_path):
   code, _, stderr = run_train(SMALL + ['--total_rounds=2'] + args, tmp_path)
   lines = error_lines(stderr)
@@ -95,7 +113,8 @@ def test_bad_input_gives_one_line_and_exit_2(args, message, tmp_path):
 
 def test_missing_data_file_is_named(tmp_path):
   code, _, stderr = run_train(
-      SMALL + ['--task=emnist_character', f'--data_dir={tmp_path}'], tmp_path)
+      SMALL + ['--task=emnist_character', f'--data_dir={tmp_path}'], tmp_path
+  )
   lines = error_lines(stderr)
   assert code == 2, stderr
   assert len(lines) == 1 and 'emnist_all.sqlite' in lines[0], stderr
@@ -104,11 +123,15 @@ def test_missing_data_file_is_named(tmp_path):
 def test_killed_run_resumes_to_the_same_result(tmp_path):
   # Enough rounds after the awaited checkpoint that the kill lands mid-run
   # even on a loaded machine.
-  args = SMALL + ['--total_rounds=30', '--rounds_per_checkpoint=2',
-                  '--algorithm=fedprox', '--proximal_strength=0.1',
-                  '--straggler_fraction=0.5', '--client_epochs_per_round=2']
-  code, stdout, stderr = run_train(
-      args + ['--experiment_name=whole'], tmp_path)
+  args = SMALL + [
+      '--total_rounds=30',
+      '--rounds_per_checkpoint=2',
+      '--algorithm=fedprox',
+      '--proximal_strength=0.1',
+      '--straggler_fraction=0.5',
+      '--client_epochs_per_round=2',
+  ]
+  code, stdout, stderr = run_train(args + ['--experiment_name=whole'], tmp_path)
   assert code == 0, stderr
   assert 'test/accuracy' in stdout and 'p90' in stdout
 
@@ -135,8 +158,12 @@ def test_killed_run_resumes_to_the_same_result(tmp_path):
   whole = json.loads((tmp_path / 'whole' / 'summary.json').read_text())
   resumed = json.loads((tmp_path / 'killed' / 'summary.json').read_text())
   assert whole == resumed
-  rounds = [line.split(',')[0] for line in
-            (tmp_path / 'killed' / 'metrics.csv').read_text().splitlines()[1:]]
+  rounds = [
+      line.split(',')[0]
+      for line in (tmp_path / 'killed' / 'metrics.csv')
+      .read_text()
+      .splitlines()[1:]
+  ]
   assert rounds == [str(r) for r in range(1, 31)]
 
 
@@ -148,7 +175,7 @@ def test_resume_with_changed_flags_is_refused(tmp_path):
   assert 'client_learning_rate' in error_lines(stderr)[-1]
 
 
-LEAKY_SCRIPT = '''
+LEAKY_SCRIPT = """
 import numpy as np
 import tensorflow_federated as tff
 {cleanup}
@@ -156,19 +183,28 @@ import tensorflow_federated as tff
 def total(x):
   return tff.federated_sum(x)
 print(total([1.0, 2.0]))
-'''
+"""
 
 
-@pytest.mark.parametrize('cleanup, leaks', [
-    ('', True),
-    ('from tff_algos import runtime; runtime.install_worker_cleanup()', False),
-])
+@pytest.mark.parametrize(
+    'cleanup, leaks',
+    [
+        ('', True),
+        (
+            'from tff_algos import runtime; runtime.install_worker_cleanup()',
+            False,
+        ),
+    ],
+)
 def test_stock_tff_leaks_its_worker_and_the_cleanup_ends_it(cleanup, leaks):
   """Shows the hazard the binaries guard against, and that the check sees it."""
   proc = subprocess.Popen(
-      [sys.executable, '-c', LEAKY_SCRIPT.format(cleanup=cleanup)], cwd=ROOT,
-      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-      start_new_session=True)
+      [sys.executable, '-c', LEAKY_SCRIPT.format(cleanup=cleanup)],
+      cwd=ROOT,
+      stdout=subprocess.DEVNULL,
+      stderr=subprocess.DEVNULL,
+      start_new_session=True,
+  )
   try:
     assert proc.wait(timeout=120) == 0
     time.sleep(1)
@@ -181,9 +217,16 @@ def test_stock_tff_leaks_its_worker_and_the_cleanup_ends_it(cleanup, leaks):
 def test_delta_fl_family_run_evaluates_every_level(tmp_path):
   """--thetas trains and evaluates one model per level in one run."""
   code, stdout, stderr = run_train(
-      SMALL + ['--algorithm=deltafl', '--thetas=1,0.3', '--total_rounds=2',
-               '--test_clients_fraction=0.25', '--experiment_name=family'],
-      tmp_path)
+      SMALL
+      + [
+          '--algorithm=deltafl',
+          '--thetas=1,0.3',
+          '--total_rounds=2',
+          '--test_clients_fraction=0.25',
+          '--experiment_name=family',
+      ],
+      tmp_path,
+  )
   assert code == 0, stderr
   with open(tmp_path / 'family' / 'summary.json') as f:
     summaries = json.load(f)['summaries']
@@ -191,8 +234,10 @@ def test_delta_fl_family_run_evaluates_every_level(tmp_path):
     for split in ('test', 'train'):
       assert 0.0 <= summaries[f'{member}/{split}/error']['mean'] <= 1.0
   # Round 1 ties at the zero model (all kept); round 2 filters.
-  assert (summaries['theta_1/test/loss']['mean'] !=
-          summaries['theta_0.3/test/loss']['mean'])
+  assert (
+      summaries['theta_1/test/loss']['mean']
+      != summaries['theta_0.3/test/loss']['mean']
+  )
   header = (tmp_path / 'family' / 'metrics.csv').read_text().splitlines()[0]
   assert 'theta_0.3/train/loss' in header
   assert 'theta_0.3/client_work/fraction_kept' in header

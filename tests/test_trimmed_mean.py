@@ -18,20 +18,31 @@ def clients():
 
 
 def build(factory, weighting=tff.learning.ClientWeighting.NUM_EXAMPLES):
-  return fed_avg.build_fed_avg(synthetic.create_softmax_regression_model_fn(),
-                               fx.sgd(), model_aggregator=factory,
-                               client_weighting=weighting)
+  return fed_avg.build_fed_avg(
+      synthetic.create_softmax_regression_model_fn(),
+      fx.sgd(),
+      model_aggregator=factory,
+      client_weighting=weighting,
+  )
 
 
 def test_uniform_weights_match_scipy_trim_mean(clients):
   rounds = [clients, clients[1:]]
   (w, b), metrics = fx.run(
-      build(trimmed_mean.build_trimmed_mean(trim_fraction=0.2),
-            tff.learning.ClientWeighting.UNIFORM), rounds)
+      build(
+          trimmed_mean.build_trimmed_mean(trim_fraction=0.2),
+          tff.learning.ClientWeighting.UNIFORM,
+      ),
+      rounds,
+  )
   w_ref, b_ref = robust_oracles.fedavg_with(
-      *fx.zeros(), rounds,
+      *fx.zeros(),
+      rounds,
       lambda d, _: scipy.stats.trim_mean(d, 0.2, axis=0),
-      lr=fx.LR, batch_size=fx.BATCH, weighting='uniform')
+      lr=fx.LR,
+      batch_size=fx.BATCH,
+      weighting='uniform',
+  )
   np.testing.assert_allclose(w, w_ref, rtol=1e-4, atol=2e-6)
   np.testing.assert_allclose(b, b_ref, rtol=1e-4, atol=2e-6)
   assert metrics['aggregator']['trimmed_per_side'] == 1  # floor(0.2 * 5)
@@ -41,11 +52,15 @@ def test_uniform_weights_match_scipy_trim_mean(clients):
 def test_example_weights_match_numpy_oracle(clients, fraction):
   rounds = [clients, clients[:4]]
   (w, b), _ = fx.run(
-      build(trimmed_mean.build_trimmed_mean(trim_fraction=fraction)), rounds)
+      build(trimmed_mean.build_trimmed_mean(trim_fraction=fraction)), rounds
+  )
   w_ref, b_ref = robust_oracles.fedavg_with(
-      *fx.zeros(), rounds,
+      *fx.zeros(),
+      rounds,
       lambda d, a: robust_oracles.trimmed_mean(d, a, fraction),
-      lr=fx.LR, batch_size=fx.BATCH)
+      lr=fx.LR,
+      batch_size=fx.BATCH,
+  )
   np.testing.assert_allclose(w, w_ref, rtol=1e-4, atol=2e-6)
   np.testing.assert_allclose(b, b_ref, rtol=1e-4, atol=2e-6)
   (w_mean, _), _ = fx.run(build(None), rounds)
@@ -55,15 +70,23 @@ def test_example_weights_match_numpy_oracle(clients, fraction):
 def test_no_trimming_is_fedavg(clients):
   rounds = [clients, clients[2:]]
   (w, b), _ = fx.run(
-      build(trimmed_mean.build_trimmed_mean(trim_fraction=0.0)), rounds)
+      build(trimmed_mean.build_trimmed_mean(trim_fraction=0.0)), rounds
+  )
   (w_ref, b_ref), _ = fx.run(build(None), rounds)
   np.testing.assert_allclose(w, w_ref, atol=1e-6)
   np.testing.assert_allclose(b, b_ref, atol=1e-6)
 
 
-@pytest.mark.parametrize('value, error', [
-    (0.5, ValueError), (-0.1, ValueError), (float('nan'), ValueError),
-    ('0.1', TypeError), (True, TypeError)])
+@pytest.mark.parametrize(
+    'value, error',
+    [
+        (0.5, ValueError),
+        (-0.1, ValueError),
+        (float('nan'), ValueError),
+        ('0.1', TypeError),
+        (True, TypeError),
+    ],
+)
 def test_validation(value, error):
   with pytest.raises(error):
     trimmed_mean.build_trimmed_mean(trim_fraction=value)

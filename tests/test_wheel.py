@@ -48,9 +48,15 @@ VERSION = '0.1.0'
 
 def _run(args, *, cwd, env=None, timeout=900):
   """`(code, stdout, stderr)` of `args` in their own process group."""
-  proc = subprocess.Popen(args, cwd=cwd, env=env, stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True,
-                          start_new_session=True)
+  proc = subprocess.Popen(
+      args,
+      cwd=cwd,
+      env=env,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+      text=True,
+      start_new_session=True,
+  )
   try:
     stdout, stderr = proc.communicate(timeout=timeout)
   finally:
@@ -68,8 +74,13 @@ def _check(args, **kwargs):
 
 
 def _pip(venv, args):
-  return [os.path.join(venv, 'bin', 'python'), '-m', 'pip',
-          '--disable-pip-version-check', '-q'] + args
+  return [
+      os.path.join(venv, 'bin', 'python'),
+      '-m',
+      'pip',
+      '--disable-pip-version-check',
+      '-q',
+  ] + args
 
 
 def _stamp() -> str:
@@ -84,8 +95,11 @@ def _stamp() -> str:
 
 def _user_env(venv):
   """A user's environment: the venv's commands first, no checkout path."""
-  env = {k: v for k, v in os.environ.items()
-         if k not in ('PYTHONPATH', 'VIRTUAL_ENV', 'PYTHONHOME')}
+  env = {
+      k: v
+      for k, v in os.environ.items()
+      if k not in ('PYTHONPATH', 'VIRTUAL_ENV', 'PYTHONHOME')
+  }
   env['PATH'] = os.path.join(venv, 'bin') + os.pathsep + env.get('PATH', '')
   env['TF_CPP_MIN_LOG_LEVEL'] = '3'
   env['PYTHONNOUSERSITE'] = '1'
@@ -100,13 +114,17 @@ def venv(tmp_path_factory):
     shutil.rmtree(VENV, ignore_errors=True)
     cwd = str(tmp_path_factory.mktemp('venv_build'))
     _check([sys.executable, '-m', 'venv', VENV], cwd=cwd)
-    _check(_pip(VENV, ['install', 'pip==24.0', 'setuptools>=68,<76',
-                       'wheel']), cwd=cwd)
+    _check(
+        _pip(VENV, ['install', 'pip==24.0', 'setuptools>=68,<76', 'wheel']),
+        cwd=cwd,
+    )
     stack, nodeps, _ = package_sources.readme_pip_commands()
     _check(_pip(VENV, stack[1:]), cwd=cwd, timeout=1800)
-    _check(_pip(VENV, ['install', '-r',
-                       os.path.join(ROOT, 'requirements.txt')]), cwd=cwd,
-           timeout=1800)
+    _check(
+        _pip(VENV, ['install', '-r', os.path.join(ROOT, 'requirements.txt')]),
+        cwd=cwd,
+        timeout=1800,
+    )
     _check(_pip(VENV, nodeps[1:]), cwd=cwd)
     with open(stamp, 'w'):
       pass
@@ -117,16 +135,20 @@ def venv(tmp_path_factory):
 def dists(tmp_path_factory):
   """`(sdist, wheel)`: the sdist of the checkout, the wheel of the sdist."""
   out = str(tmp_path_factory.mktemp('dist'))
-  build = ('from setuptools import build_meta; import sys; '
-           'print(build_meta.build_{}(sys.argv[1]))')
-  name = _check([sys.executable, '-c', build.format('sdist'), out],
-                cwd=ROOT).split()[-1]
+  build = (
+      'from setuptools import build_meta; import sys; '
+      'print(build_meta.build_{}(sys.argv[1]))'
+  )
+  name = _check(
+      [sys.executable, '-c', build.format('sdist'), out], cwd=ROOT
+  ).split()[-1]
   sdist = os.path.join(out, name)
   with tarfile.open(sdist) as tar:
     tar.extractall(out)
   source = os.path.join(out, f'tff_hetero-{VERSION}')
-  name = _check([sys.executable, '-c', build.format('wheel'), out],
-                cwd=source).split()[-1]
+  name = _check(
+      [sys.executable, '-c', build.format('wheel'), out], cwd=source
+  ).split()[-1]
   return sdist, os.path.join(out, name)
 
 
@@ -134,10 +156,14 @@ def dists(tmp_path_factory):
 def installed(venv, dists):
   """The venv with the fresh wheel installed by README's third command."""
   *package_command, _ = package_sources.readme_pip_commands()[2]
-  _run(_pip(venv, ['uninstall', '-y', 'tff-hetero']), cwd=os.path.dirname(
-      dists[1]))
-  _check(_pip(venv, package_command[1:] + [dists[1]]),
-         cwd=os.path.dirname(dists[1]))
+  _run(
+      _pip(venv, ['uninstall', '-y', 'tff-hetero']),
+      cwd=os.path.dirname(dists[1]),
+  )
+  _check(
+      _pip(venv, package_command[1:] + [dists[1]]),
+      cwd=os.path.dirname(dists[1]),
+  )
   return venv
 
 
@@ -151,8 +177,9 @@ def outside(tmp_path):
 def _modules_in_checkout():
   modules = []
   for package in package_sources.load_setup().PACKAGES:
-    for path in glob.glob(os.path.join(ROOT, package, '**', '*.py'),
-                          recursive=True):
+    for path in glob.glob(
+        os.path.join(ROOT, package, '**', '*.py'), recursive=True
+    ):
       modules.append(os.path.relpath(path, ROOT))
   return sorted(modules)
 
@@ -163,8 +190,11 @@ def _data_files_in_checkout():
   for package in package_sources.load_setup().PACKAGES:
     for folder, dirs, files in os.walk(os.path.join(ROOT, package)):
       dirs[:] = [d for d in dirs if d != '__pycache__']
-      found += [os.path.relpath(os.path.join(folder, f), ROOT) for f in files
-                if not f.endswith('.py') and f != 'BUILD']
+      found += [
+          os.path.relpath(os.path.join(folder, f), ROOT)
+          for f in files
+          if not f.endswith('.py') and f != 'BUILD'
+      ]
   return sorted(found)
 
 
@@ -173,22 +203,31 @@ def test_wheel_and_sdist_hold_every_module_and_command(dists):
   with zipfile.ZipFile(wheel) as zf:
     names = set(zf.namelist())
     entry_points = zf.read(
-        f'tff_hetero-{VERSION}.dist-info/entry_points.txt').decode()
+        f'tff_hetero-{VERSION}.dist-info/entry_points.txt'
+    ).decode()
   expected = _modules_in_checkout() + _data_files_in_checkout()
   assert not set(expected) - names
   for package in ('tff_algos/', 'tasks/', 'privacy/', 'run/'):
     assert any(n.startswith(package) for n in names), package
   assert not [n for n in names if n.startswith('tests/') or '/BUILD' in n]
   setup = package_sources.load_setup()
-  commands = dict(re.findall(r'^(tff-hetero-\S+) = (\S+)$', entry_points,
-                             re.MULTILINE))
-  assert commands == {setup.command_name(m): f'{m}:run_main'
-                      for m in setup.BINARIES}
+  commands = dict(
+      re.findall(r'^(tff-hetero-\S+) = (\S+)$', entry_points, re.MULTILINE)
+  )
+  assert commands == {
+      setup.command_name(m): f'{m}:run_main' for m in setup.BINARIES
+  }
   with tarfile.open(sdist) as tar:
     in_sdist = {n.split('/', 1)[1] for n in tar.getnames() if '/' in n}
   assert set(expected) <= in_sdist
-  assert {'setup.py', 'pyproject.toml', 'README.md', 'requirements.txt',
-          'requirements-nodeps.txt', 'examples/quickstart.ipynb'} <= in_sdist
+  assert {
+      'setup.py',
+      'pyproject.toml',
+      'README.md',
+      'requirements.txt',
+      'requirements-nodeps.txt',
+      'examples/quickstart.ipynb',
+  } <= in_sdist
 
 
 _IMPORT_ALL = textwrap.dedent("""\
@@ -216,13 +255,16 @@ _IMPORT_ALL = textwrap.dedent("""\
 
 def test_every_module_imports_outside_the_checkout(installed, outside):
   python = os.path.join(installed, 'bin', 'python')
-  out = _check([python, '-c', _IMPORT_ALL, ROOT], cwd=outside,
-               env=_user_env(installed))
+  out = _check(
+      [python, '-c', _IMPORT_ALL, ROOT], cwd=outside, env=_user_env(installed)
+  )
   files = json.loads(out.strip().splitlines()[-1])
   site = os.path.join(installed, 'lib')
   assert all(path.startswith(site) for path in files.values()), files
-  expected = {m[:-3].replace('/', '.').removesuffix('.__init__')
-              for m in _modules_in_checkout()}
+  expected = {
+      m[:-3].replace('/', '.').removesuffix('.__init__')
+      for m in _modules_in_checkout()
+  }
   assert set(files) == expected
 
 
@@ -238,9 +280,11 @@ def _first_flags(module):
       continue
     with open(os.path.join(ROOT, *name.split('.')) + '.py') as f:
       source = f.read()
-    match = (re.search(r"DEFINE_\w+\(\s*'(\w+)'", source)
-             or re.search(r"add_argument\('--(\w+)'", source)
-             or re.search(r"_FLAG_SPECS = \(\s*\(\s*'(\w+)'", source))
+    match = (
+        re.search(r"DEFINE_\w+\(\s*'(\w+)'", source)
+        or re.search(r"add_argument\('--(\w+)'", source)
+        or re.search(r"_FLAG_SPECS = \(\s*\(\s*'(\w+)'", source)
+    )
     if match:
       found.append(match.group(1))
   assert found, module
@@ -252,8 +296,12 @@ def test_every_command_has_help(installed, outside):
   env = _user_env(installed)
 
   def help_of(module):
-    return module, _run([setup.command_name(module), '--help'], cwd=outside,
-                        env=env, timeout=300)
+    return module, _run(
+        [setup.command_name(module), '--help'],
+        cwd=outside,
+        env=env,
+        timeout=300,
+    )
 
   with concurrent.futures.ThreadPoolExecutor(4) as pool:
     results = dict(pool.map(help_of, setup.BINARIES))
@@ -265,7 +313,10 @@ def test_every_command_has_help(installed, outside):
     for flag in _first_flags(module):
       # A line of the flag list (absl `  --flag: ...`, argparse `  --flag X`).
       assert re.search(rf'^ +--{flag}\b', stdout, re.MULTILINE), (
-          command, flag, stdout[:500])
+          command,
+          flag,
+          stdout[:500],
+      )
     doc = ' '.join(importlib_doc(module).split())
     assert doc in ' '.join(stdout.split()), (command, doc, stdout[:500])
 
@@ -280,20 +331,33 @@ def importlib_doc(module):
 def test_two_round_training_run(installed, outside):
   out_dir = os.path.join(outside, 'output')
   code, stdout, stderr = _run(
-      ['tff-hetero-train', '--task=synthetic', '--num_clients=12',
-       '--synthetic_size_law=constant', '--clients_per_round=4',
-       '--client_batch_size=5', '--total_rounds=2', '--progress=false',
-       f'--root_output_dir={out_dir}', '--experiment_name=wheel'],
-      cwd=outside, env=_user_env(installed), timeout=600)
+      [
+          'tff-hetero-train',
+          '--task=synthetic',
+          '--num_clients=12',
+          '--synthetic_size_law=constant',
+          '--clients_per_round=4',
+          '--client_batch_size=5',
+          '--total_rounds=2',
+          '--progress=false',
+          f'--root_output_dir={out_dir}',
+          '--experiment_name=wheel',
+      ],
+      cwd=outside,
+      env=_user_env(installed),
+      timeout=600,
+  )
   assert code == 0, stderr
   assert 'Per-client metrics after round 2' in stdout, stdout
   with open(os.path.join(out_dir, 'wheel', 'summary.json')) as f:
     summary = json.load(f)
   assert summary
-  code, _, stderr = _run(['tff-hetero-train', '--task=nope'], cwd=outside,
-                         env=_user_env(installed))
+  code, _, stderr = _run(
+      ['tff-hetero-train', '--task=nope'], cwd=outside, env=_user_env(installed)
+  )
   assert code == 2 and binary.error_lines(stderr) == [
-      stderr.strip().splitlines()[-1]]
+      stderr.strip().splitlines()[-1]
+  ]
   assert stderr.strip().startswith('train: error: unknown --task=')
 
 
@@ -322,15 +386,18 @@ _NOTEBOOK = textwrap.dedent("""\
     """)
 
 
-def test_quickstart_notebook_runs_on_the_installed_package(installed,
-                                                           outside):
+def test_quickstart_notebook_runs_on_the_installed_package(installed, outside):
   notebook = os.path.join(outside, 'quickstart.ipynb')
   shutil.copy(os.path.join(ROOT, 'examples', 'quickstart.ipynb'), notebook)
   python = os.path.join(installed, 'bin', 'python')
-  out = _check([python, '-c', _NOTEBOOK, notebook,
-                os.path.join(outside, 'kernels')],
-               cwd=outside, env=_user_env(installed), timeout=900)
+  out = _check(
+      [python, '-c', _NOTEBOOK, notebook, os.path.join(outside, 'kernels')],
+      cwd=outside,
+      env=_user_env(installed),
+      timeout=900,
+  )
   result = json.loads(out.strip().splitlines()[-1])
   assert result['last'].strip().endswith('ok'), result
-  assert result['module'].strip().startswith(
-      os.path.join(installed, 'lib')), result
+  assert (
+      result['module'].strip().startswith(os.path.join(installed, 'lib'))
+  ), result

@@ -64,11 +64,15 @@ def build_afl_client_work(
     weight lambda_k.
   """
   weights_type, seq_type, metrics_aggregation_fn = (
-      client_work_lib.model_types_and_metrics(model_fn, metrics_aggregator))
+      client_work_lib.model_types_and_metrics(model_fn, metrics_aggregator)
+  )
   data_type = tff.StructWithPythonType(
-      [('data', seq_type),
-       (CLIENT_INDEX_KEY, tff.SequenceType(tff.TensorType(np.int32)))],
-      collections.OrderedDict)
+      [
+          ('data', seq_type),
+          (CLIENT_INDEX_KEY, tff.SequenceType(tff.TensorType(np.int32))),
+      ],
+      collections.OrderedDict,
+  )
   lambda_type = tff.TensorType(np.float32, [num_clients])
 
   @tff.tensorflow.computation(weights_type, data_type, lambda_type)
@@ -79,35 +83,42 @@ def build_afl_client_work(
     def run(weights, dataset, index_ds, mixture):
       index = index_ds.reduce(tf.constant(0, tf.int32), lambda _, i: i)
       loss, _, grad = client_work_lib.local_loss(
-          model, weights, dataset, with_gradient=True, reset_metrics=False)
+          model, weights, dataset, with_gradient=True, reset_metrics=False
+      )
       grad, non_finite = client_work_lib.zero_all_if_any_non_finite(grad)
       weight = tf.where(non_finite, 0.0, tf.gather(mixture, index))
       one_hot = tf.one_hot(index, num_clients, dtype=tf.float32)
       return (
-          tff.learning.templates.ClientResult(update=grad, update_weight=weight),
+          tff.learning.templates.ClientResult(
+              update=grad, update_weight=weight
+          ),
           model.report_local_unfinalized_metrics(),
           one_hot * loss,
           one_hot,
       )
 
-    return run(weights, client_data['data'], client_data[CLIENT_INDEX_KEY],
-               mixture)
+    return run(
+        weights, client_data['data'], client_data[CLIENT_INDEX_KEY], mixture
+    )
 
   @tff.tensorflow.computation(lambda_type, lambda_type, lambda_type)
   def ascend(mixture, loss_vector, participation):
     stepped = mixture + mixture_learning_rate * loss_vector * tf.minimum(
-        participation, 1.0)
+        participation, 1.0
+    )
     return project_to_simplex(stepped)
 
   @tff.tensorflow.computation(lambda_type)
   def summarize(mixture):
     return collections.OrderedDict(
-        lambda_max=tf.reduce_max(mixture), lambda_min=tf.reduce_min(mixture))
+        lambda_max=tf.reduce_max(mixture), lambda_min=tf.reduce_min(mixture)
+    )
 
   @tff.federated_computation
   def init_fn():
     return tff.federated_value(
-        np.full([num_clients], 1.0 / num_clients, np.float32), tff.SERVER)
+        np.full([num_clients], 1.0 / num_clients, np.float32), tff.SERVER
+    )
 
   @tff.federated_computation(
       init_fn.type_signature.result,
@@ -116,17 +127,21 @@ def build_afl_client_work(
   )
   def next_fn(mixture, weights, client_data):
     result, model_outputs, losses, participation = tff.federated_map(
-        client_update,
-        (weights, client_data, tff.federated_broadcast(mixture)))
+        client_update, (weights, client_data, tff.federated_broadcast(mixture))
+    )
     new_mixture = tff.federated_map(
-        ascend, (mixture, tff.federated_sum(losses),
-                 tff.federated_sum(participation)))
-    measurements = tff.federated_zip(collections.OrderedDict(
-        train=metrics_aggregation_fn(model_outputs),
-        mixture=tff.federated_map(summarize, new_mixture),
-    ))
-    return tff.templates.MeasuredProcessOutput(new_mixture, result,
-                                               measurements)
+        ascend,
+        (mixture, tff.federated_sum(losses), tff.federated_sum(participation)),
+    )
+    measurements = tff.federated_zip(
+        collections.OrderedDict(
+            train=metrics_aggregation_fn(model_outputs),
+            mixture=tff.federated_map(summarize, new_mixture),
+        )
+    )
+    return tff.templates.MeasuredProcessOutput(
+        new_mixture, result, measurements
+    )
 
   return tff.learning.templates.ClientWorkProcess(init_fn, next_fn)
 
@@ -138,7 +153,8 @@ def build_afl(
     model_learning_rate: float,
     mixture_learning_rate: float,
     model_distributor: Optional[
-        tff.learning.templates.DistributionProcess] = None,
+        tff.learning.templates.DistributionProcess
+    ] = None,
     metrics_aggregator: Optional[Callable[..., tff.Computation]] = None,
 ) -> tff.learning.templates.LearningProcess:
   """Builds AFL (Mohri et al., ICML 2019) with full local gradients.
@@ -164,30 +180,42 @@ def build_afl(
     raise TypeError(f'num_clients must be an int, got {num_clients!r}')
   if num_clients < 1:
     raise ValueError(f'num_clients must be >= 1, got {num_clients}')
-  for name, value, low in (('model_learning_rate', model_learning_rate, 0.0),
-                           ('mixture_learning_rate', mixture_learning_rate,
-                            None)):
+  for name, value, low in (
+      ('model_learning_rate', model_learning_rate, 0.0),
+      ('mixture_learning_rate', mixture_learning_rate, None),
+  ):
     if isinstance(value, bool) or not isinstance(value, (int, float)):
       raise TypeError(f'{name} must be a float, got {type(value).__name__}')
-    if not np.isfinite(value) or value < 0 or (low is not None and value <= low):
-      raise ValueError(f'{name} must be a finite float '
-                       f'{"> 0" if low is not None else ">= 0"}, got {value}')
+    if (
+        not np.isfinite(value)
+        or value < 0
+        or (low is not None and value <= low)
+    ):
+      raise ValueError(
+          f'{name} must be a finite float '
+          f'{"> 0" if low is not None else ">= 0"}, got {value}'
+      )
   if not callable(model_fn):
     raise TypeError('model_fn must be a no-arg callable returning a model')
   work = build_afl_client_work(
-      model_fn, num_clients=num_clients,
+      model_fn,
+      num_clients=num_clients,
       mixture_learning_rate=float(mixture_learning_rate),
-      metrics_aggregator=metrics_aggregator)
+      metrics_aggregator=metrics_aggregator,
+  )
   return composition.compose_model_delta_process(
-      model_fn, work,
+      model_fn,
+      work,
       server_optimizer_fn=tff.learning.optimizers.build_sgdm(
-          learning_rate=float(model_learning_rate)),
+          learning_rate=float(model_learning_rate)
+      ),
       model_distributor=model_distributor,
-      model_aggregator=tff.aggregators.MeanFactory(no_nan_division=True))
+      model_aggregator=tff.aggregators.MeanFactory(no_nan_division=True),
+  )
 
 
 def client_data_with_index(dataset: tf.data.Dataset, index: int):
   """The AFL client input for `dataset` of the client at `index`."""
   return collections.OrderedDict(
-      data=dataset,
-      client_index=tf.data.Dataset.from_tensors(np.int32(index)))
+      data=dataset, client_index=tf.data.Dataset.from_tensors(np.int32(index))
+  )

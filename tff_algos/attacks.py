@@ -74,25 +74,29 @@ class AttackConfig:
     """Raises `ValueError` with one clear message for a bad option."""
     if self.kind not in ATTACKS:
       raise ValueError(
-          f'unknown attack {self.kind!r}; choose one of: {", ".join(ATTACKS)}')
+          f'unknown attack {self.kind!r}; choose one of: {", ".join(ATTACKS)}'
+      )
     if not (math.isfinite(self.fraction) and 0.0 <= self.fraction < 1.0):
       raise ValueError(
-          f'attack fraction must be in [0, 1), got {self.fraction}')
+          f'attack fraction must be in [0, 1), got {self.fraction}'
+      )
     if self.kind == 'none' and self.fraction:
       raise ValueError('an attack fraction needs an attack (not none)')
     if self.kind != 'none' and not self.fraction:
       raise ValueError(f'attack {self.kind} needs a fraction in (0, 1)')
     if self.kind == 'label_poison' and self.num_classes < 2:
       raise ValueError(
-          f'label_poison needs num_classes >= 2, got {self.num_classes}')
+          f'label_poison needs num_classes >= 2, got {self.num_classes}'
+      )
 
   @property
   def is_update_attack(self) -> bool:
     return self.kind in UPDATE_ATTACKS
 
 
-def corrupted_clients(client_ids: Sequence[str], fraction: float,
-                      seed: int) -> frozenset[str]:
+def corrupted_clients(
+    client_ids: Sequence[str], fraction: float, seed: int
+) -> frozenset[str]:
   """The round(fraction * N) corrupted clients: a seeded, fixed subset."""
   num = int(round(fraction * len(client_ids)))
   rng = np.random.default_rng([seed, 7919])
@@ -133,7 +137,8 @@ def poison_client_data(
   if not keys:
     raise ValueError(
         'label_poison needs examples with a "y" or "label" entry, got '
-        f'{spec}')
+        f'{spec}'
+    )
   key = keys[0]
   label_dtype = spec[key].dtype
   corrupted = sorted(corrupted)
@@ -141,24 +146,29 @@ def poison_client_data(
 
   def dataset_fn(cid):
     cid = tf.convert_to_tensor(cid, tf.string)
-    is_corrupted = tf.reduce_any(tf.equal(
-        cid, tf.constant(corrupted, tf.string, shape=[len(corrupted)])))
+    is_corrupted = tf.reduce_any(
+        tf.equal(cid, tf.constant(corrupted, tf.string, shape=[len(corrupted)]))
+    )
     client_seed = _client_seed(cid, seed)
 
     def poison(index, example):
       noisy = tf.random.stateless_uniform(
-          tf.shape(example[key]), seed=client_seed + tf.stack(
-              [tf.constant(0, tf.int64), index]),
-          maxval=num_classes, dtype=tf.int64)
+          tf.shape(example[key]),
+          seed=client_seed + tf.stack([tf.constant(0, tf.int64), index]),
+          maxval=num_classes,
+          dtype=tf.int64,
+      )
       example = dict(example)
-      example[key] = tf.where(is_corrupted, tf.cast(noisy, label_dtype),
-                              example[key])
+      example[key] = tf.where(
+          is_corrupted, tf.cast(noisy, label_dtype), example[key]
+      )
       return collections.OrderedDict((k, example[k]) for k in spec)
 
     return base_fn(cid).enumerate().map(poison)
 
   return tff.simulation.datasets.ClientData.from_clients_and_tf_fn(
-      client_data.client_ids, dataset_fn)
+      client_data.client_ids, dataset_fn
+  )
 
 
 def noise_seed(seed: int, round_num: int, client_index: int) -> int:
@@ -170,20 +180,34 @@ def noise_seed(seed: int, round_num: int, client_index: int) -> int:
 def marker_dataset(corrupted: bool, seed: int) -> tf.data.Dataset:
   """The per-client attack marker `[corrupted, noise_seed]`."""
   return tf.data.Dataset.from_tensors(
-      np.asarray([int(corrupted), seed], np.int32))
+      np.asarray([int(corrupted), seed], np.int32)
+  )
 
 
-def with_attack_markers(datasets: Sequence, client_ids: Sequence[str],
-                        corrupted: Iterable[str], *, seed: int,
-                        round_num: int, index_of: Mapping[str, int]):
+def with_attack_markers(
+    datasets: Sequence,
+    client_ids: Sequence[str],
+    corrupted: Iterable[str],
+    *,
+    seed: int,
+    round_num: int,
+    index_of: Mapping[str, int],
+):
   """Pairs each client's data with its marker, as `UpdateAttack` expects."""
   corrupted = frozenset(corrupted)
   return [
-      collections.OrderedDict([
-          ('data', ds),
-          (MARKER_KEY, marker_dataset(
-              cid in corrupted, noise_seed(seed, round_num, index_of[cid]))),
-      ])
+      collections.OrderedDict(
+          [
+              ('data', ds),
+              (
+                  MARKER_KEY,
+                  marker_dataset(
+                      cid in corrupted,
+                      noise_seed(seed, round_num, index_of[cid]),
+                  ),
+              ),
+          ]
+      )
       for ds, cid in zip(datasets, client_ids)
   ]
 
@@ -213,15 +237,22 @@ def attacked_update(update, marker, *, kind: str, scale: float):
   flat = tf.nest.flatten(update)
   if kind == 'gaussian':
     attacked = [
-        tf.cast(scale * tf.random.stateless_normal(
-            tf.shape(t), seed=tf.stack([marker[1], i])), t.dtype)
-        for i, t in enumerate(flat)]
+        tf.cast(
+            scale
+            * tf.random.stateless_normal(
+                tf.shape(t), seed=tf.stack([marker[1], i])
+            ),
+            t.dtype,
+        )
+        for i, t in enumerate(flat)
+    ]
   elif kind == 'model_replacement':
     attacked = [tf.cast(scale, t.dtype) * t for t in flat]
   else:
     raise ValueError(f'unknown update attack {kind!r}')
   return tf.nest.pack_sequence_as(
-      update, [tf.where(is_corrupted, a, t) for a, t in zip(attacked, flat)])
+      update, [tf.where(is_corrupted, a, t) for a, t in zip(attacked, flat)]
+  )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -241,18 +272,18 @@ class UpdateAttack:
     if self.kind not in UPDATE_ATTACKS:
       raise ValueError(
           f'unknown update attack {self.kind!r}; choose one of: '
-          f'{", ".join(UPDATE_ATTACKS)}')
-    if isinstance(self.scale, bool) or not isinstance(
-        self.scale, (int, float)):
-      raise TypeError(
-          f'scale must be a float, got {type(self.scale).__name__}')
+          f'{", ".join(UPDATE_ATTACKS)}'
+      )
+    if isinstance(self.scale, bool) or not isinstance(self.scale, (int, float)):
+      raise TypeError(f'scale must be a float, got {type(self.scale).__name__}')
     if not math.isfinite(self.scale) or self.scale == 0:
       raise ValueError(f'scale must be finite and non-zero, got {self.scale}')
     if self.kind == 'gaussian' and self.scale < 0:
       raise ValueError(f'gaussian sigma must be > 0, got {self.scale}')
 
-  def __call__(self, client_work: tff.learning.templates.ClientWorkProcess
-               ) -> tff.learning.templates.ClientWorkProcess:
+  def __call__(
+      self, client_work: tff.learning.templates.ClientWorkProcess
+  ) -> tff.learning.templates.ClientWorkProcess:
     return wrap_client_work(client_work, self)
 
 
@@ -272,10 +303,13 @@ def wrap_client_work(
     client data; same state, result type and measurements.
   """
   if not isinstance(client_work, tff.learning.templates.ClientWorkProcess):
-    raise TypeError('client_work must be a ClientWorkProcess, got '
-                    f'{type(client_work).__name__}')
+    raise TypeError(
+        'client_work must be a ClientWorkProcess, got '
+        f'{type(client_work).__name__}'
+    )
   state_type, weights_type, data_type = (
-      client_work.next.type_signature.parameter)
+      client_work.next.type_signature.parameter
+  )
   result_type = client_work.next.type_signature.result.result.member
   kind, scale = attack.kind, float(attack.scale)
 
@@ -284,26 +318,34 @@ def wrap_client_work(
     marker = markers.reduce(tf.zeros([2], tf.int32), lambda _, m: m)
     return tff.learning.templates.ClientResult(
         update=attacked_update(result.update, marker, kind=kind, scale=scale),
-        update_weight=result.update_weight)
+        update_weight=result.update_weight,
+    )
 
   @tff.federated_computation(
-      state_type, weights_type,
+      state_type,
+      weights_type,
       tff.FederatedType(
-          collections.OrderedDict(data=data_type.member,
-                                  attack=MARKER_TYPE), tff.CLIENTS))
+          collections.OrderedDict(data=data_type.member, attack=MARKER_TYPE),
+          tff.CLIENTS,
+      ),
+  )
   def next_fn(state, weights, client_data):
     output = client_work.next(state, weights, client_data.data)
     result = tff.federated_map(
-        attack_result, (output.result, client_data[MARKER_KEY]))
+        attack_result, (output.result, client_data[MARKER_KEY])
+    )
     return tff.templates.MeasuredProcessOutput(
-        output.state, result, output.measurements)
+        output.state, result, output.measurements
+    )
 
   return tff.learning.templates.ClientWorkProcess(
-      client_work.initialize, next_fn)
+      client_work.initialize, next_fn
+  )
 
 
-def default_scale(kind: str, *, clients_per_round: int,
-                  server_learning_rate: float = 1.0) -> float:
+def default_scale(
+    kind: str, *, clients_per_round: int, server_learning_rate: float = 1.0
+) -> float:
   """sigma = 1 for gaussian; -K / eta_s for model_replacement."""
   if kind == 'gaussian':
     return 1.0
@@ -312,9 +354,9 @@ def default_scale(kind: str, *, clients_per_round: int,
   raise ValueError(f'attack {kind!r} has no scale')
 
 
-def benign_only(per_client: Mapping[str, Mapping[str, np.ndarray]],
-                corrupted: Iterable[str]
-                ) -> dict[str, dict[str, np.ndarray]]:
+def benign_only(
+    per_client: Mapping[str, Mapping[str, np.ndarray]], corrupted: Iterable[str]
+) -> dict[str, dict[str, np.ndarray]]:
   """The per-client metrics restricted to clients not in `corrupted`."""
   corrupted = frozenset(corrupted)
   out = {}

@@ -92,7 +92,8 @@ class BatchedAlgorithm:
   client_optimizer: tff.learning.optimizers.Optimizer
   server_optimizer: Optional[tff.learning.optimizers.Optimizer] = None
   client_weighting: tff.learning.ClientWeighting = (
-      tff.learning.ClientWeighting.NUM_EXAMPLES)
+      tff.learning.ClientWeighting.NUM_EXAMPLES
+  )
   proximal_strength: float = 0.0
   q: float = 0.0
   lipschitz_constant: float = 1.0
@@ -107,26 +108,36 @@ class BatchedAlgorithm:
     if self.name not in ALGORITHMS:
       raise ValueError(
           f'the batched engine supports {", ".join(ALGORITHMS)}, not '
-          f'{self.name!r}')
-    for label, opt in (('client_optimizer', self.client_optimizer),
-                       ('server_optimizer', self.server_optimizer)):
+          f'{self.name!r}'
+      )
+    for label, opt in (
+        ('client_optimizer', self.client_optimizer),
+        ('server_optimizer', self.server_optimizer),
+    ):
       if opt is not None and not isinstance(
-          opt, tff.learning.optimizers.Optimizer):
-        raise TypeError(f'{label} must be a tff.learning.optimizers.Optimizer,'
-                        f' got {type(opt).__name__}')
+          opt, tff.learning.optimizers.Optimizer
+      ):
+        raise TypeError(
+            f'{label} must be a tff.learning.optimizers.Optimizer,'
+            f' got {type(opt).__name__}'
+        )
     if self.client_optimizer is None:
       raise TypeError('client_optimizer is required')
     if not isinstance(self.client_weighting, tff.learning.ClientWeighting):
-      raise TypeError('client_weighting must be a tff.learning.ClientWeighting'
-                      f', got {self.client_weighting!r}')
+      raise TypeError(
+          'client_weighting must be a tff.learning.ClientWeighting'
+          f', got {self.client_weighting!r}'
+      )
     for label in ('proximal_strength', 'q', 'weight_decay'):
       value = getattr(self, label)
       if not (np.isfinite(value) and value >= 0):
         raise ValueError(f'{label} must be a finite float >= 0, got {value}')
-    if not (np.isfinite(self.lipschitz_constant)
-            and self.lipschitz_constant > 0):
-      raise ValueError('lipschitz_constant must be > 0, got '
-                       f'{self.lipschitz_constant}')
+    if not (
+        np.isfinite(self.lipschitz_constant) and self.lipschitz_constant > 0
+    ):
+      raise ValueError(
+          'lipschitz_constant must be > 0, got ' f'{self.lipschitz_constant}'
+      )
     if not 0.0 < self.theta <= 1.0:
       raise ValueError(f'theta must be in (0, 1], got {self.theta}')
     if isinstance(self.tilt, bool) or not isinstance(self.tilt, (int, float)):
@@ -163,7 +174,8 @@ class ClientArrays:
       if arrays is None:  # An empty client.
         arrays = tf.nest.map_structure(
             lambda s: np.zeros([0] + s.shape.as_list(), s.dtype.as_numpy_dtype),
-            self.element_spec)
+            self.element_spec,
+        )
       self._cache[client_id] = arrays
     return self._cache[client_id]
 
@@ -203,8 +215,9 @@ class RoundPlan:
 
 def _placeholders(structure, prefix: str):
   return tf.nest.map_structure(
-      lambda s: tf.compat.v1.placeholder(
-          s.dtype, s.shape, name=f'{prefix}_ph'), structure)
+      lambda s: tf.compat.v1.placeholder(s.dtype, s.shape, name=f'{prefix}_ph'),
+      structure,
+  )
 
 
 def _nest_add(a, b):
@@ -213,8 +226,9 @@ def _nest_add(a, b):
 
 def _any_non_finite(structure):
   flat = tf.nest.flatten(structure)
-  return tf.logical_not(tf.reduce_all(
-      [tf.reduce_all(tf.math.is_finite(t)) for t in flat]))
+  return tf.logical_not(
+      tf.reduce_all([tf.reduce_all(tf.math.is_finite(t)) for t in flat])
+  )
 
 
 class BatchedEngine:
@@ -253,17 +267,22 @@ class BatchedEngine:
       *,
       shuffle: bool = True,
       loop_implementation: tff.learning.LoopImplementation = (
-          tff.learning.LoopImplementation.DATASET_ITERATOR),
+          tff.learning.LoopImplementation.DATASET_ITERATOR
+      ),
       session_config: Optional[tf.compat.v1.ConfigProto] = None,
   ):
     if not callable(model_fn) or not callable(preprocess_train):
       raise TypeError('model_fn and preprocess_train must be callables')
     if not isinstance(client_arrays, ClientArrays):
-      raise TypeError('client_arrays must be a ClientArrays, got '
-                      f'{type(client_arrays).__name__}')
+      raise TypeError(
+          'client_arrays must be a ClientArrays, got '
+          f'{type(client_arrays).__name__}'
+      )
     if not isinstance(algorithm, BatchedAlgorithm):
-      raise TypeError('algorithm must be a BatchedAlgorithm, got '
-                      f'{type(algorithm).__name__}')
+      raise TypeError(
+          'algorithm must be a BatchedAlgorithm, got '
+          f'{type(algorithm).__name__}'
+      )
     algorithm.validate()
     self.algorithm = algorithm
     self.client_arrays = client_arrays
@@ -271,11 +290,14 @@ class BatchedEngine:
     self._graph = tf.Graph()
     with self._graph.as_default():
       self._build(model_fn, preprocess_train, loop_implementation)
-      init_ops = [tf.compat.v1.global_variables_initializer(),
-                  tf.compat.v1.local_variables_initializer(),
-                  tf.compat.v1.tables_initializer()]
-    self._session = tf.compat.v1.Session(graph=self._graph,
-                                         config=session_config)
+      init_ops = [
+          tf.compat.v1.global_variables_initializer(),
+          tf.compat.v1.local_variables_initializer(),
+          tf.compat.v1.tables_initializer(),
+      ]
+    self._session = tf.compat.v1.Session(
+        graph=self._graph, config=session_config
+    )
     self._session.run(init_ops)
     self._graph.finalize()
 
@@ -286,22 +308,28 @@ class BatchedEngine:
     alg = self.algorithm
     model = model_fn()
     if not isinstance(model, tff.learning.models.VariableModel):
-      raise TypeError('model_fn must return a tff.learning.models.'
-                      f'VariableModel, got {type(model).__name__}')
+      raise TypeError(
+          'model_fn must return a tff.learning.models.'
+          f'VariableModel, got {type(model).__name__}'
+      )
     model_weights = tff.learning.models.ModelWeights.from_model(model)
     weight_specs = tf.nest.map_structure(
-        lambda v: tf.TensorSpec(v.shape, v.dtype), model_weights)
+        lambda v: tf.TensorSpec(v.shape, v.dtype), model_weights
+    )
     server_opt = alg.server
     trainable_specs = tuple(tf.nest.flatten(weight_specs.trainable))
     opt_state_specs = tf.nest.map_structure(
         lambda t: tf.TensorSpec(t.shape, t.dtype),
-        tf.nest.map_structure(tf.convert_to_tensor,
-                              server_opt.initialize(trainable_specs)))
+        tf.nest.map_structure(
+            tf.convert_to_tensor, server_opt.initialize(trainable_specs)
+        ),
+    )
     if alg.name == 'qffl':  # Its finalizer has no state.
       opt_state_specs = ()
     raw_specs = tf.nest.map_structure(
         lambda s: tf.TensorSpec([None] + s.shape.as_list(), s.dtype),
-        self.client_arrays.element_spec)
+        self.client_arrays.element_spec,
+    )
 
     self._weights_ph = _placeholders(weight_specs, 'weights')
     self._opt_state_ph = _placeholders(opt_state_specs, 'server_opt')
@@ -312,36 +340,41 @@ class BatchedEngine:
     self._takes_ph = tf.compat.v1.placeholder(tf.int64, [None], 'takes')
     metric_specs = tf.nest.map_structure(
         lambda t: tf.TensorSpec(t.shape, t.dtype),
-        model.report_local_unfinalized_metrics())
+        model.report_local_unfinalized_metrics(),
+    )
     shuffle = self._shuffle
     fast_loop = loop_implementation
 
     def client_dataset(raw, offsets, seeds, epochs, takes, k):
       examples = tf.nest.map_structure(
-          lambda t: t[offsets[k]:offsets[k + 1]], raw)
+          lambda t: t[offsets[k] : offsets[k + 1]], raw
+      )
       ds = tf.data.Dataset.from_tensor_slices(examples)
       ds = preprocess_train(ds, epochs[k], seeds[k] if shuffle else None)
       return ds.take(takes[k])
 
     def zeros(specs):
-      return tf.nest.map_structure(
-          lambda s: tf.zeros(s.shape, s.dtype), specs)
+      return tf.nest.map_structure(lambda s: tf.zeros(s.shape, s.dtype), specs)
 
     def as_weights(weights):
       return tff.learning.models.ModelWeights(
           trainable=list(tf.nest.flatten(weights.trainable)),
-          non_trainable=list(tf.nest.flatten(weights.non_trainable)))
+          non_trainable=list(tf.nest.flatten(weights.non_trainable)),
+      )
 
     def server_step(opt_state, trainable, update):
       """The optimizer step, rejected (no change) if the update is not finite."""
       trainable = tuple(trainable)
       new_state, new_trainable = server_opt.next(
-          opt_state, trainable, tuple(tf.nest.flatten(update)))
+          opt_state, trainable, tuple(tf.nest.flatten(update))
+      )
       bad = _any_non_finite(update)
       new_trainable = tf.nest.map_structure(
-          lambda n, o: tf.where(bad, o, n), tuple(new_trainable), trainable)
+          lambda n, o: tf.where(bad, o, n), tuple(new_trainable), trainable
+      )
       new_state = tf.nest.map_structure(
-          lambda n, o: tf.where(bad, o, n), new_state, opt_state)
+          lambda n, o: tf.where(bad, o, n), new_state, opt_state
+      )
       return new_state, new_trainable, bad
 
     @tf.function
@@ -354,18 +387,27 @@ class BatchedEngine:
         ds = client_dataset(raw, offsets, seeds, epochs, takes, k)
         model.reset_metrics()
         delta, n, non_finite = client_work_lib.local_training(
-            model, alg.client_optimizer, weights, ds,
+            model,
+            alg.client_optimizer,
+            weights,
+            ds,
             proximal_strength=alg.proximal_strength,
-            loop_implementation=fast_loop)
+            loop_implementation=fast_loop,
+        )
         w = client_work_lib.client_weight(alg.client_weighting, n, non_finite)
         acc = tuple(a + d * w for a, d in zip(acc, tf.nest.flatten(delta)))
         total += w
         metrics = _nest_add(metrics, model.report_local_unfinalized_metrics())
       update = tuple(a / total for a in acc)
       opt_state, trainable, bad = server_step(
-          opt_state, weights.trainable, update)
-      return trainable, opt_state, metrics, collections.OrderedDict(
-          update_non_finite=tf.cast(bad, tf.int32))
+          opt_state, weights.trainable, update
+      )
+      return (
+          trainable,
+          opt_state,
+          metrics,
+          collections.OrderedDict(update_non_finite=tf.cast(bad, tf.int32)),
+      )
 
     @tf.function
     def qffl_round(weights, opt_state, raw, offsets, seeds, epochs, takes):
@@ -381,7 +423,8 @@ class BatchedEngine:
         ds = client_dataset(raw, offsets, seeds, epochs, takes, k)
         model.reset_metrics()
         loss, _ = client_work_lib.local_loss(
-            model, weights, ds, loop_implementation=fast_loop)
+            model, weights, ds, loop_implementation=fast_loop
+        )
         # The training pass reads the same dataset object after the loss
         # pass, so a seeded reshuffling shuffle gives it the next order. Its
         # iterator must be created after the loss pass: nothing else orders
@@ -390,28 +433,38 @@ class BatchedEngine:
           variant = tf.identity(tf.data.experimental.to_variant(ds))
         train_ds = tf.data.experimental.from_variant(variant, ds.element_spec)
         delta, _, non_finite = client_work_lib.local_training(
-            model, alg.client_optimizer, weights, train_ds,
-            loop_implementation=fast_loop)
+            model,
+            alg.client_optimizer,
+            weights,
+            train_ds,
+            loop_implementation=fast_loop,
+        )
         dw = tf.nest.map_structure(lambda d: lipschitz * d, delta)
         ok = tf.logical_not(non_finite)
         message, h = q_ffl.q_ffl_client_message(
-            loss, dw, q=alg.q, lipschitz=lipschitz)
+            loss, dw, q=alg.q, lipschitz=lipschitz
+        )
         (message, h), bad = client_work_lib.zero_all_if_any_non_finite(
-            (message, h))
+            (message, h)
+        )
         ok = tf.logical_and(ok, tf.logical_not(bad))
         h = tf.where(ok, h, 0.0)
         message = tf.nest.map_structure(
-            lambda m: tf.where(ok, m, tf.zeros_like(m)), message)
+            lambda m: tf.where(ok, m, tf.zeros_like(m)), message
+        )
         delta_sum = tuple(
-            a + m for a, m in zip(delta_sum, tf.nest.flatten(message)))
+            a + m for a, m in zip(delta_sum, tf.nest.flatten(message))
+        )
         h_sum += h
         loss_sum += loss
         metrics = _nest_add(metrics, model.report_local_unfinalized_metrics())
       trainable = q_ffl.q_ffl_server_update(
-          tuple(weights.trainable), delta_sum, h_sum)
+          tuple(weights.trainable), delta_sum, h_sum
+      )
       extra = collections.OrderedDict(
           loss_at_broadcast=loss_sum / tf.cast(num_clients, tf.float32),
-          h_sum=h_sum)
+          h_sum=h_sum,
+      )
       return tuple(trainable), (), metrics, extra
 
     estimator = quantiles.build_estimator('exact', level=1.0 - alg.theta)
@@ -426,7 +479,8 @@ class BatchedEngine:
         ds = client_dataset(raw, offsets, seeds, epochs, takes, k)
         model.reset_metrics()
         loss, n = client_work_lib.local_loss(
-            model, weights, ds, loop_implementation=fast_loop)
+            model, weights, ds, loop_implementation=fast_loop
+        )
         losses = losses.write(k, loss)
         counts = counts.write(k, n)
       return losses.stack(), counts.stack()
@@ -436,10 +490,14 @@ class BatchedEngine:
       weights = as_weights(weights)
       num_clients = tf.size(seeds)
       losses, counts = loss_pass(weights, raw, offsets, seeds, epochs, takes)
-      alphas = (tf.ones_like(losses) if alg.uniform_weights
-                else tf.cast(counts, tf.float32))
+      alphas = (
+          tf.ones_like(losses)
+          if alg.uniform_weights
+          else tf.cast(counts, tf.float32)
+      )
       threshold = quantiles.tf_weighted_quantile(
-          losses, alphas, estimator.level)
+          losses, alphas, estimator.level
+      )
       acc = zeros(trainable_specs)
       total = tf.constant(0.0)
       kept_count = tf.constant(0.0)
@@ -447,31 +505,39 @@ class BatchedEngine:
       for k in tf.range(num_clients):
         model.reset_metrics()
         kept = delta_fl.keep_client(
-            losses[k], threshold, strict=alg.strict_filter, slack=slack)
+            losses[k], threshold, strict=alg.strict_filter, slack=slack
+        )
         # A filtered client does no work: its stream is cut to no batch
         # (no step, no metric update, a zero delta), as the federated
         # path's skip branch.
         ds = client_dataset(raw, offsets, seeds, epochs, takes, k)
         ds = ds.take(tf.where(kept, tf.constant(-1, tf.int64), 0))
         delta, _, non_finite = client_work_lib.local_training(
-            model, alg.client_optimizer, weights, ds,
+            model,
+            alg.client_optimizer,
+            weights,
+            ds,
             weight_decay=alg.weight_decay,
-            loop_implementation=fast_loop)
-        w = tf.where(tf.logical_and(kept, tf.logical_not(non_finite)),
-                     alphas[k], 0.0)
+            loop_implementation=fast_loop,
+        )
+        w = tf.where(
+            tf.logical_and(kept, tf.logical_not(non_finite)), alphas[k], 0.0
+        )
         acc = tuple(a + d * w for a, d in zip(acc, tf.nest.flatten(delta)))
         total += w
         kept_count += tf.cast(kept, tf.float32)
         metrics = _nest_add(metrics, model.report_local_unfinalized_metrics())
       update = tuple(tf.math.divide_no_nan(a, total) for a in acc)
       opt_state, trainable, bad = server_step(
-          opt_state, weights.trainable, update)
+          opt_state, weights.trainable, update
+      )
       count = tf.cast(num_clients, tf.float32)
       extra = collections.OrderedDict(
           eta=threshold,
           fraction_kept=kept_count / count,
           loss_at_broadcast=tf.reduce_sum(losses) / count,
-          update_non_finite=tf.cast(bad, tf.int32))
+          update_non_finite=tf.cast(bad, tf.int32),
+      )
       return trainable, opt_state, metrics, extra
 
     @tf.function
@@ -489,39 +555,61 @@ class BatchedEngine:
         ds = client_dataset(raw, offsets, seeds, epochs, takes, k)
         model.reset_metrics()
         delta, _, non_finite = client_work_lib.local_training(
-            model, alg.client_optimizer, weights, ds,
+            model,
+            alg.client_optimizer,
+            weights,
+            ds,
             proximal_strength=alg.proximal_strength,
-            loop_implementation=fast_loop)
-        w = term_lib.tilted_weight(losses[k], counts[k], tilt=alg.tilt,
-                                   max_tilted_loss=max_tilted)
+            loop_implementation=fast_loop,
+        )
+        w = term_lib.tilted_weight(
+            losses[k], counts[k], tilt=alg.tilt, max_tilted_loss=max_tilted
+        )
         w = tf.where(non_finite, 0.0, w)
         acc = tuple(a + d * w for a, d in zip(acc, tf.nest.flatten(delta)))
         total += w
         metrics = _nest_add(metrics, model.report_local_unfinalized_metrics())
       update = tuple(a / total for a in acc)
       opt_state, trainable, bad = server_step(
-          opt_state, weights.trainable, update)
+          opt_state, weights.trainable, update
+      )
       extra = collections.OrderedDict(
-          loss_at_broadcast=(tf.reduce_sum(losses)
-                             / tf.cast(num_clients, tf.float32)),
+          loss_at_broadcast=(
+              tf.reduce_sum(losses) / tf.cast(num_clients, tf.float32)
+          ),
           max_loss_at_broadcast=tf.reduce_max(losses),
-          update_non_finite=tf.cast(bad, tf.int32))
+          update_non_finite=tf.cast(bad, tf.int32),
+      )
       return trainable, opt_state, metrics, extra
 
-    round_fn = {'fedavg': fedprox_round, 'fedprox': fedprox_round,
-                'qffl': qffl_round, 'deltafl': deltafl_round,
-                'term': term_round}[alg.name]
+    round_fn = {
+        'fedavg': fedprox_round,
+        'fedprox': fedprox_round,
+        'qffl': qffl_round,
+        'deltafl': deltafl_round,
+        'term': term_round,
+    }[alg.name]
     trainable, opt_state, metric_sums, extra = round_fn(
-        self._weights_ph, self._opt_state_ph, self._raw_ph, self._offsets_ph,
-        self._seeds_ph, self._epochs_ph, self._takes_ph)
+        self._weights_ph,
+        self._opt_state_ph,
+        self._raw_ph,
+        self._offsets_ph,
+        self._seeds_ph,
+        self._epochs_ph,
+        self._takes_ph,
+    )
     # sum_then_finalize: the finalizers run on the summed unfinalized values
     # (outside the tf.function: Keras finalizers create variables).
     finalizers = model.metric_finalizers()
     finalized = collections.OrderedDict(
-        (name, finalizers[name](metric_sums[name])) for name in metric_sums)
+        (name, finalizers[name](metric_sums[name])) for name in metric_sums
+    )
     self._outputs = (
         tf.nest.pack_sequence_as(weight_specs.trainable, list(trainable)),
-        opt_state, finalized, extra)
+        opt_state,
+        finalized,
+        extra,
+    )
     self._weight_specs = weight_specs
     self._opt_state_specs = opt_state_specs
 
@@ -539,54 +627,67 @@ class BatchedEngine:
     if not plan.client_ids:
       raise ValueError('a round needs at least one client')
     raw, offsets = self.client_arrays.concatenate(plan.client_ids)
-    seeds = (plan.shuffle_seeds if plan.shuffle_seeds is not None
-             else [0] * len(plan.client_ids))
-    feed = weights_and_state_feed(self._weights_ph, self._opt_state_ph,
-                                  weights, server_state)
+    seeds = (
+        plan.shuffle_seeds
+        if plan.shuffle_seeds is not None
+        else [0] * len(plan.client_ids)
+    )
+    feed = weights_and_state_feed(
+        self._weights_ph, self._opt_state_ph, weights, server_state
+    )
     feed.update(zip(tf.nest.flatten(self._raw_ph), tf.nest.flatten(raw)))
     feed[self._offsets_ph] = offsets
     feed[self._seeds_ph] = np.asarray(seeds, np.int64)
     feed[self._epochs_ph] = np.asarray(plan.epochs, np.int64)
     feed[self._takes_ph] = np.asarray(plan.max_batches, np.int64)
     trainable, opt_state, train, extra = self._session.run(
-        self._outputs, feed_dict=feed)
+        self._outputs, feed_dict=feed
+    )
     return trainable, opt_state, train, extra
 
   def next(self, state, plan: RoundPlan):
     """`process.next` on the process's state: `(new_state, metrics)`."""
-    return apply_round(self.algorithm.name, state,
-                       self.run_round(state.global_model_weights,
-                                      state.finalizer, plan))
+    return apply_round(
+        self.algorithm.name,
+        state,
+        self.run_round(state.global_model_weights, state.finalizer, plan),
+    )
 
   def close(self) -> None:
     self._session.close()
 
 
-def weights_and_state_feed(weights_ph, opt_state_ph, weights,
-                           server_state) -> dict:
+def weights_and_state_feed(
+    weights_ph, opt_state_ph, weights, server_state
+) -> dict:
   """The feed of an engine's weights and server-optimizer placeholders."""
   feed = dict(zip(tf.nest.flatten(weights_ph), tf.nest.flatten(weights)))
   flat_state = tf.nest.flatten(server_state)
   state_phs = tf.nest.flatten(opt_state_ph)
   if len(flat_state) != len(state_phs):
     raise ValueError(
-        f'the server state has {len(flat_state)} tensors, the engine\'s '
+        f"the server state has {len(flat_state)} tensors, the engine's "
         f'server optimizer {len(state_phs)}: build the engine with the '
-        'process\'s server optimizer')
+        "process's server optimizer"
+    )
   feed.update(zip(state_phs, flat_state))
   return feed
 
 
-def algorithm_from_spec(spec, *, client_optimizer, server_optimizer,
-                        client_weighting) -> BatchedAlgorithm:
+def algorithm_from_spec(
+    spec, *, client_optimizer, server_optimizer, client_weighting
+) -> BatchedAlgorithm:
   """The `BatchedAlgorithm` of a `run.algorithms.AlgorithmSpec`-like object."""
   if spec.name not in ALGORITHMS:
     raise ValueError(
         f'--simulation_engine=batched supports --algorithm='
-        f'{", ".join(ALGORITHMS)}, not {spec.name}')
+        f'{", ".join(ALGORITHMS)}, not {spec.name}'
+    )
   if getattr(spec, 'secure_quantile', 'none') != 'none':
-    raise ValueError('--simulation_engine=batched runs Delta-FL with the '
-                     'exact quantile only (--secure_quantile=none)')
+    raise ValueError(
+        '--simulation_engine=batched runs Delta-FL with the '
+        'exact quantile only (--secure_quantile=none)'
+    )
   return BatchedAlgorithm(
       name=spec.name,
       client_optimizer=client_optimizer,
@@ -605,8 +706,10 @@ def algorithm_from_spec(spec, *, client_optimizer, server_optimizer,
 
 def metrics_as_mapping(metrics: Mapping[str, Any]) -> dict[str, Any]:
   """Plain dicts of the engine's metrics (for logging)."""
-  return {k: (metrics_as_mapping(v) if isinstance(v, Mapping) else v)
-          for k, v in metrics.items()}
+  return {
+      k: (metrics_as_mapping(v) if isinstance(v, Mapping) else v)
+      for k, v in metrics.items()
+  }
 
 
 def apply_round(algorithm_name: str, state, outputs):
@@ -621,14 +724,17 @@ def apply_round(algorithm_name: str, state, outputs):
   trainable, opt_state, train, extra = outputs
   weights = state.global_model_weights
   new_weights = tff.learning.models.ModelWeights(
-      trainable=trainable, non_trainable=weights.non_trainable)
+      trainable=trainable, non_trainable=weights.non_trainable
+  )
   if algorithm_name == 'qffl':
     finalizer_state = state.finalizer
   else:
     finalizer_state = tf.nest.pack_sequence_as(
-        state.finalizer, tf.nest.flatten(opt_state))
+        state.finalizer, tf.nest.flatten(opt_state)
+    )
   new_state = state._replace(
-      global_model_weights=new_weights, finalizer=finalizer_state)
+      global_model_weights=new_weights, finalizer=finalizer_state
+  )
   client_work = collections.OrderedDict(train=train)
   finalizer = collections.OrderedDict()
   for key, value in extra.items():
@@ -637,4 +743,5 @@ def apply_round(algorithm_name: str, state, outputs):
     else:
       client_work[key] = value
   return new_state, collections.OrderedDict(
-      client_work=client_work, finalizer=finalizer)
+      client_work=client_work, finalizer=finalizer
+  )

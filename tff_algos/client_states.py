@@ -85,7 +85,9 @@ def _atomic_savez(path: str, arrays: dict[str, np.ndarray]) -> None:
 
 
 def _check_round(round_num: int) -> int:
-  if isinstance(round_num, bool) or not isinstance(round_num, (int, np.integer)):
+  if isinstance(round_num, bool) or not isinstance(
+      round_num, (int, np.integer)
+  ):
     raise TypeError(f'round_num must be an int, got {type(round_num).__name__}')
   if round_num < 0:
     raise ValueError(f'round_num must be >= 0, got {round_num}')
@@ -100,8 +102,9 @@ class ClientStateStore(abc.ABC):
     keep_snapshots: How many of the newest snapshots stay restorable.
   """
 
-  def __init__(self, initial_state_fn: InitialStateFn, *,
-               keep_snapshots: int = 3):
+  def __init__(
+      self, initial_state_fn: InitialStateFn, *, keep_snapshots: int = 3
+  ):
     if not callable(initial_state_fn):
       raise TypeError('initial_state_fn must be callable: client_id -> state')
     if isinstance(keep_snapshots, bool) or not isinstance(keep_snapshots, int):
@@ -124,7 +127,8 @@ class ClientStateStore(abc.ABC):
     except (ValueError, TypeError) as e:
       raise ValueError(
           f'the state of client {client_id!r} does not have the structure of '
-          f'the initial state: {e}') from None
+          f'the initial state: {e}'
+      ) from None
     return [np.array(a, copy=True) for a in tf.nest.flatten(state)]
 
   def _pack(self, client_id: str, flat: Sequence[np.ndarray]) -> State:
@@ -136,13 +140,17 @@ class ClientStateStore(abc.ABC):
     """The current states of `client_ids` (initial state if never written)."""
     return [self._get(str(cid)) for cid in client_ids]
 
-  def put_many(self, client_ids: Sequence[str], states: Sequence[State], *,
-               round_num: int) -> None:
+  def put_many(
+      self,
+      client_ids: Sequence[str],
+      states: Sequence[State],
+      *,
+      round_num: int,
+  ) -> None:
     """Writes the states of `client_ids` as of the end of `round_num`."""
     round_num = _check_round(round_num)
     if len(client_ids) != len(states):
-      raise ValueError(
-          f'{len(client_ids)} client ids but {len(states)} states')
+      raise ValueError(f'{len(client_ids)} client ids but {len(states)} states')
     if len(set(client_ids)) != len(client_ids):
       raise ValueError('put_many got a client id twice')
     for cid, state in zip(client_ids, states):
@@ -153,8 +161,9 @@ class ClientStateStore(abc.ABC):
     ...
 
   @abc.abstractmethod
-  def _put(self, client_id: str, flat: list[np.ndarray], round_num: int
-           ) -> None:
+  def _put(
+      self, client_id: str, flat: list[np.ndarray], round_num: int
+  ) -> None:
     ...
 
   @abc.abstractmethod
@@ -188,8 +197,13 @@ class InMemoryClientStateStore(ClientStateStore):
     keep_snapshots: How many of the newest snapshots stay restorable.
   """
 
-  def __init__(self, initial_state_fn: InitialStateFn, *,
-               snapshot_dir: Optional[str] = None, keep_snapshots: int = 3):
+  def __init__(
+      self,
+      initial_state_fn: InitialStateFn,
+      *,
+      snapshot_dir: Optional[str] = None,
+      keep_snapshots: int = 3,
+  ):
     super().__init__(initial_state_fn, keep_snapshots=keep_snapshots)
     self._states: dict[str, list[np.ndarray]] = {}
     self._snapshots: dict[int, dict[str, list[np.ndarray]]] = {}
@@ -223,7 +237,7 @@ class InMemoryClientStateStore(ClientStateStore):
         for j, a in enumerate(self._states[cid]):
           arrays[f'c{i}_{j}'] = a
       _atomic_savez(self._path(round_num), arrays)
-    for old in self.snapshot_rounds()[:-self._keep]:
+    for old in self.snapshot_rounds()[: -self._keep]:
       self._snapshots.pop(old, None)
       if self._dir and os.path.exists(self._path(old)):
         os.remove(self._path(old))
@@ -249,7 +263,8 @@ class InMemoryClientStateStore(ClientStateStore):
       with np.load(self._path(round_num)) as data:
         ids = [str(c) for c in data['client_ids']]
         num_leaves = collections.Counter(
-            int(k.split('_')[0][1:]) for k in data.files if k != 'client_ids')
+            int(k.split('_')[0][1:]) for k in data.files if k != 'client_ids'
+        )
         self._states = {
             cid: [data[f'c{i}_{j}'] for j in range(num_leaves[i])]
             for i, cid in enumerate(ids)
@@ -257,7 +272,8 @@ class InMemoryClientStateStore(ClientStateStore):
       return
     raise ClientStateError(
         f'no client-state snapshot of round {round_num} (have '
-        f'{self.snapshot_rounds()}); the client states cannot be resumed')
+        f'{self.snapshot_rounds()}); the client states cannot be resumed'
+    )
 
 
 class DiskClientStateStore(ClientStateStore):
@@ -273,14 +289,22 @@ class DiskClientStateStore(ClientStateStore):
       than this is not cached), so the cache stays small for large models.
   """
 
-  def __init__(self, directory: str, initial_state_fn: InitialStateFn, *,
-               keep_snapshots: int = 3, cache_size: int = 64,
-               cache_bytes: int = 64 * 2**20):
+  def __init__(
+      self,
+      directory: str,
+      initial_state_fn: InitialStateFn,
+      *,
+      keep_snapshots: int = 3,
+      cache_size: int = 64,
+      cache_bytes: int = 64 * 2**20,
+  ):
     super().__init__(initial_state_fn, keep_snapshots=keep_snapshots)
     if not directory:
       raise ValueError('DiskClientStateStore needs a directory')
-    for name, value in (('cache_size', cache_size),
-                        ('cache_bytes', cache_bytes)):
+    for name, value in (
+        ('cache_size', cache_size),
+        ('cache_bytes', cache_bytes),
+    ):
       if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f'{name} must be an int')
       if value < 0:
@@ -291,7 +315,8 @@ class DiskClientStateStore(ClientStateStore):
     os.makedirs(self._clients_dir, exist_ok=True)
     os.makedirs(self._snapshots_dir, exist_ok=True)
     self._cache: collections.OrderedDict[str, list[np.ndarray]] = (
-        collections.OrderedDict())
+        collections.OrderedDict()
+    )
     self._cache_size = cache_size
     self._cache_bytes = cache_bytes
     self._cached_bytes = 0
@@ -313,8 +338,9 @@ class DiskClientStateStore(ClientStateStore):
     folder = self._client_dir(client_id)
     if not os.path.isdir(folder):
       return []
-    return sorted(int(m.group(1)) for m in map(_ROUND_FILE.match,
-                                               os.listdir(folder)) if m)
+    return sorted(
+        int(m.group(1)) for m in map(_ROUND_FILE.match, os.listdir(folder)) if m
+    )
 
   def _remember(self, client_id, flat):
     old = self._cache.pop(client_id, None)
@@ -325,8 +351,10 @@ class DiskClientStateStore(ClientStateStore):
       return
     self._cache[client_id] = flat
     self._cached_bytes += size
-    while (len(self._cache) > self._cache_size or
-           self._cached_bytes > self._cache_bytes):
+    while (
+        len(self._cache) > self._cache_size
+        or self._cached_bytes > self._cache_bytes
+    ):
       _, evicted = self._cache.popitem(last=False)
       self._cached_bytes -= sum(a.nbytes for a in evicted)
 
@@ -340,11 +368,12 @@ class DiskClientStateStore(ClientStateStore):
       versions = self._versions(client_id)
       if not versions:
         return self.initial_state(client_id)
-      path = os.path.join(self._client_dir(client_id),
-                          f'{versions[-1]:08d}.npz')
+      path = os.path.join(
+          self._client_dir(client_id), f'{versions[-1]:08d}.npz'
+      )
       with np.load(path) as data:
         if data['client_id'].item() != client_id:
-          raise ClientStateError(f'{path} holds another client\'s state')
+          raise ClientStateError(f"{path} holds another client's state")
         flat = [data[f'leaf_{j}'] for j in range(int(data['num_leaves']))]
     self._remember(client_id, flat)
     return self._pack(client_id, [a.copy() for a in flat])
@@ -360,8 +389,10 @@ class DiskClientStateStore(ClientStateStore):
     self._remember(client_id, flat)
 
   def _client_folders(self) -> Iterable[str]:
-    return (os.path.join(self._clients_dir, d)
-            for d in sorted(os.listdir(self._clients_dir)))
+    return (
+        os.path.join(self._clients_dir, d)
+        for d in sorted(os.listdir(self._clients_dir))
+    )
 
   def client_ids(self):
     ids = []
@@ -373,8 +404,9 @@ class DiskClientStateStore(ClientStateStore):
     return sorted(ids)
 
   def snapshot_rounds(self):
-    return sorted(int(name) for name in os.listdir(self._snapshots_dir)
-                  if name.isdigit())
+    return sorted(
+        int(name) for name in os.listdir(self._snapshots_dir) if name.isdigit()
+    )
 
   def snapshot(self, round_num):
     round_num = _check_round(round_num)
@@ -383,8 +415,8 @@ class DiskClientStateStore(ClientStateStore):
     with os.fdopen(fd, 'w') as f:
       json.dump({'round_num': round_num}, f)
     os.replace(tmp, marker)
-    kept = self.snapshot_rounds()[-self._keep:]
-    for old in self.snapshot_rounds()[:-self._keep]:
+    kept = self.snapshot_rounds()[-self._keep :]
+    for old in self.snapshot_rounds()[: -self._keep]:
       os.remove(os.path.join(self._snapshots_dir, f'{old:08d}'))
     # A version is needed while it is the newest one at or before some kept
     # snapshot, or newer than the oldest kept snapshot. Only folders written
@@ -393,12 +425,17 @@ class DiskClientStateStore(ClientStateStore):
     if self._multi_version is None:
       folders = list(self._client_folders())
     else:
-      folders = [os.path.join(self._clients_dir, key)
-                 for key in sorted(self._multi_version)]
+      folders = [
+          os.path.join(self._clients_dir, key)
+          for key in sorted(self._multi_version)
+      ]
     multi_version = set()
     for folder in folders:
-      rounds = sorted(int(m.group(1)) for m in map(_ROUND_FILE.match,
-                                                   os.listdir(folder)) if m)
+      rounds = sorted(
+          int(m.group(1))
+          for m in map(_ROUND_FILE.match, os.listdir(folder))
+          if m
+      )
       older = [r for r in rounds if r <= oldest]
       for r in older[:-1]:
         os.remove(os.path.join(folder, f'{r:08d}.npz'))
@@ -409,14 +446,19 @@ class DiskClientStateStore(ClientStateStore):
   def restore(self, round_num):
     round_num = _check_round(round_num)
     snapshots = self.snapshot_rounds()
-    if round_num and round_num not in snapshots and (
-        not snapshots or round_num < snapshots[-1]):
+    if (
+        round_num
+        and round_num not in snapshots
+        and (not snapshots or round_num < snapshots[-1])
+    ):
       raise ClientStateError(
           f'no client-state snapshot of round {round_num} in {self._dir} '
-          f'(have {snapshots}); the client states cannot be resumed')
+          f'(have {snapshots}); the client states cannot be resumed'
+      )
     if snapshots and round_num < snapshots[0] and round_num != 0:
-      raise ClientStateError(f'round {round_num} is older than the kept '
-                             f'snapshots {snapshots}')
+      raise ClientStateError(
+          f'round {round_num} is older than the kept ' f'snapshots {snapshots}'
+      )
     self._cache.clear()
     self._cached_bytes = 0
     for name in snapshots:
@@ -427,7 +469,8 @@ class DiskClientStateStore(ClientStateStore):
       for name in os.listdir(folder):
         match = _ROUND_FILE.match(name)
         if (match and int(match.group(1)) > round_num) or name.startswith(
-            '.tmp_'):
+            '.tmp_'
+        ):
           os.remove(os.path.join(folder, name))
       left = os.listdir(folder)
       if not left:
@@ -437,19 +480,24 @@ class DiskClientStateStore(ClientStateStore):
     self._multi_version = multi_version
 
 
-def build_store(kind: str, initial_state_fn: InitialStateFn, *,
-                directory: Optional[str] = None,
-                keep_snapshots: int = 3) -> ClientStateStore:
-  """A store by name: `memory` (snapshots to `directory` if given) or `disk`.
-  """
+def build_store(
+    kind: str,
+    initial_state_fn: InitialStateFn,
+    *,
+    directory: Optional[str] = None,
+    keep_snapshots: int = 3,
+) -> ClientStateStore:
+  """A store by name: `memory` (snapshots to `directory` if given) or `disk`."""
   if kind == 'memory':
     return InMemoryClientStateStore(
-        initial_state_fn, snapshot_dir=directory,
-        keep_snapshots=keep_snapshots)
+        initial_state_fn, snapshot_dir=directory, keep_snapshots=keep_snapshots
+    )
   if kind == 'disk':
     if not directory:
       raise ValueError('a disk client-state store needs a directory')
-    return DiskClientStateStore(directory, initial_state_fn,
-                                keep_snapshots=keep_snapshots)
-  raise ValueError(f'unknown client-state store {kind!r}; choose memory or '
-                   'disk')
+    return DiskClientStateStore(
+        directory, initial_state_fn, keep_snapshots=keep_snapshots
+    )
+  raise ValueError(
+      f'unknown client-state store {kind!r}; choose memory or ' 'disk'
+  )

@@ -70,11 +70,14 @@ def local_training(
     if proximal_strength:
       grads = tf.nest.map_structure(
           lambda g, w, w0: g + proximal_strength * (w - w0),
-          grads, weights.trainable, initial_weights.trainable,
+          grads,
+          weights.trainable,
+          initial_weights.trainable,
       )
     if weight_decay:
       grads = tf.nest.map_structure(
-          lambda g, w: g + weight_decay * w, grads, weights.trainable)
+          lambda g, w: g + weight_decay * w, grads, weights.trainable
+      )
     opt_state, new_weights = optimizer.next(
         opt_state,
         tuple(tf.nest.flatten(weights.trainable)),
@@ -82,7 +85,8 @@ def local_training(
     )
     tf.nest.map_structure(
         lambda v, t: v.assign(t),
-        tuple(tf.nest.flatten(weights.trainable)), new_weights,
+        tuple(tf.nest.flatten(weights.trainable)),
+        new_weights,
     )
     if output.num_examples is None:
       batch_examples = tf.shape(output.predictions, out_type=tf.int64)[0]
@@ -148,7 +152,9 @@ def local_loss(
   model_weights = tff.learning.models.ModelWeights.from_model(model)
   tf.nest.map_structure(lambda v, t: v.assign(t), model_weights, weights)
   # Tuples, not lists: tf.data would stack a list of tensors into one.
-  zeros = tuple(tf.zeros_like(v) for v in tf.nest.flatten(model_weights.trainable))
+  zeros = tuple(
+      tf.zeros_like(v) for v in tf.nest.flatten(model_weights.trainable)
+  )
 
   def step(state, batch):
     loss_sum, n, grad_sum = state
@@ -160,27 +166,41 @@ def local_loss(
       batch_n = tf.cast(output.num_examples, tf.int64)
     batch_w = tf.cast(batch_n, tf.float32)
     if with_gradient:
-      grads = tape.gradient(output.loss, tf.nest.flatten(model_weights.trainable))
+      grads = tape.gradient(
+          output.loss, tf.nest.flatten(model_weights.trainable)
+      )
       grad_sum = tuple(a + batch_w * g for a, g in zip(grad_sum, grads))
-    return loss_sum + batch_w * tf.cast(output.loss, tf.float32), n + batch_n, grad_sum
+    return (
+        loss_sum + batch_w * tf.cast(output.loss, tf.float32),
+        n + batch_n,
+        grad_sum,
+    )
 
   loop = loop_builder.build_training_loop(loop_implementation)
   loss_sum, n, grad_sum = loop(
-      step, data, lambda: (tf.constant(0.0), tf.constant(0, tf.int64), zeros))
+      step, data, lambda: (tf.constant(0.0), tf.constant(0, tf.int64), zeros)
+  )
   if reset_metrics:
     model.reset_metrics()
   denom = tf.maximum(tf.cast(n, tf.float32), 1.0)
   mean_loss = loss_sum / denom
   if with_gradient:
-    return mean_loss, n, tf.nest.pack_sequence_as(
-        model_weights.trainable, [g / denom for g in grad_sum])
+    return (
+        mean_loss,
+        n,
+        tf.nest.pack_sequence_as(
+            model_weights.trainable, [g / denom for g in grad_sum]
+        ),
+    )
   return mean_loss, n
 
 
 def zero_all_if_any_non_finite(structure):
   """`(structure or zeros, any_non_finite)`: zeros if any entry is NaN/inf."""
   flat = tf.nest.flatten(structure)
-  all_finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(t)) for t in flat])
+  all_finite = tf.reduce_all(
+      [tf.reduce_all(tf.math.is_finite(t)) for t in flat]
+  )
   zeroed = tf.nest.map_structure(tf.zeros_like, structure)
   result = tf.cond(all_finite, lambda: structure, lambda: zeroed)
   return result, tf.logical_not(all_finite)
@@ -219,7 +239,12 @@ def model_types(model_fn: ModelFn):
             model.report_local_unfinalized_metrics(),
         )
     )
-  return weights_type, tff.SequenceType(element_type), finalizers, unfinalized_type
+  return (
+      weights_type,
+      tff.SequenceType(element_type),
+      finalizers,
+      unfinalized_type,
+  )
 
 
 def model_types_and_metrics(
@@ -233,8 +258,11 @@ def model_types_and_metrics(
   if metrics_aggregator is None:
     metrics_aggregator = tff.learning.metrics.sum_then_finalize
   weights_type, data_type, finalizers, unfinalized_type = model_types(model_fn)
-  return (weights_type, data_type,
-          metrics_aggregator(finalizers, unfinalized_type))
+  return (
+      weights_type,
+      data_type,
+      metrics_aggregator(finalizers, unfinalized_type),
+  )
 
 
 def empty_server_state() -> tff.Computation:
@@ -281,8 +309,9 @@ def build_local_training_client_work(
         'optimizer must be a tff.learning.optimizers.Optimizer, got '
         f'{type(optimizer).__name__}'
     )
-  weights_type, data_type, metrics_aggregation_fn = (
-      model_types_and_metrics(model_fn, metrics_aggregator))
+  weights_type, data_type, metrics_aggregation_fn = model_types_and_metrics(
+      model_fn, metrics_aggregator
+  )
 
   @tff.tensorflow.computation(weights_type, data_type)
   def client_update(initial_weights, dataset):
@@ -291,7 +320,10 @@ def build_local_training_client_work(
     @tf.function
     def train(initial_weights, dataset):
       delta, num_examples, non_finite = local_training(
-          model, optimizer, initial_weights, dataset,
+          model,
+          optimizer,
+          initial_weights,
+          dataset,
           proximal_strength=proximal_strength,
           loop_implementation=loop_implementation,
       )

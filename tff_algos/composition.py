@@ -24,13 +24,17 @@ def compose_model_delta_process(
     *,
     server_optimizer_fn: Optional[tff.learning.optimizers.Optimizer] = None,
     model_distributor: Optional[
-        tff.learning.templates.DistributionProcess] = None,
+        tff.learning.templates.DistributionProcess
+    ] = None,
     model_aggregator: Optional[tff.aggregators.WeightedAggregationFactory] = (
         None
     ),
-    update_attack: Optional[Callable[
-        [tff.learning.templates.ClientWorkProcess],
-        tff.learning.templates.ClientWorkProcess]] = None,
+    update_attack: Optional[
+        Callable[
+            [tff.learning.templates.ClientWorkProcess],
+            tff.learning.templates.ClientWorkProcess,
+        ]
+    ] = None,
 ) -> tff.learning.templates.LearningProcess:
   """Composes a learning process around a model-delta client work.
 
@@ -66,7 +70,9 @@ def compose_model_delta_process(
     )
   if model_aggregator is None:
     model_aggregator = tff.aggregators.MeanFactory()
-  if not isinstance(model_aggregator, tff.aggregators.WeightedAggregationFactory):
+  if not isinstance(
+      model_aggregator, tff.aggregators.WeightedAggregationFactory
+  ):
     raise TypeError(
         'model_aggregator must be a tff.aggregators.WeightedAggregationFactory'
         f' (wrap unweighted ones with tff.aggregators.as_weighted_aggregator),'

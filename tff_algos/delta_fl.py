@@ -95,7 +95,8 @@ def build_delta_fl_client_work(
   del theta  # The estimator carries the level 1 - theta.
   slack = filter_slack(quantile_estimator)
   weights_type, data_type, metrics_aggregation_fn = (
-      client_work_lib.model_types_and_metrics(model_fn, metrics_aggregator))
+      client_work_lib.model_types_and_metrics(model_fn, metrics_aggregator)
+  )
 
   @tff.tensorflow.computation(weights_type, data_type)
   def client_loss(weights, dataset):
@@ -104,14 +105,14 @@ def build_delta_fl_client_work(
     @tf.function
     def run(weights, dataset):
       loss, n = client_work_lib.local_loss(model, weights, dataset)
-      alpha = (tf.constant(1.0) if uniform_weights
-               else tf.cast(n, tf.float32))
+      alpha = tf.constant(1.0) if uniform_weights else tf.cast(n, tf.float32)
       return loss, alpha
 
     return run(weights, dataset)
 
   @tff.tensorflow.computation(
-      weights_type, data_type, np.float32, np.float32, np.float32)
+      weights_type, data_type, np.float32, np.float32, np.float32
+  )
   def client_train(weights, dataset, loss, alpha, threshold):
     model = model_fn()
 
@@ -121,18 +122,26 @@ def build_delta_fl_client_work(
 
       def train():
         delta, _, non_finite = client_work_lib.local_training(
-            model, optimizer, weights, dataset, weight_decay=weight_decay,
-            loop_implementation=loop_implementation)
+            model,
+            optimizer,
+            weights,
+            dataset,
+            weight_decay=weight_decay,
+            loop_implementation=loop_implementation,
+        )
         return delta, tf.where(non_finite, 0.0, alpha)
 
       def skip():
-        return (tf.nest.map_structure(tf.zeros_like, weights.trainable),
-                tf.constant(0.0))
+        return (
+            tf.nest.map_structure(tf.zeros_like, weights.trainable),
+            tf.constant(0.0),
+        )
 
       delta, weight = tf.cond(kept, train, skip)
       return (
           tff.learning.templates.ClientResult(
-              update=delta, update_weight=weight),
+              update=delta, update_weight=weight
+          ),
           model.report_local_unfinalized_metrics(),
           tf.cast(kept, tf.float32),
       )
@@ -151,8 +160,14 @@ def build_delta_fl_client_work(
     threshold = quantile_estimator.estimate(losses, alphas)
     result, model_outputs, kept = tff.federated_map(
         client_train,
-        (weights, client_data, losses, alphas,
-         tff.federated_broadcast(threshold)))
+        (
+            weights,
+            client_data,
+            losses,
+            alphas,
+            tff.federated_broadcast(threshold),
+        ),
+    )
     measured = collections.OrderedDict(
         train=metrics_aggregation_fn(model_outputs),
         eta=threshold,
@@ -161,7 +176,8 @@ def build_delta_fl_client_work(
     if not quantile_estimator.secure:
       measured['loss_at_broadcast'] = tff.federated_mean(losses)
     return tff.templates.MeasuredProcessOutput(
-        state, result, tff.federated_zip(measured))
+        state, result, tff.federated_zip(measured)
+    )
 
   return tff.learning.templates.ClientWorkProcess(init_fn, next_fn)
 
@@ -172,18 +188,25 @@ def _mean(values, secure: bool):
     return tff.federated_mean(values)
   as_int = tff.federated_map(
       tff.tensorflow.computation(lambda v: tf.cast(v, tf.int32), np.float32),
-      values)
+      values,
+  )
   ones = tff.federated_map(
-      tff.tensorflow.computation(lambda v: tf.constant(1, tf.int32), np.float32),
-      values)
+      tff.tensorflow.computation(
+          lambda v: tf.constant(1, tf.int32), np.float32
+      ),
+      values,
+  )
   total = tff.federated_secure_sum_bitwidth(as_int, 20)
   count = tff.federated_secure_sum_bitwidth(ones, 20)
   return tff.federated_map(
       tff.tensorflow.computation(
-          lambda t, c: tf.cast(t, tf.float32) / tf.cast(tf.maximum(c, 1),
-                                                        tf.float32),
-          np.int32, np.int32),
-      (total, count))
+          lambda t, c: tf.cast(t, tf.float32)
+          / tf.cast(tf.maximum(c, 1), tf.float32),
+          np.int32,
+          np.int32,
+      ),
+      (total, count),
+  )
 
 
 def build_delta_fl(
@@ -197,16 +220,21 @@ def build_delta_fl(
     uniform_weights: bool = False,
     weight_decay: float = 0.0,
     model_distributor: Optional[
-        tff.learning.templates.DistributionProcess] = None,
+        tff.learning.templates.DistributionProcess
+    ] = None,
     metrics_aggregator: Optional[Callable[..., tff.Computation]] = None,
     loop_implementation: tff.learning.LoopImplementation = (
         tff.learning.LoopImplementation.DATASET_REDUCE
     ),
     model_aggregator: Optional[tff.aggregators.WeightedAggregationFactory] = (
-        None),
+        None
+    ),
     update_attack: Optional[
-        Callable[[tff.learning.templates.ClientWorkProcess],
-                 tff.learning.templates.ClientWorkProcess]] = None,
+        Callable[
+            [tff.learning.templates.ClientWorkProcess],
+            tff.learning.templates.ClientWorkProcess,
+        ]
+    ] = None,
 ) -> tff.learning.templates.LearningProcess:
   """Builds Delta-FL (Pillutla et al., Algorithms 2 and 3).
 
@@ -246,8 +274,10 @@ def build_delta_fl(
     raise ValueError(f'theta must be in (0, 1], got {theta}')
   if not np.isfinite(weight_decay) or weight_decay < 0:
     raise ValueError(f'weight_decay must be >= 0, got {weight_decay}')
-  for name, flag in (('strict_filter', strict_filter),
-                     ('uniform_weights', uniform_weights)):
+  for name, flag in (
+      ('strict_filter', strict_filter),
+      ('uniform_weights', uniform_weights),
+  ):
     if not isinstance(flag, bool):
       raise TypeError(f'{name} must be a bool, got {flag!r}')
   if not callable(model_fn):
@@ -255,29 +285,40 @@ def build_delta_fl(
   if not isinstance(client_optimizer_fn, tff.learning.optimizers.Optimizer):
     raise TypeError(
         'client_optimizer_fn must be a tff.learning.optimizers.Optimizer, got '
-        f'{type(client_optimizer_fn).__name__}')
+        f'{type(client_optimizer_fn).__name__}'
+    )
   if quantile_estimator is None:
     quantile_estimator = quantiles.build_estimator('exact', level=1.0 - theta)
   level = getattr(quantile_estimator, 'level', None)
   if level is not None and abs(level - (1.0 - theta)) > 1e-9:
     raise ValueError(
         f'the quantile estimator has level {level}, but theta={theta} needs '
-        f'level 1 - theta = {1.0 - theta}')
+        f'level 1 - theta = {1.0 - theta}'
+    )
   if metrics_aggregator is None and quantile_estimator.secure:
     # Training metrics include losses: aggregate them securely as well.
     metrics_aggregator = tff.learning.metrics.secure_sum_then_finalize
   work = build_delta_fl_client_work(
-      model_fn, client_optimizer_fn, theta=float(theta),
-      quantile_estimator=quantile_estimator, strict_filter=strict_filter,
-      uniform_weights=uniform_weights, weight_decay=float(weight_decay),
+      model_fn,
+      client_optimizer_fn,
+      theta=float(theta),
+      quantile_estimator=quantile_estimator,
+      strict_filter=strict_filter,
+      uniform_weights=uniform_weights,
+      weight_decay=float(weight_decay),
       metrics_aggregator=metrics_aggregator,
-      loop_implementation=loop_implementation)
+      loop_implementation=loop_implementation,
+  )
   return composition.compose_model_delta_process(
-      model_fn, work, server_optimizer_fn=server_optimizer_fn,
+      model_fn,
+      work,
+      server_optimizer_fn=server_optimizer_fn,
       model_distributor=model_distributor,
-      model_aggregator=(model_aggregator or
-                        tff.aggregators.MeanFactory(no_nan_division=True)),
-      update_attack=update_attack)
+      model_aggregator=(
+          model_aggregator or tff.aggregators.MeanFactory(no_nan_division=True)
+      ),
+      update_attack=update_attack,
+  )
 
 
 def member_name(theta: float) -> str:
@@ -321,7 +362,8 @@ def build_delta_fl_family(
     TypeError / ValueError: For invalid arguments.
   """
   if isinstance(thetas, (str, bytes)) or not isinstance(
-      thetas, collections.abc.Sequence):
+      thetas, collections.abc.Sequence
+  ):
     raise TypeError(f'thetas must be a sequence of floats, got {thetas!r}')
   if not thetas:
     raise ValueError('thetas must name at least one level')
@@ -335,42 +377,61 @@ def build_delta_fl_family(
   for theta, name in zip(thetas, names):
     estimator = quantile_estimator_fn(theta) if quantile_estimator_fn else None
     members[name] = build_delta_fl(
-        model_fn, client_optimizer_fn, server_optimizer_fn, theta=theta,
-        quantile_estimator=estimator, **options)
+        model_fn,
+        client_optimizer_fn,
+        server_optimizer_fn,
+        theta=theta,
+        quantile_estimator=estimator,
+        **options,
+    )
   first = next(iter(members.values()))
   data_type = first.next.type_signature.parameter[1]
   state_type = tff.StructWithPythonType(
-      [(n, p.initialize.type_signature.result.member)
-       for n, p in members.items()], collections.OrderedDict)
+      [
+          (n, p.initialize.type_signature.result.member)
+          for n, p in members.items()
+      ],
+      collections.OrderedDict,
+  )
   weights_type = tff.StructWithPythonType(
-      [(n, p.get_model_weights.type_signature.result)
-       for n, p in members.items()], collections.OrderedDict)
+      [
+          (n, p.get_model_weights.type_signature.result)
+          for n, p in members.items()
+      ],
+      collections.OrderedDict,
+  )
 
   @tff.federated_computation
   def init_fn():
-    return tff.federated_zip(collections.OrderedDict(
-        (n, p.initialize()) for n, p in members.items()))
+    return tff.federated_zip(
+        collections.OrderedDict((n, p.initialize()) for n, p in members.items())
+    )
 
-  @tff.federated_computation(tff.FederatedType(state_type, tff.SERVER),
-                             data_type)
+  @tff.federated_computation(
+      tff.FederatedType(state_type, tff.SERVER), data_type
+  )
   def next_fn(state, client_data):
     states, metrics = collections.OrderedDict(), collections.OrderedDict()
     for n, p in members.items():
       output = p.next(state[n], client_data)
       states[n], metrics[n] = output.state, output.metrics
     return tff.learning.templates.LearningProcessOutput(
-        tff.federated_zip(states), tff.federated_zip(metrics))
+        tff.federated_zip(states), tff.federated_zip(metrics)
+    )
 
   @tff.federated_computation(state_type)
   def get_model_weights(state):
     return collections.OrderedDict(
-        (n, p.get_model_weights(state[n])) for n, p in members.items())
+        (n, p.get_model_weights(state[n])) for n, p in members.items()
+    )
 
   @tff.federated_computation(state_type, weights_type)
   def set_model_weights(state, weights):
     return collections.OrderedDict(
         (n, p.set_model_weights(state[n], weights[n]))
-        for n, p in members.items())
+        for n, p in members.items()
+    )
 
   return tff.learning.templates.LearningProcess(
-      init_fn, next_fn, get_model_weights, set_model_weights)
+      init_fn, next_fn, get_model_weights, set_model_weights
+  )

@@ -59,7 +59,8 @@ def personal_training(
     *,
     lam: float,
     loop_implementation: tff.learning.LoopImplementation = (
-        tff.learning.LoopImplementation.DATASET_REDUCE),
+        tff.learning.LoopImplementation.DATASET_REDUCE
+    ),
 ):
   """Ditto's personal update; call inside a `tf.function`.
 
@@ -71,10 +72,14 @@ def personal_training(
     `(v, num_examples)`: the new trainable weights and examples processed.
   """
   weights = tff.learning.models.ModelWeights.from_model(model)
-  tf.nest.map_structure(lambda v, t: v.assign(t), weights.trainable,
-                        list(personal_weights))
-  tf.nest.map_structure(lambda v, t: v.assign(t), weights.non_trainable,
-                        anchor_weights.non_trainable)
+  tf.nest.map_structure(
+      lambda v, t: v.assign(t), weights.trainable, list(personal_weights)
+  )
+  tf.nest.map_structure(
+      lambda v, t: v.assign(t),
+      weights.non_trainable,
+      anchor_weights.non_trainable,
+  )
   reduce_loop = loop_builder.build_training_loop(loop_implementation)
 
   def train_step(state, batch):
@@ -83,12 +88,17 @@ def personal_training(
       output = model.forward_pass(batch, training=True)
     grads = tape.gradient(output.loss, weights.trainable)
     grads = tf.nest.map_structure(
-        lambda g, w, w0: g + lam * (w - w0), grads, weights.trainable,
-        list(anchor_weights.trainable))
+        lambda g, w, w0: g + lam * (w - w0),
+        grads,
+        weights.trainable,
+        list(anchor_weights.trainable),
+    )
     opt_state, new_weights = optimizer.next(
-        opt_state, tuple(weights.trainable), tuple(grads))
-    tf.nest.map_structure(lambda v, t: v.assign(t), tuple(weights.trainable),
-                          new_weights)
+        opt_state, tuple(weights.trainable), tuple(grads)
+    )
+    tf.nest.map_structure(
+        lambda v, t: v.assign(t), tuple(weights.trainable), new_weights
+    )
     if output.num_examples is None:
       n = tf.shape(output.predictions, out_type=tf.int64)[0]
     else:
@@ -105,8 +115,10 @@ def personal_training(
 
 def _check_optimizer(name, optimizer):
   if not isinstance(optimizer, tff.learning.optimizers.Optimizer):
-    raise TypeError(f'{name} must be a tff.learning.optimizers.Optimizer, got '
-                    f'{type(optimizer).__name__}')
+    raise TypeError(
+        f'{name} must be a tff.learning.optimizers.Optimizer, got '
+        f'{type(optimizer).__name__}'
+    )
 
 
 def check_lambdas(lam) -> tuple[float, ...]:
@@ -133,12 +145,15 @@ def build_ditto(
     personal_optimizer_fn: Optional[tff.learning.optimizers.Optimizer] = None,
     personal_steps: int = 0,
     client_weighting: tff.learning.ClientWeighting = (
-        tff.learning.ClientWeighting.NUM_EXAMPLES),
+        tff.learning.ClientWeighting.NUM_EXAMPLES
+    ),
     model_aggregator: Optional[tff.aggregators.WeightedAggregationFactory] = (
-        None),
+        None
+    ),
     metrics_aggregator: Optional[Callable[..., tff.Computation]] = None,
     loop_implementation: tff.learning.LoopImplementation = (
-        tff.learning.LoopImplementation.DATASET_REDUCE),
+        tff.learning.LoopImplementation.DATASET_REDUCE
+    ),
     update_attack: Optional[attacks.UpdateAttack] = None,
 ) -> stateful.StatefulClientsProcess:
   """Builds Ditto (Li et al., ICML 2021; thesis Algorithm 7).
@@ -184,20 +199,29 @@ def build_ditto(
     raise TypeError('personal_steps must be an int')
   if personal_steps < 0:
     raise ValueError(f'personal_steps must be >= 0, got {personal_steps}')
-  if client_weighting not in (tff.learning.ClientWeighting.NUM_EXAMPLES,
-                              tff.learning.ClientWeighting.UNIFORM):
+  if client_weighting not in (
+      tff.learning.ClientWeighting.NUM_EXAMPLES,
+      tff.learning.ClientWeighting.UNIFORM,
+  ):
     raise ValueError(f'unknown client weighting {client_weighting!r}')
 
-  (initial_weights_fn, initial_weights, weights_type, aggregator,
-   finalizer) = stateful.build_server_parts(
-       model_fn, server_optimizer_fn, model_aggregator)
+  initial_weights_fn, initial_weights, weights_type, aggregator, finalizer = (
+      stateful.build_server_parts(
+          model_fn, server_optimizer_fn, model_aggregator
+      )
+  )
   _, data_type, metrics_aggregation_fn = (
-      client_work_lib.model_types_and_metrics(model_fn, metrics_aggregator))
+      client_work_lib.model_types_and_metrics(model_fn, metrics_aggregator)
+  )
   initial_client_state = collections.OrderedDict(
-      personal=tuple(list(initial_weights.trainable) for _ in lambdas))
-  client_state_type = tff.types.tensorflow_to_type(tf.nest.map_structure(
-      lambda a: tf.TensorSpec(a.shape, tf.as_dtype(a.dtype)),
-      initial_client_state))
+      personal=tuple(list(initial_weights.trainable) for _ in lambdas)
+  )
+  client_state_type = tff.types.tensorflow_to_type(
+      tf.nest.map_structure(
+          lambda a: tf.TensorSpec(a.shape, tf.as_dtype(a.dtype)),
+          initial_client_state,
+      )
+  )
 
   @tff.tensorflow.computation(weights_type, data_type, client_state_type)
   def client_update(weights, dataset, client_state):
@@ -206,10 +230,15 @@ def build_ditto(
     @tf.function
     def run(weights, dataset, client_state):
       delta, num_examples, non_finite = client_work_lib.local_training(
-          model, client_optimizer_fn, weights, dataset,
-          loop_implementation=loop_implementation)
+          model,
+          client_optimizer_fn,
+          weights,
+          dataset,
+          loop_implementation=loop_implementation,
+      )
       weight = client_work_lib.client_weight(
-          client_weighting, num_examples, non_finite)
+          client_weighting, num_examples, non_finite
+      )
       train_metrics = model.report_local_unfinalized_metrics()
       personal_data = dataset
       if personal_steps:
@@ -219,72 +248,108 @@ def build_ditto(
         # Metrics were read above; the personal passes must not count.
         with tf.control_dependencies(tf.nest.flatten(train_metrics)):
           v_new, _ = personal_training(
-              model, personal_optimizer_fn, v, weights, personal_data,
-              lam=lam_g, loop_implementation=loop_implementation)
+              model,
+              personal_optimizer_fn,
+              v,
+              weights,
+              personal_data,
+              lam=lam_g,
+              loop_implementation=loop_implementation,
+          )
         v_new, non_finite = stateful.zero_non_finite_to(v_new, list(v))
         new_personal.append(v_new)
         dropped += tf.cast(non_finite, tf.int32)
-      return (delta, weight,
-              collections.OrderedDict(personal=tuple(new_personal)),
-              train_metrics, dropped)
+      return (
+          delta,
+          weight,
+          collections.OrderedDict(personal=tuple(new_personal)),
+          train_metrics,
+          dropped,
+      )
 
     return run(weights, dataset, client_state)
 
   @tff.federated_computation()
   def init_fn():
-    return tff.federated_zip(collections.OrderedDict(
-        global_model_weights=tff.federated_eval(initial_weights_fn,
-                                                tff.SERVER),
-        aggregator=aggregator.initialize(),
-        finalizer=finalizer.initialize()))
+    return tff.federated_zip(
+        collections.OrderedDict(
+            global_model_weights=tff.federated_eval(
+                initial_weights_fn, tff.SERVER
+            ),
+            aggregator=aggregator.initialize(),
+            finalizer=finalizer.initialize(),
+        )
+    )
 
   state_type = init_fn.type_signature.result
-  if update_attack is not None and not isinstance(update_attack,
-                                                  attacks.UpdateAttack):
+  if update_attack is not None and not isinstance(
+      update_attack, attacks.UpdateAttack
+  ):
     raise TypeError('update_attack must be a tff_algos.attacks.UpdateAttack')
   next_data_type = data_type
   if update_attack is not None:
     next_data_type = collections.OrderedDict(
-        [('data', data_type), (attacks.MARKER_KEY, attacks.MARKER_TYPE)])
+        [('data', data_type), (attacks.MARKER_KEY, attacks.MARKER_TYPE)]
+    )
     delta_type = client_update.type_signature.result[0]
 
     @tff.tensorflow.computation(delta_type, attacks.MARKER_TYPE)
     def attack_delta(delta, markers):
       marker = markers.reduce(tf.zeros([2], tf.int32), lambda _, m: m)
-      return attacks.attacked_update(delta, marker, kind=update_attack.kind,
-                                     scale=float(update_attack.scale))
+      return attacks.attacked_update(
+          delta,
+          marker,
+          kind=update_attack.kind,
+          scale=float(update_attack.scale),
+      )
 
   @tff.federated_computation(
-      state_type, tff.FederatedType(next_data_type, tff.CLIENTS),
-      tff.FederatedType(client_state_type, tff.CLIENTS))
+      state_type,
+      tff.FederatedType(next_data_type, tff.CLIENTS),
+      tff.FederatedType(client_state_type, tff.CLIENTS),
+  )
   def next_fn(state, client_data, client_states):
     global_weights = state.global_model_weights
     data = client_data.data if update_attack is not None else client_data
     delta, weight, new_states, model_outputs, dropped = tff.federated_map(
         client_update,
-        (tff.federated_broadcast(global_weights), data, client_states))
+        (tff.federated_broadcast(global_weights), data, client_states),
+    )
     if update_attack is not None:
       delta = tff.federated_map(
-          attack_delta, (delta, client_data[attacks.MARKER_KEY]))
+          attack_delta, (delta, client_data[attacks.MARKER_KEY])
+      )
     aggregated = aggregator.next(state.aggregator, delta, weight)
-    finalized = finalizer.next(state.finalizer, global_weights,
-                               aggregated.result)
-    new_state = tff.federated_zip(collections.OrderedDict(
-        global_model_weights=finalized.result,
-        aggregator=aggregated.state,
-        finalizer=finalized.state))
-    metrics = tff.federated_zip(collections.OrderedDict(
-        client_work=collections.OrderedDict(
-            train=metrics_aggregation_fn(model_outputs),
-            personal_non_finite=tff.federated_sum(dropped)),
-        aggregator=aggregated.measurements,
-        finalizer=finalized.measurements))
+    finalized = finalizer.next(
+        state.finalizer, global_weights, aggregated.result
+    )
+    new_state = tff.federated_zip(
+        collections.OrderedDict(
+            global_model_weights=finalized.result,
+            aggregator=aggregated.state,
+            finalizer=finalized.state,
+        )
+    )
+    metrics = tff.federated_zip(
+        collections.OrderedDict(
+            client_work=collections.OrderedDict(
+                train=metrics_aggregation_fn(model_outputs),
+                personal_non_finite=tff.federated_sum(dropped),
+            ),
+            aggregator=aggregated.measurements,
+            finalizer=finalized.measurements,
+        )
+    )
     return new_state, new_states, metrics
 
   evaluate = stateful.build_personal_evaluation(
-      model_fn, weights_type, client_state_type, data_type)
+      model_fn, weights_type, client_state_type, data_type
+  )
   return stateful.StatefulClientsProcess(
-      init_fn, next_fn, personal_evaluation=evaluate,
+      init_fn,
+      next_fn,
+      personal_evaluation=evaluate,
       initial_client_state_fn=lambda: initial_client_state,
       personal_model_names=[f'lambda={v:g}' for v in lambdas],
-      personal_model_values=lambdas)
+      personal_model_values=lambdas,
+  )

@@ -29,7 +29,8 @@ def build_fed_avg(
         tff.learning.ClientWeighting.NUM_EXAMPLES
     ),
     model_distributor: Optional[
-        tff.learning.templates.DistributionProcess] = None,
+        tff.learning.templates.DistributionProcess
+    ] = None,
     model_aggregator: Optional[tff.aggregators.WeightedAggregationFactory] = (
         None
     ),
@@ -38,8 +39,11 @@ def build_fed_avg(
         tff.learning.LoopImplementation.DATASET_REDUCE
     ),
     update_attack: Optional[
-        Callable[[tff.learning.templates.ClientWorkProcess],
-                 tff.learning.templates.ClientWorkProcess]] = None,
+        Callable[
+            [tff.learning.templates.ClientWorkProcess],
+            tff.learning.templates.ClientWorkProcess,
+        ]
+    ] = None,
 ) -> tff.learning.templates.LearningProcess:
   """Builds FedAvg (McMahan et al., AISTATS 2017).
 

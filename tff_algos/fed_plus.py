@@ -84,7 +84,8 @@ def local_update(
     lam: float,
     learning_rate: float,
     loop_implementation: tff.learning.LoopImplementation = (
-        tff.learning.LoopImplementation.DATASET_REDUCE),
+        tff.learning.LoopImplementation.DATASET_REDUCE
+    ),
 ):
   """Fed+ Local-Solve (Algorithm 1 lines 13-17); call in a `tf.function`.
 
@@ -107,9 +108,15 @@ def local_update(
   weights = tff.learning.models.ModelWeights.from_model(model)
   tf.nest.map_structure(
       lambda v, a, b: v.assign((1.0 - lam) * a + lam * b),
-      weights.trainable, w_k, w_g)
-  tf.nest.map_structure(lambda v, t: v.assign(t), weights.non_trainable,
-                        global_weights.non_trainable)
+      weights.trainable,
+      w_k,
+      w_g,
+  )
+  tf.nest.map_structure(
+      lambda v, t: v.assign(t),
+      weights.non_trainable,
+      global_weights.non_trainable,
+  )
   reduce_loop = loop_builder.build_training_loop(loop_implementation)
 
   def step(num_examples, batch):
@@ -135,8 +142,11 @@ def _positive_float(name, value, *, allow_zero=True, upper=None):
   if upper is not None:
     ok = ok and value <= upper
   if not ok:
-    bound = f'in [0, {upper}]' if upper is not None else (
-        '>= 0' if allow_zero else '> 0')
+    bound = (
+        f'in [0, {upper}]'
+        if upper is not None
+        else ('>= 0' if allow_zero else '> 0')
+    )
     raise ValueError(f'{name} must be {bound}, got {value}')
   return float(value)
 
@@ -153,7 +163,8 @@ def build_fed_plus(
     aggregation_iterations: int = 20,
     metrics_aggregator: Optional[Callable[..., tff.Computation]] = None,
     loop_implementation: tff.learning.LoopImplementation = (
-        tff.learning.LoopImplementation.DATASET_REDUCE),
+        tff.learning.LoopImplementation.DATASET_REDUCE
+    ),
 ) -> stateful.StatefulClientsProcess:
   """Builds Fed+ (Kundu et al., arXiv:2009.06303, Algorithm 1).
 
@@ -187,29 +198,39 @@ def build_fed_plus(
   if not callable(model_fn):
     raise TypeError('model_fn must be a no-arg callable returning a model')
   if psi not in PSI_NAMES:
-    raise ValueError(f'unknown psi {psi!r}; choose one of {", ".join(PSI_NAMES)}')
-  learning_rate = _positive_float('learning_rate', learning_rate,
-                                  allow_zero=False)
+    raise ValueError(
+        f'unknown psi {psi!r}; choose one of {", ".join(PSI_NAMES)}'
+    )
+  learning_rate = _positive_float(
+      'learning_rate', learning_rate, allow_zero=False
+  )
   sigma = _positive_float('sigma', sigma)
   delta = _positive_float('delta', delta)
   lam = _positive_float('lam', lam, upper=1.0)
-  for name, value, low in (('local_steps', local_steps, 0),
-                           ('aggregation_iterations', aggregation_iterations,
-                            1)):
+  for name, value, low in (
+      ('local_steps', local_steps, 0),
+      ('aggregation_iterations', aggregation_iterations, 1),
+  ):
     if isinstance(value, bool) or not isinstance(value, int):
       raise TypeError(f'{name} must be an int')
     if value < low:
       raise ValueError(f'{name} must be >= {low}, got {value}')
 
-  (initial_weights_fn, initial_weights, weights_type, _,
-   _) = stateful.build_server_parts(model_fn, None, None)
+  initial_weights_fn, initial_weights, weights_type, _, _ = (
+      stateful.build_server_parts(model_fn, None, None)
+  )
   _, data_type, metrics_aggregation_fn = (
-      client_work_lib.model_types_and_metrics(model_fn, metrics_aggregator))
+      client_work_lib.model_types_and_metrics(model_fn, metrics_aggregator)
+  )
   initial_client_state = collections.OrderedDict(
-      personal=(list(initial_weights.trainable),))
-  client_state_type = tff.types.tensorflow_to_type(tf.nest.map_structure(
-      lambda a: tf.TensorSpec(a.shape, tf.as_dtype(a.dtype)),
-      initial_client_state))
+      personal=(list(initial_weights.trainable),)
+  )
+  client_state_type = tff.types.tensorflow_to_type(
+      tf.nest.map_structure(
+          lambda a: tf.TensorSpec(a.shape, tf.as_dtype(a.dtype)),
+          initial_client_state,
+      )
+  )
   trainable_type = weights_type.trainable
 
   @tff.tensorflow.computation(weights_type, data_type, client_state_type)
@@ -222,20 +243,34 @@ def build_fed_plus(
         dataset = dataset.repeat().take(local_steps)
       old = list(client_state['personal'][0])
       new, _ = local_update(
-          model, old, global_weights, dataset, psi=psi, sigma=sigma,
-          delta=delta, lam=lam, learning_rate=learning_rate,
-          loop_implementation=loop_implementation)
+          model,
+          old,
+          global_weights,
+          dataset,
+          psi=psi,
+          sigma=sigma,
+          delta=delta,
+          lam=lam,
+          learning_rate=learning_rate,
+          loop_implementation=loop_implementation,
+      )
       new, non_finite = stateful.zero_non_finite_to(new, old)
-      return (new, collections.OrderedDict(personal=(new,)),
-              tf.cast(non_finite, tf.int32),
-              model.report_local_unfinalized_metrics())
+      return (
+          new,
+          collections.OrderedDict(personal=(new,)),
+          tf.cast(non_finite, tf.int32),
+          model.report_local_unfinalized_metrics(),
+      )
 
     return run(global_weights, dataset, client_state)
 
   @tff.tensorflow.computation(trainable_type, trainable_type)
   def client_prox(local_model, global_trainable):
-    return prox(psi, tf.nest.map_structure(tf.subtract, local_model,
-                                           global_trainable), delta)
+    return prox(
+        psi,
+        tf.nest.map_structure(tf.subtract, local_model, global_trainable),
+        delta,
+    )
 
   @tff.tensorflow.computation(trainable_type, trainable_type)
   def server_step(mean_model, mean_theta):
@@ -243,61 +278,90 @@ def build_fed_plus(
 
   @tff.tensorflow.computation(trainable_type, trainable_type)
   def step_norm(a, b):
-    return tf.sqrt(tf.add_n([tf.reduce_sum(tf.square(x - y)) for x, y in
-                             zip(tf.nest.flatten(a), tf.nest.flatten(b))]))
+    return tf.sqrt(
+        tf.add_n(
+            [
+                tf.reduce_sum(tf.square(x - y))
+                for x, y in zip(tf.nest.flatten(a), tf.nest.flatten(b))
+            ]
+        )
+    )
 
   @tff.tensorflow.computation(weights_type, trainable_type)
   def with_trainable(weights, trainable):
     return tff.learning.models.ModelWeights(
-        trainable=trainable, non_trainable=weights.non_trainable)
+        trainable=trainable, non_trainable=weights.non_trainable
+    )
 
   @tff.federated_computation()
   def init_fn():
-    return tff.federated_zip(collections.OrderedDict(
-        global_model_weights=tff.federated_eval(initial_weights_fn,
-                                                tff.SERVER)))
+    return tff.federated_zip(
+        collections.OrderedDict(
+            global_model_weights=tff.federated_eval(
+                initial_weights_fn, tff.SERVER
+            )
+        )
+    )
 
   state_type = init_fn.type_signature.result
 
   @tff.federated_computation(
-      state_type, tff.FederatedType(data_type, tff.CLIENTS),
-      tff.FederatedType(client_state_type, tff.CLIENTS))
+      state_type,
+      tff.FederatedType(data_type, tff.CLIENTS),
+      tff.FederatedType(client_state_type, tff.CLIENTS),
+  )
   def next_fn(state, client_data, client_states):
     global_weights = state.global_model_weights
     local_models, new_states, non_finite, model_outputs = tff.federated_map(
         client_update,
-        (tff.federated_broadcast(global_weights), client_data, client_states))
+        (tff.federated_broadcast(global_weights), client_data, client_states),
+    )
     mean_model = tff.federated_mean(local_models)
     aggregate = mean_model
     last_step = tff.federated_value(np.float32(0.0), tff.SERVER)
     if psi in ('geomed', 'comed'):
       for _ in range(aggregation_iterations):
         theta = tff.federated_map(
-            client_prox, (local_models, tff.federated_broadcast(aggregate)))
+            client_prox, (local_models, tff.federated_broadcast(aggregate))
+        )
         new_aggregate = tff.federated_map(
             server_step,
-            tff.federated_zip((mean_model, tff.federated_mean(theta))))
+            tff.federated_zip((mean_model, tff.federated_mean(theta))),
+        )
         last_step = tff.federated_map(
-            step_norm, tff.federated_zip((new_aggregate, aggregate)))
+            step_norm, tff.federated_zip((new_aggregate, aggregate))
+        )
         aggregate = new_aggregate
     new_weights = tff.federated_map(
-        with_trainable, tff.federated_zip((global_weights, aggregate)))
-    new_state = tff.federated_zip(collections.OrderedDict(
-        global_model_weights=new_weights))
-    metrics = tff.federated_zip(collections.OrderedDict(
-        client_work=collections.OrderedDict(
-            train=metrics_aggregation_fn(model_outputs)),
-        aggregator=collections.OrderedDict(
-            last_step_norm=last_step,
-            non_finite_clients=tff.federated_sum(non_finite))))
+        with_trainable, tff.federated_zip((global_weights, aggregate))
+    )
+    new_state = tff.federated_zip(
+        collections.OrderedDict(global_model_weights=new_weights)
+    )
+    metrics = tff.federated_zip(
+        collections.OrderedDict(
+            client_work=collections.OrderedDict(
+                train=metrics_aggregation_fn(model_outputs)
+            ),
+            aggregator=collections.OrderedDict(
+                last_step_norm=last_step,
+                non_finite_clients=tff.federated_sum(non_finite),
+            ),
+        )
+    )
     return new_state, new_states, metrics
 
   evaluate = stateful.build_personal_evaluation(
-      model_fn, weights_type, client_state_type, data_type)
+      model_fn, weights_type, client_state_type, data_type
+  )
   return stateful.StatefulClientsProcess(
-      init_fn, next_fn, personal_evaluation=evaluate,
+      init_fn,
+      next_fn,
+      personal_evaluation=evaluate,
       initial_client_state_fn=lambda: initial_client_state,
-      personal_model_names=[f'fed_plus_{psi}'], personal_model_values=[lam])
+      personal_model_names=[f'fed_plus_{psi}'],
+      personal_model_values=[lam],
+  )
 
 
 def build_fed_avg_plus(model_fn: ModelFn, **kwargs):

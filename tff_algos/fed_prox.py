@@ -42,7 +42,8 @@ def build_fed_prox(
         tff.learning.ClientWeighting.NUM_EXAMPLES
     ),
     model_distributor: Optional[
-        tff.learning.templates.DistributionProcess] = None,
+        tff.learning.templates.DistributionProcess
+    ] = None,
     model_aggregator: Optional[tff.aggregators.WeightedAggregationFactory] = (
         None
     ),
@@ -51,8 +52,11 @@ def build_fed_prox(
         tff.learning.LoopImplementation.DATASET_REDUCE
     ),
     update_attack: Optional[
-        Callable[[tff.learning.templates.ClientWorkProcess],
-                 tff.learning.templates.ClientWorkProcess]] = None,
+        Callable[
+            [tff.learning.templates.ClientWorkProcess],
+            tff.learning.templates.ClientWorkProcess,
+        ]
+    ] = None,
 ) -> tff.learning.templates.LearningProcess:
   """Builds FedProx (Li et al., MLSys 2020, Algorithm 2).
 

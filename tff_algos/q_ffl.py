@@ -61,7 +61,8 @@ def q_ffl_server_update(trainable, delta_sum, h_sum):
   """w <- w - sum(Delta) / sum(h); unchanged when sum(h) is 0."""
   safe = tf.maximum(h_sum, 1e-12)
   return tf.nest.map_structure(
-      lambda w, d: tf.where(h_sum > 0, w - d / safe, w), trainable, delta_sum)
+      lambda w, d: tf.where(h_sum > 0, w - d / safe, w), trainable, delta_sum
+  )
 
 
 def _validate(q, lipschitz):
@@ -72,7 +73,8 @@ def _validate(q, lipschitz):
     raise ValueError(f'q must be a finite float >= 0, got {q}')
   if not np.isfinite(lipschitz) or lipschitz <= 0:
     raise ValueError(
-        f'lipschitz_constant must be a finite float > 0, got {lipschitz}')
+        f'lipschitz_constant must be a finite float > 0, got {lipschitz}'
+    )
   return float(q), float(lipschitz)
 
 
@@ -96,7 +98,8 @@ def build_q_ffl_client_work(
   """
   q, lipschitz_constant = _validate(q, lipschitz_constant)
   weights_type, data_type, metrics_aggregation_fn = (
-      client_work_lib.model_types_and_metrics(model_fn, metrics_aggregator))
+      client_work_lib.model_types_and_metrics(model_fn, metrics_aggregator)
+  )
 
   @tff.tensorflow.computation(weights_type, data_type)
   def client_update(initial_weights, dataset):
@@ -106,27 +109,39 @@ def build_q_ffl_client_work(
     def run(initial_weights, dataset):
       if optimizer is None:
         loss, _, dw = client_work_lib.local_loss(
-            model, initial_weights, dataset, with_gradient=True,
-            reset_metrics=False)
+            model,
+            initial_weights,
+            dataset,
+            with_gradient=True,
+            reset_metrics=False,
+        )
         ok = tf.constant(True)
       else:
         loss, _ = client_work_lib.local_loss(model, initial_weights, dataset)
         delta, _, non_finite = client_work_lib.local_training(
-            model, optimizer, initial_weights, dataset,
-            loop_implementation=loop_implementation)
+            model,
+            optimizer,
+            initial_weights,
+            dataset,
+            loop_implementation=loop_implementation,
+        )
         dw = tf.nest.map_structure(lambda d: lipschitz_constant * d, delta)
         ok = tf.logical_not(non_finite)
       message, h = q_ffl_client_message(
-          loss, dw, q=q, lipschitz=lipschitz_constant)
+          loss, dw, q=q, lipschitz=lipschitz_constant
+      )
       (message, h), non_finite = client_work_lib.zero_all_if_any_non_finite(
-          (message, h))
+          (message, h)
+      )
       ok = tf.logical_and(ok, tf.logical_not(non_finite))
       h = tf.where(ok, h, 0.0)
       message = tf.nest.map_structure(
-          lambda m: tf.where(ok, m, tf.zeros_like(m)), message)
+          lambda m: tf.where(ok, m, tf.zeros_like(m)), message
+      )
       return (
           tff.learning.templates.ClientResult(
-              update=(message, h), update_weight=tf.constant(1.0)),
+              update=(message, h), update_weight=tf.constant(1.0)
+          ),
           model.report_local_unfinalized_metrics(),
           loss,
       )
@@ -142,11 +157,14 @@ def build_q_ffl_client_work(
   )
   def next_fn(state, weights, client_data):
     result, model_outputs, losses = tff.federated_map(
-        client_update, (weights, client_data))
-    measurements = tff.federated_zip(collections.OrderedDict(
-        train=metrics_aggregation_fn(model_outputs),
-        loss_at_broadcast=tff.federated_mean(losses),
-    ))
+        client_update, (weights, client_data)
+    )
+    measurements = tff.federated_zip(
+        collections.OrderedDict(
+            train=metrics_aggregation_fn(model_outputs),
+            loss_at_broadcast=tff.federated_mean(losses),
+        )
+    )
     return tff.templates.MeasuredProcessOutput(state, result, measurements)
 
   return tff.learning.templates.ClientWorkProcess(init_fn, next_fn)
@@ -163,7 +181,8 @@ def build_q_ffl_finalizer(
     delta_sum, h_sum = update
     trainable = q_ffl_server_update(weights.trainable, delta_sum, h_sum)
     return tff.learning.models.ModelWeights(
-        trainable=trainable, non_trainable=weights.non_trainable)
+        trainable=trainable, non_trainable=weights.non_trainable
+    )
 
   init_fn = client_work_lib.empty_server_state()
 
@@ -175,27 +194,43 @@ def build_q_ffl_finalizer(
   def next_fn(state, weights, update):
     new_weights = tff.federated_map(apply_update, (weights, update))
     h_sum = tff.federated_map(
-        tff.tensorflow.computation(lambda u: u[1], update_type), update)
+        tff.tensorflow.computation(lambda u: u[1], update_type), update
+    )
     return tff.templates.MeasuredProcessOutput(
-        state, new_weights,
-        tff.federated_zip(collections.OrderedDict(h_sum=h_sum)))
+        state,
+        new_weights,
+        tff.federated_zip(collections.OrderedDict(h_sum=h_sum)),
+    )
 
   return tff.learning.templates.FinalizerProcess(init_fn, next_fn)
 
 
-def _build(model_fn, optimizer, q, lipschitz_constant, model_distributor,
-           metrics_aggregator, loop_implementation):
+def _build(
+    model_fn,
+    optimizer,
+    q,
+    lipschitz_constant,
+    model_distributor,
+    metrics_aggregator,
+    loop_implementation,
+):
   if not callable(model_fn):
     raise TypeError('model_fn must be a no-arg callable returning a model')
   if optimizer is not None and not isinstance(
-      optimizer, tff.learning.optimizers.Optimizer):
+      optimizer, tff.learning.optimizers.Optimizer
+  ):
     raise TypeError(
         'client_optimizer_fn must be a tff.learning.optimizers.Optimizer, got '
-        f'{type(optimizer).__name__}')
+        f'{type(optimizer).__name__}'
+    )
   work = build_q_ffl_client_work(
-      model_fn, optimizer, q=q, lipschitz_constant=lipschitz_constant,
+      model_fn,
+      optimizer,
+      q=q,
+      lipschitz_constant=lipschitz_constant,
       metrics_aggregator=metrics_aggregator,
-      loop_implementation=loop_implementation)
+      loop_implementation=loop_implementation,
+  )
 
   @tff.tensorflow.computation()
   def initial_model_weights_fn():
@@ -204,14 +239,19 @@ def _build(model_fn, optimizer, q, lipschitz_constant, model_distributor,
   weights_type = initial_model_weights_fn.type_signature.result
   if model_distributor is None:
     model_distributor = tff.learning.templates.build_broadcast_process(
-        weights_type)
+        weights_type
+    )
   update_type = (weights_type.trainable, tff.TensorType(np.float32))
   aggregator = tff.aggregators.as_weighted_aggregator(
-      tff.aggregators.SumFactory()).create(
-          tff.to_type(update_type), tff.TensorType(np.float32))
+      tff.aggregators.SumFactory()
+  ).create(tff.to_type(update_type), tff.TensorType(np.float32))
   return tff.learning.templates.compose_learning_process(
-      initial_model_weights_fn, model_distributor, work, aggregator,
-      build_q_ffl_finalizer(weights_type))
+      initial_model_weights_fn,
+      model_distributor,
+      work,
+      aggregator,
+      build_q_ffl_finalizer(weights_type),
+  )
 
 
 def build_q_fedavg(
@@ -221,7 +261,8 @@ def build_q_fedavg(
     q: float,
     lipschitz_constant: float,
     model_distributor: Optional[
-        tff.learning.templates.DistributionProcess] = None,
+        tff.learning.templates.DistributionProcess
+    ] = None,
     metrics_aggregator: Optional[Callable[..., tff.Computation]] = None,
     loop_implementation: tff.learning.LoopImplementation = (
         tff.learning.LoopImplementation.DATASET_REDUCE
@@ -248,10 +289,19 @@ def build_q_fedavg(
     ValueError: For q < 0 or L <= 0.
   """
   if client_optimizer_fn is None:
-    raise TypeError('client_optimizer_fn is required (q-FedSGD has no local '
-                    'solver: use build_q_fedsgd)')
-  return _build(model_fn, client_optimizer_fn, q, lipschitz_constant,
-                model_distributor, metrics_aggregator, loop_implementation)
+    raise TypeError(
+        'client_optimizer_fn is required (q-FedSGD has no local '
+        'solver: use build_q_fedsgd)'
+    )
+  return _build(
+      model_fn,
+      client_optimizer_fn,
+      q,
+      lipschitz_constant,
+      model_distributor,
+      metrics_aggregator,
+      loop_implementation,
+  )
 
 
 def build_q_fedsgd(
@@ -260,7 +310,8 @@ def build_q_fedsgd(
     q: float,
     lipschitz_constant: float,
     model_distributor: Optional[
-        tff.learning.templates.DistributionProcess] = None,
+        tff.learning.templates.DistributionProcess
+    ] = None,
     metrics_aggregator: Optional[Callable[..., tff.Computation]] = None,
 ) -> tff.learning.templates.LearningProcess:
   """Builds q-FedSGD (Li et al., ICLR 2020, Algorithm 3).
@@ -278,6 +329,12 @@ def build_q_fedsgd(
   Returns:
     A `tff.learning.templates.LearningProcess`.
   """
-  return _build(model_fn, None, q, lipschitz_constant, model_distributor,
-                metrics_aggregator,
-                tff.learning.LoopImplementation.DATASET_REDUCE)
+  return _build(
+      model_fn,
+      None,
+      q,
+      lipschitz_constant,
+      model_distributor,
+      metrics_aggregator,
+      tff.learning.LoopImplementation.DATASET_REDUCE,
+  )

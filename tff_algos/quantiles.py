@@ -178,12 +178,17 @@ def _check_range(lower, upper) -> tuple[float, float]:
 
 def _check_clients_float32(value, name: str) -> None:
   t = getattr(value, 'type_signature', None)
-  if not (isinstance(t, tff.FederatedType) and t.placement is tff.CLIENTS
-          and isinstance(t.member, tff.TensorType)
-          and t.member.dtype == np.float32 and not t.member.shape):
+  if not (
+      isinstance(t, tff.FederatedType)
+      and t.placement is tff.CLIENTS
+      and isinstance(t.member, tff.TensorType)
+      and t.member.dtype == np.float32
+      and not t.member.shape
+  ):
     raise TypeError(
         f'{name} must be a float32 scalar placed at CLIENTS (call estimate '
-        f'inside a tff.federated_computation), got {t}')
+        f'inside a tff.federated_computation), got {t}'
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -198,7 +203,7 @@ def fixed_point_scale(span: float, bits: int) -> float:
   k = math.floor(math.log2(limit / span))
   while span * 2.0**k > limit:
     k -= 1
-  while span * 2.0**(k + 1) <= limit:
+  while span * 2.0 ** (k + 1) <= limit:
     k += 1
   return 2.0**k
 
@@ -212,7 +217,8 @@ class _FixedPointCodec:
     self.highs = np.asarray(highs, np.float64)
     self.bits = bits
     self.scales = np.array(
-        [fixed_point_scale(h - l, bits) for l, h in zip(self.lows, self.highs)])
+        [fixed_point_scale(h - l, bits) for l, h in zip(self.lows, self.highs)]
+    )
 
   @property
   def resolutions(self) -> np.ndarray:
@@ -346,9 +352,11 @@ class ExactQuantile(QuantileEstimator):
     self.level = _check_level(level)
 
   def describe(self) -> str:
-    return (f'ExactQuantile(level={self.level}): federated_aggregate of all '
-            '(value, weight) pairs, Property-7 quantile at the server; '
-            'NOT private')
+    return (
+        f'ExactQuantile(level={self.level}): federated_aggregate of all '
+        '(value, weight) pairs, Property-7 quantile at the server; '
+        'NOT private'
+    )
 
   def estimate(self, values_at_clients, weights_at_clients):
     _check_clients_float32(values_at_clients, 'values_at_clients')
@@ -359,13 +367,17 @@ class ExactQuantile(QuantileEstimator):
     def zero():
       return (tf.zeros([0], tf.float32), tf.zeros([0], tf.float32))
 
-    acc_type = (tff.TensorType(np.float32, [None]),
-                tff.TensorType(np.float32, [None]))
+    acc_type = (
+        tff.TensorType(np.float32, [None]),
+        tff.TensorType(np.float32, [None]),
+    )
 
     @tff.tensorflow.computation(acc_type, (np.float32, np.float32))
     def accumulate(acc, pair):
-      return (tf.concat([acc[0], tf.reshape(pair[0], [1])], 0),
-              tf.concat([acc[1], tf.reshape(pair[1], [1])], 0))
+      return (
+          tf.concat([acc[0], tf.reshape(pair[0], [1])], 0),
+          tf.concat([acc[1], tf.reshape(pair[1], [1])], 0),
+      )
 
     @tff.tensorflow.computation(acc_type, acc_type)
     def merge(a, b):
@@ -394,10 +406,17 @@ class MMQuantile(QuantileEstimator):
   name = 'mm'
   secure = True
 
-  def __init__(self, level: float, *, num_iterations: int, lower: float,
-               upper: float, smoothing: Optional[float] = None,
-               max_weight: float = DEFAULT_MAX_WEIGHT,
-               bits: int = DEFAULT_BITS):
+  def __init__(
+      self,
+      level: float,
+      *,
+      num_iterations: int,
+      lower: float,
+      upper: float,
+      smoothing: Optional[float] = None,
+      max_weight: float = DEFAULT_MAX_WEIGHT,
+      bits: int = DEFAULT_BITS,
+  ):
     """Configures the estimator.
 
     Args:
@@ -415,26 +434,34 @@ class MMQuantile(QuantileEstimator):
       ValueError: Out-of-range arguments.
     """
     self.level = _check_level(level)
-    self.num_iterations = _check_int(num_iterations, 'num_iterations', 1,
-                                     10 * _MAX_ROUNDS)
+    self.num_iterations = _check_int(
+        num_iterations, 'num_iterations', 1, 10 * _MAX_ROUNDS
+    )
     self.lower, self.upper = _check_range(lower, upper)
     span = self.upper - self.lower
-    self.smoothing = (1e-6 * span if smoothing is None
-                      else _check_positive(smoothing, 'smoothing'))
+    self.smoothing = (
+        1e-6 * span
+        if smoothing is None
+        else _check_positive(smoothing, 'smoothing')
+    )
     self.max_weight = _check_positive(max_weight, 'max_weight')
     self.bits = _check_int(bits, 'bits', 1, MAX_BITS)
     self.num_sum_calls = self.num_iterations + 1
     self._init_codec = _FixedPointCodec(
         [0.0, self.max_weight * min(self.lower, 0.0)],
-        [self.max_weight, self.max_weight * max(self.upper, 0.0)], self.bits)
+        [self.max_weight, self.max_weight * max(self.upper, 0.0)],
+        self.bits,
+    )
     self._step_codec = _FixedPointCodec([-1.0, 0.0], [1.0, 1.0], self.bits)
     self._comps = None
 
   def describe(self) -> str:
-    return (f'MMQuantile(level={self.level}, num_iterations='
-            f'{self.num_iterations}, range=[{self.lower}, {self.upper}], '
-            f'smoothing={self.smoothing:g}, max_weight={self.max_weight:g}, '
-            f'bits={self.bits}): {self.num_sum_calls} secure-sum rounds')
+    return (
+        f'MMQuantile(level={self.level}, num_iterations='
+        f'{self.num_iterations}, range=[{self.lower}, {self.upper}], '
+        f'smoothing={self.smoothing:g}, max_weight={self.max_weight:g}, '
+        f'bits={self.bits}): {self.num_sum_calls} secure-sum rounds'
+    )
 
   def _computations(self):
     if self._comps is not None:
@@ -485,22 +512,30 @@ class MMQuantile(QuantileEstimator):
     _check_clients_float32(values_at_clients, 'values_at_clients')
     _check_clients_float32(weights_at_clients, 'weights_at_clients')
     init_client, init_server, step_client, step_server, mu_of = (
-        self._computations())
+        self._computations()
+    )
     encoded = tff.federated_map(
-        init_client, (values_at_clients, weights_at_clients))
-    state = tff.federated_map(
-        init_server, self._init_codec.secure_sum(encoded))
+        init_client, (values_at_clients, weights_at_clients)
+    )
+    state = tff.federated_map(init_server, self._init_codec.secure_sum(encoded))
     mus = [tff.federated_map(mu_of, state)]
     for _ in range(self.num_iterations):
       encoded = tff.federated_map(
-          step_client, (values_at_clients, weights_at_clients,
-                        tff.federated_broadcast(state)))
+          step_client,
+          (
+              values_at_clients,
+              weights_at_clients,
+              tff.federated_broadcast(state),
+          ),
+      )
       state = tff.federated_map(
-          step_server, (state, self._step_codec.secure_sum(encoded)))
+          step_server, (state, self._step_codec.secure_sum(encoded))
+      )
       mus.append(tff.federated_map(mu_of, state))
 
     @tff.tensorflow.computation(
-        tff.StructWithPythonType([np.float64] * len(mus), tuple))
+        tff.StructWithPythonType([np.float64] * len(mus), tuple)
+    )
     def stack(mu_list):
       return tf.stack(list(mu_list))
 
@@ -520,8 +555,9 @@ class MMQuantile(QuantileEstimator):
 # (b) Bisection / histogram search over secure weighted counts.
 
 
-def bisection_num_rounds(lower: float, upper: float, tolerance: float,
-                         num_buckets: int = 2) -> int:
+def bisection_num_rounds(
+    lower: float, upper: float, tolerance: float, num_buckets: int = 2
+) -> int:
   """Smallest n with (upper - lower) / num_buckets**n <= tolerance."""
   lower, upper = _check_range(lower, upper)
   tolerance = _check_positive(tolerance, 'tolerance')
@@ -533,7 +569,8 @@ def bisection_num_rounds(lower: float, upper: float, tolerance: float,
     if n > _MAX_ROUNDS:
       raise ValueError(
           f'tolerance {tolerance} needs more than {_MAX_ROUNDS} rounds over '
-          f'[{lower}, {upper}]')
+          f'[{lower}, {upper}]'
+      )
   return n
 
 
@@ -548,10 +585,17 @@ class BisectionQuantile(QuantileEstimator):
   name = 'bisection'
   secure = True
 
-  def __init__(self, level: float, *, lower: float, upper: float,
-               tolerance: float, num_buckets: int = 2,
-               max_weight: float = DEFAULT_MAX_WEIGHT,
-               bits: int = DEFAULT_BITS):
+  def __init__(
+      self,
+      level: float,
+      *,
+      lower: float,
+      upper: float,
+      tolerance: float,
+      num_buckets: int = 2,
+      max_weight: float = DEFAULT_MAX_WEIGHT,
+      bits: int = DEFAULT_BITS,
+  ):
     """Configures the estimator.
 
     Args:
@@ -577,17 +621,21 @@ class BisectionQuantile(QuantileEstimator):
     self.max_weight = _check_positive(max_weight, 'max_weight')
     self.bits = _check_int(bits, 'bits', 1, MAX_BITS)
     self.num_sum_calls = bisection_num_rounds(
-        self.lower, self.upper, self.tolerance, self.num_buckets)
+        self.lower, self.upper, self.tolerance, self.num_buckets
+    )
     k = self.num_buckets - 1
     self._codec = _FixedPointCodec(
-        [0.0] * (k + 1), [self.max_weight] * (k + 1), self.bits)
+        [0.0] * (k + 1), [self.max_weight] * (k + 1), self.bits
+    )
     self._comps = None
 
   def describe(self) -> str:
-    return (f'BisectionQuantile(level={self.level}, range=[{self.lower}, '
-            f'{self.upper}], tolerance={self.tolerance:g}, num_buckets='
-            f'{self.num_buckets}, max_weight={self.max_weight:g}, '
-            f'bits={self.bits}): {self.num_sum_calls} secure-sum rounds')
+    return (
+        f'BisectionQuantile(level={self.level}, range=[{self.lower}, '
+        f'{self.upper}], tolerance={self.tolerance:g}, num_buckets='
+        f'{self.num_buckets}, max_weight={self.max_weight:g}, '
+        f'bits={self.bits}): {self.num_sum_calls} secure-sum rounds'
+    )
 
   def _computations(self):
     if self._comps is not None:
@@ -606,8 +654,9 @@ class BisectionQuantile(QuantileEstimator):
     def grid_of(state):
       return state[0] + (state[1] - state[0]) * fractions
 
-    @tff.tensorflow.computation(np.float32, np.float32,
-                                tff.TensorType(np.float64, [b - 1]))
+    @tff.tensorflow.computation(
+        np.float32, np.float32, tff.TensorType(np.float64, [b - 1])
+    )
     def client(x, a, grid):
       x = _clean_values(x, lower, upper)
       a = _clean_weight(a, max_weight)
@@ -632,7 +681,8 @@ class BisectionQuantile(QuantileEstimator):
     def result(state):
       return tf.cast(
           tf.where(state[2] > 0, state[1], tf.constant(np.nan, tf.float64)),
-          tf.float32)
+          tf.float32,
+      )
 
     self._comps = (init_state, grid_of, client, server, result)
     return self._comps
@@ -645,9 +695,11 @@ class BisectionQuantile(QuantileEstimator):
     for _ in range(self.num_sum_calls):
       grid = tff.federated_broadcast(tff.federated_map(grid_of, state))
       encoded = tff.federated_map(
-          client, (values_at_clients, weights_at_clients, grid))
+          client, (values_at_clients, weights_at_clients, grid)
+      )
       state = tff.federated_map(
-          server, (state, self._codec.secure_sum(encoded)))
+          server, (state, self._codec.secure_sum(encoded))
+      )
     return tff.federated_map(result, state)
 
 
@@ -668,11 +720,17 @@ class PrivateQuantileEstimator(QuantileEstimator):
 
   name = 'private'
 
-  def __init__(self, level: float, *, initial_estimate: float,
-               learning_rate: float = 0.2, num_steps: int = 50,
-               noise_stddev: Optional[float] = None,
-               expected_num_clients: Optional[float] = None,
-               secure: bool = True):
+  def __init__(
+      self,
+      level: float,
+      *,
+      initial_estimate: float,
+      learning_rate: float = 0.2,
+      num_steps: int = 50,
+      noise_stddev: Optional[float] = None,
+      expected_num_clients: Optional[float] = None,
+      secure: bool = True,
+  ):
     """Configures the estimator.
 
     Args:
@@ -693,8 +751,9 @@ class PrivateQuantileEstimator(QuantileEstimator):
       ValueError: Out-of-range arguments.
     """
     self.level = _check_level(level)
-    self.initial_estimate = _check_positive(initial_estimate,
-                                            'initial_estimate')
+    self.initial_estimate = _check_positive(
+        initial_estimate, 'initial_estimate'
+    )
     self.learning_rate = _check_positive(learning_rate, 'learning_rate')
     self.num_steps = _check_int(num_steps, 'num_steps', 1, 10 * _MAX_ROUNDS)
     if not isinstance(secure, bool):
@@ -711,8 +770,9 @@ class PrivateQuantileEstimator(QuantileEstimator):
         raise ValueError(f'noise_stddev must be >= 0, got {noise_stddev}')
       if expected_num_clients is None:
         raise ValueError('noise_stddev needs expected_num_clients')
-      self.expected_num_clients = _check_positive(expected_num_clients,
-                                                  'expected_num_clients')
+      self.expected_num_clients = _check_positive(
+          expected_num_clients, 'expected_num_clients'
+      )
     self.num_sum_calls = self.num_steps
     self._process = None
 
@@ -725,7 +785,9 @@ class PrivateQuantileEstimator(QuantileEstimator):
                 initial_estimate=self.initial_estimate,
                 target_quantile=self.level,
                 learning_rate=self.learning_rate,
-                secure_estimation=self.secure))
+                secure_estimation=self.secure,
+            )
+        )
       else:
         query = tfp.QuantileEstimatorQuery(
             initial_estimate=self.initial_estimate,
@@ -733,11 +795,16 @@ class PrivateQuantileEstimator(QuantileEstimator):
             learning_rate=self.learning_rate,
             below_estimate_stddev=self.noise_stddev,
             expected_num_records=self.expected_num_clients,
-            geometric_update=True)
-        factory = (tff.aggregators.SecureSumFactory(1.0) if self.secure
-                   else tff.aggregators.SumFactory())
+            geometric_update=True,
+        )
+        factory = (
+            tff.aggregators.SecureSumFactory(1.0)
+            if self.secure
+            else tff.aggregators.SumFactory()
+        )
         self._process = tff.aggregators.PrivateQuantileEstimationProcess(
-            query, factory)
+            query, factory
+        )
     return self._process
 
   def initialize(self):
@@ -753,13 +820,18 @@ class PrivateQuantileEstimator(QuantileEstimator):
     return self.process.report(state)
 
   def describe(self) -> str:
-    noise = ('no noise' if self.noise_stddev is None else
-             f'noise_stddev={self.noise_stddev:g}, expected_num_clients='
-             f'{self.expected_num_clients:g}')
-    return (f'PrivateQuantileEstimator(level={self.level}, initial_estimate='
-            f'{self.initial_estimate:g}, learning_rate={self.learning_rate:g},'
-            f' num_steps={self.num_steps}, {noise}, secure={self.secure}): '
-            'UNWEIGHTED geometric tracking')
+    noise = (
+        'no noise'
+        if self.noise_stddev is None
+        else f'noise_stddev={self.noise_stddev:g}, expected_num_clients='
+        f'{self.expected_num_clients:g}'
+    )
+    return (
+        f'PrivateQuantileEstimator(level={self.level}, initial_estimate='
+        f'{self.initial_estimate:g}, learning_rate={self.learning_rate:g},'
+        f' num_steps={self.num_steps}, {noise}, secure={self.secure}): '
+        'UNWEIGHTED geometric tracking'
+    )
 
   def estimate(self, values_at_clients, weights_at_clients=None):
     """`num_steps` updates from the initial state; weights are ignored."""
@@ -782,8 +854,9 @@ _CLASSES = {
 }
 
 
-def build_estimator(name: str, *, level: float,
-                    **options: Any) -> QuantileEstimator:
+def build_estimator(
+    name: str, *, level: float, **options: Any
+) -> QuantileEstimator:
   """Builds the estimator `name` in ESTIMATOR_NAMES with its options.
 
   Args:
@@ -804,17 +877,21 @@ def build_estimator(name: str, *, level: float,
     raise TypeError(f'name must be a str, got {name!r}')
   if name not in _CLASSES:
     raise ValueError(
-        f'unknown estimator {name!r}; choose from {ESTIMATOR_NAMES}')
+        f'unknown estimator {name!r}; choose from {ESTIMATOR_NAMES}'
+    )
   cls = _CLASSES[name]
   params = inspect.signature(cls.__init__).parameters
   allowed = [p for p in params if p not in ('self', 'level')]
   unknown = sorted(set(options) - set(allowed))
   if unknown:
     raise TypeError(
-        f'unknown options {unknown} for {name!r}; allowed: {allowed}')
-  missing = [p for p in allowed
-             if params[p].default is inspect.Parameter.empty
-             and p not in options]
+        f'unknown options {unknown} for {name!r}; allowed: {allowed}'
+    )
+  missing = [
+      p
+      for p in allowed
+      if params[p].default is inspect.Parameter.empty and p not in options
+  ]
   if missing:
     raise TypeError(f'{name!r} needs options {missing}')
   return cls(level, **options)

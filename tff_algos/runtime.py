@@ -60,7 +60,8 @@ def stop_new_workers() -> None:
   import sys  # pylint: disable=g-import-not-at-top
 
   factory = sys.modules.get(
-      'tensorflow_federated.python.core.impl.executor_stacks.executor_factory')
+      'tensorflow_federated.python.core.impl.executor_stacks.executor_factory'
+  )
   if factory is not None:
     factory.subprocess = _NoNewProcesses
 
@@ -74,8 +75,8 @@ def _read_stat(pid: int) -> Optional[tuple[str, str, int]]:
     return None
   # Format: "pid (comm) state ppid ..."; comm may contain spaces.
   close = stat.rfind(')')
-  comm = stat[stat.find('(') + 1:close]
-  fields = stat[close + 2:].split()
+  comm = stat[stat.find('(') + 1 : close]
+  fields = stat[close + 2 :].split()
   return comm, fields[0], int(fields[1])
 
 
@@ -193,7 +194,8 @@ def disarm_service_managers() -> None:
   for obj in gc.get_objects():
     cls = type(obj)
     if cls.__name__ == 'ServiceManager' and 'executor_factory' in getattr(
-        cls, '__module__', ''):
+        cls, '__module__', ''
+    ):
       cls.__del__ = lambda self: None
 
 

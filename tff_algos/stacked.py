@@ -83,7 +83,8 @@ def _as_xy(element):
     if set(element) != {'x', 'y'}:
       raise StackedEngineError(
           'the stacked engine needs (x, y) examples, got keys '
-          f'{sorted(element)}')
+          f'{sorted(element)}'
+      )
     return element['x'], element['y']
   if not isinstance(element, (tuple, list)) or len(element) != 2:
     raise StackedEngineError('the stacked engine needs (x, y) examples')
@@ -98,14 +99,21 @@ class ClientExamples:
   caches `(x, y)` arrays; clients that are never selected are never read.
   """
 
-  def __init__(self, client_data: tff.simulation.datasets.ClientData,
-               preprocess_train: Callable[..., tf.data.Dataset]):
+  def __init__(
+      self,
+      client_data: tff.simulation.datasets.ClientData,
+      preprocess_train: Callable[..., tf.data.Dataset],
+  ):
     self.client_data = client_data
     self.preprocess_train = preprocess_train
     self._cache: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-    spec = _as_xy(preprocess_train(
-        client_data.create_tf_dataset_for_client(client_data.client_ids[0]),
-        1, None).element_spec)
+    spec = _as_xy(
+        preprocess_train(
+            client_data.create_tf_dataset_for_client(client_data.client_ids[0]),
+            1,
+            None,
+        ).element_spec
+    )
     for s in spec:
       if not isinstance(s, tf.TensorSpec):
         raise StackedEngineError('the stacked engine needs dense tensor x, y')
@@ -114,21 +122,27 @@ class ClientExamples:
     if self.y_spec.shape.rank != 0:
       raise StackedEngineError(
           'the stacked engine needs one label per example (y of shape [B]), '
-          f'got y of shape {spec[1].shape}')
+          f'got y of shape {spec[1].shape}'
+      )
 
   def get(self, client_id: str) -> tuple[np.ndarray, np.ndarray]:
     if client_id not in self._cache:
       ds = self.preprocess_train(
-          self.client_data.create_tf_dataset_for_client(client_id), 1, None)
+          self.client_data.create_tf_dataset_for_client(client_id), 1, None
+      )
       arrays = None
       # One read of the whole client (unbatched, then one batch).
       for element in ds.unbatch().batch(2**31 - 1).take(1):
         x, y = _as_xy(element)
         arrays = (x.numpy(), y.numpy())
       if arrays is None:  # An empty client.
-        arrays = (np.zeros([0] + self.x_spec.shape.as_list(),
-                           self.x_spec.dtype.as_numpy_dtype),
-                  np.zeros([0], self.y_spec.dtype.as_numpy_dtype))
+        arrays = (
+            np.zeros(
+                [0] + self.x_spec.shape.as_list(),
+                self.x_spec.dtype.as_numpy_dtype,
+            ),
+            np.zeros([0], self.y_spec.dtype.as_numpy_dtype),
+        )
       self._cache[client_id] = arrays
     return self._cache[client_id]
 
@@ -141,8 +155,16 @@ class ClientExamples:
     return len(self._cache)
 
 
-def stream_layout(sizes, epochs, takes, batch_size: int, *, shuffle: bool,
-                  passes: int = 1, train_pass: int = 0):
+def stream_layout(
+    sizes,
+    epochs,
+    takes,
+    batch_size: int,
+    *,
+    shuffle: bool,
+    passes: int = 1,
+    train_pass: int = 0,
+):
   """Where each padded batch slot of a round reads its example.
 
   The federated path's stream of client k is `ceil(n_k / b)` batches per
@@ -183,15 +205,20 @@ def stream_layout(sizes, epochs, takes, batch_size: int, *, shuffle: bool,
   within = j * b + i
   valid = (t < steps[None, :, None]) & (within < n[None, :, None])
   if shuffle:
-    pos = (starts[None, :, None] + train_pass * pass_len[None, :, None]
-           + (t // safe_b[None, :, None]) * n[None, :, None] + within)
+    pos = (
+        starts[None, :, None]
+        + train_pass * pass_len[None, :, None]
+        + (t // safe_b[None, :, None]) * n[None, :, None]
+        + within
+    )
   else:
     pos = within
   return np.where(valid, pos, -1).astype(np.int64), steps
 
 
-def order_stream(seeds, sizes, epochs, takes, batch_size, *, passes: int,
-                 buffer_size: int):
+def order_stream(
+    seeds, sizes, epochs, takes, batch_size, *, passes: int, buffer_size: int
+):
   """The clients' shuffled positions, pass after pass, as one int64 vector.
 
   For each client, the positions `0..n-1` go through the same dataset
@@ -209,10 +236,11 @@ def order_stream(seeds, sizes, epochs, takes, batch_size, *, passes: int,
     seed, n, reps, take = row[0], row[1], row[2], row[3]
 
     def base(on):
-      return tf.data.Dataset.range(
-          tf.where(on, n, tf.constant(0, tf.int64))).shuffle(
-              buffer_size, seed=seed,
-              reshuffle_each_iteration=True).batch(batch_size)
+      return (
+          tf.data.Dataset.range(tf.where(on, n, tf.constant(0, tf.int64)))
+          .shuffle(buffer_size, seed=seed, reshuffle_each_iteration=True)
+          .batch(batch_size)
+      )
 
     once = tf.equal(reps, 1)
     plain = base(tf.logical_and(once, take < 0))
@@ -234,26 +262,34 @@ def _server_step(server_opt, opt_state, trainable, update):
   """The optimizer step, rejected (no change) if the update is not finite."""
   trainable = tuple(trainable)
   new_state, new_trainable = server_opt.next(
-      opt_state, trainable, tuple(tf.nest.flatten(update)))
+      opt_state, trainable, tuple(tf.nest.flatten(update))
+  )
   bad = batched._any_non_finite(update)  # pylint: disable=protected-access
   new_trainable = tf.nest.map_structure(
-      lambda n, o: tf.where(bad, o, n), tuple(new_trainable), trainable)
+      lambda n, o: tf.where(bad, o, n), tuple(new_trainable), trainable
+  )
   new_state = tf.nest.map_structure(
-      lambda n, o: tf.where(bad, o, n), new_state, opt_state)
+      lambda n, o: tf.where(bad, o, n), new_state, opt_state
+  )
   return new_state, new_trainable, bad
 
 
 def _per_client(mask, tensor):
   """`mask` [K] broadcast against `tensor` [K, ...]."""
-  shape = tf.concat([tf.shape(mask), tf.ones([tf.rank(tensor) - 1], tf.int32)],
-                    0)
+  shape = tf.concat(
+      [tf.shape(mask), tf.ones([tf.rank(tensor) - 1], tf.int32)], 0
+  )
   return tf.reshape(mask, shape)
 
 
 def _finite_per_client(stacked):
   """[K] bool: every entry of client k's slices is finite."""
-  flags = [tf.reduce_all(tf.reshape(tf.math.is_finite(t), [tf.shape(t)[0], -1]),
-                         axis=1) for t in stacked]
+  flags = [
+      tf.reduce_all(
+          tf.reshape(tf.math.is_finite(t), [tf.shape(t)[0], -1]), axis=1
+      )
+      for t in stacked
+  ]
   return tf.reduce_all(tf.stack(flags, axis=0), axis=0)
 
 
@@ -307,15 +343,24 @@ class StackedEngine:
     if not callable(model_fn) or not callable(preprocess_train):
       raise TypeError('model_fn and preprocess_train must be callables')
     if not isinstance(client_data, tff.simulation.datasets.ClientData):
-      raise TypeError('client_data must be a tff.simulation.datasets.'
-                      f'ClientData, got {type(client_data).__name__}')
+      raise TypeError(
+          'client_data must be a tff.simulation.datasets.'
+          f'ClientData, got {type(client_data).__name__}'
+      )
     if not isinstance(algorithm, batched.BatchedAlgorithm):
-      raise TypeError('algorithm must be a batched.BatchedAlgorithm, got '
-                      f'{type(algorithm).__name__}')
-    if isinstance(shuffle_buffer_size, bool) or not isinstance(
-        shuffle_buffer_size, int) or shuffle_buffer_size < 1:
-      raise ValueError('shuffle_buffer_size must be an int >= 1, got '
-                       f'{shuffle_buffer_size!r}')
+      raise TypeError(
+          'algorithm must be a batched.BatchedAlgorithm, got '
+          f'{type(algorithm).__name__}'
+      )
+    if (
+        isinstance(shuffle_buffer_size, bool)
+        or not isinstance(shuffle_buffer_size, int)
+        or shuffle_buffer_size < 1
+    ):
+      raise ValueError(
+          'shuffle_buffer_size must be an int >= 1, got '
+          f'{shuffle_buffer_size!r}'
+      )
     algorithm.validate()
     self.algorithm = algorithm
     self._vectorize_arg = vectorize
@@ -329,13 +374,18 @@ class StackedEngine:
     # preprocessing (the layout is checked against it on the first round).
     probe = preprocess_train(
         client_data.create_tf_dataset_for_client(
-            client_data.client_ids[0]).repeat(), 1, None)
+            client_data.client_ids[0]
+        ).repeat(),
+        1,
+        None,
+    )
     self.batch_size = int(_as_xy(next(iter(probe)))[1].shape[0])
     self._graph = tf.Graph()
     with self._graph.as_default():
       self._build(model_fn, functional, loss_none)
-    self._session = tf.compat.v1.Session(graph=self._graph,
-                                         config=session_config)
+    self._session = tf.compat.v1.Session(
+        graph=self._graph, config=session_config
+    )
     self._session.run(self._init_ops)
     self._graph.finalize()
     self._check_layout(client_data.client_ids[0])
@@ -350,38 +400,54 @@ class StackedEngine:
     if keras_model is None or not loss_fns or len(loss_fns) != 1:
       raise StackedEngineError(
           'the stacked engine needs a model built by tff.learning.models.'
-          'from_keras_model with one loss')
+          'from_keras_model with one loss'
+      )
     if keras_model.losses:
-      raise StackedEngineError('the stacked engine does not run models with '
-                               'regularization losses')
-    if any(isinstance(layer, (tf.keras.layers.Dropout,
-                              tf.keras.layers.BatchNormalization))
-           for layer in keras_model.submodules):
-      raise StackedEngineError('the stacked engine does not run models with '
-                               'dropout or batch normalization')
+      raise StackedEngineError(
+          'the stacked engine does not run models with ' 'regularization losses'
+      )
+    if any(
+        isinstance(
+            layer, (tf.keras.layers.Dropout, tf.keras.layers.BatchNormalization)
+        )
+        for layer in keras_model.submodules
+    ):
+      raise StackedEngineError(
+          'the stacked engine does not run models with '
+          'dropout or batch normalization'
+      )
     loss = loss_fns[0]
     if not isinstance(loss, tf.keras.losses.Loss):
-      raise StackedEngineError('the stacked engine needs a tf.keras.losses.'
-                               'Loss object as the model\'s loss')
+      raise StackedEngineError(
+          'the stacked engine needs a tf.keras.losses.'
+          "Loss object as the model's loss"
+      )
     loss_none = type(loss).from_config(
-        dict(loss.get_config(), reduction=tf.keras.losses.Reduction.NONE))
-    metrics = [m for m in getattr(model, '_metrics', [])
-               if m.name == 'accuracy']
+        dict(loss.get_config(), reduction=tf.keras.losses.Reduction.NONE)
+    )
+    metrics = [
+        m for m in getattr(model, '_metrics', []) if m.name == 'accuracy'
+    ]
     if any(type(m).__name__ != 'SparseCategoricalAccuracy' for m in metrics):
-      raise StackedEngineError('the stacked engine computes accuracy as '
-                               'SparseCategoricalAccuracy only')
+      raise StackedEngineError(
+          'the stacked engine computes accuracy as '
+          'SparseCategoricalAccuracy only'
+      )
     names = set(model.report_local_unfinalized_metrics())
     if not names <= set(SUPPORTED_METRICS):
       raise StackedEngineError(
           'the stacked engine reports the metrics '
           f'{", ".join(SUPPORTED_METRICS)}; the model also has '
-          f'{", ".join(sorted(names - set(SUPPORTED_METRICS)))}')
+          f'{", ".join(sorted(names - set(SUPPORTED_METRICS)))}'
+      )
     if self._vectorize_arg is None:
       self._vectorize_arg = not any(
           type(layer).__name__.startswith('Conv')
-          for layer in keras_model.submodules)
+          for layer in keras_model.submodules
+      )
     functional = tff.learning.models.functional_model_from_keras(
-        keras_model, loss, model.input_spec)
+        keras_model, loss, model.input_spec
+    )
     return functional, loss_none
 
   # -------------------------------------------------------------------------
@@ -392,13 +458,16 @@ class StackedEngine:
     model = model_fn()  # For the metric structure and finalizers.
     weights = tff.learning.models.ModelWeights.from_model(model)
     weight_specs = tf.nest.map_structure(
-        lambda v: tf.TensorSpec(v.shape, v.dtype), weights)
+        lambda v: tf.TensorSpec(v.shape, v.dtype), weights
+    )
     trainable_specs = tuple(tf.nest.flatten(weight_specs.trainable))
     server_opt = alg.server
     opt_state_specs = tf.nest.map_structure(
         lambda t: tf.TensorSpec(t.shape, t.dtype),
-        tf.nest.map_structure(tf.convert_to_tensor,
-                              server_opt.initialize(trainable_specs)))
+        tf.nest.map_structure(
+            tf.convert_to_tensor, server_opt.initialize(trainable_specs)
+        ),
+    )
     if alg.name == 'qffl':
       opt_state_specs = ()
     client_opt = alg.client_optimizer
@@ -412,11 +481,13 @@ class StackedEngine:
       if shapes != [tuple(s.shape) for s in trainable_specs]:
         raise StackedEngineError(
             f'the stacked engine needs a client optimizer with per-weight '
-            f'state (SGD, momentum, Adagrad); its state {key!r} is not')
+            f'state (SGD, momentum, Adagrad); its state {key!r} is not'
+        )
       per_weight.append(key)
     metric_specs = tf.nest.map_structure(
         lambda t: tf.TensorSpec(t.shape, t.dtype),
-        model.report_local_unfinalized_metrics())
+        model.report_local_unfinalized_metrics(),
+    )
     x_spec, y_spec = self.examples.x_spec, self.examples.y_spec
     b = self.batch_size
     vectorize = self.vectorize
@@ -437,8 +508,14 @@ class StackedEngine:
     self._epochs_ph = ph(tf.int64, [None], 'epochs')
     self._takes_ph = ph(tf.int64, [None], 'takes')
     self._order = order_stream(
-        self._seeds_ph, self._sizes_ph, self._epochs_ph, self._takes_ph, b,
-        passes=self._passes, buffer_size=self._buffer)
+        self._seeds_ph,
+        self._sizes_ph,
+        self._epochs_ph,
+        self._takes_ph,
+        b,
+        passes=self._passes,
+        buffer_size=self._buffer,
+    )
 
     def indices(pos, x_all):
       """Example indices of padded slots (the last, dummy, row on padding)."""
@@ -453,20 +530,22 @@ class StackedEngine:
 
     def predict(w, x, training):
       return functional.predict_on_batch(
-          (list(w), list(non_trainable)), x, training)
+          (list(w), list(non_trainable)), x, training
+      )
 
     def forward(w_stacked, x):
       """Predictions [K, b, ...] of each client's weights on its batch."""
       if vectorize:
         return tf.vectorized_map(
-            lambda a: predict(a[0], a[1], True), (w_stacked, x),
-            fallback_to_while_loop=True)
+            lambda a: predict(a[0], a[1], True),
+            (w_stacked, x),
+            fallback_to_while_loop=True,
+        )
       return predict([w[0] for w in w_stacked], x[0], True)[None]
 
     def per_example_loss(y, preds):
       shape = tf.shape(y)
-      flat_preds = tf.reshape(
-          preds, tf.concat([[-1], tf.shape(preds)[2:]], 0))
+      flat_preds = tf.reshape(preds, tf.concat([[-1], tf.shape(preds)[2:]], 0))
       losses = loss_none(tf.reshape(y, [-1]), flat_preds)
       return tf.reshape(tf.cast(losses, tf.float32), shape)
 
@@ -478,14 +557,18 @@ class StackedEngine:
       """Local training of the clients of `idx` [S, K, b] from `w0`."""
       k = tf.shape(idx)[1]
       stack = lambda t: tf.broadcast_to(
-          t[None], tf.concat([[k], tf.shape(t)], 0))
+          t[None], tf.concat([[k], tf.shape(t)], 0)
+      )
       w_start = tuple(stack(w) for w in w0)
       state = collections.OrderedDict(
           (key, tf.nest.map_structure(tf.convert_to_tensor, value))
-          for key, value in client_state.items())
+          for key, value in client_state.items()
+      )
       for key in per_weight:
-        state[key] = tuple(stack(tf.convert_to_tensor(v))
-                           for v in tf.nest.flatten(client_state[key]))
+        state[key] = tuple(
+            stack(tf.convert_to_tensor(v))
+            for v in tf.nest.flatten(client_state[key])
+        )
       w = w_start
       zeros_k = tf.zeros([k], tf.float32)
       sums = (zeros_k, zeros_k, zeros_k, zeros_k)
@@ -500,13 +583,15 @@ class StackedEngine:
           preds = forward(w, x)
           losses = per_example_loss(y, preds)
           count = tf.reduce_sum(mask, axis=1)
-          client_loss = (tf.reduce_sum(losses * mask, axis=1)
-                         / tf.maximum(count, 1.0))
+          client_loss = tf.reduce_sum(losses * mask, axis=1) / tf.maximum(
+              count, 1.0
+          )
           total = tf.reduce_sum(client_loss)
         grads = tape.gradient(total, w)
         if proximal:
-          grads = tuple(g + proximal * (v - v0)
-                        for g, v, v0 in zip(grads, w, w_start))
+          grads = tuple(
+              g + proximal * (v - v0) for g, v, v0 in zip(grads, w, w_start)
+          )
         if decay:
           grads = tuple(g + decay * v for g, v in zip(grads, w))
         new_state, new_w = client_opt.next(state, w, grads)
@@ -514,36 +599,50 @@ class StackedEngine:
         w = tuple(keep(n, o) for n, o in zip(new_w, w))
         merged = collections.OrderedDict(
             (key, tf.nest.map_structure(tf.convert_to_tensor, value))
-            for key, value in new_state.items())
+            for key, value in new_state.items()
+        )
         for key in per_weight:
-          merged[key] = tuple(keep(n, o) for n, o in zip(
-              tf.nest.flatten(new_state[key]), state[key]))
+          merged[key] = tuple(
+              keep(n, o)
+              for n, o in zip(tf.nest.flatten(new_state[key]), state[key])
+          )
         state = merged
         loss_sum, correct_sum, n_sum, batches = sums
-        sums = (loss_sum + client_loss * count,
-                correct_sum + tf.reduce_sum(correct(y, preds) * mask, axis=1),
-                n_sum + count,
-                batches + tf.cast(active, tf.float32))
+        sums = (
+            loss_sum + client_loss * count,
+            correct_sum + tf.reduce_sum(correct(y, preds) * mask, axis=1),
+            n_sum + count,
+            batches + tf.cast(active, tf.float32),
+        )
       delta = tuple(a - c for a, c in zip(w_start, w))
       return delta, sums
 
-    def train_clients(w0, x_all, y_all, idx, valid, steps, proximal=0.0,
-                      decay=0.0):
+    def train_clients(
+        w0, x_all, y_all, idx, valid, steps, proximal=0.0, decay=0.0
+    ):
       """`(deltas [K, ...], (loss, correct, examples, batches) [K])`."""
       if vectorize:
         return train(w0, x_all, y_all, idx, valid, proximal, decay)
       k_count = tf.shape(idx)[1]
-      deltas = [tf.TensorArray(s.dtype, size=k_count) for s in
-                trainable_specs]
+      deltas = [tf.TensorArray(s.dtype, size=k_count) for s in trainable_specs]
       sums = [tf.TensorArray(tf.float32, size=k_count) for _ in range(4)]
       for k in tf.range(k_count):
         s = tf.cast(steps[k], tf.int32)
-        d, m = train(w0, x_all, y_all, idx[:s, k:k + 1], valid[:s, k:k + 1],
-                     proximal, decay)
+        d, m = train(
+            w0,
+            x_all,
+            y_all,
+            idx[:s, k : k + 1],
+            valid[:s, k : k + 1],
+            proximal,
+            decay,
+        )
         deltas = [ta.write(k, v[0]) for ta, v in zip(deltas, d)]
         sums = [ta.write(k, v[0]) for ta, v in zip(sums, m)]
-      return (tuple(ta.stack() for ta in deltas),
-              tuple(ta.stack() for ta in sums))
+      return (
+          tuple(ta.stack() for ta in deltas),
+          tuple(ta.stack() for ta in sums),
+      )
 
     def loss_at(w0, x_all, y_all, idx, valid):
       """Each client's mean loss over its (loss-pass) stream at `w0`.
@@ -553,12 +652,12 @@ class StackedEngine:
       at a zero-initialised model, tie the same way in Delta-FL's filter.
       """
       preds = predict(w0, x_all, False)
-      losses = tf.reshape(
-          per_example_loss(y_all[None], preds[None]), [-1])
+      losses = tf.reshape(per_example_loss(y_all[None], preds[None]), [-1])
       mask = tf.cast(valid, tf.float32)
       counts = tf.reduce_sum(mask, axis=2)
       means = tf.math.divide_no_nan(
-          tf.reduce_sum(tf.gather(losses, idx) * mask, axis=2), counts)
+          tf.reduce_sum(tf.gather(losses, idx) * mask, axis=2), counts
+      )
       k = tf.shape(idx)[1]
       total = tf.zeros([k], tf.float32)
       n = tf.zeros([k], tf.float32)
@@ -570,18 +669,20 @@ class StackedEngine:
     def clean(deltas):
       """Deltas zeroed where non-finite, and the [K] non-finite flags."""
       ok = _finite_per_client(deltas)
-      return tuple(tf.where(_per_client(ok, d), d, tf.zeros_like(d))
-                   for d in deltas), tf.logical_not(ok)
+      return tuple(
+          tf.where(_per_client(ok, d), d, tf.zeros_like(d)) for d in deltas
+      ), tf.logical_not(ok)
 
     def weighted_mean(deltas, w, no_nan=False):
       total = tf.reduce_sum(w)
       div = tf.math.divide_no_nan if no_nan else tf.divide
-      return tuple(div(tf.reduce_sum(d * _per_client(w, d), axis=0), total)
-                   for d in deltas)
+      return tuple(
+          div(tf.reduce_sum(d * _per_client(w, d), axis=0), total)
+          for d in deltas
+      )
 
     @tf.function
-    def round_fn(weights, opt_state, x_all, y_all, train_pos, loss_pos,
-                 steps):
+    def round_fn(weights, opt_state, x_all, y_all, train_pos, loss_pos, steps):
       w0 = tuple(tf.nest.flatten(weights.trainable))
       idx = indices(train_pos, x_all)
       valid = train_pos >= 0
@@ -589,8 +690,9 @@ class StackedEngine:
       count = tf.cast(k_count, tf.float32)
       extra = collections.OrderedDict()
       if alg.name in ('fedavg', 'fedprox'):
-        deltas, sums = train_clients(w0, x_all, y_all, idx, valid, steps,
-                                     alg.proximal_strength)
+        deltas, sums = train_clients(
+            w0, x_all, y_all, idx, valid, steps, alg.proximal_strength
+        )
         deltas, bad = clean(deltas)
         if alg.client_weighting == tff.learning.ClientWeighting.NUM_EXAMPLES:
           w = sums[2]
@@ -600,33 +702,41 @@ class StackedEngine:
         update = weighted_mean(deltas, w)
       elif alg.name == 'term':
         losses, counts = loss_at(w0, x_all, y_all, idx, valid)
-        deltas, sums = train_clients(w0, x_all, y_all, idx, valid, steps,
-                                     alg.proximal_strength)
+        deltas, sums = train_clients(
+            w0, x_all, y_all, idx, valid, steps, alg.proximal_strength
+        )
         deltas, bad = clean(deltas)
         w = term_lib.tilted_weight(
-            losses, counts, tilt=alg.tilt,
-            max_tilted_loss=tf.reduce_max(alg.tilt * losses))
+            losses,
+            counts,
+            tilt=alg.tilt,
+            max_tilted_loss=tf.reduce_max(alg.tilt * losses),
+        )
         update = weighted_mean(deltas, tf.where(bad, 0.0, w))
         extra['loss_at_broadcast'] = tf.reduce_sum(losses) / count
         extra['max_loss_at_broadcast'] = tf.reduce_max(losses)
       elif alg.name == 'deltafl':
         losses, counts = loss_at(w0, x_all, y_all, idx, valid)
-        alphas = (tf.ones_like(counts) if alg.uniform_weights else counts)
+        alphas = tf.ones_like(counts) if alg.uniform_weights else counts
         threshold = quantiles.tf_weighted_quantile(
-            losses, alphas, estimator.level)
-        kept = delta_fl.keep_client(losses, threshold,
-                                    strict=alg.strict_filter, slack=slack)
+            losses, alphas, estimator.level
+        )
+        kept = delta_fl.keep_client(
+            losses, threshold, strict=alg.strict_filter, slack=slack
+        )
         # A filtered client does no work (no step, no metric, zero delta).
         valid = tf.logical_and(valid, kept[None, :, None])
         steps = tf.where(kept, steps, tf.zeros_like(steps))
-        deltas, sums = train_clients(w0, x_all, y_all, idx, valid, steps,
-                                     decay=alg.weight_decay)
+        deltas, sums = train_clients(
+            w0, x_all, y_all, idx, valid, steps, decay=alg.weight_decay
+        )
         deltas, bad = clean(deltas)
         w = tf.where(tf.logical_and(kept, tf.logical_not(bad)), alphas, 0.0)
         update = weighted_mean(deltas, w, no_nan=True)
         extra['eta'] = threshold
-        extra['fraction_kept'] = tf.reduce_sum(
-            tf.cast(kept, tf.float32)) / count
+        extra['fraction_kept'] = (
+            tf.reduce_sum(tf.cast(kept, tf.float32)) / count
+        )
         extra['loss_at_broadcast'] = tf.reduce_sum(losses) / count
       else:  # q-FFL: the loss pass reads pass 0, training pass 1.
         lidx = indices(loss_pos, x_all)
@@ -638,60 +748,87 @@ class StackedEngine:
         def message(args):
           loss, delta = args
           dw = tuple(lipschitz * d for d in delta)
-          msg, h = q_ffl.q_ffl_client_message(loss, dw, q=alg.q,
-                                              lipschitz=lipschitz)
+          msg, h = q_ffl.q_ffl_client_message(
+              loss, dw, q=alg.q, lipschitz=lipschitz
+          )
           (msg, h), non_finite = client_work_lib.zero_all_if_any_non_finite(
-              (tuple(msg), h))
+              (tuple(msg), h)
+          )
           return msg, h, non_finite
 
         msgs, hs, msg_bad = tf.map_fn(
-            message, (losses, deltas),
+            message,
+            (losses, deltas),
             fn_output_signature=(
-                tuple(tf.TensorSpec(s.shape, s.dtype)
-                      for s in trainable_specs),
-                tf.TensorSpec([], tf.float32), tf.TensorSpec([], tf.bool)))
+                tuple(tf.TensorSpec(s.shape, s.dtype) for s in trainable_specs),
+                tf.TensorSpec([], tf.float32),
+                tf.TensorSpec([], tf.bool),
+            ),
+        )
         ok = tf.logical_not(tf.logical_or(bad, msg_bad))
         hs = tf.where(ok, hs, 0.0)
-        msgs = tuple(tf.where(_per_client(ok, m), m, tf.zeros_like(m))
-                     for m in msgs)
+        msgs = tuple(
+            tf.where(_per_client(ok, m), m, tf.zeros_like(m)) for m in msgs
+        )
         h_sum = tf.reduce_sum(hs)
         trainable = q_ffl.q_ffl_server_update(
-            w0, tuple(tf.reduce_sum(m, axis=0) for m in msgs), h_sum)
+            w0, tuple(tf.reduce_sum(m, axis=0) for m in msgs), h_sum
+        )
         extra['loss_at_broadcast'] = tf.reduce_sum(losses) / count
         extra['h_sum'] = h_sum
       if alg.name != 'qffl':
         opt_state, trainable, rejected = _server_step(
-            server_opt, opt_state, w0, update)
+            server_opt, opt_state, w0, update
+        )
         extra['update_non_finite'] = tf.cast(rejected, tf.int32)
-      loss_sum, correct_sum, n_sum, batches = (
-          tf.reduce_sum(s) for s in sums)
+      loss_sum, correct_sum, n_sum, batches = (tf.reduce_sum(s) for s in sums)
       metrics = collections.OrderedDict()
-      values = {'accuracy': [correct_sum, n_sum], 'loss': [loss_sum, n_sum],
-                'num_examples': [n_sum], 'num_batches': [batches]}
+      values = {
+          'accuracy': [correct_sum, n_sum],
+          'loss': [loss_sum, n_sum],
+          'num_examples': [n_sum],
+          'num_batches': [batches],
+      }
       for name, spec in metric_specs.items():
-        metrics[name] = tf.nest.pack_sequence_as(spec, [
-            tf.cast(tf.reshape(v, s.shape), s.dtype)
-            for v, s in zip(values[name], tf.nest.flatten(spec))])
+        metrics[name] = tf.nest.pack_sequence_as(
+            spec,
+            [
+                tf.cast(tf.reshape(v, s.shape), s.dtype)
+                for v, s in zip(values[name], tf.nest.flatten(spec))
+            ],
+        )
       return tuple(trainable), opt_state, metrics, extra
 
     estimator = quantiles.build_estimator('exact', level=1.0 - alg.theta)
     slack = delta_fl.filter_slack(estimator)
-    non_trainable = tuple(
-        tf.nest.flatten(self._weights_ph.non_trainable))
+    non_trainable = tuple(tf.nest.flatten(self._weights_ph.non_trainable))
     weights_in = tff.learning.models.ModelWeights(
         trainable=list(tf.nest.flatten(self._weights_ph.trainable)),
-        non_trainable=list(non_trainable))
+        non_trainable=list(non_trainable),
+    )
     trainable, opt_state, metric_sums, extra = round_fn(
-        weights_in, self._opt_state_ph, self._x_ph, self._y_ph,
-        self._train_pos_ph, self._loss_pos_ph, self._steps_ph)
+        weights_in,
+        self._opt_state_ph,
+        self._x_ph,
+        self._y_ph,
+        self._train_pos_ph,
+        self._loss_pos_ph,
+        self._steps_ph,
+    )
     finalizers = model.metric_finalizers()
     finalized = collections.OrderedDict(
-        (name, finalizers[name](metric_sums[name])) for name in metric_sums)
+        (name, finalizers[name](metric_sums[name])) for name in metric_sums
+    )
     self._outputs = (
         tf.nest.pack_sequence_as(weight_specs.trainable, list(trainable)),
-        opt_state, finalized, extra)
-    init = [tf.compat.v1.global_variables_initializer(),
-            tf.compat.v1.local_variables_initializer()]
+        opt_state,
+        finalized,
+        extra,
+    )
+    init = [
+        tf.compat.v1.global_variables_initializer(),
+        tf.compat.v1.local_variables_initializer(),
+    ]
     self._init_ops = init
 
   # -------------------------------------------------------------------------
@@ -702,27 +839,41 @@ class StackedEngine:
     x, y = self.examples.get(client_id)
     seed = _CHECK_SEED if self._shuffle else None
     raw = self.examples.client_data.create_tf_dataset_for_client(client_id)
-    expected = [_as_xy(e) for e in self.examples.preprocess_train(
-        raw, 2, seed)]
-    pos, _ = stream_layout([len(y)], [2], [-1], self.batch_size,
-                           shuffle=self._shuffle, passes=self._passes)
+    expected = [_as_xy(e) for e in self.examples.preprocess_train(raw, 2, seed)]
+    pos, _ = stream_layout(
+        [len(y)],
+        [2],
+        [-1],
+        self.batch_size,
+        shuffle=self._shuffle,
+        passes=self._passes,
+    )
     if self._shuffle:
-      order = self._session.run(self._order, {
-          self._seeds_ph: [seed], self._sizes_ph: [len(y)],
-          self._epochs_ph: [2], self._takes_ph: [-1]})
+      order = self._session.run(
+          self._order,
+          {
+              self._seeds_ph: [seed],
+              self._sizes_ph: [len(y)],
+              self._epochs_ph: [2],
+              self._takes_ph: [-1],
+          },
+      )
       local = np.where(pos >= 0, order[np.maximum(pos, 0)], -1)
     else:
       local = pos
     got = [local[t, 0][local[t, 0] >= 0] for t in range(local.shape[0])]
     same = len(got) == len(expected) and all(
-        np.array_equal(y[g], e[1].numpy()) and np.array_equal(
-            x[g], e[0].numpy()) for g, e in zip(got, expected))
+        np.array_equal(y[g], e[1].numpy())
+        and np.array_equal(x[g], e[0].numpy())
+        for g, e in zip(got, expected)
+    )
     if not same:
       raise StackedEngineError(
-          'the task\'s preprocess_train is not of the form the stacked '
+          "the task's preprocess_train is not of the form the stacked "
           'engine reproduces (per-example map, seeded shuffle with buffer '
           f'{self._buffer}, batch, repeat): use --simulation_engine=tff or '
-          'batched')
+          'batched'
+      )
 
   def run_round(self, weights, server_state, plan: batched.RoundPlan):
     """One round on raw values: `(trainable, server_state, train, extra)`."""
@@ -731,34 +882,56 @@ class StackedEngine:
     parts = [self.examples.get(cid) for cid in plan.client_ids]
     sizes = np.array([len(p[1]) for p in parts], np.int64)
     x_all = np.concatenate(
-        [p[0] for p in parts] + [np.zeros_like(parts[0][0][:1])])
+        [p[0] for p in parts] + [np.zeros_like(parts[0][0][:1])]
+    )
     y_all = np.concatenate(
-        [p[1] for p in parts] + [np.zeros_like(parts[0][1][:1])])
+        [p[1] for p in parts] + [np.zeros_like(parts[0][1][:1])]
+    )
     base = np.concatenate([[0], np.cumsum(sizes)])[:-1].astype(np.int64)
-    seeds = (plan.shuffle_seeds if plan.shuffle_seeds is not None
-             else [0] * len(sizes))
+    seeds = (
+        plan.shuffle_seeds
+        if plan.shuffle_seeds is not None
+        else [0] * len(sizes)
+    )
     epochs = np.asarray(plan.epochs, np.int64)
     takes = np.asarray(plan.max_batches, np.int64)
     layout = lambda p: stream_layout(
-        sizes, epochs, takes, self.batch_size, shuffle=self._shuffle,
-        passes=self._passes, train_pass=p)
+        sizes,
+        epochs,
+        takes,
+        self.batch_size,
+        shuffle=self._shuffle,
+        passes=self._passes,
+        train_pass=p,
+    )
     train_pos, steps = layout(1 if self._passes == 2 else 0)
     loss_pos = layout(0)[0] if self._passes == 2 else train_pos[:0]
     feed = batched.weights_and_state_feed(
-        self._weights_ph, self._opt_state_ph, weights, server_state)
-    feed.update({
-        self._x_ph: x_all, self._y_ph: y_all, self._base_ph: base,
-        self._train_pos_ph: train_pos, self._loss_pos_ph: loss_pos,
-        self._steps_ph: steps, self._seeds_ph: np.asarray(seeds, np.int64),
-        self._sizes_ph: sizes, self._epochs_ph: epochs,
-        self._takes_ph: takes})
+        self._weights_ph, self._opt_state_ph, weights, server_state
+    )
+    feed.update(
+        {
+            self._x_ph: x_all,
+            self._y_ph: y_all,
+            self._base_ph: base,
+            self._train_pos_ph: train_pos,
+            self._loss_pos_ph: loss_pos,
+            self._steps_ph: steps,
+            self._seeds_ph: np.asarray(seeds, np.int64),
+            self._sizes_ph: sizes,
+            self._epochs_ph: epochs,
+            self._takes_ph: takes,
+        }
+    )
     return self._session.run(self._outputs, feed_dict=feed)
 
   def next(self, state, plan: batched.RoundPlan):
     """`process.next` on the process's state: `(new_state, metrics)`."""
-    return batched.apply_round(self.algorithm.name, state,
-                               self.run_round(state.global_model_weights,
-                                              state.finalizer, plan))
+    return batched.apply_round(
+        self.algorithm.name,
+        state,
+        self.run_round(state.global_model_weights, state.finalizer, plan),
+    )
 
   def close(self) -> None:
     self._session.close()
@@ -770,4 +943,3 @@ def algorithm_from_spec(spec, **kwargs) -> batched.BatchedAlgorithm:
     return batched.algorithm_from_spec(spec, **kwargs)
   except ValueError as e:
     raise ValueError(str(e).replace('=batched', '=stacked')) from None
-

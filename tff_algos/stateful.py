@@ -49,8 +49,9 @@ def zero_non_finite_to(new, old):
   return tf.cond(finite, lambda: new, lambda: old), tf.logical_not(finite)
 
 
-def build_personal_evaluation(model_fn: ModelFn, weights_type,
-                              client_state_type, data_type) -> tff.Computation:
+def build_personal_evaluation(
+    model_fn: ModelFn, weights_type, client_state_type, data_type
+) -> tff.Computation:
   """`(global_weights@SERVER, client_state@CLIENTS, {data*}@CLIENTS)` ->
   each client's metrics of each of its G personal models (vectors of G)."""
 
@@ -64,22 +65,27 @@ def build_personal_evaluation(model_fn: ModelFn, weights_type,
       for personal in client_state['personal']:
         model.reset_metrics()
         personal_weights = tff.learning.models.ModelWeights(
-            trainable=personal, non_trainable=weights.non_trainable)
-        per_model.append(evaluation.evaluate_local(
-            model, personal_weights, dataset))
+            trainable=personal, non_trainable=weights.non_trainable
+        )
+        per_model.append(
+            evaluation.evaluate_local(model, personal_weights, dataset)
+        )
       return collections.OrderedDict(
           (name, tf.stack([m[name] for m in per_model]))
-          for name in per_model[0])
+          for name in per_model[0]
+      )
 
     return run(weights, client_state, dataset)
 
   @tff.federated_computation(
       tff.FederatedType(weights_type, tff.SERVER),
       tff.FederatedType(client_state_type, tff.CLIENTS),
-      tff.FederatedType(data_type, tff.CLIENTS))
+      tff.FederatedType(data_type, tff.CLIENTS),
+  )
   def personal_eval(weights, client_states, data):
     return tff.federated_map(
-        client_eval, (tff.federated_broadcast(weights), client_states, data))
+        client_eval, (tff.federated_broadcast(weights), client_states, data)
+    )
 
   return personal_eval
 
@@ -98,12 +104,16 @@ class StatefulClientsProcess(tff.templates.IterativeProcess):
     personal_model_values: Their hyperparameter values (Ditto: lambdas).
   """
 
-  def __init__(self, initialize_fn: tff.Computation,
-               next_fn: tff.Computation, *,
-               personal_evaluation: tff.Computation,
-               initial_client_state_fn: Callable[[], Any],
-               personal_model_names: Sequence[str],
-               personal_model_values: Sequence[float]):
+  def __init__(
+      self,
+      initialize_fn: tff.Computation,
+      next_fn: tff.Computation,
+      *,
+      personal_evaluation: tff.Computation,
+      initial_client_state_fn: Callable[[], Any],
+      personal_model_names: Sequence[str],
+      personal_model_values: Sequence[float],
+  ):
     super().__init__(initialize_fn, next_fn, next_is_multi_arg=True)
     self._next_computation = next_fn
     self.personal_evaluation = personal_evaluation
@@ -117,8 +127,10 @@ class StatefulClientsProcess(tff.templates.IterativeProcess):
 
     def next_fn(state, client_data, client_states):
       if len(client_data) != len(client_states):
-        raise ValueError(f'{len(client_data)} client datasets but '
-                         f'{len(client_states)} client states')
+        raise ValueError(
+            f'{len(client_data)} client datasets but '
+            f'{len(client_states)} client states'
+        )
       result = computation(state, client_data, client_states)
       return StatefulOutput(result[0], list(result[1]), result[2])
 
@@ -131,10 +143,13 @@ class StatefulClientsProcess(tff.templates.IterativeProcess):
     if isinstance(weights, tff.learning.models.ModelWeights):
       return weights
     return tff.learning.models.ModelWeights(
-        trainable=weights['trainable'] if isinstance(weights, dict)
+        trainable=weights['trainable']
+        if isinstance(weights, dict)
         else weights[0],
-        non_trainable=weights['non_trainable'] if isinstance(weights, dict)
-        else weights[1])
+        non_trainable=weights['non_trainable']
+        if isinstance(weights, dict)
+        else weights[1],
+    )
 
   def initial_client_state(self):
     """The state of a client never selected (NumPy arrays)."""
@@ -145,7 +160,8 @@ class StatefulClientsProcess(tff.templates.IterativeProcess):
     if not datasets:
       return []
     rows = self.personal_evaluation(
-        self.get_model_weights(state), list(client_states), list(datasets))
+        self.get_model_weights(state), list(client_states), list(datasets)
+    )
     return [{k: np.asarray(v) for k, v in row.items()} for row in rows]
 
 
@@ -154,8 +170,9 @@ def is_stateful(process) -> bool:
   return isinstance(process, StatefulClientsProcess)
 
 
-def build_server_parts(model_fn: ModelFn, server_optimizer_fn,
-                       model_aggregator):
+def build_server_parts(
+    model_fn: ModelFn, server_optimizer_fn, model_aggregator
+):
   """`(initial_weights_fn, initial_weights, weights_type, aggregator,
   finalizer)`; `initial_weights` are NumPy arrays."""
   if server_optimizer_fn is None:
@@ -163,15 +180,18 @@ def build_server_parts(model_fn: ModelFn, server_optimizer_fn,
   if not isinstance(server_optimizer_fn, tff.learning.optimizers.Optimizer):
     raise TypeError(
         'server_optimizer_fn must be a tff.learning.optimizers.Optimizer, got '
-        f'{type(server_optimizer_fn).__name__}')
+        f'{type(server_optimizer_fn).__name__}'
+    )
   if model_aggregator is None:
     model_aggregator = tff.aggregators.MeanFactory()
-  if not isinstance(model_aggregator,
-                    tff.aggregators.WeightedAggregationFactory):
+  if not isinstance(
+      model_aggregator, tff.aggregators.WeightedAggregationFactory
+  ):
     raise TypeError(
         'model_aggregator must be a tff.aggregators.WeightedAggregationFactory'
         ' (wrap unweighted ones with tff.aggregators.as_weighted_aggregator),'
-        f' got {type(model_aggregator).__name__}')
+        f' got {type(model_aggregator).__name__}'
+    )
 
   initial = initial_numpy_weights(model_fn)
 
@@ -182,14 +202,18 @@ def build_server_parts(model_fn: ModelFn, server_optimizer_fn,
     return tf.nest.map_structure(tf.constant, initial)
 
   weights_type = initial_weights_fn.type_signature.result
-  aggregator = model_aggregator.create(weights_type.trainable,
-                                       tff.TensorType(np.float32))
+  aggregator = model_aggregator.create(
+      weights_type.trainable, tff.TensorType(np.float32)
+  )
   finalizer = tff.learning.templates.build_apply_optimizer_finalizer(
-      server_optimizer_fn, weights_type)
+      server_optimizer_fn, weights_type
+  )
   return initial_weights_fn, initial, weights_type, aggregator, finalizer
 
 
-def initial_numpy_weights(model_fn: ModelFn) -> tff.learning.models.ModelWeights:
+def initial_numpy_weights(
+    model_fn: ModelFn,
+) -> tff.learning.models.ModelWeights:
   """The model's initial weights as NumPy arrays (eagerly, no TFF call)."""
   with tf.Graph().as_default() as graph:
     model = model_fn()
@@ -200,4 +224,5 @@ def initial_numpy_weights(model_fn: ModelFn) -> tff.learning.models.ModelWeights
       values = sess.run(weights)
   return tff.learning.models.ModelWeights(
       trainable=[np.asarray(v) for v in values.trainable],
-      non_trainable=[np.asarray(v) for v in values.non_trainable])
+      non_trainable=[np.asarray(v) for v in values.non_trainable],
+  )

@@ -42,7 +42,8 @@ ModelFn = Callable[[], tff.learning.models.VariableModel]
 def tilted_weight(loss, num_examples, *, tilt: float, max_tilted_loss):
   """n_k exp(t F_k - max_j t F_j), the unnormalised TERM client weight."""
   return tf.cast(num_examples, tf.float32) * tf.exp(
-      tilt * tf.cast(loss, tf.float32) - max_tilted_loss)
+      tilt * tf.cast(loss, tf.float32) - max_tilted_loss
+  )
 
 
 def build_term_client_work(
@@ -64,7 +65,8 @@ def build_term_client_work(
     `loss_at_broadcast` (mean over clients) and `max_loss_at_broadcast`.
   """
   weights_type, data_type, metrics_aggregation_fn = (
-      client_work_lib.model_types_and_metrics(model_fn, metrics_aggregator))
+      client_work_lib.model_types_and_metrics(model_fn, metrics_aggregator)
+  )
 
   @tff.tensorflow.computation(weights_type, data_type)
   def client_loss(weights, dataset):
@@ -78,22 +80,29 @@ def build_term_client_work(
     return run(weights, dataset)
 
   @tff.tensorflow.computation(
-      weights_type, data_type, np.float32, np.int64, np.float32)
+      weights_type, data_type, np.float32, np.int64, np.float32
+  )
   def client_train(weights, dataset, loss, num_examples, max_tilted_loss):
     model = model_fn()
 
     @tf.function
     def run(weights, dataset, loss, num_examples, max_tilted_loss):
       delta, _, non_finite = client_work_lib.local_training(
-          model, optimizer, weights, dataset,
+          model,
+          optimizer,
+          weights,
+          dataset,
           proximal_strength=proximal_strength,
-          loop_implementation=loop_implementation)
-      weight = tilted_weight(loss, num_examples, tilt=tilt,
-                             max_tilted_loss=max_tilted_loss)
+          loop_implementation=loop_implementation,
+      )
+      weight = tilted_weight(
+          loss, num_examples, tilt=tilt, max_tilted_loss=max_tilted_loss
+      )
       weight = tf.where(non_finite, 0.0, weight)
       return (
           tff.learning.templates.ClientResult(
-              update=delta, update_weight=weight),
+              update=delta, update_weight=weight
+          ),
           model.report_local_unfinalized_metrics(),
       )
 
@@ -108,15 +117,19 @@ def build_term_client_work(
   )
   def next_fn(state, weights, client_data):
     losses, counts, tilted = tff.federated_map(
-        client_loss, (weights, client_data))
+        client_loss, (weights, client_data)
+    )
     max_tilted = tff.federated_broadcast(tff.federated_max(tilted))
     result, model_outputs = tff.federated_map(
-        client_train, (weights, client_data, losses, counts, max_tilted))
-    measurements = tff.federated_zip(collections.OrderedDict(
-        train=metrics_aggregation_fn(model_outputs),
-        loss_at_broadcast=tff.federated_mean(losses),
-        max_loss_at_broadcast=tff.federated_max(losses),
-    ))
+        client_train, (weights, client_data, losses, counts, max_tilted)
+    )
+    measurements = tff.federated_zip(
+        collections.OrderedDict(
+            train=metrics_aggregation_fn(model_outputs),
+            loss_at_broadcast=tff.federated_mean(losses),
+            max_loss_at_broadcast=tff.federated_max(losses),
+        )
+    )
     return tff.templates.MeasuredProcessOutput(state, result, measurements)
 
   return tff.learning.templates.ClientWorkProcess(init_fn, next_fn)
@@ -130,16 +143,21 @@ def build_term(
     tilt: float,
     proximal_strength: float = 0.0,
     model_distributor: Optional[
-        tff.learning.templates.DistributionProcess] = None,
+        tff.learning.templates.DistributionProcess
+    ] = None,
     metrics_aggregator: Optional[Callable[..., tff.Computation]] = None,
     loop_implementation: tff.learning.LoopImplementation = (
         tff.learning.LoopImplementation.DATASET_REDUCE
     ),
     model_aggregator: Optional[tff.aggregators.WeightedAggregationFactory] = (
-        None),
+        None
+    ),
     update_attack: Optional[
-        Callable[[tff.learning.templates.ClientWorkProcess],
-                 tff.learning.templates.ClientWorkProcess]] = None,
+        Callable[
+            [tff.learning.templates.ClientWorkProcess],
+            tff.learning.templates.ClientWorkProcess,
+        ]
+    ] = None,
 ) -> tff.learning.templates.LearningProcess:
   """Builds federated TERM (Li et al., ICLR 2021; thesis section 7.7.2.2).
 
@@ -169,20 +187,27 @@ def build_term(
   if not np.isfinite(tilt):
     raise ValueError(f'tilt must be finite, got {tilt}')
   if not np.isfinite(proximal_strength) or proximal_strength < 0:
-    raise ValueError(
-        f'proximal_strength must be >= 0, got {proximal_strength}')
+    raise ValueError(f'proximal_strength must be >= 0, got {proximal_strength}')
   if not callable(model_fn):
     raise TypeError('model_fn must be a no-arg callable returning a model')
   if not isinstance(client_optimizer_fn, tff.learning.optimizers.Optimizer):
     raise TypeError(
         'client_optimizer_fn must be a tff.learning.optimizers.Optimizer, got '
-        f'{type(client_optimizer_fn).__name__}')
+        f'{type(client_optimizer_fn).__name__}'
+    )
   work = build_term_client_work(
-      model_fn, client_optimizer_fn, tilt=float(tilt),
+      model_fn,
+      client_optimizer_fn,
+      tilt=float(tilt),
       proximal_strength=float(proximal_strength),
       metrics_aggregator=metrics_aggregator,
-      loop_implementation=loop_implementation)
+      loop_implementation=loop_implementation,
+  )
   return composition.compose_model_delta_process(
-      model_fn, work, server_optimizer_fn=server_optimizer_fn,
-      model_distributor=model_distributor, model_aggregator=model_aggregator,
-      update_attack=update_attack)
+      model_fn,
+      work,
+      server_optimizer_fn=server_optimizer_fn,
+      model_distributor=model_distributor,
+      model_aggregator=model_aggregator,
+      update_attack=update_attack,
+  )

@@ -76,7 +76,7 @@ TESTS_NOTE = (
     '#\n'
     '# Each py_test (//tools/bazel:defs.bzl) runs its pytest module with'
     ' pytest; its\n'
-    '# deps are the module\'s imports plus the conftest libraries pytest'
+    "# deps are the module's imports plus the conftest libraries pytest"
     ' loads\n'
     '# implicitly. `bazel test //...` runs them (README, "Bazel").\n'
 )
@@ -88,14 +88,15 @@ SIZE_OVERRIDE = re.compile(r'^#\s*bazel-size:\s*(\w+)\s*$', re.MULTILINE)
 DATA_DIRECTIVE = re.compile(r'^#\s*bazel-data:(.*)$', re.MULTILINE)
 TAGS_DIRECTIVE = re.compile(r'^#\s*bazel-tags:(.*)$', re.MULTILINE)
 DEFS_BZL = '//tools/bazel:defs.bzl'
-BAZEL_FILES = frozenset({'BUILD', 'BUILD.bazel', 'WORKSPACE',
-                         'WORKSPACE.bazel'})
+BAZEL_FILES = frozenset(
+    {'BUILD', 'BUILD.bazel', 'WORKSPACE', 'WORKSPACE.bazel'}
+)
 DEP_REASONS = {
     'imported': 'imported by the module',
     'named': 'a module the module names, e.g. to run it with python -m',
     'conftest': 'pytest conftest',
     'package': 'the package __init__ Python runs on import',
-    'notebook': 'imported by a notebook in the target\'s data, which it runs',
+    'notebook': "imported by a notebook in the target's data, which it runs",
 }
 
 
@@ -157,8 +158,9 @@ class Module:
     return label_for(self.package, self.target)
 
 
-def label_for(package: str, target: str, from_package: Optional[str] = None
-              ) -> str:
+def label_for(
+    package: str, target: str, from_package: Optional[str] = None
+) -> str:
   if from_package == package:
     return ':' + target
   path = package.replace('.', '/')
@@ -169,7 +171,8 @@ def label_for(package: str, target: str, from_package: Optional[str] = None
 
 def is_test_file(name: str) -> bool:
   return name.endswith('.py') and (
-      name.startswith('test_') or name.endswith('_test.py'))
+      name.startswith('test_') or name.endswith('_test.py')
+  )
 
 
 class Tree:
@@ -187,9 +190,13 @@ class Tree:
 
   @staticmethod
   def _is_package_dir(path: Path) -> bool:
-    return (path.is_dir() and not path.name.startswith('.')
-            and path.name not in SKIPPED_DIRS and path.name.isidentifier()
-            and (path / '__init__.py').is_file())
+    return (
+        path.is_dir()
+        and not path.name.startswith('.')
+        and path.name not in SKIPPED_DIRS
+        and path.name.isidentifier()
+        and (path / '__init__.py').is_file()
+    )
 
   def _add_package(self, dotted: str, directory: Path) -> None:
     rel = directory.relative_to(self.root)
@@ -204,13 +211,15 @@ class Tree:
       stem = entry.stem
       if not stem.isidentifier():
         self.problems.append(
-            f'{rel / entry.name}: not an importable module name; rename it')
+            f'{rel / entry.name}: not an importable module name; rename it'
+        )
         continue
       is_init = stem == '__init__'
       if not is_init and stem == last:
         self.problems.append(
             f'{rel / entry.name}: module named like its package clashes with'
-            f' the package target {label_for(dotted, last)}; rename it')
+            f' the package target {label_for(dotted, last)}; rename it'
+        )
         continue
       module = Module(
           dotted=dotted if is_init else f'{dotted}.{stem}',
@@ -229,8 +238,10 @@ class Tree:
       self.modules[module.dotted] = module
 
   def package_modules(self, package: str) -> list[Module]:
-    return sorted((m for m in self.modules.values() if m.package == package),
-                  key=lambda m: m.target)
+    return sorted(
+        (m for m in self.modules.values() if m.package == package),
+        key=lambda m: m.target,
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -252,14 +263,17 @@ class Target:
   dep_reasons: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
-def _import_names(module: Module, tree: Tree
-                  ) -> tuple[set[str], set[str], list[str]]:
+def _import_names(
+    module: Module, tree: Tree
+) -> tuple[set[str], set[str], list[str]]:
   """(first-party dotted modules, third-party top-level names, problems)."""
   first, third, problems = set(), set(), []
 
   def unresolved(node: ast.AST, what: str) -> None:
-    problems.append(f'{module.path}:{node.lineno}: import of {what} names no'
-                    ' module of this repository')
+    problems.append(
+        f'{module.path}:{node.lineno}: import of {what} names no'
+        ' module of this repository'
+    )
 
   for node in ast.walk(module.tree):
     if isinstance(node, ast.Import):
@@ -278,7 +292,7 @@ def _import_names(module: Module, tree: Tree
         if node.level - 1 >= len(base_parts):
           unresolved(node, '.' * node.level + (node.module or ''))
           continue
-        base_parts = base_parts[:len(base_parts) - (node.level - 1)]
+        base_parts = base_parts[: len(base_parts) - (node.level - 1)]
         base = '.'.join(base_parts + ([node.module] if node.module else []))
       else:
         base = node.module or ''
@@ -304,8 +318,10 @@ def _size(module: Module, imports_subprocess: bool) -> tuple[str, list[str]]:
   if match:
     if match.group(1) in SIZES:
       return match.group(1), []
-    return 'medium', [f'{module.path}: bazel-size must be one of'
-                      f' {", ".join(SIZES)}, not {match.group(1)!r}']
+    return 'medium', [
+        f'{module.path}: bazel-size must be one of'
+        f' {", ".join(SIZES)}, not {match.group(1)!r}'
+    ]
   return ('large' if imports_subprocess else 'medium'), []
 
 
@@ -321,22 +337,33 @@ def _imports_subprocess(module: Module) -> bool:
 
 
 def _strings(module: Module) -> set[str]:
-  return {node.value for node in ast.walk(module.tree)
-          if isinstance(node, ast.Constant) and isinstance(node.value, str)}
+  return {
+      node.value
+      for node in ast.walk(module.tree)
+      if isinstance(node, ast.Constant) and isinstance(node.value, str)
+  }
 
 
 def _named_modules(module: Module, tree: Tree) -> set[str]:
   """First-party dotted modules named by a whole string (`python -m a.b`)."""
-  return {s for s in _strings(module)
-          if '.' in s and s in tree.modules and s != module.dotted}
+  return {
+      s
+      for s in _strings(module)
+      if '.' in s and s in tree.modules and s != module.dotted
+  }
 
 
 def _is_data_path(text: str) -> bool:
   parts = text.split('/')
-  return (bool(text) and not text.startswith('/') and '\\' not in text
-          and all(p and p not in ('.', '..') and not p.startswith('.')
-                  for p in parts)
-          and not any(c in text for c in '*?[]{}$ \n\t'))
+  return (
+      bool(text)
+      and not text.startswith('/')
+      and '\\' not in text
+      and all(
+          p and p not in ('.', '..') and not p.startswith('.') for p in parts
+      )
+      and not any(c in text for c in '*?[]{}$ \n\t')
+  )
 
 
 def _data_files(module: Module, tree: Tree) -> tuple[list[Path], list[str]]:
@@ -349,17 +376,23 @@ def _data_files(module: Module, tree: Tree) -> tuple[list[Path], list[str]]:
   """
   found, problems = set(), []
   for text in _strings(module):
-    if ('/' in text and _is_data_path(text) and not text.endswith('.py')
+    if (
+        '/' in text
+        and _is_data_path(text)
+        and not text.endswith('.py')
         and text.rsplit('/', 1)[-1] not in BAZEL_FILES
-        and (tree.root / text).is_file()):
+        and (tree.root / text).is_file()
+    ):
       found.add(Path(text))
   for match in DATA_DIRECTIVE.finditer(module.comments):
     for text in match.group(1).split():
       if _is_data_path(text) and (tree.root / text).is_file():
         found.add(Path(text))
       else:
-        problems.append(f'{module.path}: bazel-data {text!r} names no file'
-                        ' of this repository (a path from its root)')
+        problems.append(
+            f'{module.path}: bazel-data {text!r} names no file'
+            ' of this repository (a path from its root)'
+        )
   return sorted(found), problems
 
 
@@ -372,14 +405,16 @@ def _notebook_code(path: Path) -> str:
       continue
     source = cell.get('source', '')
     source = ''.join(source) if isinstance(source, list) else source
-    lines.extend(line for line in source.splitlines()
-                 if not line.lstrip().startswith(('%', '!')))
+    lines.extend(
+        line
+        for line in source.splitlines()
+        if not line.lstrip().startswith(('%', '!'))
+    )
     lines.append('')
   return '\n'.join(lines)
 
 
-def _notebooks(module: Module, tree: Tree
-               ) -> tuple[list[Module], list[str]]:
+def _notebooks(module: Module, tree: Tree) -> tuple[list[Module], list[str]]:
   """The notebooks in the module's data, parsed as modules of no package."""
   notebooks, problems = [], []
   for path in _data_files(module, tree)[0]:
@@ -391,21 +426,34 @@ def _notebooks(module: Module, tree: Tree
     except (ValueError, SyntaxError) as e:  # json.JSONDecodeError included.
       problems.append(f'{path}: not a notebook whose code cells parse: {e}')
       continue
-    notebooks.append(Module(dotted='', package='', path=path, target='',
-                            is_test=False, is_init=False, tree=parsed,
-                            source=source))
+    notebooks.append(
+        Module(
+            dotted='',
+            package='',
+            path=path,
+            target='',
+            is_test=False,
+            is_init=False,
+            tree=parsed,
+            source=source,
+        )
+    )
   return notebooks, problems
 
 
 def _tags(module: Module) -> list[str]:
-  return sorted({tag for match in TAGS_DIRECTIVE.finditer(module.comments)
-                 for tag in match.group(1).split()})
+  return sorted(
+      {
+          tag
+          for match in TAGS_DIRECTIVE.finditer(module.comments)
+          for tag in match.group(1).split()
+      }
+  )
 
 
 def _dep_sort_key(label: str) -> tuple[int, list[str]]:
   """Buildifier's order: local labels, then absolute ones, by their parts."""
-  return (0 if label.startswith(':') else 1,
-          label.replace(':', '.').split('.'))
+  return (0 if label.startswith(':') else 1, label.replace(':', '.').split('.'))
 
 
 class Graph:
@@ -450,25 +498,32 @@ class Graph:
       data, problems = _data_files(module, tree)
       self.problems.extend(problems)
       dep_reasons = {
-          label_for(tree.modules[d].package, tree.modules[d].target,
-                    module.package): reason
+          label_for(
+              tree.modules[d].package, tree.modules[d].target, module.package
+          ): reason
           for d, reason in reasons_of[dotted].items()
       }
-      self.targets[module.package].append(Target(
-          rule='py_test' if module.is_test else 'py_library',
-          name=module.target,
-          srcs=[module.path.name],
-          deps=sorted(dep_reasons, key=_dep_sort_key),
-          size=size,
-          testonly=(not module.is_test
-                    and module.package.rsplit('.', 1)[-1] == 'tests'),
-          data=sorted((self.file_label(f, module.package) for f in data),
-                      key=_dep_sort_key),
-          tags=_tags(module),
-          third_party=sorted(third_of[dotted]),
-          module=module,
-          dep_reasons=dep_reasons,
-      ))
+      self.targets[module.package].append(
+          Target(
+              rule='py_test' if module.is_test else 'py_library',
+              name=module.target,
+              srcs=[module.path.name],
+              deps=sorted(dep_reasons, key=_dep_sort_key),
+              size=size,
+              testonly=(
+                  not module.is_test
+                  and module.package.rsplit('.', 1)[-1] == 'tests'
+              ),
+              data=sorted(
+                  (self.file_label(f, module.package) for f in data),
+                  key=_dep_sort_key,
+              ),
+              tags=_tags(module),
+              third_party=sorted(third_of[dotted]),
+              module=module,
+              dep_reasons=dep_reasons,
+          )
+      )
     for targets in self.targets.values():
       targets.sort(key=lambda t: t.name)
     self._check_graph()
@@ -488,7 +543,8 @@ class Graph:
       if not package or package not in self.tree.modules:
         continue
       if package not in self.deps_of[dotted] and not self._reaches(
-          package, dotted):
+          package, dotted
+      ):
         reasons_of[dotted][package] = 'package'
         self.deps_of[dotted].add(package)
 
@@ -508,11 +564,13 @@ class Graph:
     directory = path.parent
     while directory != Path('.') and not (
         (self.tree.root / directory / 'BUILD').is_file()
-        or directory in self.tree.packages.values()):
+        or directory in self.tree.packages.values()
+    ):
       directory = directory.parent
     inside = path.relative_to(directory).as_posix()
-    package = next((p for p, d in self.tree.packages.items()
-                    if d == directory), None)
+    package = next(
+        (p for p, d in self.tree.packages.items() if d == directory), None
+    )
     if package is not None and package == from_package:
       return ':' + inside
     prefix = '' if directory == Path('.') else directory.as_posix()
@@ -536,16 +594,23 @@ class Graph:
         if dep_module.is_test:
           self.problems.append(
               f'{module.path}: imports the test module {dep_module.path};'
-              f' Bazel cannot depend on py_test {dep_module.label}')
-        elif (not module.is_test and not self._testonly(module)
-              and self._testonly(dep_module)):
+              f' Bazel cannot depend on py_test {dep_module.label}'
+          )
+        elif (
+            not module.is_test
+            and not self._testonly(module)
+            and self._testonly(dep_module)
+        ):
           self.problems.append(
               f'{module.path}: imports {dep_module.path}, but'
-              f' {module.label} is not testonly and {dep_module.label} is')
+              f' {module.label} is not testonly and {dep_module.label} is'
+          )
     for cycle in _cycles(self.deps_of):
       labels = [modules[d].label for d in cycle]
-      self.problems.append('dependency cycle (Bazel rejects it): '
-                           + ' -> '.join(labels + labels[:1]))
+      self.problems.append(
+          'dependency cycle (Bazel rejects it): '
+          + ' -> '.join(labels + labels[:1])
+      )
 
   @staticmethod
   def _testonly(module: Module) -> bool:
@@ -661,9 +726,11 @@ def _preamble(note: str = '', rules: Sequence[str] = ()) -> str:
   if rules:
     names = ', '.join(f'"{r}"' for r in rules)
     load = f'\nload("{DEFS_BZL}", {names})\n'
-  return (GENERATED_HEADER + note + load + '\n'
-          'package(default_visibility = ["//visibility:public"])\n\n'
-          'licenses(["notice"])\n')
+  return (
+      GENERATED_HEADER + note + load + '\n'
+      'package(default_visibility = ["//visibility:public"])\n\n'
+      'licenses(["notice"])\n'
+  )
 
 
 def _exports(exported: Sequence[str]) -> str:
@@ -682,8 +749,9 @@ def exported_files(graph: Graph) -> dict[str, list[str]]:
   return {p: sorted(names) for p, names in exported.items()}
 
 
-def render_package(graph: Graph, package: str,
-                   exported: Sequence[str] = ()) -> str:
+def render_package(
+    graph: Graph, package: str, exported: Sequence[str] = ()
+) -> str:
   note = TESTS_NOTE if package.rsplit('.', 1)[-1] == 'tests' else ''
   rules = sorted({t.rule for t in graph.targets[package]})
   parts = [_preamble(note, rules) + _exports(exported)]
@@ -692,8 +760,12 @@ def render_package(graph: Graph, package: str,
 
 
 def render_root(root: Path, exported: Sequence[str] = ()) -> str:
-  names = {p.name for pattern in ROOT_FILES_EXPORTED
-           for p in root.glob(pattern) if p.is_file()}
+  names = {
+      p.name
+      for pattern in ROOT_FILES_EXPORTED
+      for p in root.glob(pattern)
+      if p.is_file()
+  }
   return _preamble() + _exports(sorted(names | set(exported)))
 
 
@@ -704,7 +776,8 @@ def expected_files(root: Path) -> tuple[dict[Path, str], Graph]:
   files = {Path('BUILD'): render_root(root, exported.get('', []))}
   for package, directory in graph.tree.packages.items():
     files[directory / 'BUILD'] = render_package(
-        graph, package, exported.get(directory.as_posix(), []))
+        graph, package, exported.get(directory.as_posix(), [])
+    )
   return files, graph
 
 
@@ -713,14 +786,19 @@ def stale_build_files(root: Path, expected: Iterable[Path]) -> list[Path]:
   expected = set(expected)
   stale = []
   for dirpath, dirnames, filenames in os.walk(root):
-    dirnames[:] = sorted(d for d in dirnames if not d.startswith('.')
-                         and d not in SKIPPED_DIRS
-                         and not d.startswith('bazel-'))
+    dirnames[:] = sorted(
+        d
+        for d in dirnames
+        if not d.startswith('.')
+        and d not in SKIPPED_DIRS
+        and not d.startswith('bazel-')
+    )
     if 'BUILD' in filenames:
       rel = Path(dirpath, 'BUILD').relative_to(root)
       if rel not in expected:
-        text = Path(dirpath, 'BUILD').read_text(encoding='utf-8',
-                                                errors='replace')
+        text = Path(dirpath, 'BUILD').read_text(
+            encoding='utf-8', errors='replace'
+        )
         if text.startswith(GENERATED_HEADER):
           stale.append(rel)
   return sorted(stale)
@@ -734,9 +812,11 @@ def _parse_build(text: str) -> dict[str, dict]:
   """Targets of a BUILD file: name -> {rule, srcs, deps, size, testonly}."""
   targets = {}
   for statement in ast.parse(text).body:
-    if not (isinstance(statement, ast.Expr)
-            and isinstance(statement.value, ast.Call)
-            and isinstance(statement.value.func, ast.Name)):
+    if not (
+        isinstance(statement, ast.Expr)
+        and isinstance(statement.value, ast.Call)
+        and isinstance(statement.value.func, ast.Name)
+    ):
       continue
     call = statement.value
     attrs = {}
@@ -751,8 +831,9 @@ def _parse_build(text: str) -> dict[str, dict]:
   return targets
 
 
-def _diff_package(rel: Path, text: str, package_dir: Path,
-                  targets: list[Target]) -> list[str]:
+def _diff_package(
+    rel: Path, text: str, package_dir: Path, targets: list[Target]
+) -> list[str]:
   where = str(rel)
   try:
     found = _parse_build(text)
@@ -763,8 +844,9 @@ def _diff_package(rel: Path, text: str, package_dir: Path,
   for name, target in expected.items():
     path = target.module.path
     if name not in found:
-      problems.append(f'{where}: {path} has no target (expected'
-                      f' {target.rule} :{name})')
+      problems.append(
+          f'{where}: {path} has no target (expected' f' {target.rule} :{name})'
+      )
       continue
     have = found[name]
     deps = have.get('deps', [])
@@ -772,26 +854,38 @@ def _diff_package(rel: Path, text: str, package_dir: Path,
     for dep in target.deps:
       if dep not in deps:
         why = DEP_REASONS[target.dep_reasons[dep]]
-        problems.append(f'{where}: :{name} ({path}) lacks dep {dep}'
-                        f' ({why})')
+        problems.append(
+            f'{where}: :{name} ({path}) lacks dep {dep}' f' ({why})'
+        )
     for dep in deps:
       if dep not in target.deps:
-        problems.append(f'{where}: :{name} ({path}) has dep {dep} that the'
-                        ' module does not import')
-    want = {'rule': target.rule, 'srcs': target.srcs, 'size': target.size,
-            'testonly': target.testonly or None, 'data': target.data or None,
-            'tags': target.tags or None}
+        problems.append(
+            f'{where}: :{name} ({path}) has dep {dep} that the'
+            ' module does not import'
+        )
+    want = {
+        'rule': target.rule,
+        'srcs': target.srcs,
+        'size': target.size,
+        'testonly': target.testonly or None,
+        'data': target.data or None,
+        'tags': target.tags or None,
+    }
     for attr, value in want.items():
       if have.get(attr) != value:
-        problems.append(f'{where}: :{name} ({path}) has {attr}'
-                        f' {have.get(attr)!r}, expected {value!r}')
+        problems.append(
+            f'{where}: :{name} ({path}) has {attr}'
+            f' {have.get(attr)!r}, expected {value!r}'
+        )
     if set(have) - {'name', 'deps', *want}:
       extra = ', '.join(sorted(set(have) - {'name', 'deps', *want}))
       problems.append(f'{where}: :{name} has unexpected attributes: {extra}')
   for name in found:
     if name not in expected:
-      problems.append(f'{where}: stale target :{name} (no module'
-                      f' {package_dir / (name + ".py")})')
+      problems.append(
+          f'{where}: stale target :{name} (no module'
+          f' {package_dir / (name + ".py")})'
+      )
   return problems
 
 
@@ -807,15 +901,23 @@ def check(root: Path) -> list[str]:
     if text == files[rel]:
       continue
     found = []
-    package = next((p for p, d in graph.tree.packages.items()
-                    if d / 'BUILD' == rel), None)
+    package = next(
+        (p for p, d in graph.tree.packages.items() if d / 'BUILD' == rel), None
+    )
     if package is not None:
       found = _diff_package(rel, text, rel.parent, graph.targets[package])
-    problems.extend(found or [f'{rel}: differs from the generated text'
-                              ' (header, comments, order or formatting)'])
+    problems.extend(
+        found
+        or [
+            f'{rel}: differs from the generated text'
+            ' (header, comments, order or formatting)'
+        ]
+    )
   for rel in stale_build_files(root, files):
-    problems.append(f'{rel}: stale generated BUILD file in a directory that'
-                    ' is not a package')
+    problems.append(
+        f'{rel}: stale generated BUILD file in a directory that'
+        ' is not a package'
+    )
   problems.extend(graph.problems)
   return problems
 
@@ -838,15 +940,24 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   parser = argparse.ArgumentParser(
       prog='python -m tools.build_deps',
       description='Generate (--write) or verify (--check) the Bazel BUILD'
-      ' files from the Python imports.')
+      ' files from the Python imports.',
+  )
   mode = parser.add_mutually_exclusive_group(required=True)
-  mode.add_argument('--write', action='store_true',
-                    help='regenerate every BUILD file')
-  mode.add_argument('--check', action='store_true',
-                    help='exit 1, one line per problem, if a BUILD file is'
-                    ' not what --write would generate')
-  parser.add_argument('--root', type=Path, default=default_root(),
-                      help='repository root (default: %(default)s)')
+  mode.add_argument(
+      '--write', action='store_true', help='regenerate every BUILD file'
+  )
+  mode.add_argument(
+      '--check',
+      action='store_true',
+      help='exit 1, one line per problem, if a BUILD file is'
+      ' not what --write would generate',
+  )
+  parser.add_argument(
+      '--root',
+      type=Path,
+      default=default_root(),
+      help='repository root (default: %(default)s)',
+  )
   args = parser.parse_args(argv)
   root = args.root.resolve()
   if not root.is_dir():
@@ -856,9 +967,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for line in problems:
       print(line)
     if problems:
-      print('BUILD files are out of date or invalid; run'
-            ' `python -m tools.build_deps --write` and fix the imports'
-            ' reported', file=sys.stderr)
+      print(
+          'BUILD files are out of date or invalid; run'
+          ' `python -m tools.build_deps --write` and fix the imports'
+          ' reported',
+          file=sys.stderr,
+      )
       return 1
     print('BUILD files are up to date')
     return 0

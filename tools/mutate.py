@@ -38,60 +38,121 @@ from tff_algos import runtime
 # (module, qualified function name, pytest arguments selecting its tests).
 _TAIL = ['tests/test_tail_metrics.py']
 _Q_FFL = ['tests/test_q_ffl.py', '-k', 'message or server_update or oracle']
-_ACCOUNTING = ['tests/test_accounting.py', '-k',
-               'uniform_sampling or is_the_event or private_quantile or '
-               'full_participation or replace_one or published or '
-               'noise_split']
-_ADADPS = ['tests/test_adadps.py', '-k', 'centralized',
-           'tests/test_dp2.py', '-k', 'centralized']
+_ACCOUNTING = [
+    'tests/test_accounting.py',
+    '-k',
+    'uniform_sampling or is_the_event or private_quantile or '
+    'full_participation or replace_one or published or '
+    'noise_split',
+]
+_ADADPS = [
+    'tests/test_adadps.py',
+    '-k',
+    'centralized',
+    'tests/test_dp2.py',
+    '-k',
+    'centralized',
+]
 TARGETS = [
-    ('tasks.tail_metrics', name, _TAIL) for name in (
-        '_sorted_support', '_quantile_indices', 'weighted_quantile',
-        'superquantile', '_tail_count', 'lowest_fraction_mean',
-        'highest_fraction_mean', 'angle_to_uniform_degrees', 'kl_to_uniform')
+    ('tasks.tail_metrics', name, _TAIL)
+    for name in (
+        '_sorted_support',
+        '_quantile_indices',
+        'weighted_quantile',
+        'superquantile',
+        '_tail_count',
+        'lowest_fraction_mean',
+        'highest_fraction_mean',
+        'angle_to_uniform_degrees',
+        'kl_to_uniform',
+    )
 ] + [
     ('tff_algos.q_ffl', 'q_ffl_client_message', _Q_FFL),
     ('tff_algos.q_ffl', 'q_ffl_server_update', _Q_FFL),
-    ('tff_algos.delta_fl', 'keep_client',
-     ['tests/test_delta_fl.py', '-k',
-      'numpy_oracle or theta_one or keep_client']),
-    ('tff_algos.term', 'tilted_weight',
-     ['tests/test_term.py', '-k', 'numpy_oracle']),
-    ('tff_algos.afl', 'project_to_simplex',
-     ['tests/test_afl.py', '-k', 'projection']),
-    ('tff_algos.aggregators.geometric_median', '_distance',
-     ['tests/test_geometric_median.py', '-k', 'weiszfeld']),
-    ('tff_algos.aggregators.geometric_median',
-     'GeometricMedianFactory.create',
-     ['tests/test_geometric_median.py', '-k', 'weiszfeld']),
+    (
+        'tff_algos.delta_fl',
+        'keep_client',
+        [
+            'tests/test_delta_fl.py',
+            '-k',
+            'numpy_oracle or theta_one or keep_client',
+        ],
+    ),
+    (
+        'tff_algos.term',
+        'tilted_weight',
+        ['tests/test_term.py', '-k', 'numpy_oracle'],
+    ),
+    (
+        'tff_algos.afl',
+        'project_to_simplex',
+        ['tests/test_afl.py', '-k', 'projection'],
+    ),
+    (
+        'tff_algos.aggregators.geometric_median',
+        '_distance',
+        ['tests/test_geometric_median.py', '-k', 'weiszfeld'],
+    ),
+    (
+        'tff_algos.aggregators.geometric_median',
+        'GeometricMedianFactory.create',
+        ['tests/test_geometric_median.py', '-k', 'weiszfeld'],
+    ),
     ('privacy.accounting', 'adaptive_clip_noise_split', _ACCOUNTING),
     ('privacy.accounting', 'DpMechanism.gaussian_multipliers', _ACCOUNTING),
-    ('privacy.accounting', 'DpMechanism.effective_noise_multiplier',
-     _ACCOUNTING),
+    (
+        'privacy.accounting',
+        'DpMechanism.effective_noise_multiplier',
+        _ACCOUNTING,
+    ),
     ('privacy.accounting', 'DpMechanism.round_event', _ACCOUNTING),
     ('privacy.adadps', 'clip_rows', _ADADPS),
     ('privacy.adadps', 'privatize', _ADADPS),
     ('privacy.adadps', 'sample_batch', _ADADPS),
     ('privacy.adadps', 'run_centralized', _ADADPS),
     ('privacy.adadps', 'PublicRmsPropPreconditioner.__call__', _ADADPS),
-    ('privacy.dp2', 'run_centralized',
-     ['tests/test_dp2.py', '-k', 'centralized']),
+    (
+        'privacy.dp2',
+        'run_centralized',
+        ['tests/test_dp2.py', '-k', 'centralized'],
+    ),
     ('privacy.dp2', '_Dp2.next', ['tests/test_dp2.py', '-k', 'optimizer']),
 ]
 
-_COMPARE_SWAP = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE,
-                 ast.GtE: ast.Gt, ast.Eq: ast.NotEq, ast.NotEq: ast.Eq}
-_BINOP_SWAP = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div,
-               ast.Div: ast.Mult, ast.Pow: ast.Mult}
-_NAME_SWAP = {'maximum': 'minimum', 'minimum': 'maximum', 'max': 'min',
-              'min': 'max', 'reduce_max': 'reduce_min',
-              'reduce_min': 'reduce_max', 'argmin': 'argmax',
-              'argmax': 'argmin'}
+_COMPARE_SWAP = {
+    ast.Lt: ast.LtE,
+    ast.LtE: ast.Lt,
+    ast.Gt: ast.GtE,
+    ast.GtE: ast.Gt,
+    ast.Eq: ast.NotEq,
+    ast.NotEq: ast.Eq,
+}
+_BINOP_SWAP = {
+    ast.Add: ast.Sub,
+    ast.Sub: ast.Add,
+    ast.Mult: ast.Div,
+    ast.Div: ast.Mult,
+    ast.Pow: ast.Mult,
+}
+_NAME_SWAP = {
+    'maximum': 'minimum',
+    'minimum': 'maximum',
+    'max': 'min',
+    'min': 'max',
+    'reduce_max': 'reduce_min',
+    'reduce_min': 'reduce_max',
+    'argmin': 'argmax',
+    'argmax': 'argmin',
+}
 
 
 def _is_guard(node) -> bool:
-  return (isinstance(node, ast.If) and len(node.body) == 1 and
-          isinstance(node.body[0], ast.Raise) and not node.orelse)
+  return (
+      isinstance(node, ast.If)
+      and len(node.body) == 1
+      and isinstance(node.body[0], ast.Raise)
+      and not node.orelse
+  )
 
 
 def _sites(tree):
@@ -106,31 +167,62 @@ def _sites(tree):
       for i, op in enumerate(node.ops):
         if type(op) in _COMPARE_SWAP:
           new = _COMPARE_SWAP[type(op)].__name__
-          out.append((path, ('compare', i), f'L{line} {type(op).__name__}'
-                      f' -> {new}'))
+          out.append(
+              (
+                  path,
+                  ('compare', i),
+                  f'L{line} {type(op).__name__}' f' -> {new}',
+              )
+          )
     elif isinstance(node, ast.BinOp):
       if type(node.op) in _BINOP_SWAP:
-        out.append((path, ('binop',), f'L{line} {type(node.op).__name__} -> '
-                    f'{_BINOP_SWAP[type(node.op)].__name__}'))
+        out.append(
+            (
+                path,
+                ('binop',),
+                f'L{line} {type(node.op).__name__} -> '
+                f'{_BINOP_SWAP[type(node.op)].__name__}',
+            )
+        )
       if isinstance(node.op, (ast.Add, ast.Sub)):
-        out.append((path, ('drop_right',), f'L{line} drop the right term of '
-                    f'{type(node.op).__name__}'))
+        out.append(
+            (
+                path,
+                ('drop_right',),
+                f'L{line} drop the right term of ' f'{type(node.op).__name__}',
+            )
+        )
     elif isinstance(node, ast.Constant) and type(node.value) in (int, float):
       if node.value in (0, 1):
-        out.append((path, ('const',), f'L{line} constant {node.value!r} -> '
-                    f'{type(node.value)(1 - node.value)!r}'))
+        out.append(
+            (
+                path,
+                ('const',),
+                f'L{line} constant {node.value!r} -> '
+                f'{type(node.value)(1 - node.value)!r}',
+            )
+        )
     elif isinstance(node, ast.UnaryOp):
       if isinstance(node.op, (ast.USub, ast.Not)):
         out.append((path, ('unary',), f'L{line} drop {type(node.op).__name__}'))
     elif isinstance(node, ast.BoolOp):
       out.append((path, ('boolop',), f'L{line} {type(node.op).__name__} swap'))
     elif isinstance(node, ast.Attribute) and node.attr in _NAME_SWAP:
-      out.append((path, ('attr',), f'L{line} .{node.attr} -> '
-                  f'.{_NAME_SWAP[node.attr]}'))
-    elif (isinstance(node, ast.Name) and node.id in _NAME_SWAP and
-          isinstance(node.ctx, ast.Load)):
-      out.append((path, ('name',), f'L{line} {node.id} -> '
-                  f'{_NAME_SWAP[node.id]}'))
+      out.append(
+          (
+              path,
+              ('attr',),
+              f'L{line} .{node.attr} -> ' f'.{_NAME_SWAP[node.attr]}',
+          )
+      )
+    elif (
+        isinstance(node, ast.Name)
+        and node.id in _NAME_SWAP
+        and isinstance(node.ctx, ast.Load)
+    ):
+      out.append(
+          (path, ('name',), f'L{line} {node.id} -> ' f'{_NAME_SWAP[node.id]}')
+      )
     for field, value in ast.iter_fields(node):
       if isinstance(value, list):
         for i, child in enumerate(value):
@@ -141,8 +233,11 @@ def _sites(tree):
 
   fn = tree.body[0]
   body = fn.body
-  if (body and isinstance(body[0], ast.Expr) and
-      isinstance(body[0].value, ast.Constant)):
+  if (
+      body
+      and isinstance(body[0], ast.Expr)
+      and isinstance(body[0].value, ast.Constant)
+  ):
     body = body[1:]  # The docstring.
   start = len(fn.body) - len(body)
   for i, stmt in enumerate(body):
@@ -195,8 +290,11 @@ def _mutate(tree, site):
 def _function(module, qualname):
   obj = module
   for part in qualname.split('.'):
-    obj = (obj.__dict__[part] if isinstance(obj, type) and part in
-           obj.__dict__ else getattr(obj, part))
+    obj = (
+        obj.__dict__[part]
+        if isinstance(obj, type) and part in obj.__dict__
+        else getattr(obj, part)
+    )
   return obj.fget if isinstance(obj, property) else obj
 
 
@@ -216,11 +314,18 @@ def _code(tree, module, label):
   """
   source = ast.unparse(tree) + '\n'
   filename = f'<mutant {label}>'
-  linecache.cache[filename] = (len(source), None,
-                               source.splitlines(keepends=True), filename)
+  linecache.cache[filename] = (
+      len(source),
+      None,
+      source.splitlines(keepends=True),
+      filename,
+  )
   namespace = {}
-  exec(compile(source, filename, 'exec'),  # pylint: disable=exec-used
-       vars(module), namespace)
+  exec(
+      compile(source, filename, 'exec'),  # pylint: disable=exec-used
+      vars(module),
+      namespace,
+  )
   return namespace[tree.body[0].name].__code__
 
 
@@ -244,8 +349,9 @@ def _run_tests(args, timeout):
   signal.alarm(timeout)
   try:
     with contextlib.redirect_stdout(io.StringIO()):
-      code = pytest.main(['-x', '-qq', '--tb=no', '-p', 'no:cacheprovider',
-                          *args])
+      code = pytest.main(
+          ['-x', '-qq', '--tb=no', '-p', 'no:cacheprovider', *args]
+      )
   except _Timeout:
     return 'timeout'
   finally:
@@ -260,13 +366,20 @@ def _run_tests(args, timeout):
 
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-  parser.add_argument('--list', action='store_true',
-                      help='list the mutants and exit')
-  parser.add_argument('--only', default='',
-                      help='only targets whose name contains one of these '
-                      '(comma-separated)')
-  parser.add_argument('--sample', type=int, default=0,
-                      help='run K mutants drawn uniformly (0: all)')
+  parser.add_argument(
+      '--list', action='store_true', help='list the mutants and exit'
+  )
+  parser.add_argument(
+      '--only',
+      default='',
+      help='only targets whose name contains one of these ' '(comma-separated)',
+  )
+  parser.add_argument(
+      '--sample',
+      type=int,
+      default=0,
+      help='run K mutants drawn uniformly (0: all)',
+  )
   parser.add_argument('--seed', type=int, default=0)
   parser.add_argument('--timeout', type=int, default=300)
   parser.add_argument('--json', default='', help='write the results here')
@@ -292,8 +405,9 @@ def main(argv=None) -> int:
       print(f'{name}: {site[2]}')
     return 0
   if args.sample and args.sample < len(mutants):
-    chosen = sorted(random.Random(args.seed).sample(range(len(mutants)),
-                                                    args.sample))
+    chosen = sorted(
+        random.Random(args.seed).sample(range(len(mutants)), args.sample)
+    )
     mutants = [mutants[i] for i in chosen]
 
   baseline = {}
@@ -302,8 +416,11 @@ def main(argv=None) -> int:
     if key not in baseline:
       start = time.monotonic()
       baseline[key] = _run_tests(list(tests), args.timeout)
-      print(f'baseline {" ".join(tests)}: {baseline[key]} '
-            f'({time.monotonic() - start:.1f} s)', file=sys.stderr)
+      print(
+          f'baseline {" ".join(tests)}: {baseline[key]} '
+          f'({time.monotonic() - start:.1f} s)',
+          file=sys.stderr,
+      )
       if baseline[key] != 'passed':
         return 1
 
@@ -320,10 +437,19 @@ def main(argv=None) -> int:
     finally:
       fn.__code__ = original
     status = {'failed': 'killed', 'passed': 'survived'}.get(outcome, outcome)
-    results.append(dict(target=name, mutation=site[2], status=status,
-                        seconds=round(time.monotonic() - start, 1)))
-    print(f'[{i + 1}/{len(mutants)}] {status:8s} {name}: {site[2]}',
-          file=sys.stderr, flush=True)
+    results.append(
+        dict(
+            target=name,
+            mutation=site[2],
+            status=status,
+            seconds=round(time.monotonic() - start, 1),
+        )
+    )
+    print(
+        f'[{i + 1}/{len(mutants)}] {status:8s} {name}: {site[2]}',
+        file=sys.stderr,
+        flush=True,
+    )
 
   counts = {}
   for r in results:
@@ -332,8 +458,11 @@ def main(argv=None) -> int:
   killed = counts.get('killed', 0) + counts.get('timeout', 0)
   print(json.dumps(counts), file=sys.stderr)
   if valid:
-    print(f'kill rate {killed}/{valid} = {killed / valid:.1%} (timeouts '
-          'count as killed)', file=sys.stderr)
+    print(
+        f'kill rate {killed}/{valid} = {killed / valid:.1%} (timeouts '
+        'count as killed)',
+        file=sys.stderr,
+    )
   for r in results:
     if r['status'] == 'survived':
       print(f'SURVIVED {r["target"]}: {r["mutation"]}')

@@ -62,27 +62,34 @@ def build_clipping(
   if not isinstance(adaptive, bool):
     raise TypeError(f'adaptive must be a bool, got {type(adaptive).__name__}')
   if (clip_norm is None) == (not adaptive):
-    raise ValueError(
-        'give exactly one of clip_norm (fixed) and adaptive=True')
+    raise ValueError('give exactly one of clip_norm (fixed) and adaptive=True')
   if inner_factory is None:
     inner_factory = tff.aggregators.MeanFactory()
   if not isinstance(inner_factory, tff.aggregators.WeightedAggregationFactory):
     raise TypeError(
         'inner_factory must be a tff.aggregators.WeightedAggregationFactory, '
-        f'got {type(inner_factory).__name__}')
+        f'got {type(inner_factory).__name__}'
+    )
   if not adaptive:
     return tff.aggregators.clipping_factory(
-        _positive_float('clip_norm', clip_norm), inner_factory)
+        _positive_float('clip_norm', clip_norm), inner_factory
+    )
   initial = _positive_float('initial_clip_norm', initial_clip_norm)
   rate = _positive_float('learning_rate', learning_rate)
   if isinstance(target_quantile, bool) or not isinstance(
-      target_quantile, (int, float)):
-    raise TypeError('target_quantile must be a float, got '
-                    f'{type(target_quantile).__name__}')
+      target_quantile, (int, float)
+  ):
+    raise TypeError(
+        'target_quantile must be a float, got '
+        f'{type(target_quantile).__name__}'
+    )
   if not 0.0 < target_quantile < 1.0:
     raise ValueError(
-        f'target_quantile must be in (0, 1), got {target_quantile}')
+        f'target_quantile must be in (0, 1), got {target_quantile}'
+    )
   estimator = tff.aggregators.PrivateQuantileEstimationProcess.no_noise(
-      initial_estimate=initial, target_quantile=float(target_quantile),
-      learning_rate=rate)
+      initial_estimate=initial,
+      target_quantile=float(target_quantile),
+      learning_rate=rate,
+  )
   return tff.aggregators.clipping_factory(estimator, inner_factory)

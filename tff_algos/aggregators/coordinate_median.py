@@ -25,8 +25,9 @@ class CoordinateMedianFactory(stacked.StackedAggregationFactory):
     del weights  # The median is over clients, unweighted.
     n = tf.shape(updates)[0]
     ordered = tf.sort(updates, axis=0)
-    median = 0.5 * (tf.gather(ordered, (n - 1) // 2)
-                    + tf.gather(ordered, n // 2))
+    median = 0.5 * (
+        tf.gather(ordered, (n - 1) // 2) + tf.gather(ordered, n // 2)
+    )
     return median, self.empty_measurements()
 
   def empty_measurements(self):

@@ -32,7 +32,8 @@ import tensorflow_federated as tff
 def _check_float_structure(value_type, name: str) -> None:
   if not tff.types.is_structure_of_floats(value_type):
     raise TypeError(
-        f'{name} aggregates structures of float tensors, got {value_type}')
+        f'{name} aggregates structures of float tensors, got {value_type}'
+    )
 
 
 def _distance(a, b):
@@ -66,12 +67,14 @@ class GeometricMedianFactory(tff.aggregators.WeightedAggregationFactory):
     """
     if isinstance(num_passes, bool) or not isinstance(num_passes, int):
       raise TypeError(
-          f'num_passes must be an int, got {type(num_passes).__name__}')
+          f'num_passes must be an int, got {type(num_passes).__name__}'
+      )
     if num_passes < 0:
       raise ValueError(f'num_passes must be >= 0, got {num_passes}')
     if isinstance(smoothing, bool) or not isinstance(smoothing, (int, float)):
       raise TypeError(
-          f'smoothing must be a float, got {type(smoothing).__name__}')
+          f'smoothing must be a float, got {type(smoothing).__name__}'
+      )
     if not (np.isfinite(smoothing) and smoothing > 0):
       raise ValueError(f'smoothing must be a positive float, got {smoothing}')
     self._num_passes = num_passes
@@ -102,7 +105,8 @@ class GeometricMedianFactory(tff.aggregators.WeightedAggregationFactory):
 
     def objective(value, weight, estimate):
       distances = tff.federated_map(
-          smoothed_distance, (value, tff.federated_broadcast(estimate)))
+          smoothed_distance, (value, tff.federated_broadcast(estimate))
+      )
       return tff.federated_mean(distances, weight)
 
     @tff.federated_computation()
@@ -120,16 +124,18 @@ class GeometricMedianFactory(tff.aggregators.WeightedAggregationFactory):
       initial_objective = objective(value, weight, estimate)
       for _ in range(num_passes):
         beta = tff.federated_map(
-            reweight, (value, weight, tff.federated_broadcast(estimate)))
+            reweight, (value, weight, tff.federated_broadcast(estimate))
+        )
         estimate = tff.federated_mean(value, beta)
       final_objective = objective(value, weight, estimate)
-      measurements = tff.federated_zip(collections.OrderedDict(
-          num_passes=tff.federated_value(np.int32(num_passes), tff.SERVER),
-          mean_objective=initial_objective,
-          objective=final_objective,
-      ))
-      return tff.templates.MeasuredProcessOutput(
-          state, estimate, measurements)
+      measurements = tff.federated_zip(
+          collections.OrderedDict(
+              num_passes=tff.federated_value(np.int32(num_passes), tff.SERVER),
+              mean_objective=initial_objective,
+              objective=final_objective,
+          )
+      )
+      return tff.templates.MeasuredProcessOutput(state, estimate, measurements)
 
     return tff.templates.AggregationProcess(init_fn, next_fn)
 

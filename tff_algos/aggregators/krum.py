@@ -27,8 +27,7 @@ from tff_algos.aggregators import stacked
 class KrumFactory(stacked.StackedAggregationFactory):
   """Multi-Krum: the weighted mean of the m updates with the lowest scores."""
 
-  def __init__(self, *, num_byzantine: int,
-               num_selected: Optional[int] = None):
+  def __init__(self, *, num_byzantine: int, num_selected: Optional[int] = None):
     """Initializes the factory.
 
     Args:
@@ -40,8 +39,10 @@ class KrumFactory(stacked.StackedAggregationFactory):
       TypeError: If an argument is not an int.
       ValueError: If `num_byzantine` < 0 or `num_selected` < 1.
     """
-    for name, value in (('num_byzantine', num_byzantine),
-                        ('num_selected', num_selected)):
+    for name, value in (
+        ('num_byzantine', num_byzantine),
+        ('num_selected', num_selected),
+    ):
       if value is None and name == 'num_selected':
         continue
       if isinstance(value, bool) or not isinstance(value, int):
@@ -60,20 +61,22 @@ class KrumFactory(stacked.StackedAggregationFactory):
     diffs = updates[:, tf.newaxis, :] - updates[tf.newaxis, :, :]
     sq_dist = tf.reduce_sum(tf.square(diffs), axis=2)  # [n, n]
     # Column 0 of each sorted row is the distance to itself (0).
-    nearest = tf.sort(sq_dist, axis=1)[:, 1:1 + neighbours]
+    nearest = tf.sort(sq_dist, axis=1)[:, 1 : 1 + neighbours]
     scores = tf.reduce_sum(nearest, axis=1)
     m = n - f if self._num_selected is None else self._num_selected
     m = tf.clip_by_value(m, 1, n)
     _, selected = tf.math.top_k(-scores, k=m)
-    mean = stacked.weighted_mean(tf.gather(updates, selected),
-                                 tf.gather(weights, selected))
+    mean = stacked.weighted_mean(
+        tf.gather(updates, selected), tf.gather(weights, selected)
+    )
     return mean, collections.OrderedDict(num_selected=m)
 
   def empty_measurements(self):
     return collections.OrderedDict(num_selected=tf.constant(0, tf.int32))
 
 
-def build_krum(*, num_byzantine: int,
-               num_selected: Optional[int] = None) -> KrumFactory:
+def build_krum(
+    *, num_byzantine: int, num_selected: Optional[int] = None
+) -> KrumFactory:
   """A `KrumFactory` (see its arguments)."""
   return KrumFactory(num_byzantine=num_byzantine, num_selected=num_selected)

@@ -27,11 +27,13 @@ import tensorflow_federated as tff
 
 def _specs(value_type):
   return tff.types.structure_from_tensor_type_tree(
-      lambda t: tf.TensorSpec(t.shape, t.dtype), value_type)
+      lambda t: tf.TensorSpec(t.shape, t.dtype), value_type
+  )
 
 
-class StackedAggregationFactory(tff.aggregators.WeightedAggregationFactory,
-                                metaclass=abc.ABCMeta):
+class StackedAggregationFactory(
+    tff.aggregators.WeightedAggregationFactory, metaclass=abc.ABCMeta
+):
   """A weighted factory applying `aggregate` to the stacked client updates."""
 
   @abc.abstractmethod
@@ -55,46 +57,57 @@ class StackedAggregationFactory(tff.aggregators.WeightedAggregationFactory,
     if not tff.types.is_structure_of_floats(value_type):
       raise TypeError(
           f'{type(self).__name__} aggregates structures of float tensors, got '
-          f'{value_type}')
+          f'{value_type}'
+      )
     if not tff.types.is_structure_of_floats(weight_type):
       raise TypeError(f'weights must be floats, got {weight_type}')
     specs = _specs(value_type)
     flat_specs = tf.nest.flatten(specs)
     sizes = [int(np.prod(s.shape)) for s in flat_specs]
     dim = sum(sizes)
-    stack_type = tff.types.to_type(collections.OrderedDict(
-        updates=tff.TensorType(np.float32, [None, dim]),
-        weights=tff.TensorType(np.float32, [None]),
-    ))
-    row_type = tff.types.to_type(collections.OrderedDict(
-        update=tff.TensorType(np.float32, [dim]),
-        weight=tff.TensorType(np.float32, []),
-    ))
+    stack_type = tff.types.to_type(
+        collections.OrderedDict(
+            updates=tff.TensorType(np.float32, [None, dim]),
+            weights=tff.TensorType(np.float32, [None]),
+        )
+    )
+    row_type = tff.types.to_type(
+        collections.OrderedDict(
+            update=tff.TensorType(np.float32, [dim]),
+            weight=tff.TensorType(np.float32, []),
+        )
+    )
 
     @tff.tensorflow.computation(value_type, weight_type)
     def flatten(value, weight):
-      parts = [tf.reshape(tf.cast(t, tf.float32), [-1])
-               for t in tf.nest.flatten(value)]
+      parts = [
+          tf.reshape(tf.cast(t, tf.float32), [-1])
+          for t in tf.nest.flatten(value)
+      ]
       return collections.OrderedDict(
-          update=tf.concat(parts, axis=0), weight=tf.cast(weight, tf.float32))
+          update=tf.concat(parts, axis=0), weight=tf.cast(weight, tf.float32)
+      )
 
     @tff.tensorflow.computation()
     def zero():
       return collections.OrderedDict(
           updates=tf.zeros([0, dim], tf.float32),
-          weights=tf.zeros([0], tf.float32))
+          weights=tf.zeros([0], tf.float32),
+      )
 
     @tff.tensorflow.computation(stack_type, row_type)
     def accumulate(stack, row):
       return collections.OrderedDict(
           updates=tf.concat([stack['updates'], row['update'][tf.newaxis]], 0),
-          weights=tf.concat([stack['weights'], row['weight'][tf.newaxis]], 0))
+          weights=tf.concat([stack['weights'], row['weight'][tf.newaxis]], 0),
+      )
 
     @tff.tensorflow.computation(stack_type, stack_type)
     def merge(a, b):
       return collections.OrderedDict(
           updates=tf.concat([a['updates'], b['updates']], 0),
-          weights=tf.concat([a['weights'], b['weights']], 0))
+          weights=tf.concat([a['weights'], b['weights']], 0),
+      )
 
     @tff.tensorflow.computation(stack_type)
     def report(stack):
@@ -108,13 +121,19 @@ class StackedAggregationFactory(tff.aggregators.WeightedAggregationFactory,
       vector, measurements = tf.cond(
           tf.size(weights) > 0,
           lambda: self.aggregate(updates, weights),
-          lambda: (tf.zeros([dim], tf.float32), self.empty_measurements()))
+          lambda: (tf.zeros([dim], tf.float32), self.empty_measurements()),
+      )
       measurements = collections.OrderedDict(
-          measurements, num_clients=tf.shape(weights)[0])
+          measurements, num_clients=tf.shape(weights)[0]
+      )
       pieces = tf.split(vector, sizes)
-      result = tf.nest.pack_sequence_as(specs, [
-          tf.cast(tf.reshape(p, s.shape), s.dtype)
-          for p, s in zip(pieces, flat_specs)])
+      result = tf.nest.pack_sequence_as(
+          specs,
+          [
+              tf.cast(tf.reshape(p, s.shape), s.dtype)
+              for p, s in zip(pieces, flat_specs)
+          ],
+      )
       return result, measurements
 
     @tff.federated_computation()
@@ -130,8 +149,7 @@ class StackedAggregationFactory(tff.aggregators.WeightedAggregationFactory,
       rows = tff.federated_map(flatten, (value, weight))
       stack = tff.federated_aggregate(rows, zero(), accumulate, merge, report)
       output = tff.federated_map(server_aggregate, stack)
-      return tff.templates.MeasuredProcessOutput(
-          state, output[0], output[1])
+      return tff.templates.MeasuredProcessOutput(state, output[0], output[1])
 
     return tff.templates.AggregationProcess(init_fn, next_fn)
 
@@ -139,4 +157,5 @@ class StackedAggregationFactory(tff.aggregators.WeightedAggregationFactory,
 def weighted_mean(updates: tf.Tensor, weights: tf.Tensor) -> tf.Tensor:
   """sum_k w_k x_k / sum_k w_k over the rows of `updates`."""
   return tf.reduce_sum(updates * weights[:, tf.newaxis], 0) / tf.reduce_sum(
-      weights)
+      weights
+  )

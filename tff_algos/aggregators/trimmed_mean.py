@@ -37,23 +37,27 @@ class TrimmedMeanFactory(stacked.StackedAggregationFactory):
       ValueError: If it is outside [0, 0.5).
     """
     if isinstance(trim_fraction, bool) or not isinstance(
-        trim_fraction, (int, float)):
+        trim_fraction, (int, float)
+    ):
       raise TypeError(
-          f'trim_fraction must be a float, got {type(trim_fraction).__name__}')
+          f'trim_fraction must be a float, got {type(trim_fraction).__name__}'
+      )
     if not (math.isfinite(trim_fraction) and 0.0 <= trim_fraction < 0.5):
       raise ValueError(
-          f'trim_fraction must be in [0, 0.5), got {trim_fraction}')
+          f'trim_fraction must be in [0, 0.5), got {trim_fraction}'
+      )
     self._trim_fraction = float(trim_fraction)
 
   def aggregate(self, updates, weights):
     n = tf.shape(updates)[0]
-    k = tf.cast(tf.floor(self._trim_fraction * tf.cast(n, tf.float64)),
-                tf.int32)
+    k = tf.cast(
+        tf.floor(self._trim_fraction * tf.cast(n, tf.float64)), tf.int32
+    )
     k = tf.minimum(k, (n - 1) // 2)
     by_coordinate = tf.transpose(updates)  # [d, n]
     order = tf.argsort(by_coordinate, axis=1, stable=True)
-    values = tf.gather(by_coordinate, order, batch_dims=1)[:, k:n - k]
-    w = tf.gather(weights, order)[:, k:n - k]
+    values = tf.gather(by_coordinate, order, batch_dims=1)[:, k : n - k]
+    w = tf.gather(weights, order)[:, k : n - k]
     mean = tf.reduce_sum(values * w, 1) / tf.reduce_sum(w, 1)
     return mean, collections.OrderedDict(trimmed_per_side=k)
 

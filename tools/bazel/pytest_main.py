@@ -18,15 +18,23 @@ import sitecustomize
 
 def main(argv: list[str]) -> int:
   if len(argv) < 2:
-    print('pytest_main: error: usage: pytest_main.py TEST_MODULE [ARGS]',
-          file=sys.stderr)
+    print(
+        'pytest_main: error: usage: pytest_main.py TEST_MODULE [ARGS]',
+        file=sys.stderr,
+    )
     return 2
   # Python put this file's real directory (in the source tree) first.
   sitecustomize.isolate()
   import pytest  # pylint: disable=g-import-not-at-top
 
-  args = ['-c', 'pytest.ini', '--rootdir', os.getcwd(), '-p',
-          'no:cacheprovider']
+  args = [
+      '-c',
+      'pytest.ini',
+      '--rootdir',
+      os.getcwd(),
+      '-p',
+      'no:cacheprovider',
+  ]
   tmp = os.environ.get('TEST_TMPDIR')
   if tmp:
     args.append('--basetemp=' + os.path.join(tmp, 'pytest'))

@@ -29,19 +29,29 @@ def isolate(environ=os.environ) -> list[str]:
   runfiles = environ.get('RUNFILES_DIR') or environ.get('TEST_SRCDIR')
   if not runfiles:
     return []
-  roots = sorted({os.path.realpath(p) for p in (
-      runfiles, sys.prefix, sys.base_prefix, sys.exec_prefix,
-      sys.base_exec_prefix)})
+  roots = sorted(
+      {
+          os.path.realpath(p)
+          for p in (
+              runfiles,
+              sys.prefix,
+              sys.base_prefix,
+              sys.exec_prefix,
+              sys.base_exec_prefix,
+          )
+      }
+  )
   kept, dropped = [], []
   for entry in sys.path:
     real = os.path.realpath(entry or os.getcwd())
     (kept if _inside(real, roots) else dropped).append(entry)
   sys.path[:] = kept
   sys.meta_path[:] = [
-      finder for finder in sys.meta_path
+      finder
+      for finder in sys.meta_path
       if not getattr(finder, '__module__', '').startswith('__editable__')
-      and not getattr(type(finder), '__module__', '').startswith(
-          '__editable__')]
+      and not getattr(type(finder), '__module__', '').startswith('__editable__')
+  ]
   for entry in dropped:
     sys.path_importer_cache.pop(entry, None)
   return dropped

@@ -12,6 +12,7 @@ from absl import flags
 import pytest
 
 from run import bench
+from run import console
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -89,15 +90,11 @@ def test_bad_flags_exit_2_with_one_line():
 
 
 def test_malformed_flag_is_a_usage_error(monkeypatch, capsys):
-  def fake_exit(code):
-    raise SystemExit(code)
-
-  monkeypatch.setattr(bench, '_exit', fake_exit)
   flag_values = flags.FlagValues()
   bench.define_flags(flag_values)
   monkeypatch.setattr(flags, 'FLAGS', flag_values)
   with pytest.raises(SystemExit) as raised:
-    bench._parse_flags(['bench', '--rounds=abc'])  # pylint: disable=protected-access
+    console.flags_parser('bench')(['bench', '--rounds=abc'])
   assert raised.value.code == 2
   err = capsys.readouterr().err
   assert err.startswith('bench: error: flag --rounds=abc')

@@ -252,7 +252,9 @@ EXPERIMENTS['deltafl_shakespeare'] = {
     ],
     'variants': dict(_DELTAFL_VARIANTS),
     'rounds': 100,
-    **_DELTAFL_REPORT,
+    # Tables 2-3 are test-device errors; the training roles are not
+    # evaluated (--eval_train_clients=false), so no train/loss columns.
+    **{**_DELTAFL_REPORT, 'extra_metrics': ()},
 }
 EXPERIMENTS['qffl_shakespeare'] = {
     'base': _SHAKESPEARE_CPU
@@ -334,6 +336,15 @@ def run_one(args: list[str], log) -> dict:
   return summary
 
 
+def _in_percent(metric: str, column: str) -> bool:
+  """Accuracy and error summaries are printed in percent."""
+  return metric.endswith(('accuracy', 'error')) and column not in (
+      'variance',
+      'angle_deg',
+      'kl_uniform',
+  )
+
+
 def table(experiment: dict, results: dict[str, list[dict]]) -> str:
   """Markdown table: mean (std) over seeds for each variant and column."""
   metrics = [(experiment['metric'], c) for c in experiment['columns']]
@@ -346,15 +357,43 @@ def table(experiment: dict, results: dict[str, list[dict]]) -> str:
       values = np.array(
           [r['summaries'][metric][column] for r in runs], dtype=float
       )
-      scale = (
-          100.0
-          if (
-              metric.endswith(('accuracy', 'error'))
-              and column not in ('variance', 'angle_deg', 'kl_uniform')
-          )
-          else 1.0
-      )
+      scale = 100.0 if _in_percent(metric, column) else 1.0
       cells.append(f'{scale * values.mean():.4g} ({scale * values.std():.2g})')
+    lines.append(f'| {variant} | ' + ' | '.join(cells) + ' |')
+  return '\n'.join(lines)
+
+
+def paired_table(experiment: dict, results: dict[str, list[dict]]) -> str:
+  """Markdown table of each variant minus the first one, seed by seed.
+
+  The runs of one seed share their data and client sampling, so the paired
+  differences separate a variant's effect from seed-to-seed spread. Cells are
+  the per-seed differences, then their mean (std).
+  """
+  baseline_name, *others = list(results)
+  baseline = results[baseline_name]
+  metrics = [(experiment['metric'], c) for c in experiment['columns']]
+  header = (
+      f'| variant minus {baseline_name} | '
+      + ' | '.join(f'{m} {c}' for m, c in metrics)
+      + ' |'
+  )
+  lines = [header, '|' + '---|' * (len(metrics) + 1)]
+  for variant in others:
+    cells = []
+    for metric, column in metrics:
+      diffs = np.array(
+          [
+              r['summaries'][metric][column] - b['summaries'][metric][column]
+              for r, b in zip(results[variant], baseline)
+          ],
+          dtype=float,
+      )
+      scale = 100.0 if _in_percent(metric, column) else 1.0
+      per_seed = ' / '.join(f'{scale * d:+.3g}' for d in diffs)
+      cells.append(
+          f'{per_seed}; {scale * diffs.mean():+.3g} ({scale * diffs.std():.2g})'
+      )
     lines.append(f'| {variant} | ' + ' | '.join(cells) + ' |')
   return '\n'.join(lines)
 
@@ -505,6 +544,11 @@ def main(argv) -> int:
       + table(experiment, results)
       + '\n'
   )
+  if len(results) > 1 and len(seeds) > 1:
+    text += (
+        '\nPaired per-seed differences (seeds in the order above; then mean'
+        ' (std)):\n\n' + paired_table(experiment, results) + '\n'
+    )
   print(text)
   if FLAGS.output_md:
     os.makedirs(os.path.dirname(FLAGS.output_md) or '.', exist_ok=True)

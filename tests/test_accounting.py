@@ -297,9 +297,11 @@ def test_subsampled_rdp_matches_the_integer_order_closed_form(z, m, n, rounds):
   ours = mech.epsilon(rounds, delta)
   # dp_accounting also tries fractional orders: never worse, <= 5% better.
   assert mine * 0.95 <= ours <= mine * (1 + 1e-9)
-  # PLD on the same event is tighter, by a bounded margin here.
+  # PLD on the same event is tighter than RDP's conversion (by how much
+  # depends on the regime: about 45% at q = 256/60000 over 500 rounds), and
+  # composing more rounds never lowers epsilon.
   pld = mech.epsilon(rounds, delta, 'pld')
-  assert 0.7 * ours < pld < ours
+  assert mech.epsilon(rounds // 2, delta, 'pld') < pld < ours
 
 
 @pytest.mark.parametrize(

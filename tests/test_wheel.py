@@ -282,7 +282,7 @@ def _first_flags(module):
       source = f.read()
     match = (
         re.search(r"DEFINE_\w+\(\s*'(\w+)'", source)
-        or re.search(r"add_argument\('--(\w+)'", source)
+        or re.search(r"add_argument\(\s*'--(\w+)'", source)
         or re.search(r"_FLAG_SPECS = \(\s*\(\s*'(\w+)'", source)
     )
     if match:

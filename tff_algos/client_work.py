@@ -139,10 +139,10 @@ def local_loss(
       on it). The default iterates with a `tf.while_loop`: a
       `Dataset.reduce` instantiates its reduce function on every call, which
       made this pass cost about 19 ms of CPU per client on the 60x10 softmax
-      model against about 7 ms (docs/performance.md, "Tail-aware round
-      cost"). The batches are read in the same order either way, and a
-      stream read again afterwards (the training pass) gets the same
-      reshuffle.
+      model against about 7 ms (docs/performance_log.md, "Tail-aware round
+      cost: the loss pass"). The batches are read in the same order either
+      way, and a stream read again afterwards (the training pass) gets the
+      same reshuffle.
 
   Returns:
     `(mean_loss, num_examples)` as float32 and int64 scalars, plus the mean

@@ -4,7 +4,7 @@ r"""Per-round cost against the population size (nothing is O(population)).
 Example (what docs/performance.md records):
 
   python -m run.bench_scale --populations=100,10000 --clients_per_round=100 \
-      --rounds=5 --warmup_rounds=1
+      --rounds=4 --warmup_rounds=1
 
 For each population, Synthetic(1, 1) clients of 150 training examples each
 (softmax regression, batch 10) are sampled `--clients_per_round` per round

@@ -276,7 +276,9 @@ def define_flags() -> None:
   flags.DEFINE_float('alpha', 1.0, 'Synthetic(alpha, beta): model spread.')
   flags.DEFINE_float('beta', 1.0, 'Synthetic(alpha, beta): feature spread.')
   flags.DEFINE_bool(
-      'iid', False, 'Synthetic-IID (one W, b for all clients; alpha, beta unused).'
+      'iid',
+      False,
+      'Synthetic-IID (one W, b for all clients; alpha, beta unused).',
   )
   flags.DEFINE_list(
       'evaluate', ['test'], 'Splits to score the final model on: test, train.'
@@ -296,11 +298,7 @@ def setting_from_flags(flag_values, value: float, seed: int) -> Setting:
       size_law=flag_values.size_law,
       sampling=flag_values.client_sampling,
       learning_rate=flag_values.learning_rate,
-      **(
-          {'q': value}
-          if flag_values.algorithm == 'qffl'
-          else {'tilt': value}
-      ),
+      **({'q': value} if flag_values.algorithm == 'qffl' else {'tilt': value}),
   )
 
 
@@ -373,9 +371,7 @@ def main(argv) -> int:
           100.0 if c in ('weighted_mean', 'mean', 'worst10', 'best10') else 1.0
       )
       cells.append(f'{scale * v.mean():.4g} ({scale * v.std():.2g})')
-    print(
-        f'| {label(value, split)} | mean (std) | ' + ' | '.join(cells) + ' |'
-    )
+    print(f'| {label(value, split)} | mean (std) | ' + ' | '.join(cells) + ' |')
   return 0
 
 

@@ -13,6 +13,11 @@ algorithms are the ones tested against independent oracles; this module is
 tested against the same oracle (`tests/test_numpy_sim.py`).
 
   python -m run.numpy_sim --algorithm=qffl --q=1 --rounds=20000 --seeds=0,1,2
+
+Data settings of thesis Table 4.10: `--iid` (Synthetic-IID), `--alpha` and
+`--beta` (Synthetic(alpha, beta)) and `--num_clients` (e.g. 50 devices).
+`--evaluate=test,train` also reports accuracy on the clients' training splits
+(thesis Table 4.6), from the same final model.
 """
 
 import sys
@@ -46,6 +51,7 @@ class Setting:
   num_clients: int = 100
   alpha: float = 1.0
   beta: float = 1.0
+  iid: bool = False
   size_law: str = 'table_4_4'
   test_fraction: float = 0.1
   clients_per_round: int = 10
@@ -64,6 +70,11 @@ class Setting:
       raise ValueError(f'tilt must be finite, got {self.tilt}')
     if self.rounds < 1 or self.batch_size < 1 or self.learning_rate <= 0:
       raise ValueError('rounds, batch_size and learning_rate must be positive')
+    if not (0 <= self.alpha < np.inf and 0 <= self.beta < np.inf):
+      raise ValueError(
+          f'alpha and beta must be finite and >= 0, got {self.alpha},'
+          f' {self.beta}'
+      )
     if not 1 <= self.clients_per_round <= self.num_clients:
       raise ValueError(f'clients_per_round must be in [1, {self.num_clients}]')
 
@@ -143,23 +154,46 @@ def aggregate(setting: Setting, w, b, losses, sizes, ww, bb):
   return np.einsum('k,kdc->dc', weights, ww), np.einsum('k,kc->c', weights, bb)
 
 
-def simulate(setting: Setting, *, log=None) -> dict:
-  """Runs `setting`; returns the test-accuracy summary over clients."""
-  setting.validate()
-  # Imported here: run.simulation imports TFF (seconds), needed only for the
-  # sampling rule shared with the training binary.
-  from run import simulation  # pylint: disable=g-import-not-at-top
+SPLITS = ('test', 'train')
 
+
+def client_data(setting: Setting):
+  """`(train, test)`: per-client arrays of `setting`'s data, keyed by id."""
   clients = synthetic.generate(
       num_clients=setting.num_clients,
       alpha=setting.alpha,
       beta=setting.beta,
+      iid=setting.iid,
       seed=setting.seed,
       size_law=setting.size_law,
   )
   train, test, _ = synthetic.split_arrays(
       clients, seed=setting.seed, test_fraction=setting.test_fraction
   )
+  return train, test
+
+
+def simulate(setting: Setting, *, log=None) -> dict:
+  """Runs `setting`; returns the test-accuracy summary over clients."""
+  return simulate_splits(setting, ('test',), log=log)['test']
+
+
+def simulate_splits(setting: Setting, splits, *, log=None) -> dict:
+  """Runs `setting`; returns `{split: accuracy summary over clients}`.
+
+  `splits` names the data the final model is scored on, each of `SPLITS`:
+  'test' (the clients' held-out examples) or 'train' (their training
+  examples, thesis Table 4.6).
+  """
+  setting.validate()
+  unknown = [s for s in splits if s not in SPLITS]
+  if unknown or not splits:
+    raise ValueError(f'splits must be some of {SPLITS}, got {list(splits)}')
+  # Imported here: run.simulation imports TFF (seconds), needed only for the
+  # sampling rule shared with the training binary.
+  from run import simulation  # pylint: disable=g-import-not-at-top
+
+  train, test = client_data(setting)
   ids = sorted(train)
   sizes = np.array([len(train[c][1]) for c in ids], np.float64)
   w = np.zeros((synthetic.NUM_FEATURES, synthetic.NUM_CLASSES))
@@ -196,13 +230,21 @@ def simulate(setting: Setting, *, log=None) -> dict:
     )
     if log and round_num % max(1, setting.rounds // 10) == 0:
       log(f'  round {round_num}: {time.time() - start:.0f} s')
+  return {
+      split: _accuracy_summary(w, b, {'test': test, 'train': train}[split])
+      for split in splits
+  }
+
+
+def _accuracy_summary(w, b, data) -> dict:
+  ids = sorted(data)
   accuracy = np.array(
       [
-          float((np.argmax(test[c][0] @ w + b, axis=1) == test[c][1]).mean())
+          float((np.argmax(data[c][0] @ w + b, axis=1) == data[c][1]).mean())
           for c in ids
       ]
   )
-  counts = np.array([len(test[c][1]) for c in ids])
+  counts = np.array([len(data[c][1]) for c in ids])
   return tail_metrics.summarize_clients(accuracy, counts, kind='accuracy')
 
 
@@ -230,6 +272,34 @@ def define_flags() -> None:
       'client_sampling', 'examples', ['examples', 'uniform'], 'Client sampling.'
   )
   flags.DEFINE_float('learning_rate', 0.1, 'Local lr (= 1/L for q-FFL).')
+  flags.DEFINE_integer('num_clients', 100, 'Number of clients (devices).')
+  flags.DEFINE_float('alpha', 1.0, 'Synthetic(alpha, beta): model spread.')
+  flags.DEFINE_float('beta', 1.0, 'Synthetic(alpha, beta): feature spread.')
+  flags.DEFINE_bool(
+      'iid',
+      False,
+      'Synthetic-IID (one W, b for all clients; alpha, beta unused).',
+  )
+  flags.DEFINE_list(
+      'evaluate', ['test'], 'Splits to score the final model on: test, train.'
+  )
+
+
+def setting_from_flags(flag_values, value: float, seed: int) -> Setting:
+  """The `Setting` of one (q or tilt, seed) run under `flag_values`."""
+  return Setting(
+      algorithm=flag_values.algorithm,
+      rounds=flag_values.rounds,
+      seed=seed,
+      num_clients=flag_values.num_clients,
+      alpha=flag_values.alpha,
+      beta=flag_values.beta,
+      iid=flag_values.iid,
+      size_law=flag_values.size_law,
+      sampling=flag_values.client_sampling,
+      learning_rate=flag_values.learning_rate,
+      **({'q': value} if flag_values.algorithm == 'qffl' else {'tilt': value}),
+  )
 
 
 COLUMNS = (
@@ -254,36 +324,46 @@ def main(argv) -> int:
   except ValueError as e:
     print(f'numpy_sim: error: {e}', file=sys.stderr)
     return 2
+  splits = list(FLAGS.evaluate)
+  if not splits or any(s not in SPLITS for s in splits):
+    print(
+        f'numpy_sim: error: --evaluate takes some of {",".join(SPLITS)}, got'
+        f' {",".join(splits)}',
+        file=sys.stderr,
+    )
+    return 2
   name = 'q' if FLAGS.algorithm == 'qffl' else 't'
+  label = lambda value, split: (
+      f'{value:g}' if split == 'test' else f'{value:g} ({split})'
+  )
   print(f'| {name} | seed | ' + ' | '.join(COLUMNS) + ' |')
   print('|' + '---|' * (len(COLUMNS) + 2))
   rows = {}
   for value in values:
     for seed in seeds:
-      setting = Setting(
-          algorithm=FLAGS.algorithm,
-          rounds=FLAGS.rounds,
-          seed=seed,
-          size_law=FLAGS.size_law,
-          sampling=FLAGS.client_sampling,
-          learning_rate=FLAGS.learning_rate,
-          **({'q': value} if name == 'q' else {'tilt': value}),
-      )
+      setting = setting_from_flags(FLAGS, value, seed)
+      start = time.time()
       try:
-        summary = simulate(setting, log=log)
+        summaries = simulate_splits(setting, splits, log=log)
       except ValueError as e:
         print(f'numpy_sim: error: {e}', file=sys.stderr)
         return 2
-      rows.setdefault(value, []).append(summary)
-      cells = [
-          f'{100 * summary[c]:.2f}'
-          if c in ('weighted_mean', 'mean', 'worst10', 'best10')
-          else f'{summary[c]:.4g}'
-          for c in COLUMNS
-      ]
-      print(f'| {value:g} | {seed} | ' + ' | '.join(cells) + ' |', flush=True)
+      log(f'{name} = {value:g}, seed {seed}: {time.time() - start:.0f} s')
+      for split in splits:
+        summary = summaries[split]
+        rows.setdefault((value, split), []).append(summary)
+        cells = [
+            f'{100 * summary[c]:.2f}'
+            if c in ('weighted_mean', 'mean', 'worst10', 'best10')
+            else f'{summary[c]:.4g}'
+            for c in COLUMNS
+        ]
+        print(
+            f'| {label(value, split)} | {seed} | ' + ' | '.join(cells) + ' |',
+            flush=True,
+        )
   _end_workers()
-  for value, summaries in rows.items():
+  for (value, split), summaries in rows.items():
     cells = []
     for c in COLUMNS:
       v = np.array([s[c] for s in summaries])
@@ -291,7 +371,7 @@ def main(argv) -> int:
           100.0 if c in ('weighted_mean', 'mean', 'worst10', 'best10') else 1.0
       )
       cells.append(f'{scale * v.mean():.4g} ({scale * v.std():.2g})')
-    print(f'| {value:g} | mean (std) | ' + ' | '.join(cells) + ' |')
+    print(f'| {label(value, split)} | mean (std) | ' + ' | '.join(cells) + ' |')
   return 0
 
 

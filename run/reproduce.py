@@ -32,6 +32,11 @@ Experiments:
   robust_clean, robust_label_poison, robust_gaussian, robust_model_replacement
                       FedAvg vs robust aggregators on Synthetic(1,1) with
                       20% of clients corrupted (A1-A3), benign-client metrics.
+  fedplus_synthetic   Fed+ (FedAvg+, FedGeoMed+, FedCoMed+; personal models)
+                      vs FedAvg, FedProx, RFA and coordinate median on
+                      Synthetic(1000, 10), N = 30 (document 004 section 5.2).
+  fedplus_synthetic_n3, fedplus_synthetic_n15
+                      The three Fed+ variants with N = 3 and N = 15 parties.
 """
 
 import concurrent.futures
@@ -283,6 +288,77 @@ EXPERIMENTS['robust_clean'] = {
     'columns': ('mean', 'worst10', 'weighted_mean'),
 }
 
+# Fed+ on the synthetic classification data of document 004 section 5.2
+# (docs/results/fedplus_synthetic.md): zeta (alpha) = 1000, beta = 10,
+# power-law sizes, 80/20 split, 10 parties per round, batch 10, lr 0.01,
+# E = 20 local epochs (the seed defers to FedProx's hyperparameters), sigma =
+# 0.01, delta = 0.001 / 0.1 / 0.1. Fed+ rows report each party's own local
+# model on its own test split ('variant_metrics'); the others the global model.
+_FEDPLUS_SYNTHETIC_BASE = [
+    '--task=synthetic',
+    '--synthetic_alpha=1000',
+    '--synthetic_beta=10',
+    '--client_batch_size=10',
+    '--client_learning_rate=0.01',
+    '--client_epochs_per_round=20',
+]
+_FEDPLUS_VARIANTS = {
+    'FedAvg+ delta=0.001 (personal)': [
+        '--algorithm=fedavg_plus',
+        '--fedplus_sigma=0.01',
+        '--fedplus_delta=0.001',
+    ],
+    'FedGeoMed+ delta=0.1 (personal)': [
+        '--algorithm=fedgeomed_plus',
+        '--fedplus_sigma=0.01',
+        '--fedplus_delta=0.1',
+    ],
+    'FedCoMed+ delta=0.1 (personal)': [
+        '--algorithm=fedcomed_plus',
+        '--fedplus_sigma=0.01',
+        '--fedplus_delta=0.1',
+    ],
+}
+_FEDPLUS_METRICS = {v: 'personal/test/accuracy' for v in _FEDPLUS_VARIANTS}
+EXPERIMENTS['fedplus_synthetic'] = {
+    'base': _FEDPLUS_SYNTHETIC_BASE
+    + ['--num_clients=30', '--clients_per_round=10'],
+    'variants': {
+        'FedAvg': ['--algorithm=fedavg', '--simulation_engine=stacked'],
+        'FedProx mu=1': [
+            '--algorithm=fedprox',
+            '--proximal_strength=1',
+            '--simulation_engine=stacked',
+        ],
+        'RFA (geometric median)': [
+            '--algorithm=fedavg',
+            '--aggregator=geometric_median',
+        ],
+        'coordinate median': [
+            '--algorithm=fedavg',
+            '--aggregator=coordinate_median',
+        ],
+        **_FEDPLUS_VARIANTS,
+    },
+    'variant_metrics': dict(_FEDPLUS_METRICS),
+    'rounds': 20,
+    'metric': 'test/accuracy',
+    'columns': ('mean', 'weighted_mean'),
+    # For Fed+ rows: the aggregate w~ on every party (not a model they use).
+    'extra_metrics': (('test/accuracy', 'mean'),),
+}
+for _n in (3, 15):
+  EXPERIMENTS[f'fedplus_synthetic_n{_n}'] = {
+      'base': _FEDPLUS_SYNTHETIC_BASE
+      + [f'--num_clients={_n}', f'--clients_per_round={min(_n, 10)}'],
+      'variants': dict(_FEDPLUS_VARIANTS),
+      'variant_metrics': dict(_FEDPLUS_METRICS),
+      'rounds': 20,
+      'metric': 'test/accuracy',
+      'columns': ('mean', 'weighted_mean'),
+      'extra_metrics': (('test/accuracy', 'mean'),),
+  }
+
 FLAGS = flags.FLAGS
 
 
@@ -345,15 +421,26 @@ def _in_percent(metric: str, column: str) -> bool:
   )
 
 
+def variant_metric(experiment: dict, variant: str) -> str:
+  """The main metric of one variant: `variant_metrics` overrides `metric`
+  (e.g. a personalised method's `personal/test/accuracy`)."""
+  return experiment.get('variant_metrics', {}).get(
+      variant, experiment['metric']
+  )
+
+
 def table(experiment: dict, results: dict[str, list[dict]]) -> str:
   """Markdown table: mean (std) over seeds for each variant and column."""
   metrics = [(experiment['metric'], c) for c in experiment['columns']]
+  num_main = len(metrics)
   metrics += list(experiment.get('extra_metrics', ()))
   header = '| variant | ' + ' | '.join(f'{m} {c}' for m, c in metrics) + ' |'
   lines = [header, '|' + '---|' * (len(metrics) + 1)]
   for variant, runs in results.items():
     cells = []
-    for metric, column in metrics:
+    for i, (metric, column) in enumerate(metrics):
+      if i < num_main:
+        metric = variant_metric(experiment, variant)
       values = np.array(
           [r['summaries'][metric][column] for r in runs], dtype=float
       )
@@ -372,6 +459,7 @@ def paired_table(experiment: dict, results: dict[str, list[dict]]) -> str:
   """
   baseline_name, *others = list(results)
   baseline = results[baseline_name]
+  base_metric = variant_metric(experiment, baseline_name)
   metrics = [(experiment['metric'], c) for c in experiment['columns']]
   header = (
       f'| variant minus {baseline_name} | '
@@ -381,10 +469,12 @@ def paired_table(experiment: dict, results: dict[str, list[dict]]) -> str:
   lines = [header, '|' + '---|' * (len(metrics) + 1)]
   for variant in others:
     cells = []
-    for metric, column in metrics:
+    metric = variant_metric(experiment, variant)
+    for _, column in metrics:
       diffs = np.array(
           [
-              r['summaries'][metric][column] - b['summaries'][metric][column]
+              r['summaries'][metric][column]
+              - b['summaries'][base_metric][column]
               for r, b in zip(results[variant], baseline)
           ],
           dtype=float,

@@ -83,3 +83,65 @@ def test_every_experiment_reports_metrics_its_runs_produce():
     ]
     if '--eval_train_clients=false' in experiment['base']:
       assert not [m for m in metrics if m.startswith('train/')], name
+
+
+def test_fedplus_synthetic_declares_the_papers_setting():
+  """Document 004 section 5.2 (spec A.7 / A.8.2) as declared flags."""
+  for name, n in (
+      ('fedplus_synthetic', 30),
+      ('fedplus_synthetic_n15', 15),
+      ('fedplus_synthetic_n3', 3),
+  ):
+    experiment = reproduce.EXPERIMENTS[name]
+    base = experiment['base']
+    for flag in (
+        '--task=synthetic',
+        '--synthetic_alpha=1000',
+        '--synthetic_beta=10',
+        '--client_batch_size=10',
+        '--client_learning_rate=0.01',
+        '--client_epochs_per_round=20',
+        f'--num_clients={n}',
+        f'--clients_per_round={min(n, 10)}',
+    ):
+      assert flag in base, (name, flag)
+    plus = {v: f for v, f in experiment['variants'].items() if '+' in v}
+    deltas = {f[0].split('=')[1]: f[2].split('=')[1] for f in plus.values()}
+    assert deltas == {
+        'fedavg_plus': '0.001',
+        'fedgeomed_plus': '0.1',
+        'fedcomed_plus': '0.1',
+    }, name
+    for variant, variant_flags in plus.items():
+      assert '--fedplus_sigma=0.01' in variant_flags
+      # Fed+ is scored on each party's own local model.
+      assert experiment['variant_metrics'][variant] == 'personal/test/accuracy'
+  variants = reproduce.EXPERIMENTS['fedplus_synthetic']['variants']
+  assert list(variants)[0] == 'FedAvg'  # The paired baseline.
+  assert '--proximal_strength=1' in variants['FedProx mu=1']
+  assert '--aggregator=geometric_median' in variants['RFA (geometric median)']
+  assert '--aggregator=coordinate_median' in variants['coordinate median']
+
+
+def test_variant_metrics_pick_each_rows_metric():
+  experiment = {
+      'metric': 'test/accuracy',
+      'columns': ('mean',),
+      'variant_metrics': {'Fed+': 'personal/test/accuracy'},
+  }
+
+  def run(acc, personal):
+    return {
+        'summaries': {
+            'test/accuracy': {'mean': acc},
+            'personal/test/accuracy': {'mean': personal},
+        }
+    }
+
+  results = {
+      'FedAvg': [run(0.5, 0.0), run(0.6, 0.0)],
+      'Fed+': [run(0.1, 0.9), run(0.2, 0.8)],
+  }
+  assert '| Fed+ | 85 (5) |' in reproduce.table(experiment, results)
+  paired = reproduce.paired_table(experiment, results).splitlines()[2]
+  assert paired == '| Fed+ | +40 / +20; +30 (10) |'

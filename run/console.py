@@ -11,7 +11,8 @@ setup.py installs each binary `MODULE` (a module whose `run_main` ends in
   missing `--flagfile` is one `<binary>: error: ...` line and exit status 2
   (absl prints two lines and exits 1); `--help` and `--helpfull` exit 0;
 * turns a Ctrl-C or SIGINT anywhere into one `<binary>: interrupted` line
-  and status 130;
+  and status 130, and arms `runtime.install_exit_watchdog`: a run still
+  alive 20 s after a SIGINT, SIGTERM or SIGHUP is ended from another thread;
 * ends the process through `tff_algos.runtime.exit_now`, which ends the TFF
   workers and skips interpreter teardown, where TFF 0.87's executor service
   manager prints a traceback from `__del__` (also after `--help`).
@@ -90,6 +91,7 @@ def run(
   prog = prog or binary_name(module_name)
   if module_name != '__main__':
     _register_help(module_name)
+  runtime.install_exit_watchdog(interrupted_message(prog))
   try:
     app.run(main, flags_parser=flags_parser or globals()['flags_parser'](prog))
   except SystemExit as e:  # --help, flag errors: skip TFF's teardown.

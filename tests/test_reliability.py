@@ -756,3 +756,55 @@ def test_killed_runs_resume_to_the_same_result(earlier, tmp_path):
         for l in (tmp_path / name / 'metrics.csv').read_text().splitlines()[1:]
     ]
     assert rows == [str(r) for r in range(1, 9)]
+
+
+_STUCK_MAIN_THREAD = """
+import signal, sys, threading, time
+from tff_algos import runtime
+runtime.install_exit_watchdog('stuck: interrupted', grace_s=1.0)
+runtime.install_worker_cleanup()
+if sys.argv[1] == 'masked':
+  # The kernel hands the signal to another thread; the main thread waits on
+  # a lock nothing releases, so Python's handler never runs.
+  signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+  print('ready', flush=True)
+  threading.Event().wait()
+else:
+  # The handler runs but its KeyboardInterrupt is swallowed.
+  def swallow(signum, frame):
+    pass
+  signal.signal(signal.SIGINT, swallow)
+  signal.signal(signal.SIGTERM, swallow)
+  print('ready', flush=True)
+  while True:
+    time.sleep(0.05)
+"""
+
+
+@pytest.mark.parametrize('how', ['masked', 'swallowed'])
+@pytest.mark.parametrize('signum', [signal.SIGINT, signal.SIGTERM])
+def test_watchdog_ends_a_run_whose_main_thread_does_not(how, signum):
+  """The last resort behind the handlers: CI once saw a run outlive a SIGINT."""
+  proc = subprocess.Popen(
+      [sys.executable, '-c', _STUCK_MAIN_THREAD, how],
+      cwd=binary.ROOT,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+      text=True,
+      start_new_session=True,
+  )
+  try:
+    assert proc.stdout.readline().strip() == 'ready'
+    start = time.monotonic()
+    os.kill(proc.pid, signum)
+    _, stderr = proc.communicate(timeout=30)
+    took = time.monotonic() - start
+    assert 1.0 <= took < 15, took  # After the grace, not before.
+    if signum == signal.SIGINT:
+      assert proc.returncode == 130, stderr
+      assert stderr.strip().splitlines()[-1] == 'stuck: interrupted', stderr
+    else:
+      assert proc.returncode == -signum, stderr
+  finally:
+    with contextlib.suppress(ProcessLookupError):
+      os.killpg(proc.pid, signal.SIGKILL)

@@ -147,9 +147,7 @@ def rounding_sensitivity(task, mu, momentum):
     algorithm = batched.BatchedAlgorithm(
         'fedprox', client, server, proximal_strength=mu
     )
-    weights.append(
-        engine_weights(task, algorithm, process, vectorize=False)
-    )
+    weights.append(engine_weights(task, algorithm, process, vectorize=False))
   return max(np.abs(a - b).max() for a, b in zip(*weights))
 
 

@@ -21,12 +21,16 @@ import atexit
 import contextlib
 import os
 import signal
+import socket
+import sys
+import threading
 import time
 from typing import Optional
 
 WORKER_NAME = 'worker_binary'
 _installed = False
 _interrupted = False
+_watchdog: Optional[threading.Thread] = None
 
 
 class _NoNewProcesses:
@@ -179,6 +183,69 @@ def install_worker_cleanup() -> None:
       raise KeyboardInterrupt
 
   signal.signal(signal.SIGINT, on_interrupt)
+
+
+def _end_after_grace(signum: int, grace_s: float, interrupted_line: str):
+  """Ends the process unless its main thread does within `grace_s` seconds."""
+  time.sleep(grace_s)
+  _note_signal()
+  end_all_workers()
+  with contextlib.suppress(OSError, ValueError):
+    if signum == signal.SIGINT:
+      sys.stderr.write(interrupted_line + '\n')
+    sys.stderr.flush()
+  if signum == signal.SIGINT:
+    os._exit(130)  # pylint: disable=protected-access
+  # Die of the signal, as its default action would: `signal.signal` works in
+  # the main thread only, libc's `signal` in any.
+  with contextlib.suppress(OSError, AttributeError):
+    import ctypes  # pylint: disable=g-import-not-at-top
+
+    ctypes.CDLL(None).signal(signum, 0)  # 0 is SIG_DFL.
+    os.kill(os.getpid(), signum)
+    time.sleep(1.0)
+  os._exit(128 + signum)  # pylint: disable=protected-access
+
+
+def install_exit_watchdog(interrupted_line: str, grace_s: float = 20.0):
+  """Ends this process `grace_s` seconds after a SIGINT/SIGTERM/SIGHUP.
+
+  For binaries. Their signal handlers end the run at once in every case
+  tried, but a handler runs in the main thread only when that thread next
+  runs Python code: a signal the kernel delivers to another thread while the
+  main thread waits on a TFF future that never resolves, or an interrupt
+  swallowed inside a library, would leave the run (and its workers) going.
+  Python's C-level handler writes each signal's number to the wakeup file
+  descriptor from whichever thread received it; a daemon thread reads it and,
+  if the process is still alive `grace_s` seconds later, ends the workers
+  and exits: status 130 with `interrupted_line` for SIGINT, the signal's
+  default action for SIGTERM and SIGHUP. Call from the main thread.
+
+  Args:
+    interrupted_line: The line printed when a SIGINT ends the process.
+    grace_s: Seconds the main thread has to end the process by itself.
+  """
+  global _watchdog
+  if _watchdog is not None:
+    return
+  reader, writer = socket.socketpair()
+  writer.setblocking(False)
+  signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+  watched = {int(signal.SIGINT), int(signal.SIGTERM), int(signal.SIGHUP)}
+
+  def watch():
+    while True:
+      data = reader.recv(64)
+      if not data:
+        return
+      for signum in data:
+        if signum in watched:
+          _end_after_grace(signum, grace_s, interrupted_line)
+
+  _watchdog = threading.Thread(target=watch, name='exit-watchdog', daemon=True)
+  _watchdog.start()
+  # Keeps the socket pair alive with the thread.
+  _watchdog.sockets = (reader, writer)  # pytype: disable=attribute-error
 
 
 def disarm_service_managers() -> None:

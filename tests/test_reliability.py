@@ -781,11 +781,28 @@ else:
 """
 
 
+def _wait_until_blocked(pid: int, timeout: float = 20.0) -> None:
+  """Until `pid`'s main thread sleeps in a futex (its lock wait).
+
+  Before that, the handler still runs in the main thread at its next
+  bytecode (it ran in 2 of 12 tries under load) and ends the run normally.
+  """
+  deadline = time.monotonic() + timeout
+  futex = '202 '  # x86-64's futex syscall number.
+  while time.monotonic() < deadline:
+    with contextlib.suppress(OSError):
+      with open(f'/proc/{pid}/task/{pid}/syscall') as f:
+        if f.read().startswith(futex):
+          return
+    time.sleep(0.02)
+  raise AssertionError(f'the main thread of {pid} never blocked')
+
+
 @pytest.mark.parametrize('how', ['masked', 'swallowed'])
 @pytest.mark.parametrize('signum', [signal.SIGINT, signal.SIGTERM])
 def test_watchdog_ends_a_run_whose_main_thread_does_not(how, signum):
   """The last resort behind the handlers: CI once saw a run outlive a SIGINT."""
-  proc = subprocess.Popen(
+  proc = subprocess.Popen(  # pylint: disable=consider-using-with
       [sys.executable, '-c', _STUCK_MAIN_THREAD, how],
       cwd=binary.ROOT,
       stdout=subprocess.PIPE,
@@ -795,6 +812,8 @@ def test_watchdog_ends_a_run_whose_main_thread_does_not(how, signum):
   )
   try:
     assert proc.stdout.readline().strip() == 'ready'
+    if how == 'masked':
+      _wait_until_blocked(proc.pid)
     start = time.monotonic()
     os.kill(proc.pid, signum)
     _, stderr = proc.communicate(timeout=30)

@@ -226,8 +226,10 @@ def install_exit_watchdog(interrupted_line: str, grace_s: float = 20.0):
     grace_s: Seconds the main thread has to end the process by itself.
   """
   global _watchdog
-  if _watchdog is not None:
-    return
+  if _watchdog is not None or (
+      threading.current_thread() is not threading.main_thread()
+  ):
+    return  # Only the main thread may set the wakeup fd (and has handlers).
   reader, writer = socket.socketpair()
   writer.setblocking(False)
   signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)

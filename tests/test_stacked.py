@@ -19,7 +19,6 @@ from tff_algos import delta_fl
 from tff_algos import fed_prox
 from tff_algos import q_ffl
 from tff_algos import stacked
-from tff_algos import stragglers
 from tff_algos import term
 from tests import engine_runs
 
@@ -33,6 +32,16 @@ def task():
   # longest one's step count) and batch 5.
   return synthetic.create_task(
       num_clients=12, seed=1, batch_size=5, size_law='table_4_4'
+  )
+
+
+def stacked_engine(task, algorithm, *, vectorize=True):
+  return stacked.StackedEngine(
+      task.model_fn,
+      task.preprocess_train,
+      task.train_data,
+      algorithm,
+      vectorize=vectorize,
   )
 
 
@@ -51,17 +60,10 @@ def run_both(
     vectorize=True,
 ):
   """Trains `rounds` rounds both ways; returns both states and metrics."""
-  engine = stacked.StackedEngine(
-      task.model_fn,
-      task.preprocess_train,
-      task.train_data,
-      algorithm,
-      vectorize=vectorize,
-  )
   return engine_runs.run_both(
       task,
       process,
-      engine,
+      stacked_engine(task, algorithm, vectorize=vectorize),
       rounds=rounds,
       epochs=epochs,
       straggler_fraction=straggler_fraction,
@@ -91,38 +93,6 @@ TRAIN_KEYS = [
 ]
 
 
-def engine_weights(task, algorithm, process, *, vectorize):
-  """The engine's model weights after `run_both`'s two rounds (no TFF run)."""
-  engine = stacked.StackedEngine(
-      task.model_fn,
-      task.preprocess_train,
-      task.train_data,
-      algorithm,
-      vectorize=vectorize,
-  )
-  config = simulation.SimulationConfig(
-      total_rounds=2,
-      clients_per_round=4,
-      client_epochs_per_round=2,
-      seed=3,
-      straggler_fraction=0.5,
-  )
-  schedule = stragglers.StragglerSchedule(
-      fraction=0.5, epochs=2, drop_stragglers=False, seed=3
-  )
-  ids = list(task.train_data.client_ids)
-  state = process.initialize()
-  for r in (1, 2):
-    plans = schedule.participants(
-        r, simulation.sample_clients(ids, r, clients_per_round=4, seed=3)
-    )
-    state, _ = engine.next(
-        state, simulation.batched_round_plan(task, plans, r, config)
-    )
-  engine.close()
-  return composition.model_weights_as_numpy(process, state)
-
-
 def rounding_sensitivity(task, mu, momentum):
   """How far a 3-ulp change of the client learning rate moves the weights.
 
@@ -147,7 +117,13 @@ def rounding_sensitivity(task, mu, momentum):
     algorithm = batched.BatchedAlgorithm(
         'fedprox', client, server, proximal_strength=mu
     )
-    weights.append(engine_weights(task, algorithm, process, vectorize=False))
+    state = engine_runs.run_engine(
+        task,
+        process,
+        stacked_engine(task, algorithm, vectorize=False),
+        straggler_fraction=0.5,
+    )
+    weights.append(composition.model_weights_as_numpy(process, state))
   return max(np.abs(a - b).max() for a, b in zip(*weights))
 
 

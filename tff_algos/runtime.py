@@ -31,6 +31,7 @@ WORKER_NAME = 'worker_binary'
 _installed = False
 _interrupted = False
 _watchdog: Optional[threading.Thread] = None
+_wakeup_sockets: tuple[socket.socket, ...] = ()  # Kept open for the process.
 
 
 class _NoNewProcesses:
@@ -225,7 +226,7 @@ def install_exit_watchdog(interrupted_line: str, grace_s: float = 20.0):
     interrupted_line: The line printed when a SIGINT ends the process.
     grace_s: Seconds the main thread has to end the process by itself.
   """
-  global _watchdog
+  global _watchdog, _wakeup_sockets
   if _watchdog is not None or (
       threading.current_thread() is not threading.main_thread()
   ):
@@ -244,10 +245,9 @@ def install_exit_watchdog(interrupted_line: str, grace_s: float = 20.0):
         if signum in watched:
           _end_after_grace(signum, grace_s, interrupted_line)
 
+  _wakeup_sockets = (reader, writer)
   _watchdog = threading.Thread(target=watch, name='exit-watchdog', daemon=True)
   _watchdog.start()
-  # Keeps the socket pair alive with the thread.
-  _watchdog.sockets = (reader, writer)  # pytype: disable=attribute-error
 
 
 def disarm_service_managers() -> None:

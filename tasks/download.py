@@ -32,6 +32,7 @@ The environment variable `TFF_HETERO_DATA_URL` replaces the bucket's URL
 """
 
 from collections.abc import Sequence
+import contextlib
 import dataclasses
 import hashlib
 import http.client
@@ -375,7 +376,5 @@ def _extract(url: str, archive: str, member: str, dest: str) -> None:
 
 
 def _remove(path: str) -> None:
-  try:
+  with contextlib.suppress(FileNotFoundError):
     os.remove(path)
-  except FileNotFoundError:
-    pass

@@ -184,11 +184,9 @@ def read_text(path: str) -> str:
 
 def strip_gutenberg(text: str) -> str:
   """`text` without Project Gutenberg's header and licence, when present."""
-  start = None
-  for start in _GUTENBERG_START_RE.finditer(text):
-    pass
-  if start is not None:
-    text = text[text.index('\n', start.start()) + 1 :]
+  starts = list(_GUTENBERG_START_RE.finditer(text))
+  if starts:  # The last start marker: the text follows its line.
+    text = text[text.index('\n', starts[-1].start()) + 1 :]
   end = _GUTENBERG_END_RE.search(text)
   if end is not None:
     text = text[: end.start()]

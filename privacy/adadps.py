@@ -21,9 +21,10 @@ public-data gradient (Option 1: v <- beta v + (1 - beta) g_pub^2,
 A = sqrt(v) + eps).
 
 Federated (Algorithm 10, `build_adadps_fed`): every selected client runs
-local SGD with each mini-batch gradient divided by A (`build_preconditioned_sgd`,
-a `tff.learning.optimizers.Optimizer`); its model delta is clipped to C and
-the server adds Gaussian noise ONCE to the sum (our decision, documented in
+local SGD with each mini-batch gradient divided by A
+(`build_preconditioned_sgd`, a `tff.learning.optimizers.Optimizer`); its model
+delta is clipped to C and the server adds Gaussian noise ONCE to the sum (our
+decision, documented in
 docs/algorithms.md): Algorithm 10 as printed adds N(0, sigma^2 C^2) on every
 device, while the thesis states a trusted server (central user-level DP,
 Definition 4), whose standard mechanism (DP-FedAvg) noises the sum, giving
@@ -63,6 +64,7 @@ class _PreconditionedSgd(tff.learning.optimizers.Optimizer):
     self._a = [np.asarray(a, np.float32) for a in side_information]
 
   def initialize(self, specs):
+    """Checks A against the weights' shapes; the state is the learning rate."""
     flat = tf.nest.flatten(specs)
     if len(flat) != len(self._a):
       raise ValueError(

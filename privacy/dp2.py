@@ -101,6 +101,7 @@ class _Dp2(tff.learning.optimizers.Optimizer):
     return state
 
   def next(self, state, weights, gradients):
+    """One step: SGD in the first phase of a cycle, RMSprop in the second."""
     s1, cycle = self._s1, self._s1 + self._s2
     step = state['step']
     phase = tf.math.floormod(step, cycle)

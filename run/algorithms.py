@@ -261,7 +261,8 @@ class AlgorithmSpec:
       raise ValueError(f'--q applies to qffl and qfedsgd, not {self.name}')
     if not (math.isfinite(self.q_lipschitz) and self.q_lipschitz >= 0):
       raise ValueError(
-          f'--q_lipschitz must be > 0 (0: 1 / client lr), got {self.q_lipschitz}'
+          '--q_lipschitz must be > 0 (0: 1 / client lr), got '
+          f'{self.q_lipschitz}'
       )
     if not math.isfinite(self.tilt):
       raise ValueError(f'--tilt must be finite, got {self.tilt}')
@@ -484,7 +485,7 @@ class AlgorithmSpec:
       )
     if self.uses_dp and self.aggregator != 'mean':
       raise ValueError(
-          'DP aggregation (--clip) and --aggregator cannot be ' 'combined'
+          'DP aggregation (--clip) and --aggregator cannot be combined'
       )
     if self.uses_dp and self.thetas:
       raise ValueError(
@@ -543,6 +544,7 @@ class AlgorithmSpec:
         raise ValueError('--server_sgd_momentum does not apply to dp2')
 
   def describe(self) -> str:
+    """A one-line description: the algorithm's name and its options."""
     extra = {
         'fedprox': f', mu={self.proximal_strength:g}',
         'qffl': f', q={self.q:g}, L={self.lipschitz_constant:g}',
@@ -558,7 +560,7 @@ class AlgorithmSpec:
         'afl': f', gamma_w={self.client_learning_rate:g}, '
         f'gamma_lambda={self.afl_lambda_lr:g}',
         'ditto': f', lambda={",".join(f"{v:g}" for v in self.ditto_lambdas)}'
-        f'{", clip=%g" % self.ditto_clip_norm if self.ditto_clip_norm else ""}',
+        + (f', clip={self.ditto_clip_norm:g}' if self.ditto_clip_norm else ''),
     }.get(self.name, '')
     if self.name in FED_PLUS_PSI:
       sigma = self.fedplus_sigma or 0.0

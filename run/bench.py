@@ -14,9 +14,9 @@ average weighted by examples):
 * `stock`: `tff.learning.algorithms.build_weighted_fed_avg`;
 * `plain`: a `tf.function` SGD loop on the same architecture (a Keras dense
   layer's variables) over the same batches, client after client, one call
-  per round on the round's client datasets chained into one stream; no TFF. It is the
-  reference: what the same work, data pipeline included, costs without the
-  TFF runtime.
+  per round on the round's client datasets chained into one stream; no TFF. It
+  is the reference: what the same work, data pipeline included, costs without
+  the TFF runtime.
 * `preloaded` (diagnostic): the same loop on the round's batches read into
   tensors before its timer starts: the arithmetic alone, without tf.data.
 
@@ -489,8 +489,8 @@ def benchmark(
   states = {'ours': ours.initialize(), 'stock': stock.initialize()}
   processes = {'ours': ours, 'stock': stock}
   initial = {
-      name: composition.model_weights_as_numpy(processes[name], states[name])
-      for name in processes
+      name: composition.model_weights_as_numpy(process, states[name])
+      for name, process in processes.items()
   }
   shapes = {
       name: [w.shape for w in weights] for name, weights in initial.items()
@@ -567,8 +567,8 @@ def benchmark(
     )
 
   final = {
-      name: composition.model_weights_as_numpy(processes[name], states[name])
-      for name in processes
+      name: composition.model_weights_as_numpy(process, states[name])
+      for name, process in processes.items()
   }
   for name, loop in plain_loops.items():
     final[name] = loop.weights

@@ -93,7 +93,9 @@ _OUTPUT = None
 
 def define_flags() -> None:
   """Defines the command-line flags."""
-  global _NUM_CLIENTS, _CLIENTS, _ROUNDS, _ROUNDS_AFTER, _TOUCH, _EXAMPLES, _BATCH, _MODEL, _LAMBDA, _LR, _CHECKPOINT, _COLD, _CONCURRENT, _STATE_DIR, _OUTPUT
+  global _NUM_CLIENTS, _CLIENTS, _ROUNDS, _ROUNDS_AFTER, _TOUCH, _EXAMPLES
+  global _BATCH, _MODEL, _LAMBDA, _LR, _CHECKPOINT, _COLD, _CONCURRENT
+  global _STATE_DIR, _OUTPUT
   _NUM_CLIENTS = flags.DEFINE_integer('num_clients', 3400, 'Population.')
   _CLIENTS = flags.DEFINE_integer('clients_per_round', 10, 'Clients per round.')
   _ROUNDS = flags.DEFINE_integer('rounds', 20, 'Ditto rounds before the pass.')

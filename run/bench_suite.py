@@ -65,7 +65,7 @@ import json
 import statistics
 import threading
 import time
-from typing import Any
+from typing import Any, Optional
 
 from absl import flags
 import numpy as np
@@ -117,7 +117,8 @@ _DITTO_LAMBDA = None
 
 def define_flags() -> None:
   """Defines the command-line flags."""
-  global _MODELS, _ALGORITHMS, _ROUNDS, _WARMUP, _CLIENTS, _NUM_CLIENTS, _OUTPUT, _STACKED_MODES, _STACKED_ONLY, _DITTO_LAMBDA
+  global _MODELS, _ALGORITHMS, _ROUNDS, _WARMUP, _CLIENTS, _NUM_CLIENTS
+  global _OUTPUT, _STACKED_MODES, _STACKED_ONLY, _DITTO_LAMBDA
   _MODELS = flags.DEFINE_list('models', list(MODELS), 'Models to time.')
   _ALGORITHMS = flags.DEFINE_list(
       'algorithms',
@@ -259,7 +260,7 @@ class PlainLoop:
 
   def __init__(self, model: str, learning_rate: float):
     self._graph = tf.Graph()
-    with self._graph.as_default():
+    with self._graph.as_default():  # pytype: disable=attribute-error
       net, loss_fn = keras_model(model)
       variables = net.trainable_variables
       spec = net.input_shape
@@ -374,6 +375,9 @@ class PeakRss:
   def __init__(self, interval: float = 0.01):
     self._interval = interval
     self.peak_mb = 0.0
+    self._pids: list[int] = []
+    self._stop = threading.Event()
+    self._thread: Optional[threading.Thread] = None
 
   def __enter__(self):
     self._pids = [os.getpid(), *runtime.worker_pids(os.getpid())]
@@ -423,7 +427,7 @@ def run_model(
   config = simulation.SimulationConfig(
       total_rounds=warmup + rounds, clients_per_round=clients_per_round, seed=0
   )
-  systems = {}  # name -> (kind, object, state)
+  systems: dict[str, list[Any]] = {}  # name -> [kind, object, state]
   processes = {}
   for name in algorithm_names:
     spec = algorithms.AlgorithmSpec(
@@ -610,6 +614,7 @@ def _round(
 
 
 def format_table(results: dict) -> str:
+  """The results as a Markdown table, one row per (model, system)."""
   lines = [
       '| model | system | examples/s | s/round | cpu s/round | '
       'peak MB | x stock | x plain |',

@@ -21,7 +21,6 @@ closed form over many more trials (NumPy), for a precise argmin.
       --output_md=docs/results/ditto_lambda_sweep.part.md
 """
 
-import collections
 import os
 import sys
 import time
@@ -48,6 +47,7 @@ _DEVICES = None
 _DIM = None
 _N = None
 _SIGMA = None
+_TAU2 = None
 _ROUNDS = None
 _STEPS = None
 _OUTPUT = None

@@ -1,5 +1,6 @@
 # Copyright 2026 The tff-hetero Authors. Licensed under the Apache License 2.0.
-r"""Fed+ section 5.1 synthetic regression: FedGeoMed+, FedCoMed+, FedAvg+, FedAvg.
+r"""Fed+ section 5.1 synthetic regression: FedGeoMed+, FedCoMed+, FedAvg+ and
+FedAvg.
 
 Data: `tasks.fedplus_regression` (10 parties, d = 1000, the last one an
 outlier). Every party participates every round (K = N = 10), batch 10,
@@ -62,7 +63,8 @@ _OUTPUT = None
 
 def define_flags() -> None:
   """Defines the command-line flags."""
-  global _BACKEND, _SIGMAS, _SEEDS, _ROUNDS, _LR, _DELTA, _STEPS, _BATCH, _ITERS, _METHODS, _OUTPUT
+  global _BACKEND, _SIGMAS, _SEEDS, _ROUNDS, _LR, _DELTA, _STEPS, _BATCH
+  global _ITERS, _METHODS, _OUTPUT
   _BACKEND = flags.DEFINE_enum(
       'backend', 'numpy', ['numpy', 'tff'], 'Implementation to run.'
   )

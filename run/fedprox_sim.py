@@ -80,6 +80,7 @@ class Setting:
     return False, alpha, beta
 
   def validate(self) -> None:
+    """Raises ValueError on an out-of-range option."""
     self.alpha_beta()
     if not 0.0 <= self.straggler_fraction <= 1.0:
       raise ValueError(
@@ -250,7 +251,7 @@ def define_flags() -> None:
       '(FedProx with --mu).',
   )
   flags.DEFINE_float(
-      'mu', 1.0, 'mu of the `mu` variant (thesis: 1 for ' 'Synthetic).'
+      'mu', 1.0, 'mu of the `mu` variant (thesis: 1 for Synthetic).'
   )
   flags.DEFINE_integer('rounds', 200, 'Rounds.')
   flags.DEFINE_integer('epochs', 20, 'E, local epochs of a non-straggler.')

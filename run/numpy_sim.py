@@ -60,6 +60,7 @@ class Setting:
   sampling: str = 'examples'
 
   def validate(self) -> None:
+    """Raises ValueError on an unknown algorithm or an impossible size."""
     if self.algorithm not in ('qffl', 'term'):
       raise ValueError(
           f'unknown algorithm {self.algorithm!r}; choose qffl or' ' term'
@@ -106,20 +107,18 @@ def local_sgd(w, b, clients, *, learning_rate, batch_size, rng=None):
   """
   k = len(clients)
   steps = max(-(-len(y) // batch_size) for _, y in clients)
-  d, c = w.shape
+  d = w.shape[0]
   xs = np.zeros((k, steps * batch_size, d))
   ys = np.zeros((k, steps * batch_size), np.int64)
   mask = np.zeros((k, steps * batch_size))
   for i, (x, y) in enumerate(clients):
     order = rng.permutation(len(y)) if rng is not None else np.arange(len(y))
-    xs[i, : len(y)], ys[i, : len(y)], mask[i, : len(y)] = (
-        x[order],
-        y[order],
-        1.0,
-    )
-  xs = xs.reshape(k, steps, batch_size, d)
-  ys = ys.reshape(k, steps, batch_size)
-  mask = mask.reshape(k, steps, batch_size)
+    xs[i, : len(y)] = x[order]
+    ys[i, : len(y)] = y[order]
+    mask[i, : len(y)] = 1.0
+  xs = xs.reshape((k, steps, batch_size, d))
+  ys = ys.reshape((k, steps, batch_size))
+  mask = mask.reshape((k, steps, batch_size))
   ww = np.repeat(w[None], k, axis=0)
   bb = np.repeat(b[None], k, axis=0)
   rows = np.arange(batch_size)

@@ -179,14 +179,16 @@ def _toy_run(method, x, y, *, lr, clip, sigma, seed, a, **extra):
 
 
 def _tune(method, x, y, sigma, a, grid):
-  best = None
+  best_loss, best_params = np.inf, None
   for params in grid:
     with np.errstate(all='ignore'):
       w = _toy_run(method, x, y, sigma=sigma, seed=0, a=a, **params)
       loss = toy_loss(x, y, w)
-    if np.isfinite(loss) and (best is None or loss < best[0]):
-      best = (loss, params)
-  return best[1]
+    if np.isfinite(loss) and (best_params is None or loss < best_loss):
+      best_loss, best_params = loss, params
+  if best_params is None:
+    raise ValueError(f'{method}: every setting of the grid diverged')
+  return best_params
 
 
 def run_toy(methods) -> str:
@@ -320,8 +322,8 @@ def run_dpfedavg() -> str:
   )
   return '\n'.join(
       [
-          f'Command per row: `{command}` (the non-private row drops the three DP '
-          'flags).',
+          f'Command per row: `{command}` (the non-private row drops the '
+          'three DP flags).',
           '',
           '| target epsilon | seed | noise multiplier z | epsilon (RDP) | '
           'epsilon (PLD) | test accuracy (pooled) | mean over clients | p10 | '

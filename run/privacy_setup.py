@@ -80,7 +80,7 @@ def prepare_dp(
   if target_epsilon:
     if spec.noise_multiplier:
       raise ValueError(
-          'pass either --noise_multiplier or --target_epsilon, ' 'not both'
+          'pass either --noise_multiplier or --target_epsilon, not both'
       )
     try:
       z = accounting.calibrate_noise_multiplier(

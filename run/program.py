@@ -49,7 +49,6 @@ import os
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
-import asyncio
 import csv
 import dataclasses
 import datetime
@@ -344,6 +343,7 @@ class ProgramConfig:
   evaluate_per_client: bool = True
 
   def validate(self, num_train: int, num_test: int) -> None:
+    """Raises ValueError naming the first flag with an impossible value."""
     checks = [
         (
             self.total_rounds >= 1,
@@ -438,6 +438,7 @@ class DivergenceCheck(tff.program.ReleaseManager):
     self.diverged: Optional[tuple[int, float]] = None
 
   async def release(self, value, key) -> None:
+    """Appends one round of metrics to the CSV file."""
     value = await tff.program.materialize_value(value)
     flat = {}
     simulation._flatten('', value, flat)  # pylint: disable=protected-access

@@ -412,7 +412,7 @@ def plot_client_size(
     train_ax.text(
         0.5,
         0.5,
-        'no training-client evaluation\n' '(--eval_train_clients=false)',
+        'no training-client evaluation\n(--eval_train_clients=false)',
         ha='center',
         transform=train_ax.transAxes,
     )
@@ -532,7 +532,9 @@ class _Parser(argparse.ArgumentParser):
 
 def main(argv: Sequence[str]) -> int:
   """`python -m run.report`; returns the exit status (2: bad input)."""
-  parser = _Parser(prog='report', description=__doc__.split('\n\n')[0])
+  parser = _Parser(
+      prog='report', description=__doc__.split('\n\n', maxsplit=1)[0]
+  )
   parser.add_argument(
       '--runs', required=True, help='Comma-separated run output folders.'
   )

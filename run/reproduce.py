@@ -1,5 +1,6 @@
 # Copyright 2026 The tff-hetero Authors. Licensed under the Apache License 2.0.
-r"""Reproduces the seeds' synthetic-data experiments through the training binary.
+r"""Reproduces the seeds' synthetic-data experiments through the training
+binary.
 
 Each experiment is a list of variants (flag sets) run over several seeds, each
 run a separate `python -m run.train` process writing its usual outputs. The
@@ -393,7 +394,11 @@ def run_one(args: list[str], log) -> dict:
   log('$ ' + ' '.join(shlex.quote(a) for a in cmd[1:]))
   start = time.time()
   proc = subprocess.run(
-      cmd, capture_output=True, text=True, start_new_session=True
+      cmd,
+      capture_output=True,
+      text=True,
+      start_new_session=True,
+      check=False,
   )
   if proc.returncode != 0:
     raise RuntimeError(

@@ -261,6 +261,7 @@ class CheckpointManager(tff.program.FileProgramStateManager):
     self._root = root_dir
 
   async def load_latest(self, structure):
+    """The newest intact checkpoint and its round (None, 0 if none)."""
     versions = await self.get_versions()
     if versions is None:
       return None, 0

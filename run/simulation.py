@@ -167,7 +167,8 @@ class SimulationConfig:
         ),
         (
             self.total_rounds <= MAX_ROUNDS,
-            f'total_rounds must be <= {MAX_ROUNDS:,}, got {self.total_rounds:,}',
+            f'total_rounds must be <= {MAX_ROUNDS:,}, '
+            f'got {self.total_rounds:,}',
         ),
         (
             self.clients_per_round >= 1,
@@ -194,7 +195,8 @@ class SimulationConfig:
         ),
         (
             self.rounds_per_checkpoint >= 0,
-            f'rounds_per_checkpoint must be >= 0, got {self.rounds_per_checkpoint}',
+            'rounds_per_checkpoint must be >= 0, got '
+            f'{self.rounds_per_checkpoint}',
         ),
         (
             self.client_sampling in SAMPLING_SCHEMES,
@@ -203,7 +205,8 @@ class SimulationConfig:
         ),
         (
             0.0 <= self.straggler_fraction <= 1.0,
-            f'straggler_fraction must be in [0, 1], got {self.straggler_fraction}',
+            'straggler_fraction must be in [0, 1], got '
+            f'{self.straggler_fraction}',
         ),
     ]
     for ok, message in checks:
@@ -292,6 +295,8 @@ class _Outputs:
     )
 
   def release(self, metrics: Mapping[str, Any], round_num: int) -> None:
+    """Writes one round of metrics to the CSV (and TensorBoard, if any)."""
+
     async def release_all():
       await self.csv.release(dict(metrics), key=round_num)
       # As float64: TensorFlow cannot make a float32 of a Python float
@@ -630,7 +635,7 @@ def _run_simulation(
   start_round = 1
   store = _client_state_store(process, task, outputs, client_state_store)
   if outputs:
-    loaded, version = run_async(outputs.state_manager.load_latest((state, 0)))
+    loaded, _ = run_async(outputs.state_manager.load_latest((state, 0)))
     if loaded is not None:
       state, start_round = loaded[0], int(loaded[1]) + 1
       log(
@@ -664,7 +669,7 @@ def _run_simulation(
       else None
   )
   task, corrupted, attack_seed = _set_up_attack(process, task, config, outputs)
-  bar = _progress_bar(progress, start_round, config.total_rounds)
+  progress_bar = _progress_bar(progress, start_round, config.total_rounds)
   history = []
   per_client, summaries = None, None
 
@@ -744,11 +749,11 @@ def _run_simulation(
         if store is not None:  # Before the server state: see client_states.
           store.snapshot(round_num)
         run_async(outputs.state_manager.save((state, round_num), round_num))
-    if bar is not None:
-      bar.set_postfix_str(_postfix(metrics), refresh=False)
-      bar.update(1)
-  if bar is not None:
-    bar.close()
+    if progress_bar is not None:
+      progress_bar.set_postfix_str(_postfix(metrics), refresh=False)
+      progress_bar.update(1)
+  if progress_bar is not None:
+    progress_bar.close()
 
   if summaries is None:  # Resumed at or past the end: evaluate the model.
     per_client, summaries = _evaluate(
@@ -881,7 +886,7 @@ def _client_state_store(process, task, outputs, store):
   if not stateful.is_stateful(process):
     if store is not None:
       raise ValueError(
-          'client_state_store is only for stateful processes ' '(Ditto, Fed+)'
+          'client_state_store is only for stateful processes (Ditto, Fed+)'
       )
     return None
   if len(process.personal_model_names) > 1 and task.validation_data is None:

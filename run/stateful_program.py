@@ -211,7 +211,7 @@ class StatefulClientDataSourceIterator(program.ClientDataSourceIterator):
   ):
     if spec.split != 'train' or spec.client_index:
       raise ValueError(
-          'stateful clients train on the train split, without ' 'a client index'
+          'stateful clients train on the train split, without a client index'
       )
     super().__init__(spec, round_num)
     self._leaves = [(list(s), str(d)) for s, d in leaves]

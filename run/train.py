@@ -12,6 +12,7 @@ Flags follow google-research/federated. Outputs go to
 same command again resumes from the last checkpoint there.
 """
 
+import math
 import os
 import sys
 
@@ -147,7 +148,7 @@ _SECURE_QUANTILE = flags.DEFINE_string(
 _STRICT = flags.DEFINE_boolean(
     'strict_filter',
     False,
-    'Delta-FL: keep loss > eta (Algorithm 3) instead ' 'of >= (Algorithm 2).',
+    'Delta-FL: keep loss > eta (Algorithm 3) instead of >= (Algorithm 2).',
 )
 _UNIFORM_WEIGHTS = flags.DEFINE_boolean(
     'uniform_weights',
@@ -233,7 +234,7 @@ _STATE_STORE = flags.DEFINE_string(
 _STATE_DIR = flags.DEFINE_string(
     'client_state_dir',
     None,
-    'Folder of the client-state store (default ' '<experiment>/client_states).',
+    'Folder of the client-state store (default <experiment>/client_states).',
 )
 _VAL_FRACTION = flags.DEFINE_float(
     'synthetic_validation_fraction',
@@ -447,12 +448,12 @@ _PRESET_FLAGS = ('shakespeare_preset', 'max_examples_per_client', 'rnn_units')
 _LEAF_DIR = flags.DEFINE_string(
     'leaf_dir',
     None,
-    'leaf: folder of a LEAF-format dataset (train/*.json, ' 'test/*.json).',
+    'leaf: folder of a LEAF-format dataset (train/*.json, test/*.json).',
 )
 _LEAF_DATASET = flags.DEFINE_string(
     'leaf_dataset',
     'auto',
-    'leaf: femnist, sent140, shakespeare or auto ' '(detected from the data).',
+    'leaf: femnist, sent140, shakespeare or auto (detected from the data).',
 )
 _LEAF_MODEL = flags.DEFINE_string(
     'leaf_model',
@@ -470,7 +471,7 @@ _LEAF_LSTM_UNITS = flags.DEFINE_integer(
 _LEAF_VOCAB = flags.DEFINE_integer(
     'leaf_vocab_size',
     None,
-    'leaf sent140: most frequent training tokens ' 'kept (default 10000).',
+    'leaf sent140: most frequent training tokens kept (default 10000).',
 )
 _LEAF_FLAGS = (
     'leaf_dir',
@@ -512,7 +513,7 @@ def _in_range(
   ok = (low < value if low_open else low <= value) and (
       value < high if high_open else value <= high
   )
-  if not ok or value != value:  # NaN fails every comparison.
+  if not ok or math.isnan(value):
     raise UsageError(
         f'--{flag} must be in {"(" if low_open else "["}{low:g}, {high:g}'
         f'{")" if high_open else "]"}, got {value}'

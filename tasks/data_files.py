@@ -50,7 +50,6 @@ import tarfile
 from typing import Optional
 
 import numpy as np
-import tensorflow as tf
 
 from tasks import base
 

@@ -4,8 +4,8 @@
 Nothing here runs unless a user asks for it (`--download` of the training
 binaries, or `tff-hetero-download`, `run/download.py`): without it a missing
 file stops a run with `data_files.find`'s instructions, so an offline run never
-waits on a network. With it, each missing file of `data_files` is fetched from TFF's
-bucket (`https://storage.googleapis.com/tff-datasets-public/`, the URLs of
+waits on a network. With it, each missing file of `data_files` is fetched from
+TFF's bucket (`https://storage.googleapis.com/tff-datasets-public/`, the URLs of
 TFF 0.87's `simulation/datasets/{emnist,shakespeare,stackoverflow}.py`):
 
 1. The archive is streamed, with a progress bar, to `<archive>.part` in the
@@ -209,7 +209,8 @@ def _download(url: str, part: str, *, progress: bool) -> None:
   except urllib.error.HTTPError as e:
     if e.code == 416 and have:  # The range is past the end: start again.
       _remove(part)
-      return _download(url, part, progress=progress)
+      _download(url, part, progress=progress)
+      return
     raise DownloadError(
         f'cannot download {url}: HTTP {e.code} {e.reason}; '
         f'{_retry_hint(url)}'
@@ -266,7 +267,7 @@ def _copy(
       desc=f'Downloading {url.rsplit("/", 1)[-1]}',
       disable=not progress,
       file=sys.stderr,
-  ) as bar:
+  ) as progress_bar:
     while True:
       try:
         chunk = response.read(CHUNK_BYTES)
@@ -281,7 +282,7 @@ def _copy(
       if not chunk:
         return
       out.write(chunk)
-      bar.update(len(chunk))
+      progress_bar.update(len(chunk))
 
 
 def _sha256(path: str) -> str:

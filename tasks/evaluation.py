@@ -25,7 +25,7 @@ ModelFn = Callable[[], tff.learning.models.VariableModel]
 
 
 def _model_types(model_fn: ModelFn):
-  with tf.Graph().as_default():
+  with tf.Graph().as_default():  # pytype: disable=attribute-error
     model = model_fn()
     weights_type = tff.learning.models.weights_type_from_model(model)
     element_type = tff.types.tensorflow_to_type(model.input_spec)

@@ -872,7 +872,10 @@ def _exit(code: int) -> None:
 
 
 def run_main() -> None:
-  """The binary `python -m tasks.shakespeare_text` (tff-hetero-shakespeare-text)."""
+  """The binary `python -m tasks.shakespeare_text`.
+
+  Installed as the console command `tff-hetero-shakespeare-text`.
+  """
   from run import console  # pylint: disable=g-import-not-at-top
 
   define_flags()

@@ -15,19 +15,19 @@ def run_module(module, args, timeout=400):
   The binary runs in its own process group, which is killed afterwards so no
   TFF worker of a timed-out or crashed run outlives the test.
   """
-  proc = subprocess.Popen(
+  with subprocess.Popen(
       [sys.executable, '-m', module] + list(args),
       cwd=ROOT,
       stdout=subprocess.PIPE,
       stderr=subprocess.PIPE,
       text=True,
       start_new_session=True,
-  )
-  try:
-    stdout, stderr = proc.communicate(timeout=timeout)
-  finally:
-    with contextlib.suppress(ProcessLookupError):
-      os.killpg(proc.pid, signal.SIGKILL)
+  ) as proc:
+    try:
+      stdout, stderr = proc.communicate(timeout=timeout)
+    finally:
+      with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
   return proc.returncode, stdout, stderr
 
 

@@ -4,7 +4,8 @@ import os
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 
-from tff_algos import runtime  # pylint: disable=g-import-not-at-top
+# After the environment variable on purpose: it must precede any TF import.
+from tff_algos import runtime  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 runtime.install_worker_cleanup()
 

@@ -9,7 +9,9 @@ from scipy import optimize
 from scipy import special
 from scipy import stats
 import tensorflow_federated as tff
-from tensorflow_federated.python.aggregators import differential_privacy as dp_event_lib
+from tensorflow_federated.python.aggregators import (
+    differential_privacy as dp_event_lib,
+)
 
 from privacy import accounting
 from privacy import dp_aggregation

@@ -1,4 +1,4 @@
-"""AdaDPS (Algorithms 8 and 10) against NumPy oracles; A = 1 is DP-SGD/DP-FedAvg."""
+"""AdaDPS (Algorithms 8, 10) vs NumPy oracles; A = 1 is DP-SGD/DP-FedAvg."""
 
 import numpy as np
 import pytest

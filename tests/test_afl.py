@@ -1,4 +1,4 @@
-"""AFL: simplex projection, NumPy oracle, lambda ascent towards the worst client."""
+"""AFL: simplex projection, NumPy oracle, lambda ascent to the worst client."""
 
 import numpy as np
 import pytest

@@ -295,6 +295,7 @@ def test_binary_refuses_unsupported_combinations(tmp_path, args):
       ]
       + args,
       cwd=ROOT,
+      check=False,
       capture_output=True,
       text=True,
       timeout=300,

@@ -34,6 +34,7 @@ BAZEL_VARS = (
 
 
 def load_sitecustomize():
+  """Loads the sitecustomize as a module, asserting it changes nothing here."""
   spec = importlib.util.spec_from_file_location(
       'isolation_under_test', SITECUSTOMIZE
   )
@@ -134,7 +135,7 @@ def test_module_in_runfiles_imports_from_runfiles(runfiles):
   proc = run_python(
       'import sys, tff_algos.runtime as m; print(m.__file__);'
       ' print(all(p.startswith(sys.prefix) or p.startswith(sys.base_prefix)'
-      ' or p.startswith(%r) for p in sys.path[1:]))' % str(runfiles.parent),
+      f' or p.startswith({str(runfiles.parent)!r}) for p in sys.path[1:]))',
       runfiles,
       bazel=True,
   )

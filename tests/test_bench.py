@@ -19,6 +19,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 @pytest.fixture(scope='module')
 def tiny_result():
+  """`bench.benchmark` of every system on 12 clients for 2 timed rounds."""
   config = bench.BenchConfig(
       num_clients=12,
       examples_per_client=20,
@@ -61,20 +62,20 @@ def test_table_lists_every_system(tiny_result):
 
 def _run_bench(*args):
   """Runs the binary in its own process group; returns (rc, stdout, stderr)."""
-  proc = subprocess.Popen(
+  with subprocess.Popen(
       [sys.executable, '-m', 'run.bench', *args],
       cwd=REPO,
       stdout=subprocess.PIPE,
       stderr=subprocess.PIPE,
       text=True,
       start_new_session=True,
-  )
-  try:
-    out, err = proc.communicate(timeout=90)
-  finally:
-    if proc.poll() is None:
-      os.killpg(proc.pid, signal.SIGKILL)
-      proc.wait()
+  ) as proc:
+    try:
+      out, err = proc.communicate(timeout=90)
+    finally:
+      if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
   return proc.returncode, out, err
 
 

@@ -19,6 +19,7 @@ def run_bootstrap(python, tmp_path):
   return subprocess.run(
       ['bash', 'scripts/bootstrap.sh'],
       cwd=ROOT,
+      check=False,
       env=env,
       capture_output=True,
       text=True,

@@ -88,7 +88,7 @@ def tree(tmp_path):
 
 def test_generated_pkg_build(tree):
   files, graph = build_deps.expected_files(tree)
-  assert graph.problems == []
+  assert not graph.problems
   assert sorted(map(str, files)) == [
       'BUILD',
       'other/BUILD',
@@ -329,7 +329,7 @@ def test_package_init_dep_is_left_out_where_it_would_close_a_cycle(tmp_path):
       },
   )
   _, graph = build_deps.expected_files(tmp_path)
-  assert graph.problems == []
+  assert not graph.problems
   targets = {t.name: t for t in graph.targets['top.sub']}
   # `impl` is imported by its package's __init__: no dep back on it.
   assert {n: t.deps for n, t in targets.items()} == {
@@ -383,7 +383,7 @@ def test_named_module_and_data_files(tree, capsys):
   (tree / 'pkg' / 'table.csv').write_text('1\n')
   (tree / 'tests' / 'test_cli.py').write_text(CLI_TEST)
   files, graph = build_deps.expected_files(tree)
-  assert graph.problems == []
+  assert not graph.problems
   assert CLI_TARGET in files[Path('tests/BUILD')]
   assert files[Path('BUILD')].endswith(
       '\nexports_files([\n    "docs/notes.md",\n    "requirements.txt",\n'
@@ -456,7 +456,7 @@ def test_notebook_in_data_adds_its_imports(tree):
       '# bazel-data: examples/demo.ipynb\nimport pytest\n'
   )
   _, graph = build_deps.expected_files(tree)
-  assert graph.problems == []
+  assert not graph.problems
   target = next(t for t in graph.targets['tests'] if t.name == 'test_nb')
   assert target.data == ['//:examples/demo.ipynb']
   assert {

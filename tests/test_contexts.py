@@ -20,8 +20,9 @@ from tff_algos import q_ffl
 def start_workers(n):
   """`n` worker_binary processes, each in its own process group."""
   ports = [portpicker.pick_unused_port() for _ in range(n)]
+  # The workers outlive this function: the caller ends them (stop_workers).
   procs = [
-      subprocess.Popen(
+      subprocess.Popen(  # pylint: disable=consider-using-with
           [contexts.worker_binary_path(), f'--port={port}'],
           stdout=subprocess.DEVNULL,
           stderr=subprocess.DEVNULL,

@@ -7,14 +7,17 @@ import numpy as np
 import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
+from tensorflow_federated.python.core.impl.compiler import tree_analysis
 
 from tasks import synthetic
 from tasks import tail_metrics
 from tests import oracles
 from tests import quantile_oracles
+from tests import secure_checks
 from tff_algos import composition
 from tff_algos import delta_fl
 from tff_algos import fed_avg
+from tff_algos import quantiles
 
 LR = 0.1
 BATCH = 5
@@ -65,6 +68,7 @@ def start(process):
 def delta_fl_oracle(
     rounds, theta, *, strict=False, uniform=False, weight_decay=0.0
 ):
+  """Runs Delta-FL (Algorithm 2) in NumPy over `rounds`; returns (w, b)."""
   w, b = (a.astype(np.float64) for a in random_model())
   for round_clients in rounds:
     losses = np.array(
@@ -248,10 +252,6 @@ def test_validation(kwargs, error):
 
 
 # Algorithm 3: the client losses reach the server only through secure sums.
-
-from tensorflow_federated.python.core.impl.compiler import tree_analysis  # pylint: disable=g-import-not-at-top,wrong-import-position
-from tests import secure_checks  # pylint: disable=g-import-not-at-top,wrong-import-position
-from tff_algos import quantiles  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
 def secure_client_work(estimator):

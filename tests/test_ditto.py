@@ -197,6 +197,9 @@ def test_diverged_personal_model_is_kept_and_counted(clients):
     np.testing.assert_allclose(
         v_w, personal_ref[cid][0][0], rtol=1e-4, atol=2e-6
     )
+    np.testing.assert_allclose(
+        v_b, personal_ref[cid][0][1], rtol=1e-4, atol=2e-6
+    )
     np.testing.assert_array_equal(d_w, initial['personal'][1][0])
     np.testing.assert_array_equal(d_b, initial['personal'][1][1])
   # A round without divergence reports 0.

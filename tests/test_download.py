@@ -30,6 +30,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
   """Serves `server.files[name]` under the prefixes of the module doc."""
 
   def do_GET(self):  # pylint: disable=invalid-name
+    """Serves `/<prefix>/<name>` as its prefix (module doc) says."""
     prefix, _, name = self.path.lstrip('/').partition('/')
     body = self.server.files.get(name)
     self.server.log.append((prefix, name, self.headers.get('Range')))

@@ -1,4 +1,4 @@
-"""DP^2: the server optimizer and the centralized Algorithm 11 against oracles."""
+"""DP^2: the server optimizer and centralized Algorithm 11 against oracles."""
 
 import numpy as np
 import pytest
@@ -21,18 +21,18 @@ def dp2_oracle(w, grads, *, lr, lr_rms, s1, s2, beta, eps):
   v = [np.zeros_like(x) for x in w]
   for t, g in enumerate(grads):
     phase = t % (s1 + s2)
-    for j in range(len(w)):
+    for j, w_j in enumerate(w):
       if phase == 0:
-        acc[j] = np.zeros_like(w[j])
+        acc[j] = np.zeros_like(w_j)
       if phase == s1 and s2 > 0:
         v[j] = beta * v[j] + (1 - beta) * (acc[j] / s1) ** 2
-        acc[j] = np.zeros_like(w[j])
+        acc[j] = np.zeros_like(w_j)
       if phase < s1:
         step = g[j]
-        w[j] = w[j] - lr * step
+        w[j] = w_j - lr * step
       else:
         step = g[j] / (np.sqrt(v[j]) + eps)
-        w[j] = w[j] - lr_rms * step
+        w[j] = w_j - lr_rms * step
       acc[j] = acc[j] + step
   return w
 

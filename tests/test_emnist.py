@@ -37,7 +37,7 @@ def _labels(dataset):
 
 
 def test_reads_clients_examples_and_pixels_through_tff_loader(data):
-  data_dir, train, test = data
+  data_dir, train, _ = data
   task = _task(data_dir)
   assert task.name == 'emnist_character'
   assert task.train_data.client_ids == IDS

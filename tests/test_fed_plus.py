@@ -39,6 +39,7 @@ def datasets(round_clients):
 
 
 def run_rounds(process, rounds):
+  """Runs `rounds`; returns (state, {client: state}, last round's metrics)."""
   state = process.initialize()
   states, metrics = {}, None
   for round_clients in rounds:

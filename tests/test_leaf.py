@@ -75,6 +75,7 @@ def shakespeare_users(sizes, seed, length=80):
 
 
 def sent140_users(sizes, seed):
+  """Random Sent140 tweets for `{user: count}`: `{user: (rows, labels)}`."""
   rng = np.random.default_rng(seed)
   users = {}
   for u, n in sizes.items():
@@ -182,7 +183,7 @@ def test_shakespeare_reads_other_window_lengths(tmp_path):
   task = _task(leaf_dir, lstm_units=4)
   assert task.element_spec['x'].shape == [12]
   assert 'windows of 12' in task.description
-  x, y = next(iter(task.train_dataset('r', 1)))
+  x, _ = next(iter(task.train_dataset('r', 1)))
   assert x.shape == (3, 12)
   logits = task.model_fn()._keras_model(x)  # pylint: disable=protected-access
   assert logits.shape == (3, 81)
@@ -279,12 +280,15 @@ def test_users_split_by_user_are_unseen_test_clients(tmp_path):
 @pytest.mark.parametrize(
     'dataset, model, units, params',
     [
-        # Conv 5x5x1x32 + 32, 5x5x32x64 + 64, dense 3136x2048 + 2048, 2048x62 + 62.
+        # Conv 5x5x1x32 + 32, 5x5x32x64 + 64, dense 3136x2048 + 2048,
+        # 2048x62 + 62.
         ('femnist', 'cnn', None, 832 + 51264 + 6424576 + 127038),
         ('femnist', 'linear', None, 784 * 62),
-        # Embedding 81x8, LSTM 4(256(8 + 256) + 256), 4(256(512) + 256), 256x81+81.
+        # Embedding 81x8, LSTM 4(256(8 + 256) + 256), 4(256(512) + 256),
+        # 256x81+81.
         ('shakespeare', 'stacked_lstm', None, 648 + 271360 + 525312 + 20817),
-        # Embedding (5 + 2)x100, two LSTM 4(100(200) + 100), 100x128+128, 128x2+2.
+        # Embedding (5 + 2)x100, two LSTM 4(100(200) + 100), 100x128+128,
+        # 128x2+2.
         ('sent140', 'stacked_lstm', None, 700 + 2 * 80400 + 12928 + 258),
         ('sent140', 'stacked_lstm', 4, 28 + 2 * 144 + 4 * 128 + 128 + 258),
         ('sent140', 'bag_log_reg', None, 5 * 2 + 2),
@@ -306,7 +310,7 @@ def test_models_are_leafs_and_seeded(dirs, dataset, model, units, params):
   same = [v.numpy() for v in again.model_fn().trainable_variables]
   for v, w in zip(variables, same):
     np.testing.assert_array_equal(v.numpy(), w)
-  if model != 'bag_log_reg' and model != 'linear':  # Those start at zero.
+  if model not in ('bag_log_reg', 'linear'):  # Those start at zero.
     first = other.model_fn().trainable_variables[0].numpy()
     assert not np.array_equal(first, variables[0].numpy())
 
@@ -596,7 +600,7 @@ def test_bad_input_through_the_binary_one_line_exit_2(dirs, tmp_path):
           '--leaf_dir applies to --task=leaf only',
       ),
   ]
-  proc = subprocess.Popen(
+  with subprocess.Popen(
       [
           sys.executable,
           '-c',
@@ -610,12 +614,12 @@ def test_bad_input_through_the_binary_one_line_exit_2(dirs, tmp_path):
       stderr=subprocess.PIPE,
       text=True,
       start_new_session=True,
-  )
-  try:
-    stdout, stderr = proc.communicate(timeout=300)
-  finally:
-    with contextlib.suppress(ProcessLookupError):
-      os.killpg(proc.pid, signal.SIGKILL)
+  ) as proc:
+    try:
+      stdout, stderr = proc.communicate(timeout=300)
+    finally:
+      with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
   assert proc.returncode == 0, stderr
   results = json.loads(stdout.splitlines()[-1])
   for (args, message), (code, err) in zip(cases, results):

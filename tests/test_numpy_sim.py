@@ -100,15 +100,15 @@ def test_data_flags_reach_the_generator(data_flags):
   assert len(train) == data_flags['num_clients']
   for got, want in ((train, want_train), (test, want_test)):
     assert sorted(got) == sorted(want)
-    for cid in want:
-      np.testing.assert_array_equal(got[cid][0], want[cid][0])
-      np.testing.assert_array_equal(got[cid][1], want[cid][1])
+    for cid, want_arrays in want.items():
+      np.testing.assert_array_equal(got[cid][0], want_arrays[0])
+      np.testing.assert_array_equal(got[cid][1], want_arrays[1])
   # And the default setting (Synthetic(1,1), 100 clients) is other data.
   default_train, _ = numpy_sim.client_data(numpy_sim.Setting(seed=3))
   assert any(
-      len(default_train.get(c, ((), ()))[1]) != len(train[c][1])
-      or not np.array_equal(default_train[c][0], train[c][0])
-      for c in train
+      len(default_train.get(c, ((), ()))[1]) != len(arrays[1])
+      or not np.array_equal(default_train[c][0], arrays[0])
+      for c, arrays in train.items()
   )
 
 

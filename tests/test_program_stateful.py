@@ -173,13 +173,14 @@ def test_interrupted_between_store_snapshot_and_program_state(
   expected = simulate('ditto', process, task)
   assert_same_run(process, resumed, expected)
   # The final evaluation: personal models per client, equal to the
-  # simulation's evaluation of its own store.
-  ours = resumed['per_client']['personal/test']
+  # simulation's evaluation of its own store. (pylint infers only the None
+  # that run_stateful_program's result starts from, hence the disables.)
+  ours = resumed['per_client']['personal/test']  # pylint: disable=unsubscriptable-object
   theirs = expected['per_client']['personal/test']
   assert list(ours['client_id']) == list(theirs['client_id'])
   np.testing.assert_allclose(ours['accuracy'], theirs['accuracy'], atol=1e-6)
   np.testing.assert_allclose(ours['loss'], theirs['loss'], atol=1e-5)
-  assert 'personal/test/accuracy' in resumed['final_summaries']
+  assert 'personal/test/accuracy' in resumed['final_summaries']  # pylint: disable=unsupported-membership-test
   assert os.path.exists(tmp_path / 'summary.json')
   assert os.listdir(tmp_path / 'models')
 
@@ -290,17 +291,17 @@ def test_binary(tmp_path):
 
 def binary(args):
   """Runs the binary in its own process group, ended afterwards."""
-  proc = subprocess.Popen(
+  with subprocess.Popen(
       [sys.executable, '-m', 'run.stateful_program', '--progress=false'] + args,
       cwd=ROOT,
       stdout=subprocess.PIPE,
       stderr=subprocess.PIPE,
       text=True,
       start_new_session=True,
-  )
-  try:
-    stdout, stderr = proc.communicate(timeout=600)
-  finally:
-    with contextlib.suppress(ProcessLookupError):
-      os.killpg(proc.pid, signal.SIGKILL)
+  ) as proc:
+    try:
+      stdout, stderr = proc.communicate(timeout=600)
+    finally:
+      with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
   return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)

@@ -117,7 +117,7 @@ def test_q_zero_fedsgd_is_gradient_descent(clients):
       q=0.0,
       lipschitz_constant=2.0,
   )
-  w, b = run(process, [clients])
+  w, _ = run(process, [clients])
   grads = [oracles.softmax_regression_grads(*zeros(), x, y) for x, y in clients]
   np.testing.assert_allclose(
       w, -0.5 * np.mean([g[0] for g in grads], axis=0), atol=1e-6

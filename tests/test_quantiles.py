@@ -217,7 +217,7 @@ def test_mm_fixed_point_is_within_smoothing_of_quantile_interval():
     nu = 1e-3
     w = a.astype(np.float64) / a.sum()
 
-    def g(mu):
+    def g(mu, x=x, w=w, nu=nu, level=level):
       r = x - mu
       return np.sum(w * r / np.maximum(nu, np.abs(r))) + 2 * level - 1
 

@@ -8,13 +8,12 @@ import re
 from matplotlib import image as mpl_image
 import numpy as np
 import pytest
+import tensorflow_federated as tff
 
 from run import report
 from run import simulation
 from tasks import synthetic
 from tff_algos import fed_avg
-
-import tensorflow_federated as tff
 
 
 def fabricate_run(

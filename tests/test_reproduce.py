@@ -8,6 +8,7 @@ from run import reproduce
 
 
 def fake_run(tmp_path, name, errors):
+  """Writes a finished run's client table; returns its experiment entry."""
   run_dir = tmp_path / name
   (run_dir / 'clients').mkdir(parents=True)
   with open(run_dir / 'clients' / 'round_00002.csv', 'w', newline='') as f:

@@ -1,4 +1,4 @@
-"""Synthetic(alpha, beta) and Synthetic-IID: the generative recipe and splits."""
+"""Synthetic(alpha, beta) and Synthetic-IID: generative recipe and splits."""
 
 import numpy as np
 import pytest

@@ -38,6 +38,7 @@ def sgd():
 
 
 def term_oracle(rounds, tilt, epochs, mu=0.0):
+  """NumPy TERM: local models averaged with tilted weights; returns (w, b)."""
   w, b = np.zeros((60, 10)), np.zeros(10)
   for round_clients in rounds:
     losses = [

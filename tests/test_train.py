@@ -1,4 +1,4 @@
-"""The training binary end to end: outputs, bad input, kill and resume, workers."""
+"""The training binary end to end: outputs, bad input, kill/resume, workers."""
 
 import json
 import os
@@ -198,25 +198,25 @@ print(total([1.0, 2.0]))
 )
 def test_stock_tff_leaks_its_worker_and_the_cleanup_ends_it(cleanup, leaks):
   """Shows the hazard the binaries guard against, and that the check sees it."""
-  proc = subprocess.Popen(
+  with subprocess.Popen(
       [sys.executable, '-c', LEAKY_SCRIPT.format(cleanup=cleanup)],
       cwd=ROOT,
       stdout=subprocess.DEVNULL,
       stderr=subprocess.DEVNULL,
       start_new_session=True,
-  )
-  try:
-    assert proc.wait(timeout=120) == 0
-    time.sleep(1)
-    assert bool(group_members(proc.pid)) == leaks
-  finally:
-    if group_members(proc.pid):
-      os.killpg(proc.pid, signal.SIGKILL)
+  ) as proc:
+    try:
+      assert proc.wait(timeout=120) == 0
+      time.sleep(1)
+      assert bool(group_members(proc.pid)) == leaks
+    finally:
+      if group_members(proc.pid):
+        os.killpg(proc.pid, signal.SIGKILL)
 
 
 def test_delta_fl_family_run_evaluates_every_level(tmp_path):
   """--thetas trains and evaluates one model per level in one run."""
-  code, stdout, stderr = run_train(
+  code, _, stderr = run_train(
       SMALL
       + [
           '--algorithm=deltafl',

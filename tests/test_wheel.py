@@ -48,7 +48,7 @@ VERSION = '0.1.0'
 
 def _run(args, *, cwd, env=None, timeout=900):
   """`(code, stdout, stderr)` of `args` in their own process group."""
-  proc = subprocess.Popen(
+  with subprocess.Popen(
       args,
       cwd=cwd,
       env=env,
@@ -56,14 +56,14 @@ def _run(args, *, cwd, env=None, timeout=900):
       stderr=subprocess.PIPE,
       text=True,
       start_new_session=True,
-  )
-  try:
-    stdout, stderr = proc.communicate(timeout=timeout)
-  finally:
+  ) as proc:
     try:
-      os.killpg(proc.pid, 9)
-    except ProcessLookupError:
-      pass
+      stdout, stderr = proc.communicate(timeout=timeout)
+    finally:
+      try:
+        os.killpg(proc.pid, 9)
+      except ProcessLookupError:
+        pass
   return proc.returncode, stdout, stderr
 
 

@@ -52,6 +52,7 @@ deltas averaged with `term.tilted_weight`.
 import collections
 from collections.abc import Callable, Mapping, Sequence
 import dataclasses
+import functools
 from typing import Any, Optional
 
 import numpy as np
@@ -166,6 +167,7 @@ class ClientArrays:
     self.element_spec = client_data.element_type_structure
 
   def get(self, client_id: str):
+    """The client's batches as arrays, built once and cached."""
     if client_id not in self._cache:
       ds = self._client_data.create_tf_dataset_for_client(client_id)
       arrays = None
@@ -211,6 +213,11 @@ class RoundPlan:
   epochs: Sequence[int]
   shuffle_seeds: Optional[Sequence[int]]
   max_batches: Sequence[int]
+
+
+def _zero_unless(ok, value):
+  """`value` if `ok` else zeros of its shape."""
+  return tf.where(ok, value, tf.zeros_like(value))
 
 
 def _placeholders(structure, prefix: str):
@@ -288,7 +295,7 @@ class BatchedEngine:
     self.client_arrays = client_arrays
     self._shuffle = bool(shuffle)
     self._graph = tf.Graph()
-    with self._graph.as_default():
+    with self._graph.as_default():  # pytype: disable=attribute-error
       self._build(model_fn, preprocess_train, loop_implementation)
       init_ops = [
           tf.compat.v1.global_variables_initializer(),
@@ -363,7 +370,7 @@ class BatchedEngine:
       )
 
     def server_step(opt_state, trainable, update):
-      """The optimizer step, rejected (no change) if the update is not finite."""
+      """The optimizer step; a non-finite update is rejected (no change)."""
       trainable = tuple(trainable)
       new_state, new_trainable = server_opt.next(
           opt_state, trainable, tuple(tf.nest.flatten(update))
@@ -450,7 +457,7 @@ class BatchedEngine:
         ok = tf.logical_and(ok, tf.logical_not(bad))
         h = tf.where(ok, h, 0.0)
         message = tf.nest.map_structure(
-            lambda m: tf.where(ok, m, tf.zeros_like(m)), message
+            functools.partial(_zero_unless, ok), message
         )
         delta_sum = tuple(
             a + m for a, m in zip(delta_sum, tf.nest.flatten(message))

@@ -223,7 +223,7 @@ def client_weight(
 
 def model_types(model_fn: ModelFn):
   """`(model_weights_type, data_type, metric_finalizers, unfinalized_type)`."""
-  with tf.Graph().as_default():
+  with tf.Graph().as_default():  # pytype: disable=attribute-error
     model = model_fn()
     if not isinstance(model, tff.learning.models.VariableModel):
       raise TypeError(

@@ -92,7 +92,8 @@ def build_fed_prox(
   proximal_strength = float(proximal_strength)
   if not np.isfinite(proximal_strength) or proximal_strength < 0.0:
     raise ValueError(
-        f'proximal_strength must be a finite float >= 0, got {proximal_strength}'
+        'proximal_strength must be a finite float >= 0, got '
+        f'{proximal_strength}'
     )
   if not isinstance(client_weighting, tff.learning.ClientWeighting):
     raise TypeError(

@@ -173,7 +173,7 @@ def build_q_ffl_client_work(
 def build_q_ffl_finalizer(
     weights_type: tff.Type,
 ) -> tff.learning.templates.FinalizerProcess:
-  """Finalizer applying w <- w - sum(Delta) / sum(h) to the trainable weights."""
+  """Finalizer: w <- w - sum(Delta) / sum(h) on the trainable weights."""
   update_type = (weights_type.trainable, tff.TensorType(np.float32))
 
   @tff.tensorflow.computation(weights_type, update_type)

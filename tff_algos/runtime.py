@@ -62,8 +62,6 @@ def stop_new_workers() -> None:
   this call a restart fails instead (the computation raises). Also
   silences the service managers' `__del__`.
   """
-  import sys  # pylint: disable=g-import-not-at-top
-
   factory = sys.modules.get(
       'tensorflow_federated.python.core.impl.executor_stacks.executor_factory'
   )
@@ -276,8 +274,6 @@ def exit_now(code: int) -> None:
   traceback ("'NoneType' object has no attribute 'Popen'"). For binaries'
   `main`; libraries and tests should not call it.
   """
-  import sys  # pylint: disable=g-import-not-at-top
-
   end_all_workers()
   for stream in (sys.stdout, sys.stderr):
     with contextlib.suppress(OSError, ValueError):  # Closed stream.

@@ -26,9 +26,10 @@ the Keras `VariableModel` (metrics, variable assignments) at every step.
   masked sums and finalized with the model's own finalizers.
 * **Clients together.** With `vectorize=True` (the default for models
   without convolutions) every client's weights are stacked on a leading
-  client axis and one `tf.while_loop` runs all clients' step `t` at once (`tf.vectorized_map` of the functional
-  forward pass over the clients; one gradient of the sum of the clients'
-  losses gives each client its own gradient). Batches are padded to the
+  client axis and one `tf.while_loop` runs all clients' step `t` at once
+  (`tf.vectorized_map` of the functional forward pass over the clients; one
+  gradient of the sum of the clients' losses gives each client its own
+  gradient). Batches are padded to the
   batch size and clients to the longest client's step count and masked: a
   padded example has weight 0 in its client's loss and metrics, and a step
   with no real example leaves that client's weights and optimizer state
@@ -55,6 +56,7 @@ simulation. Tested equal to the federated path in tests/test_stacked.py.
 
 import collections
 from collections.abc import Callable
+import functools
 from typing import Optional
 
 import numpy as np
@@ -126,6 +128,7 @@ class ClientExamples:
       )
 
   def get(self, client_id: str) -> tuple[np.ndarray, np.ndarray]:
+    """The client's padded (inputs, labels) arrays, built once and cached."""
     if client_id not in self._cache:
       ds = self.preprocess_train(
           self.client_data.create_tf_dataset_for_client(client_id), 1, None
@@ -282,6 +285,11 @@ def _per_client(mask, tensor):
   return tf.reshape(mask, shape)
 
 
+def _keep_active(active, new, old):
+  """Client k's slice of `new` where `active[k]`, else of `old`."""
+  return tf.where(_per_client(active, old), new, old)
+
+
 def _finite_per_client(stacked):
   """[K] bool: every entry of client k's slices is finite."""
   flags = [
@@ -381,7 +389,7 @@ class StackedEngine:
     )
     self.batch_size = int(_as_xy(next(iter(probe)))[1].shape[0])
     self._graph = tf.Graph()
-    with self._graph.as_default():
+    with self._graph.as_default():  # pytype: disable=attribute-error
       self._build(model_fn, functional, loss_none)
     self._session = tf.compat.v1.Session(
         graph=self._graph, config=session_config
@@ -404,7 +412,7 @@ class StackedEngine:
       )
     if keras_model.losses:
       raise StackedEngineError(
-          'the stacked engine does not run models with ' 'regularization losses'
+          'the stacked engine does not run models with regularization losses'
       )
     if any(
         isinstance(
@@ -595,7 +603,7 @@ class StackedEngine:
         if decay:
           grads = tuple(g + decay * v for g, v in zip(grads, w))
         new_state, new_w = client_opt.next(state, w, grads)
-        keep = lambda n, o: tf.where(_per_client(active, o), n, o)
+        keep = functools.partial(_keep_active, active)
         w = tuple(keep(n, o) for n, o in zip(new_w, w))
         merged = collections.OrderedDict(
             (key, tf.nest.map_structure(tf.convert_to_tensor, value))
@@ -776,6 +784,8 @@ class StackedEngine:
         )
         extra['loss_at_broadcast'] = tf.reduce_sum(losses) / count
         extra['h_sum'] = h_sum
+      # Each algorithm's branch above sets `update` (q-FFL: `trainable`).
+      # pylint: disable=possibly-used-before-assignment
       if alg.name != 'qffl':
         opt_state, trainable, rejected = _server_step(
             server_opt, opt_state, w0, update
@@ -798,6 +808,7 @@ class StackedEngine:
             ],
         )
       return tuple(trainable), opt_state, metrics, extra
+      # pylint: enable=possibly-used-before-assignment
 
     estimator = quantiles.build_estimator('exact', level=1.0 - alg.theta)
     slack = delta_fl.filter_slack(estimator)

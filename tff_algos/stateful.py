@@ -123,6 +123,7 @@ class StatefulClientsProcess(tff.templates.IterativeProcess):
 
   @property
   def next(self):
+    """The round: (state, client data, client states) -> process output."""
     computation = self._next_computation
 
     def next_fn(state, client_data, client_states):
@@ -215,7 +216,7 @@ def initial_numpy_weights(
     model_fn: ModelFn,
 ) -> tff.learning.models.ModelWeights:
   """The model's initial weights as NumPy arrays (eagerly, no TFF call)."""
-  with tf.Graph().as_default() as graph:
+  with tf.Graph().as_default() as graph:  # pytype: disable=attribute-error
     model = model_fn()
     weights = tff.learning.models.ModelWeights.from_model(model)
     init = tf.compat.v1.global_variables_initializer()

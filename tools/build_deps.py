@@ -1,5 +1,5 @@
 # Copyright 2026 The tff-hetero Authors. Licensed under the Apache License 2.0.
-"""Generates the Bazel BUILD files from the Python import graph, and checks them.
+"""Generates the Bazel BUILD files from the Python import graph; checks them.
 
   python -m tools.build_deps --write   # regenerate every BUILD file
   python -m tools.build_deps --check   # exit 1, one line per problem, if stale
@@ -133,6 +133,8 @@ STDLIB = _stdlib_names()
 
 @dataclasses.dataclass
 class Module:
+  """One Python file of the source tree and its Bazel target."""
+
   dotted: str  # `tasks.base`; a package's `__init__.py` is `tasks`.
   package: str  # Dotted name of the package holding the file: `tasks`.
   path: Path  # Relative to the root.
@@ -701,6 +703,7 @@ def _string_list(values: Sequence[str], indent: str) -> str:
 
 
 def render_target(target: Target) -> str:
+  """The BUILD-file text of one `py_library` / `py_test` target."""
   lines = []
   if target.third_party:
     lines.append('# third-party: ' + ', '.join(target.third_party))
@@ -842,6 +845,7 @@ def _diff_package(
   problems = []
   expected = {t.name: t for t in targets}
   for name, target in expected.items():
+    assert target.module is not None, name  # Set for every discovered target.
     path = target.module.path
     if name not in found:
       problems.append(
@@ -890,6 +894,7 @@ def _diff_package(
 
 
 def check(root: Path) -> list[str]:
+  """Problems with the BUILD files under `root`; empty when all are current."""
   files, graph = expected_files(root)
   problems = []
   for rel in sorted(files):

@@ -232,6 +232,7 @@ def _sites(tree):
         visit(value, path + ((field, None),))
 
   fn = tree.body[0]
+  assert isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)), fn
   body = fn.body
   if (
       body
@@ -256,6 +257,7 @@ def _get(node, path):
 
 
 def _replace(parent, key, new):
+  assert key is not None  # The site is never the root.
   field, index = key
   if index is None:
     setattr(parent, field, new)
@@ -295,7 +297,10 @@ def _function(module, qualname):
         if isinstance(obj, type) and part in obj.__dict__
         else getattr(obj, part)
     )
-  return obj.fget if isinstance(obj, property) else obj
+  fn = obj.fget if isinstance(obj, property) else obj
+  if not callable(fn):
+    raise TypeError(f'{qualname} is not a function')
+  return fn
 
 
 def _tree(fn):
@@ -321,8 +326,8 @@ def _code(tree, module, label):
       filename,
   )
   namespace = {}
-  exec(
-      compile(source, filename, 'exec'),  # pylint: disable=exec-used
+  exec(  # pylint: disable=exec-used  # Runs the generated mutant's source.
+      compile(source, filename, 'exec'),
       vars(module),
       namespace,
   )
@@ -365,14 +370,16 @@ def _run_tests(args, timeout):
 
 
 def main(argv=None) -> int:
-  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser = argparse.ArgumentParser(
+      description=__doc__.split('\n', maxsplit=1)[0]
+  )
   parser.add_argument(
       '--list', action='store_true', help='list the mutants and exit'
   )
   parser.add_argument(
       '--only',
       default='',
-      help='only targets whose name contains one of these ' '(comma-separated)',
+      help='only targets whose name contains one of these (comma-separated)',
   )
   parser.add_argument(
       '--sample',

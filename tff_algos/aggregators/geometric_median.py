@@ -85,6 +85,7 @@ class GeometricMedianFactory(tff.aggregators.WeightedAggregationFactory):
     return self._num_passes
 
   def create(self, value_type, weight_type) -> tff.templates.AggregationProcess:
+    """Builds the aggregation process for values and weights of these types."""
     _check_float_structure(value_type, 'GeometricMedianFactory')
     _check_float_structure(weight_type, 'GeometricMedianFactory weights')
     smoothing = self._smoothing

@@ -39,6 +39,7 @@ class KrumFactory(stacked.StackedAggregationFactory):
       TypeError: If an argument is not an int.
       ValueError: If `num_byzantine` < 0 or `num_selected` < 1.
     """
+    super().__init__()
     for name, value in (
         ('num_byzantine', num_byzantine),
         ('num_selected', num_selected),

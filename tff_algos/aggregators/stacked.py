@@ -54,6 +54,7 @@ class StackedAggregationFactory(
     """The measurements of a round with no kept client (tensors)."""
 
   def create(self, value_type, weight_type) -> tff.templates.AggregationProcess:
+    """Builds the aggregation process for values and weights of these types."""
     if not tff.types.is_structure_of_floats(value_type):
       raise TypeError(
           f'{type(self).__name__} aggregates structures of float tensors, got '

@@ -36,6 +36,7 @@ class TrimmedMeanFactory(stacked.StackedAggregationFactory):
       TypeError: If `trim_fraction` is not a float.
       ValueError: If it is outside [0, 0.5).
     """
+    super().__init__()
     if isinstance(trim_fraction, bool) or not isinstance(
         trim_fraction, (int, float)
     ):

@@ -21,25 +21,26 @@ if not (3, 9) <= sys.version_info[:2] <= (3, 11):
 PACKAGES = ('tff_algos', 'tasks', 'privacy', 'run')
 
 # Every binary (a module ending in `if __name__ == '__main__': run_main()`) is
-# the console command `tff-hetero-<module name, _ as ->`, e.g. run.bench_suite
+# the console command `tff-hetero-<last name part, _ as ->`, e.g.
+# run.benchmarks.bench_suite
 # is tff-hetero-bench-suite (tests/test_packaging.py checks the list).
 BINARIES = (
     'run.train',
     'run.program',
     'run.stateful_program',
     'run.report',
-    'run.reproduce',
-    'run.bench',
-    'run.bench_suite',
-    'run.bench_scale',
-    'run.bench_loss_pass',
-    'run.bench_ditto_scale',
-    'run.ditto_lambda_sweep',
-    'run.fedplus_regression',
-    'run.privacy_experiments',
-    'run.numpy_sim',
-    'run.fedprox_sim',
-    'run.ditto_theorem7',
+    'run.experiments.reproduce',
+    'run.benchmarks.bench',
+    'run.benchmarks.bench_suite',
+    'run.benchmarks.bench_scale',
+    'run.benchmarks.bench_loss_pass',
+    'run.benchmarks.bench_ditto_scale',
+    'run.experiments.ditto_lambda_sweep',
+    'run.experiments.fedplus_regression',
+    'run.experiments.privacy_experiments',
+    'run.experiments.numpy_sim',
+    'run.experiments.fedprox_sim',
+    'run.experiments.ditto_theorem7',
     'run.download',
     'tasks.shakespeare_text',
 )

@@ -12,8 +12,8 @@ before training) BEFORE clipping and noising, so the noise is added in the
 preconditioned geometry. A = 1 is DP-SGD / DP-FedAvg.
 
 Centralized (Algorithm 8), plain NumPy (`run_centralized`, used by
-`run.privacy_experiments`): each step samples a batch (Poisson with rate
-b / n, the subsampled Gaussian of the RDP accountant, or a fixed size b
+`run.experiments.privacy_experiments`): each step samples a batch (Poisson with
+rate b / n, the subsampled Gaussian of the RDP accountant, or a fixed size b
 without replacement), computes per-example gradients, divides them by A,
 clips each to L2 norm C, sums, adds N(0, sigma^2 C^2 I), divides by b and
 steps w <- w - lr g. A is fixed (Option 2) or the RMSProp statistic of a

@@ -15,7 +15,7 @@ log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
 rm -rf "$out"
 # The checkout first on the path, so its modules (not an installed copy) are documented. The
-# binaries (run.train, run.reproduce, run.bench, ...) each define absl flags, some with the same
+# binaries (run.train, run.experiments.reproduce, run.benchmarks.bench, ...) each define absl flags, some with the same
 # names, so one process cannot import them all: each module is imported once, in order, and its
 # flags are dropped before the next one is imported (the docs only read docstrings).
 PYTHONPATH="$(pwd)${PYTHONPATH:+:$PYTHONPATH}" TF_CPP_MIN_LOG_LEVEL=3 \

@@ -150,7 +150,7 @@ def split_arrays(
   """Per-client `(train, test, validation)` arrays keyed by client id.
 
   The splits `create_task` uses (seeded by `seed`), for code that works on the
-  arrays directly, e.g. `run.numpy_sim`.
+  arrays directly, e.g. `run.experiments.numpy_sim`.
   """
   rng = np.random.default_rng([seed, 1])
   train, test, val = {}, {}, {}

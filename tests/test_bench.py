@@ -1,5 +1,6 @@
 # Copyright 2026 The tff-hetero Authors. Licensed under the Apache License 2.0.
-"""Tests of the benchmark binary `run.bench` (tiny configurations)."""
+"""Tests of the benchmark binary `run.benchmarks.bench` (tiny
+configurations)."""
 
 import json
 import os
@@ -11,7 +12,7 @@ import sys
 from absl import flags
 import pytest
 
-from run import bench
+from run.benchmarks import bench
 from run import console
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -63,7 +64,7 @@ def test_table_lists_every_system(tiny_result):
 def _run_bench(*args):
   """Runs the binary in its own process group; returns (rc, stdout, stderr)."""
   with subprocess.Popen(
-      [sys.executable, '-m', 'run.bench', *args],
+      [sys.executable, '-m', 'run.benchmarks.bench', *args],
       cwd=REPO,
       stdout=subprocess.PIPE,
       stderr=subprocess.PIPE,

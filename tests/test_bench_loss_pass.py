@@ -1,4 +1,5 @@
-"""run.bench_loss_pass: the loss pass by iterator equals the one by reduce."""
+"""run.benchmarks.bench_loss_pass: the loss pass by iterator equals the one by
+reduce."""
 
 import re
 
@@ -6,7 +7,7 @@ from tests import binary
 
 
 def _run(args, timeout=400):
-  return binary.run_module('run.bench_loss_pass', args, timeout)
+  return binary.run_module('run.benchmarks.bench_loss_pass', args, timeout)
 
 
 def test_one_round_of_term_both_loss_passes_agree():

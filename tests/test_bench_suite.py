@@ -1,4 +1,5 @@
-"""run.bench_suite: one run times every system; the engines match TFF."""
+"""run.benchmarks.bench_suite: one run times every system; the engines match
+TFF."""
 
 import json
 
@@ -6,7 +7,7 @@ import numpy as np
 import tensorflow_federated as tff
 
 from run import algorithms
-from run import bench_suite
+from run.benchmarks import bench_suite
 from run import simulation
 from tff_algos import stragglers
 from tests import binary
@@ -67,7 +68,7 @@ def test_peak_rss_sees_memory_held_while_entered():
 def test_one_run_times_fedavg_qffl_ditto_and_the_references(tmp_path):
   out = tmp_path / 'suite.json'
   code, stdout, stderr = binary.run_module(
-      'run.bench_suite',
+      'run.benchmarks.bench_suite',
       [
           '--models=softmax',
           '--algorithms=fedavg,qffl,ditto',
@@ -115,7 +116,7 @@ def test_one_run_times_fedavg_qffl_ditto_and_the_references(tmp_path):
 
 def test_bad_flags_exit_2_with_one_line():
   code, _, stderr = binary.run_module(
-      'run.bench_suite', ['--ditto_lambda=-1'], timeout=300
+      'run.benchmarks.bench_suite', ['--ditto_lambda=-1'], timeout=300
   )
   assert code == 2
   lines = binary.error_lines(stderr)

@@ -1,10 +1,10 @@
-"""run.ditto_theorem7: the thesis's lambda* formulas and the simulated
-personal-model errors, against a direct computation (no import of the
+"""run.experiments.ditto_theorem7: the thesis's lambda* formulas and the
+simulated personal-model errors, against a direct computation (no import of the
 code's internals beyond the functions under test)."""
 
 import numpy as np
 
-from run import ditto_theorem7
+from run.experiments import ditto_theorem7
 
 
 def test_lambda_star_formulas():

@@ -13,8 +13,9 @@ population whose tail is known by construction: ten clients on a Gaussian
 mixture, two of them ("minority") with permuted labels. FedAvg serves the
 eight majority clients and sacrifices the two; the fair objectives must give
 the two more weight. The direction was checked on six data seeds with the
-NumPy update rules (`run.numpy_sim`'s `local_sgd` and `aggregate`) before this
-test was written: TERM at 30 rounds and q-FFL at 100 rounds hold it on all six
+NumPy update rules (`run.experiments.numpy_sim`'s `local_sgd` and `aggregate`)
+before this test was written: TERM at 30 rounds and q-FFL at 100 rounds hold it
+on all six
 (q-FFL at 30 rounds on five of six, so it gets 100 rounds here).
 """
 

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from run import fedplus_regression as script
+from run.experiments import fedplus_regression as script
 from tasks import fedplus_regression
 from tasks import registry
 

@@ -1,11 +1,12 @@
-"""run.fedprox_sim: its local solver against the independent oracle, and a
-short straggler run against the binary's simulation loop with build_fed_prox."""
+"""run.experiments.fedprox_sim: its local solver against the independent oracle,
+and a short straggler run against the binary's simulation loop with
+build_fed_prox."""
 
 import numpy as np
 import pytest
 
 from run import algorithms
-from run import fedprox_sim
+from run.experiments import fedprox_sim
 from run import simulation
 from tasks import synthetic
 from tff_algos import composition

@@ -1,12 +1,12 @@
-"""run.numpy_sim: its padded, batched local SGD and server steps against the
-independent oracles of tests/oracles.py."""
+"""run.experiments.numpy_sim: its padded, batched local SGD and server steps
+against the independent oracles of tests/oracles.py."""
 
 import types
 
 import numpy as np
 import pytest
 
-from run import numpy_sim
+from run.experiments import numpy_sim
 from tasks import synthetic
 from tests import oracles
 

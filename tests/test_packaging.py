@@ -42,7 +42,10 @@ def test_every_binary_is_a_console_command():
   assert sorted(setup.BINARIES) == sorted(binaries)
   names = [setup.command_name(m) for m in setup.BINARIES]
   assert len(set(names)) == len(names)
-  assert setup.command_name('run.bench_suite') == 'tff-hetero-bench-suite'
+  assert (
+      setup.command_name('run.benchmarks.bench_suite')
+      == 'tff-hetero-bench-suite'
+  )
   for module, tree in binaries.items():
     functions = {
         node.name for node in tree.body if isinstance(node, ast.FunctionDef)

@@ -1,10 +1,11 @@
-"""run.reproduce: family runs expand to one row per member; histograms."""
+"""run.experiments.reproduce: family runs expand to one row per member;
+histograms."""
 
 import csv
 
 import numpy as np
 
-from run import reproduce
+from run.experiments import reproduce
 
 
 def fake_run(tmp_path, name, errors):

@@ -1,9 +1,9 @@
 # Copyright 2026 The tff-hetero Authors. Licensed under the Apache License 2.0.
 r"""Privacy reproductions (issue 6): AdaDPS toy problem, DP-FedAvg vs epsilon.
 
-  python -m run.privacy_experiments --experiment=adadps_toy
-  python -m run.privacy_experiments --experiment=dpfedavg_synthetic
-  python -m run.privacy_experiments --experiment=dp2_toy
+  python -m run.experiments.privacy_experiments --experiment=adadps_toy
+  python -m run.experiments.privacy_experiments --experiment=dpfedavg_synthetic
+  python -m run.experiments.privacy_experiments --experiment=dp2_toy
 
 * `adadps_toy` (thesis section 6.2.1, Figure 6.4): sparse linear regression,
   d = 500, n = 1000; features j <= 50 are 1 with probability 0.9 (true

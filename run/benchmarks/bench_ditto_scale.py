@@ -3,7 +3,8 @@ r"""Ditto at EMNIST scale: memory and store cost of 3,400 personal CNNs.
 
 Example (what docs/performance.md records, "Ditto at 3,400 clients"):
 
-  python -m run.bench_ditto_scale --num_clients=3400 --clients_per_round=10 \
+  python -m run.benchmarks.bench_ditto_scale --num_clients=3400 \
+      --clients_per_round=10 \
       --rounds=20 --touch_clients=1000 --output_json=/tmp/ditto_scale.json
 
 Ditto (T. Li, S. Hu, A. Beirami, V. Smith, "Ditto: Fair and Robust Federated
@@ -56,11 +57,11 @@ import time
 from absl import flags
 import numpy as np
 import psutil
-import tensorflow as tf  # Before app.run (see run/bench.py).
+import tensorflow as tf  # Before app.run (see run/benchmarks/bench.py).
 import tensorflow_federated as tff
 
 from run import algorithms
-from run import bench
+from run.benchmarks import bench
 from run import console
 from run import contexts
 from run import simulation

@@ -18,9 +18,11 @@ Two back ends run the same algorithms on the same data and batch order:
   simulation (about 4 s per round here, so used for short checks that both
   back ends agree).
 
-  python -m run.fedplus_regression --sigmas=1,100 --seeds=0,1,2,3,4 \
+  python -m run.experiments.fedplus_regression --sigmas=1,100 \
+      --seeds=0,1,2,3,4 \
       --rounds=500
-  python -m run.fedplus_regression --backend=tff --sigmas=100 --seeds=0 \
+  python -m run.experiments.fedplus_regression --backend=tff --sigmas=100 \
+      --seeds=0 \
       --rounds=20
 """
 

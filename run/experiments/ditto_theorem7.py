@@ -20,7 +20,7 @@ This script draws the model many times (theta = 0: the estimators are
 location-equivariant) and locates the argmin of the mean and of the variance
 over benign devices on a fine lambda grid, per seed.
 
-  python -m run.ditto_theorem7 --seeds=0,1,2,3,4
+  python -m run.experiments.ditto_theorem7 --seeds=0,1,2,3,4
 """
 
 import sys

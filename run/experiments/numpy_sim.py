@@ -12,7 +12,8 @@ diagnostic next to the training binary, not a replacement: the binary's
 algorithms are the ones tested against independent oracles; this module is
 tested against the same oracle (`tests/test_numpy_sim.py`).
 
-  python -m run.numpy_sim --algorithm=qffl --q=1 --rounds=20000 --seeds=0,1,2
+  python -m run.experiments.numpy_sim --algorithm=qffl --q=1 \
+      --rounds=20000 --seeds=0,1,2
 
 Data settings of thesis Table 4.10: `--iid` (Synthetic-IID), `--alpha` and
 `--beta` (Synthetic(alpha, beta)) and `--num_clients` (e.g. 50 devices).

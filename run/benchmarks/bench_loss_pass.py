@@ -3,13 +3,14 @@ r"""Cost of the tail-aware algorithms' loss pass against a FedAvg round.
 
 Example (what docs/performance.md records, "Tail-aware round cost"):
 
-  python -m run.bench_loss_pass --algorithms=qffl,deltafl,term --rounds=8
+  python -m run.benchmarks.bench_loss_pass --algorithms=qffl,deltafl,term \
+      --rounds=8
 
 q-FFL, TERM, Delta-FL and AFL evaluate each selected client's loss at the
 broadcast model (`tff_algos.client_work.local_loss`) before training. On
 Synthetic(1, 1) softmax regression (100 clients x 150 examples, 10 per
-round, batch 10, as `run.bench_suite`), every algorithm runs through TFF
-(`process.next`) twice: with the loss pass iterated as now (a
+round, batch 10, as `run.benchmarks.bench_suite`), every algorithm runs through
+TFF (`process.next`) twice: with the loss pass iterated as now (a
 `tf.while_loop` over the dataset's iterator, `<name>`) and as before
 (`Dataset.reduce`, `<name>/reduce_loss`), next to FedAvg. Rounds are
 interleaved in a rotating order on the same clients and batches. Reported:
@@ -33,7 +34,7 @@ import tensorflow as tf  # pylint: disable=unused-import  (before app.run)
 import tensorflow_federated as tff
 
 from run import algorithms
-from run import bench
+from run.benchmarks import bench
 from run import console
 from run import simulation
 from tff_algos import client_work

@@ -3,7 +3,7 @@ r"""Speed of the simulation engines on three models and four algorithms.
 
 Example (what docs/performance.md records):
 
-  python -m run.bench_suite --rounds=8 --warmup_rounds=2 \
+  python -m run.benchmarks.bench_suite --rounds=8 --warmup_rounds=2 \
       --output_json=/tmp/suite.json
 
 For each model (`--models`):
@@ -40,7 +40,7 @@ client, which the engines do not carry: it runs as `ditto/tff` only, each
 timed round being what `run.simulation` does (the selected clients' states
 read from an in-memory `ClientStateStore`, `process.next`, the new states
 written back), with `--ditto_lambda`. Its store on disk at EMNIST scale is
-`run/bench_ditto_scale.py`'s subject.
+`run/benchmarks/bench_ditto_scale.py`'s subject.
 
 Per system: examples/s and seconds/round (wall), CPU seconds/round (this
 process and its TFF worker), and the ratios to stock FedAvg and to the plain
@@ -69,11 +69,11 @@ from typing import Any, Optional
 
 from absl import flags
 import numpy as np
-import tensorflow as tf  # Before app.run (see run/bench.py).
+import tensorflow as tf  # Before app.run (see run/benchmarks/bench.py).
 import tensorflow_federated as tff
 
 from run import algorithms
-from run import bench
+from run.benchmarks import bench
 from run import console
 from run import engines
 from run import simulation

@@ -17,7 +17,7 @@ X^T X = beta I). It also checks that the personal models converged to the
 closed-form Ditto solution (5.23), and computes the same curve from that
 closed form over many more trials (NumPy), for a precise argmin.
 
-  python -m run.ditto_lambda_sweep --trials=3 \
+  python -m run.experiments.ditto_lambda_sweep --trials=3 \
       --output_md=docs/results/ditto_lambda_sweep.part.md
 """
 

@@ -3,7 +3,8 @@ r"""Per-round cost against the population size (nothing is O(population)).
 
 Example (what docs/performance.md records):
 
-  python -m run.bench_scale --populations=100,10000 --clients_per_round=100 \
+  python -m run.benchmarks.bench_scale --populations=100,10000 \
+      --clients_per_round=100 \
       --rounds=4 --warmup_rounds=1
 
 For each population, Synthetic(1, 1) clients of 150 training examples each
@@ -34,7 +35,7 @@ from absl import flags
 import tensorflow as tf  # pylint: disable=unused-import  (before app.run)
 
 from run import algorithms
-from run import bench
+from run.benchmarks import bench
 from run import console
 from run import engines
 from run import simulation

@@ -7,7 +7,8 @@ run a separate `python -m run.train` process writing its usual outputs. The
 final per-client summaries are collected into a Markdown table of mean and
 standard deviation over seeds, with the exact commands.
 
-  python -m run.reproduce --experiment=qffl_synthetic --seeds=0,1,2 \
+  python -m run.experiments.reproduce --experiment=qffl_synthetic \
+      --seeds=0,1,2 \
       --output_md=docs/results/qffl_synthetic.md
 
 Experiments:

@@ -24,7 +24,8 @@ Two choices are flags:
   which `tests/test_fedprox_sim.py` checks this module equal to the binary's
   simulation loop with `build_fed_prox` on a short case.
 
-  python -m run.fedprox_sim --datasets=1_1 --stragglers=0.9 --seeds=0,1,2
+  python -m run.experiments.fedprox_sim --datasets=1_1 --stragglers=0.9 \
+      --seeds=0,1,2
 """
 
 import sys

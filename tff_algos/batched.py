@@ -37,7 +37,11 @@ what a production TFF pipeline runs.
 Raw client examples are read once per client and cached (`ClientArrays`), so
 a round costs O(selected clients), never O(population).
 
-Supported algorithms: FedAvg and FedProx (`tff_algos.fed_prox`), q-FedAvg
+Every algorithm runs from its one definition of the round math
+(`tff_algos.definition.AlgorithmDefinition`, made by the algorithm's module
+and listed in `DEFINITIONS`); the engine has no per-algorithm code, and the
+stacked engine runs the same definitions. Supported algorithms: FedAvg and
+FedProx (`tff_algos.fed_prox`), q-FedAvg
 (`tff_algos.q_ffl`, Li et al., "Fair Resource Allocation in Federated
 Learning", ICLR 2020, arXiv:1905.10497) and Delta-FL with the exact quantile
 (`tff_algos.delta_fl`, Pillutla et al., "Federated Learning with
@@ -52,7 +56,6 @@ deltas averaged with `term.tilted_weight`.
 import collections
 from collections.abc import Callable, Mapping, Sequence
 import dataclasses
-import functools
 from typing import Any, Optional
 
 import numpy as np
@@ -60,13 +63,43 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_algos import client_work as client_work_lib
+from tff_algos import definition as definition_lib
 from tff_algos import delta_fl
+from tff_algos import fed_prox
 from tff_algos import q_ffl
-from tff_algos import quantiles
 from tff_algos import term as term_lib
 
 ModelFn = Callable[[], tff.learning.models.VariableModel]
-ALGORITHMS = ('fedavg', 'fedprox', 'qffl', 'deltafl', 'term')
+
+# Each algorithm's one definition of its round math (in its own module), from
+# a `BatchedAlgorithm`'s hyperparameters. Adding an algorithm to both engines
+# is adding its definition here.
+DEFINITIONS: Mapping[
+    str, Callable[['BatchedAlgorithm'], definition_lib.AlgorithmDefinition]
+] = {
+    'fedavg': lambda a: fed_prox.engine_definition(
+        client_weighting=a.client_weighting,
+        proximal_strength=a.proximal_strength,
+        name='fedavg',
+    ),
+    'fedprox': lambda a: fed_prox.engine_definition(
+        client_weighting=a.client_weighting,
+        proximal_strength=a.proximal_strength,
+    ),
+    'qffl': lambda a: q_ffl.engine_definition(
+        q=a.q, lipschitz_constant=a.lipschitz_constant
+    ),
+    'deltafl': lambda a: delta_fl.engine_definition(
+        theta=a.theta,
+        strict_filter=a.strict_filter,
+        uniform_weights=a.uniform_weights,
+        weight_decay=a.weight_decay,
+    ),
+    'term': lambda a: term_lib.engine_definition(
+        tilt=a.tilt, proximal_strength=a.proximal_strength
+    ),
+}
+ALGORITHMS = tuple(DEFINITIONS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,9 +139,9 @@ class BatchedAlgorithm:
 
   def validate(self) -> None:
     """Raises `TypeError`/`ValueError` for an unsupported configuration."""
-    if self.name not in ALGORITHMS:
+    if self.name not in DEFINITIONS:
       raise ValueError(
-          f'the batched engine supports {", ".join(ALGORITHMS)}, not '
+          f'the batched engine supports {", ".join(DEFINITIONS)}, not '
           f'{self.name!r}'
       )
     for label, opt in (
@@ -145,6 +178,10 @@ class BatchedAlgorithm:
       raise TypeError(f'tilt must be a float, got {type(self.tilt).__name__}')
     if not np.isfinite(self.tilt):
       raise ValueError(f'tilt must be finite, got {self.tilt}')
+
+  def definition(self) -> definition_lib.AlgorithmDefinition:
+    """The algorithm's round math (`DEFINITIONS`), with these settings."""
+    return DEFINITIONS[self.name](self)
 
   @property
   def server(self) -> tff.learning.optimizers.Optimizer:
@@ -213,11 +250,6 @@ class RoundPlan:
   epochs: Sequence[int]
   shuffle_seeds: Optional[Sequence[int]]
   max_batches: Sequence[int]
-
-
-def _zero_unless(ok, value):
-  """`value` if `ok` else zeros of its shape."""
-  return tf.where(ok, value, tf.zeros_like(value))
 
 
 def _placeholders(structure, prefix: str):
@@ -331,7 +363,7 @@ class BatchedEngine:
             tf.convert_to_tensor, server_opt.initialize(trainable_specs)
         ),
     )
-    if alg.name == 'qffl':  # Its finalizer has no state.
+    if not alg.definition().server_optimizer:  # E.g. q-FFL's finalizer.
       opt_state_specs = ()
     raw_specs = tf.nest.map_structure(
         lambda s: tf.TensorSpec([None] + s.shape.as_list(), s.dtype),
@@ -384,100 +416,10 @@ class BatchedEngine:
       )
       return new_state, new_trainable, bad
 
-    @tf.function
-    def fedprox_round(weights, opt_state, raw, offsets, seeds, epochs, takes):
-      weights = as_weights(weights)
-      acc = zeros(trainable_specs)
-      total = tf.constant(0.0)
-      metrics = zeros(metric_specs)
-      for k in tf.range(tf.size(seeds)):
-        ds = client_dataset(raw, offsets, seeds, epochs, takes, k)
-        model.reset_metrics()
-        delta, n, non_finite = client_work_lib.local_training(
-            model,
-            alg.client_optimizer,
-            weights,
-            ds,
-            proximal_strength=alg.proximal_strength,
-            loop_implementation=fast_loop,
-        )
-        w = client_work_lib.client_weight(alg.client_weighting, n, non_finite)
-        acc = tuple(a + d * w for a, d in zip(acc, tf.nest.flatten(delta)))
-        total += w
-        metrics = _nest_add(metrics, model.report_local_unfinalized_metrics())
-      update = tuple(a / total for a in acc)
-      opt_state, trainable, bad = server_step(
-          opt_state, weights.trainable, update
-      )
-      return (
-          trainable,
-          opt_state,
-          metrics,
-          collections.OrderedDict(update_non_finite=tf.cast(bad, tf.int32)),
-      )
+    definition = alg.definition()
+    pass_kind = definition.loss_pass  # A Python string: static branches.
 
-    @tf.function
-    def qffl_round(weights, opt_state, raw, offsets, seeds, epochs, takes):
-      del opt_state  # q-FFL's finalizer has no state.
-      weights = as_weights(weights)
-      delta_sum = zeros(trainable_specs)
-      h_sum = tf.constant(0.0)
-      loss_sum = tf.constant(0.0)
-      metrics = zeros(metric_specs)
-      num_clients = tf.size(seeds)
-      lipschitz = alg.lipschitz_constant
-      for k in tf.range(num_clients):
-        ds = client_dataset(raw, offsets, seeds, epochs, takes, k)
-        model.reset_metrics()
-        loss, _ = client_work_lib.local_loss(
-            model, weights, ds, loop_implementation=fast_loop
-        )
-        # The training pass reads the same dataset object after the loss
-        # pass, so a seeded reshuffling shuffle gives it the next order. Its
-        # iterator must be created after the loss pass: nothing else orders
-        # the two in the graph (see the class docstring).
-        with tf.control_dependencies([loss]):
-          variant = tf.identity(tf.data.experimental.to_variant(ds))
-        train_ds = tf.data.experimental.from_variant(variant, ds.element_spec)
-        delta, _, non_finite = client_work_lib.local_training(
-            model,
-            alg.client_optimizer,
-            weights,
-            train_ds,
-            loop_implementation=fast_loop,
-        )
-        dw = tf.nest.map_structure(lambda d: lipschitz * d, delta)
-        ok = tf.logical_not(non_finite)
-        message, h = q_ffl.q_ffl_client_message(
-            loss, dw, q=alg.q, lipschitz=lipschitz
-        )
-        (message, h), bad = client_work_lib.zero_all_if_any_non_finite(
-            (message, h)
-        )
-        ok = tf.logical_and(ok, tf.logical_not(bad))
-        h = tf.where(ok, h, 0.0)
-        message = tf.nest.map_structure(
-            functools.partial(_zero_unless, ok), message
-        )
-        delta_sum = tuple(
-            a + m for a, m in zip(delta_sum, tf.nest.flatten(message))
-        )
-        h_sum += h
-        loss_sum += loss
-        metrics = _nest_add(metrics, model.report_local_unfinalized_metrics())
-      trainable = q_ffl.q_ffl_server_update(
-          tuple(weights.trainable), delta_sum, h_sum
-      )
-      extra = collections.OrderedDict(
-          loss_at_broadcast=loss_sum / tf.cast(num_clients, tf.float32),
-          h_sum=h_sum,
-      )
-      return tuple(trainable), (), metrics, extra
-
-    estimator = quantiles.build_estimator('exact', level=1.0 - alg.theta)
-    slack = delta_fl.filter_slack(estimator)
-
-    def loss_pass(weights, raw, offsets, seeds, epochs, takes):
+    def broadcast_losses(weights, raw, offsets, seeds, epochs, takes):
       """Each client's `(loss, examples)` at `weights`, clients in order."""
       num_clients = tf.size(seeds)
       losses = tf.TensorArray(tf.float32, size=num_clients)
@@ -492,110 +434,83 @@ class BatchedEngine:
         counts = counts.write(k, n)
       return losses.stack(), counts.stack()
 
+    def continue_stream(ds, loss):
+      """`ds` again, its iterator created after `loss` (see the class doc)."""
+      with tf.control_dependencies([loss]):
+        variant = tf.identity(tf.data.experimental.to_variant(ds))
+      return tf.data.experimental.from_variant(variant, ds.element_spec)
+
     @tf.function
-    def deltafl_round(weights, opt_state, raw, offsets, seeds, epochs, takes):
+    def round_fn(weights, opt_state, raw, offsets, seeds, epochs, takes):
       weights = as_weights(weights)
       num_clients = tf.size(seeds)
-      losses, counts = loss_pass(weights, raw, offsets, seeds, epochs, takes)
-      alphas = (
-          tf.ones_like(losses)
-          if alg.uniform_weights
-          else tf.cast(counts, tf.float32)
-      )
-      threshold = quantiles.tf_weighted_quantile(
-          losses, alphas, estimator.level
-      )
-      acc = zeros(trainable_specs)
-      total = tf.constant(0.0)
-      kept_count = tf.constant(0.0)
+      if pass_kind == 'fresh':
+        losses, counts = broadcast_losses(
+            weights, raw, offsets, seeds, epochs, takes
+        )
+        context = definition.prepare(losses, counts)
+      else:
+        context = definition.prepare(None, None)
+      continued = tf.TensorArray(tf.float32, size=num_clients)
+      vector_sum = zeros(trainable_specs)
+      scalar_sum = tf.constant(0.0)
       metrics = zeros(metric_specs)
       for k in tf.range(num_clients):
-        model.reset_metrics()
-        kept = delta_fl.keep_client(
-            losses[k], threshold, strict=alg.strict_filter, slack=slack
-        )
-        # A filtered client does no work: its stream is cut to no batch
-        # (no step, no metric update, a zero delta), as the federated
-        # path's skip branch.
+        # Training reads a fresh copy of the stream (first shuffle order), as
+        # the federated path's computations each rebuild the dataset, unless
+        # the definition's loss pass is continued by training.
         ds = client_dataset(raw, offsets, seeds, epochs, takes, k)
-        ds = ds.take(tf.where(kept, tf.constant(-1, tf.int64), 0))
-        delta, _, non_finite = client_work_lib.local_training(
+        model.reset_metrics()
+        loss, count = None, None
+        if pass_kind == 'fresh':
+          loss, count = losses[k], counts[k]
+        elif pass_kind == 'continued':
+          loss, count = client_work_lib.local_loss(
+              model, weights, ds, loop_implementation=fast_loop
+          )
+          continued = continued.write(k, loss)
+          ds = continue_stream(ds, loss)
+        if definition.trains is not None:
+          # A filtered-out client does no work: its stream is cut to no batch
+          # (no step, no metric update, a zero delta), as the federated
+          # path's skip branch.
+          kept = definition.trains(context, loss)
+          ds = ds.take(tf.where(kept, tf.constant(-1, tf.int64), 0))
+        delta, n, non_finite = client_work_lib.local_training(
             model,
             alg.client_optimizer,
             weights,
             ds,
-            weight_decay=alg.weight_decay,
+            proximal_strength=definition.proximal_strength,
+            weight_decay=definition.weight_decay,
             loop_implementation=fast_loop,
         )
-        w = tf.where(
-            tf.logical_and(kept, tf.logical_not(non_finite)), alphas[k], 0.0
+        vector, scalar = definition.client_result(
+            context, loss, count, tuple(tf.nest.flatten(delta)), n, non_finite
         )
-        acc = tuple(a + d * w for a, d in zip(acc, tf.nest.flatten(delta)))
-        total += w
-        kept_count += tf.cast(kept, tf.float32)
+        if definition.weighted:
+          vector = tuple(v * scalar for v in vector)
+        vector_sum = tuple(a + v for a, v in zip(vector_sum, vector))
+        scalar_sum += scalar
         metrics = _nest_add(metrics, model.report_local_unfinalized_metrics())
-      update = tuple(tf.math.divide_no_nan(a, total) for a in acc)
-      opt_state, trainable, bad = server_step(
-          opt_state, weights.trainable, update
-      )
-      count = tf.cast(num_clients, tf.float32)
+      if pass_kind == 'continued':
+        losses = continued.stack()
+      elif pass_kind == 'none':
+        losses = None
       extra = collections.OrderedDict(
-          eta=threshold,
-          fraction_kept=kept_count / count,
-          loss_at_broadcast=tf.reduce_sum(losses) / count,
-          update_non_finite=tf.cast(bad, tf.int32),
+          definition.metrics(context, losses, scalar_sum, num_clients)
       )
+      result = definition.server(
+          tuple(weights.trainable), vector_sum, scalar_sum
+      )
+      if not definition.server_optimizer:
+        return tuple(result), (), metrics, extra
+      opt_state, trainable, bad = server_step(
+          opt_state, weights.trainable, result
+      )
+      extra['update_non_finite'] = tf.cast(bad, tf.int32)
       return trainable, opt_state, metrics, extra
 
-    @tf.function
-    def term_round(weights, opt_state, raw, offsets, seeds, epochs, takes):
-      weights = as_weights(weights)
-      num_clients = tf.size(seeds)
-      losses, counts = loss_pass(weights, raw, offsets, seeds, epochs, takes)
-      max_tilted = tf.reduce_max(alg.tilt * losses)
-      acc = zeros(trainable_specs)
-      total = tf.constant(0.0)
-      metrics = zeros(metric_specs)
-      for k in tf.range(num_clients):
-        # A fresh copy of the stream (first shuffle order), as the federated
-        # path's training computation, which rebuilds the client's dataset.
-        ds = client_dataset(raw, offsets, seeds, epochs, takes, k)
-        model.reset_metrics()
-        delta, _, non_finite = client_work_lib.local_training(
-            model,
-            alg.client_optimizer,
-            weights,
-            ds,
-            proximal_strength=alg.proximal_strength,
-            loop_implementation=fast_loop,
-        )
-        w = term_lib.tilted_weight(
-            losses[k], counts[k], tilt=alg.tilt, max_tilted_loss=max_tilted
-        )
-        w = tf.where(non_finite, 0.0, w)
-        acc = tuple(a + d * w for a, d in zip(acc, tf.nest.flatten(delta)))
-        total += w
-        metrics = _nest_add(metrics, model.report_local_unfinalized_metrics())
-      update = tuple(a / total for a in acc)
-      opt_state, trainable, bad = server_step(
-          opt_state, weights.trainable, update
-      )
-      extra = collections.OrderedDict(
-          loss_at_broadcast=(
-              tf.reduce_sum(losses) / tf.cast(num_clients, tf.float32)
-          ),
-          max_loss_at_broadcast=tf.reduce_max(losses),
-          update_non_finite=tf.cast(bad, tf.int32),
-      )
-      return trainable, opt_state, metrics, extra
-
-    round_fn = {
-        'fedavg': fedprox_round,
-        'fedprox': fedprox_round,
-        'qffl': qffl_round,
-        'deltafl': deltafl_round,
-        'term': term_round,
-    }[alg.name]
     trainable, opt_state, metric_sums, extra = round_fn(
         self._weights_ph,
         self._opt_state_ph,
@@ -655,7 +570,7 @@ class BatchedEngine:
   def next(self, state, plan: RoundPlan):
     """`process.next` on the process's state: `(new_state, metrics)`."""
     return apply_round(
-        self.algorithm.name,
+        self.algorithm.definition().server_optimizer,
         state,
         self.run_round(state.global_model_weights, state.finalizer, plan),
     )
@@ -695,10 +610,10 @@ def algorithm_from_spec(
         '--simulation_engine=batched runs Delta-FL with the '
         'exact quantile only (--secure_quantile=none)'
     )
-  return BatchedAlgorithm(
+  algorithm = BatchedAlgorithm(
       name=spec.name,
       client_optimizer=client_optimizer,
-      server_optimizer=None if spec.name == 'qffl' else server_optimizer,
+      server_optimizer=server_optimizer,
       client_weighting=client_weighting,
       proximal_strength=spec.proximal_strength,
       q=spec.q,
@@ -709,6 +624,9 @@ def algorithm_from_spec(
       weight_decay=spec.weight_decay,
       tilt=spec.tilt,
   )
+  if not algorithm.definition().server_optimizer:
+    algorithm = dataclasses.replace(algorithm, server_optimizer=None)
+  return algorithm
 
 
 def metrics_as_mapping(metrics: Mapping[str, Any]) -> dict[str, Any]:
@@ -719,7 +637,7 @@ def metrics_as_mapping(metrics: Mapping[str, Any]) -> dict[str, Any]:
   }
 
 
-def apply_round(algorithm_name: str, state, outputs):
+def apply_round(has_server_optimizer: bool, state, outputs):
   """`(new_state, metrics)` from an engine round's `run_round` outputs.
 
   Shared by the batched and stacked engines: the new global trainable
@@ -733,7 +651,7 @@ def apply_round(algorithm_name: str, state, outputs):
   new_weights = tff.learning.models.ModelWeights(
       trainable=trainable, non_trainable=weights.non_trainable
   )
-  if algorithm_name == 'qffl':
+  if not has_server_optimizer:
     finalizer_state = state.finalizer
   else:
     finalizer_state = tf.nest.pack_sequence_as(

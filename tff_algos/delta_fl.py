@@ -45,6 +45,7 @@ import tensorflow_federated as tff
 
 from tff_algos import client_work as client_work_lib
 from tff_algos import composition
+from tff_algos import definition as definition_lib
 from tff_algos import quantiles
 
 ModelFn = Callable[[], tff.learning.models.VariableModel]
@@ -434,4 +435,79 @@ def build_delta_fl_family(
 
   return tff.learning.templates.LearningProcess(
       init_fn, next_fn, get_model_weights, set_model_weights
+  )
+
+
+def engine_definition(
+    *,
+    theta: float,
+    strict_filter: bool = False,
+    uniform_weights: bool = False,
+    weight_decay: float = 0.0,
+) -> definition_lib.AlgorithmDefinition:
+  """Delta-FL's round (exact quantile) for the simulation engines.
+
+  A loss pass at the broadcast model; eta, the (1 - theta)-quantile of the
+  losses weighted by alpha_k (n_k, or 1 with `uniform_weights`); the clients
+  with F_k >= eta (`> eta` with `strict_filter`: `keep_client`) train on a
+  fresh copy of their stream and the others do no work; the kept deltas are
+  averaged with weights alpha_k (Pillutla et al., Algorithm 2/3).
+
+  Args:
+    theta: The conformity level in (0, 1].
+    strict_filter: Algorithm 3's `F_k > eta`.
+    uniform_weights: The workshop version's alpha_k = 1.
+    weight_decay: Local weight decay.
+
+  Returns:
+    The `definition.AlgorithmDefinition` both engines run.
+  """
+  estimator = quantiles.build_estimator('exact', level=1.0 - theta)
+  slack = filter_slack(estimator)
+
+  def alphas(counts):
+    counts = tf.cast(counts, tf.float32)
+    return tf.ones_like(counts) if uniform_weights else counts
+
+  def prepare(losses, counts):
+    return {
+        'eta': quantiles.tf_weighted_quantile(
+            losses, alphas(counts), estimator.level
+        )
+    }
+
+  def trains(context, loss):
+    return keep_client(loss, context['eta'], strict=strict_filter, slack=slack)
+
+  def client_result(context, loss, count, delta, num_examples, non_finite):
+    del num_examples
+    kept = trains(context, loss)
+    weight = tf.where(
+        tf.logical_and(kept, tf.logical_not(non_finite)), alphas(count), 0.0
+    )
+    return delta, weight
+
+  def server(w0, vector_sum, scalar_sum):
+    del w0  # No kept client (every weight 0): a zero update.
+    return tuple(tf.math.divide_no_nan(v, scalar_sum) for v in vector_sum)
+
+  def metrics(context, losses, scalar_sum, num_clients):
+    del scalar_sum
+    count = tf.cast(num_clients, tf.float32)
+    kept = tf.cast(trains(context, losses), tf.float32)
+    return collections.OrderedDict(
+        eta=context['eta'],
+        fraction_kept=tf.reduce_sum(kept) / count,
+        loss_at_broadcast=tf.reduce_sum(losses) / count,
+    )
+
+  return definition_lib.AlgorithmDefinition(
+      name='deltafl',
+      client_result=client_result,
+      server=server,
+      loss_pass='fresh',
+      prepare=prepare,
+      trains=trains,
+      metrics=metrics,
+      weight_decay=weight_decay,
   )

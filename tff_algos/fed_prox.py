@@ -28,6 +28,7 @@ import tensorflow_federated as tff
 
 from tff_algos import client_work as client_work_lib
 from tff_algos import composition
+from tff_algos import definition as definition_lib
 
 ModelFn = Callable[[], tff.learning.models.VariableModel]
 
@@ -119,4 +120,39 @@ def build_fed_prox(
       model_distributor=model_distributor,
       model_aggregator=model_aggregator,
       update_attack=update_attack,
+  )
+
+
+def engine_definition(
+    *,
+    client_weighting: tff.learning.ClientWeighting,
+    proximal_strength: float = 0.0,
+    name: str = 'fedprox',
+) -> definition_lib.AlgorithmDefinition:
+  """FedProx's round (FedAvg's with mu = 0) for the simulation engines.
+
+  Local training with the proximal term mu/2 ||w - w_t||^2, then the
+  weighted mean of the deltas (`client_work.client_weight`, as
+  `build_weighted_fed_prox`'s `MeanFactory`) through the server optimizer.
+
+  Args:
+    client_weighting: Weight by examples or uniformly.
+    proximal_strength: mu >= 0.
+    name: 'fedprox' or 'fedavg'.
+
+  Returns:
+    The `definition.AlgorithmDefinition` both engines run.
+  """
+
+  def client_result(context, loss, count, delta, num_examples, non_finite):
+    del context, loss, count
+    weight = client_work_lib.client_weight(
+        client_weighting, num_examples, non_finite
+    )
+    return delta, weight
+
+  return definition_lib.AlgorithmDefinition(
+      name=name,
+      client_result=client_result,
+      proximal_strength=proximal_strength,
   )

@@ -37,6 +37,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_algos import client_work as client_work_lib
+from tff_algos import definition as definition_lib
 
 ModelFn = Callable[[], tff.learning.models.VariableModel]
 LOSS_FLOOR = 1e-8
@@ -337,4 +338,56 @@ def build_q_fedsgd(
       model_distributor,
       metrics_aggregator,
       tff.learning.LoopImplementation.DATASET_REDUCE,
+  )
+
+
+def engine_definition(
+    *, q: float, lipschitz_constant: float
+) -> definition_lib.AlgorithmDefinition:
+  """q-FedAvg's round (Li et al., ICLR 2020, Algorithm 4) for the engines.
+
+  Each client's loss F_k at the broadcast model, then local training that
+  continues the same stream (as `build_q_fedavg`'s one client computation),
+  the message `(Delta_k, h_k)` of `q_ffl_client_message` (zeroed with its
+  weight when anything is non-finite), and the server's
+  `w - sum(Delta) / sum(h)` with no server optimizer.
+
+  Args:
+    q: q >= 0 (0: FedAvg with step 1 / L).
+    lipschitz_constant: L > 0.
+
+  Returns:
+    The `definition.AlgorithmDefinition` both engines run.
+  """
+  lipschitz = lipschitz_constant
+
+  def client_result(context, loss, count, delta, num_examples, non_finite):
+    del context, count, num_examples
+    dw = tuple(lipschitz * d for d in delta)
+    message, h = q_ffl_client_message(loss, dw, q=q, lipschitz=lipschitz)
+    (message, h), bad = client_work_lib.zero_all_if_any_non_finite(
+        (tuple(message), h)
+    )
+    ok = tf.logical_not(tf.logical_or(non_finite, bad))
+    message = tuple(tf.where(ok, m, tf.zeros_like(m)) for m in message)
+    return message, tf.where(ok, h, 0.0)
+
+  def metrics(context, losses, scalar_sum, num_clients):
+    del context
+    return collections.OrderedDict(
+        loss_at_broadcast=(
+            tf.reduce_sum(losses) / tf.cast(num_clients, tf.float32)
+        ),
+        h_sum=scalar_sum,
+    )
+
+  return definition_lib.AlgorithmDefinition(
+      name='qffl',
+      client_result=client_result,
+      server=q_ffl_server_update,
+      loss_pass='continued',
+      metrics=metrics,
+      weighted=False,
+      per_client_message=True,
+      server_optimizer=False,
   )

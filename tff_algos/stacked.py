@@ -39,11 +39,12 @@ the Keras `VariableModel` (metrics, variable assignments) at every step.
   the last partial batch), which is faster for convolutions with per-client
   filters, where `vectorized_map` falls back to a loop.
 
-The algorithms' own TF math is reused: `q_ffl.q_ffl_client_message`,
-`q_ffl.q_ffl_server_update`, `quantiles.tf_weighted_quantile`,
-`delta_fl.keep_client`, `term.tilted_weight`,
-`client_work.zero_all_if_any_non_finite`; the server step (and its rejection
-of a non-finite update) and the weighted mean are the batched engine's. The
+Every algorithm runs from its one definition (`tff_algos.definition`, the
+same object the batched engine runs: loss pass, round context, client filter,
+client contribution, server rule); the engine has no per-algorithm code. The
+elementwise parts of a definition are called on `[K]` vectors, a per-client
+message (q-FFL's) is mapped over the clients. The server step (and its
+rejection of a non-finite update) is the batched engine's. The
 client optimizer is applied to the stacked weights; it must be elementwise
 with per-weight state (SGD with or without momentum, Adagrad): an optimizer
 with a step counter (Adam, Yogi) is refused.
@@ -64,11 +65,6 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_algos import batched
-from tff_algos import client_work as client_work_lib
-from tff_algos import delta_fl
-from tff_algos import q_ffl
-from tff_algos import quantiles
-from tff_algos import term as term_lib
 
 ALGORITHMS = batched.ALGORITHMS
 SUPPORTED_METRICS = ('accuracy', 'loss', 'num_examples', 'num_batches')
@@ -375,7 +371,9 @@ class StackedEngine:
     self._shuffle = bool(shuffle)
     self._buffer = shuffle_buffer_size
     self.examples = ClientExamples(client_data, preprocess_train)
-    self._passes = 2 if algorithm.name == 'qffl' else 1
+    # A loss pass that training continues reads pass 0, training pass 1.
+    continued = algorithm.definition().loss_pass == 'continued'
+    self._passes = 2 if continued else 1
     functional, loss_none = self._functional_model(model_fn)
     self.vectorize = bool(self._vectorize_arg)
     # The batch size is the first full batch of a probe of the task's
@@ -476,7 +474,8 @@ class StackedEngine:
             tf.convert_to_tensor, server_opt.initialize(trainable_specs)
         ),
     )
-    if alg.name == 'qffl':
+    definition = alg.definition()
+    if not definition.server_optimizer:
       opt_state_specs = ()
     client_opt = alg.client_optimizer
     client_state = client_opt.initialize(trainable_specs)
@@ -681,114 +680,61 @@ class StackedEngine:
           tf.where(_per_client(ok, d), d, tf.zeros_like(d)) for d in deltas
       ), tf.logical_not(ok)
 
-    def weighted_mean(deltas, w, no_nan=False):
-      total = tf.reduce_sum(w)
-      div = tf.math.divide_no_nan if no_nan else tf.divide
-      return tuple(
-          div(tf.reduce_sum(d * _per_client(w, d), axis=0), total)
-          for d in deltas
-      )
-
     @tf.function
     def round_fn(weights, opt_state, x_all, y_all, train_pos, loss_pos, steps):
       w0 = tuple(tf.nest.flatten(weights.trainable))
       idx = indices(train_pos, x_all)
       valid = train_pos >= 0
       k_count = tf.shape(train_pos)[1]
-      count = tf.cast(k_count, tf.float32)
-      extra = collections.OrderedDict()
-      if alg.name in ('fedavg', 'fedprox'):
-        deltas, sums = train_clients(
-            w0, x_all, y_all, idx, valid, steps, alg.proximal_strength
-        )
-        deltas, bad = clean(deltas)
-        if alg.client_weighting == tff.learning.ClientWeighting.NUM_EXAMPLES:
-          w = sums[2]
-        else:
-          w = tf.ones([k_count], tf.float32)
-        w = tf.where(bad, 0.0, w)
-        update = weighted_mean(deltas, w)
-      elif alg.name == 'term':
+      if definition.loss_pass == 'fresh':
         losses, counts = loss_at(w0, x_all, y_all, idx, valid)
-        deltas, sums = train_clients(
-            w0, x_all, y_all, idx, valid, steps, alg.proximal_strength
-        )
-        deltas, bad = clean(deltas)
-        w = term_lib.tilted_weight(
-            losses,
-            counts,
-            tilt=alg.tilt,
-            max_tilted_loss=tf.reduce_max(alg.tilt * losses),
-        )
-        update = weighted_mean(deltas, tf.where(bad, 0.0, w))
-        extra['loss_at_broadcast'] = tf.reduce_sum(losses) / count
-        extra['max_loss_at_broadcast'] = tf.reduce_max(losses)
-      elif alg.name == 'deltafl':
-        losses, counts = loss_at(w0, x_all, y_all, idx, valid)
-        alphas = tf.ones_like(counts) if alg.uniform_weights else counts
-        threshold = quantiles.tf_weighted_quantile(
-            losses, alphas, estimator.level
-        )
-        kept = delta_fl.keep_client(
-            losses, threshold, strict=alg.strict_filter, slack=slack
-        )
-        # A filtered client does no work (no step, no metric, zero delta).
+      elif definition.loss_pass == 'continued':
+        lidx = indices(loss_pos, x_all)
+        losses, counts = loss_at(w0, x_all, y_all, lidx, loss_pos >= 0)
+      else:
+        losses, counts = None, None
+      context = definition.prepare(losses, counts)
+      if definition.trains is not None:
+        # A filtered-out client does no work (no step, no metric, zero delta).
+        kept = definition.trains(context, losses)
         valid = tf.logical_and(valid, kept[None, :, None])
         steps = tf.where(kept, steps, tf.zeros_like(steps))
-        deltas, sums = train_clients(
-            w0, x_all, y_all, idx, valid, steps, decay=alg.weight_decay
-        )
-        deltas, bad = clean(deltas)
-        w = tf.where(tf.logical_and(kept, tf.logical_not(bad)), alphas, 0.0)
-        update = weighted_mean(deltas, w, no_nan=True)
-        extra['eta'] = threshold
-        extra['fraction_kept'] = (
-            tf.reduce_sum(tf.cast(kept, tf.float32)) / count
-        )
-        extra['loss_at_broadcast'] = tf.reduce_sum(losses) / count
-      else:  # q-FFL: the loss pass reads pass 0, training pass 1.
-        lidx = indices(loss_pos, x_all)
-        losses, _ = loss_at(w0, x_all, y_all, lidx, loss_pos >= 0)
-        deltas, sums = train_clients(w0, x_all, y_all, idx, valid, steps)
-        deltas, bad = clean(deltas)
-        lipschitz = alg.lipschitz_constant
-
-        def message(args):
-          loss, delta = args
-          dw = tuple(lipschitz * d for d in delta)
-          msg, h = q_ffl.q_ffl_client_message(
-              loss, dw, q=alg.q, lipschitz=lipschitz
-          )
-          (msg, h), non_finite = client_work_lib.zero_all_if_any_non_finite(
-              (tuple(msg), h)
-          )
-          return msg, h, non_finite
-
-        msgs, hs, msg_bad = tf.map_fn(
-            message,
-            (losses, deltas),
+      deltas, sums = train_clients(
+          w0,
+          x_all,
+          y_all,
+          idx,
+          valid,
+          steps,
+          definition.proximal_strength,
+          definition.weight_decay,
+      )
+      deltas, bad = clean(deltas)
+      num_examples = sums[2]
+      if definition.per_client_message:
+        vectors, scalars = tf.map_fn(
+            lambda a: definition.client_result(context, *a),
+            (losses, counts, deltas, num_examples, bad),
             fn_output_signature=(
                 tuple(tf.TensorSpec(s.shape, s.dtype) for s in trainable_specs),
                 tf.TensorSpec([], tf.float32),
-                tf.TensorSpec([], tf.bool),
             ),
         )
-        ok = tf.logical_not(tf.logical_or(bad, msg_bad))
-        hs = tf.where(ok, hs, 0.0)
-        msgs = tuple(
-            tf.where(_per_client(ok, m), m, tf.zeros_like(m)) for m in msgs
+      else:
+        vectors, scalars = definition.client_result(
+            context, losses, counts, deltas, num_examples, bad
         )
-        h_sum = tf.reduce_sum(hs)
-        trainable = q_ffl.q_ffl_server_update(
-            w0, tuple(tf.reduce_sum(m, axis=0) for m in msgs), h_sum
-        )
-        extra['loss_at_broadcast'] = tf.reduce_sum(losses) / count
-        extra['h_sum'] = h_sum
-      # Each algorithm's branch above sets `update` (q-FFL: `trainable`).
-      # pylint: disable=possibly-used-before-assignment
-      if alg.name != 'qffl':
+      if definition.weighted:
+        vectors = tuple(v * _per_client(scalars, v) for v in vectors)
+      vector_sum = tuple(tf.reduce_sum(v, axis=0) for v in vectors)
+      scalar_sum = tf.reduce_sum(scalars)
+      extra = collections.OrderedDict(
+          definition.metrics(context, losses, scalar_sum, k_count)
+      )
+      trainable = definition.server(w0, vector_sum, scalar_sum)
+      if definition.server_optimizer:
         opt_state, trainable, rejected = _server_step(
-            server_opt, opt_state, w0, update
+            server_opt, opt_state, w0, trainable
         )
         extra['update_non_finite'] = tf.cast(rejected, tf.int32)
       loss_sum, correct_sum, n_sum, batches = (tf.reduce_sum(s) for s in sums)
@@ -808,10 +754,7 @@ class StackedEngine:
             ],
         )
       return tuple(trainable), opt_state, metrics, extra
-      # pylint: enable=possibly-used-before-assignment
 
-    estimator = quantiles.build_estimator('exact', level=1.0 - alg.theta)
-    slack = delta_fl.filter_slack(estimator)
     non_trainable = tuple(tf.nest.flatten(self._weights_ph.non_trainable))
     weights_in = tff.learning.models.ModelWeights(
         trainable=list(tf.nest.flatten(self._weights_ph.trainable)),
@@ -939,7 +882,7 @@ class StackedEngine:
   def next(self, state, plan: batched.RoundPlan):
     """`process.next` on the process's state: `(new_state, metrics)`."""
     return batched.apply_round(
-        self.algorithm.name,
+        self.algorithm.definition().server_optimizer,
         state,
         self.run_round(state.global_model_weights, state.finalizer, plan),
     )

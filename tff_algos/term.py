@@ -35,6 +35,7 @@ import tensorflow_federated as tff
 
 from tff_algos import client_work as client_work_lib
 from tff_algos import composition
+from tff_algos import definition as definition_lib
 
 ModelFn = Callable[[], tff.learning.models.VariableModel]
 
@@ -210,4 +211,51 @@ def build_term(
       model_distributor=model_distributor,
       model_aggregator=model_aggregator,
       update_attack=update_attack,
+  )
+
+
+def engine_definition(
+    *, tilt: float, proximal_strength: float = 0.0
+) -> definition_lib.AlgorithmDefinition:
+  """TERM's round (Li et al., ICLR 2021) for the simulation engines.
+
+  A loss pass at the broadcast model, local training on a fresh copy of
+  each client's stream, and the deltas averaged with `tilted_weight`
+  (n_k exp(t F_k - max_j t F_j)), as `build_term`.
+
+  Args:
+    tilt: t (> 0 emphasises the worst clients, < 0 the best).
+    proximal_strength: mu >= 0 of the local proximal term.
+
+  Returns:
+    The `definition.AlgorithmDefinition` both engines run.
+  """
+
+  def prepare(losses, counts):
+    del counts
+    return {'max_tilted_loss': tf.reduce_max(tilt * losses)}
+
+  def client_result(context, loss, count, delta, num_examples, non_finite):
+    del num_examples
+    weight = tilted_weight(
+        loss, count, tilt=tilt, max_tilted_loss=context['max_tilted_loss']
+    )
+    return delta, tf.where(non_finite, 0.0, weight)
+
+  def metrics(context, losses, scalar_sum, num_clients):
+    del context, scalar_sum
+    return collections.OrderedDict(
+        loss_at_broadcast=(
+            tf.reduce_sum(losses) / tf.cast(num_clients, tf.float32)
+        ),
+        max_loss_at_broadcast=tf.reduce_max(losses),
+    )
+
+  return definition_lib.AlgorithmDefinition(
+      name='term',
+      client_result=client_result,
+      loss_pass='fresh',
+      prepare=prepare,
+      metrics=metrics,
+      proximal_strength=proximal_strength,
   )

@@ -1,0 +1,117 @@
+# Copyright 2026 The tff-hetero Authors. Licensed under the Apache License 2.0.
+"""One definition of an algorithm's round math, for the simulation engines.
+
+An `AlgorithmDefinition` says what a round of an algorithm computes, in
+terms that do not depend on how the clients are run:
+
+1. an optional **loss pass**: each client's mean loss at the broadcast model
+   (`'fresh'`: training then restarts the client's stream, as the TFF path's
+   two client computations each rebuild the dataset; `'continued'`: training
+   continues the same stream, as q-FFL's single client computation does);
+2. a **round context** from all the clients' losses (`prepare`: e.g. Delta-FL's
+   quantile threshold, TERM's largest tilted loss), and which clients train
+   (`trains`: Delta-FL's filter);
+3. **local training** with the definition's proximal strength and weight
+   decay (`client_work.local_training`);
+4. each client's **contribution** (`client_result`: a vector and a scalar;
+   with `weighted=True` the server sums `vector * scalar` and the scalars,
+   otherwise the vectors and the scalars);
+5. the **server**: `server(w0, vector_sum, scalar_sum)` is the update the
+   server optimizer applies (rejecting a non-finite one) or, with
+   `server_optimizer=False`, the new trainable weights; and the round's extra
+   metrics (`metrics`).
+
+Both engines (`tff_algos.batched`, clients one after another in a graph, and
+`tff_algos.stacked`, clients vectorized) run every algorithm from its
+definition and nothing else: they hold no per-algorithm code. The functions
+a definition calls are the ones the algorithm's TFF builder uses
+(`q_ffl.q_ffl_client_message`, `delta_fl.keep_client`,
+`term.tilted_weight`, ...), so the math is written once. `prepare`,
+`trains`, `client_result` (unless `per_client_message`) and `metrics` are
+elementwise over clients: the batched engine calls them with one client's
+scalars, the stacked engine with `[K]` vectors.
+"""
+
+import collections
+from collections.abc import Callable, Mapping
+import dataclasses
+from typing import Any, Optional
+
+import tensorflow as tf
+
+LOSS_PASSES = ('none', 'fresh', 'continued')
+
+
+def no_context(losses, counts) -> Mapping[str, Any]:
+  """A round context with nothing in it."""
+  del losses, counts
+  return {}
+
+
+def no_metrics(context, losses, scalar_sum, num_clients):
+  """No extra round metrics."""
+  del context, losses, scalar_sum, num_clients
+  return collections.OrderedDict()
+
+
+def mean_update(w0, vector_sum, scalar_sum):
+  """The weighted mean of the clients' deltas: sum(w_k d_k) / sum(w_k)."""
+  del w0
+  return tuple(v / scalar_sum for v in vector_sum)
+
+
+@dataclasses.dataclass(frozen=True)
+class AlgorithmDefinition:
+  """An algorithm's round math (see the module docstring).
+
+  Attributes:
+    name: The algorithm's name (for messages).
+    client_result: `(context, loss, count, delta, num_examples,
+      non_finite) -> (vector, scalar)`; `delta` is a tuple of the trainable
+      weights' deltas, zeroed where non-finite. `loss`/`count` are None
+      without a loss pass.
+    server: `(w0, vector_sum, scalar_sum) -> update` (or new trainable
+      weights when `server_optimizer` is False).
+    loss_pass: One of `LOSS_PASSES`.
+    prepare: `(losses, counts) -> context` from every client's loss pass.
+    trains: `(context, loss) -> bool`: whether the client trains (None: all).
+    metrics: `(context, losses, scalar_sum, num_clients) -> OrderedDict` of
+      the round's extra metrics (the engine adds `update_non_finite` when
+      there is a server optimizer).
+    weighted: Whether the server sums `vector * scalar` (else `vector`).
+    per_client_message: Whether `client_result` needs one client at a time
+      (it reduces over the weights, e.g. a norm); the stacked engine then
+      maps it over the clients.
+    server_optimizer: Whether `server` returns an update for the server
+      optimizer (False: the new weights; the server keeps no state).
+    proximal_strength: mu of local training's proximal term.
+    weight_decay: Local training's weight decay.
+  """
+
+  name: str
+  client_result: Callable[..., tuple[Any, tf.Tensor]]
+  server: Callable[..., tuple[tf.Tensor, ...]] = mean_update
+  loss_pass: str = 'none'
+  prepare: Callable[..., Mapping[str, Any]] = no_context
+  trains: Optional[Callable[..., tf.Tensor]] = None
+  metrics: Callable[..., Mapping[str, tf.Tensor]] = no_metrics
+  weighted: bool = True
+  per_client_message: bool = False
+  server_optimizer: bool = True
+  proximal_strength: float = 0.0
+  weight_decay: float = 0.0
+
+  def __post_init__(self):
+    if self.loss_pass not in LOSS_PASSES:
+      raise ValueError(
+          f'loss_pass must be one of {LOSS_PASSES}, got {self.loss_pass!r}'
+      )
+    if self.loss_pass == 'continued' and (
+        self.prepare is not no_context or self.trains is not None
+    ):
+      # The batched engine trains each client right after its loss pass.
+      raise ValueError(
+          'a continued loss pass cannot feed a round context or a filter'
+      )
+    if self.loss_pass == 'none' and self.trains is not None:
+      raise ValueError('a client filter needs a loss pass')

@@ -451,7 +451,12 @@ class BatchedEngine:
         context = definition.prepare(losses, counts)
       else:
         context = definition.prepare(None, None)
-      continued = tf.TensorArray(tf.float32, size=num_clients)
+      # The continued pass's losses, collected only when there is one.
+      continued = (
+          (tf.TensorArray(tf.float32, size=num_clients),)
+          if pass_kind == 'continued'
+          else ()
+      )
       vector_sum = zeros(trainable_specs)
       scalar_sum = tf.constant(0.0)
       metrics = zeros(metric_specs)
@@ -468,7 +473,7 @@ class BatchedEngine:
           loss, count = client_work_lib.local_loss(
               model, weights, ds, loop_implementation=fast_loop
           )
-          continued = continued.write(k, loss)
+          continued = (continued[0].write(k, loss),)
           ds = continue_stream(ds, loss)
         if definition.trains is not None:
           # A filtered-out client does no work: its stream is cut to no batch
@@ -494,7 +499,7 @@ class BatchedEngine:
         scalar_sum += scalar
         metrics = _nest_add(metrics, model.report_local_unfinalized_metrics())
       if pass_kind == 'continued':
-        losses = continued.stack()
+        losses = continued[0].stack()
       elif pass_kind == 'none':
         losses = None
       extra = collections.OrderedDict(

@@ -324,6 +324,7 @@ class BatchedEngine:
       )
     algorithm.validate()
     self.algorithm = algorithm
+    self.definition = algorithm.definition()  # Built once, not per round.
     self.client_arrays = client_arrays
     self._shuffle = bool(shuffle)
     self._graph = tf.Graph()
@@ -363,7 +364,8 @@ class BatchedEngine:
             tf.convert_to_tensor, server_opt.initialize(trainable_specs)
         ),
     )
-    if not alg.definition().server_optimizer:  # E.g. q-FFL's finalizer.
+    definition = self.definition
+    if not definition.server_optimizer:  # E.g. q-FFL's finalizer.
       opt_state_specs = ()
     raw_specs = tf.nest.map_structure(
         lambda s: tf.TensorSpec([None] + s.shape.as_list(), s.dtype),
@@ -416,7 +418,6 @@ class BatchedEngine:
       )
       return new_state, new_trainable, bad
 
-    definition = alg.definition()
     pass_kind = definition.loss_pass  # A Python string: static branches.
 
     def broadcast_losses(weights, raw, offsets, seeds, epochs, takes):
@@ -575,7 +576,7 @@ class BatchedEngine:
   def next(self, state, plan: RoundPlan):
     """`process.next` on the process's state: `(new_state, metrics)`."""
     return apply_round(
-        self.algorithm.definition().server_optimizer,
+        self.definition.server_optimizer,
         state,
         self.run_round(state.global_model_weights, state.finalizer, plan),
     )

@@ -54,6 +54,11 @@ def no_metrics(context, losses, scalar_sum, num_clients):
   return collections.OrderedDict()
 
 
+def mean_loss(losses, num_clients):
+  """The participants' mean loss at the broadcast model."""
+  return tf.reduce_sum(losses) / tf.cast(num_clients, tf.float32)
+
+
 def mean_update(w0, vector_sum, scalar_sum):
   """The weighted mean of the clients' deltas: sum(w_k d_k) / sum(w_k)."""
   del w0

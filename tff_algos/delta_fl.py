@@ -498,7 +498,7 @@ def engine_definition(
     return collections.OrderedDict(
         eta=context['eta'],
         fraction_kept=tf.reduce_sum(kept) / count,
-        loss_at_broadcast=tf.reduce_sum(losses) / count,
+        loss_at_broadcast=definition_lib.mean_loss(losses, num_clients),
     )
 
   return definition_lib.AlgorithmDefinition(

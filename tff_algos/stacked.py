@@ -367,12 +367,13 @@ class StackedEngine:
       )
     algorithm.validate()
     self.algorithm = algorithm
+    self.definition = algorithm.definition()  # Built once, not per round.
     self._vectorize_arg = vectorize
     self._shuffle = bool(shuffle)
     self._buffer = shuffle_buffer_size
     self.examples = ClientExamples(client_data, preprocess_train)
     # A loss pass that training continues reads pass 0, training pass 1.
-    continued = algorithm.definition().loss_pass == 'continued'
+    continued = self.definition.loss_pass == 'continued'
     self._passes = 2 if continued else 1
     functional, loss_none = self._functional_model(model_fn)
     self.vectorize = bool(self._vectorize_arg)
@@ -474,7 +475,7 @@ class StackedEngine:
             tf.convert_to_tensor, server_opt.initialize(trainable_specs)
         ),
     )
-    definition = alg.definition()
+    definition = self.definition
     if not definition.server_optimizer:
       opt_state_specs = ()
     client_opt = alg.client_optimizer
@@ -882,7 +883,7 @@ class StackedEngine:
   def next(self, state, plan: batched.RoundPlan):
     """`process.next` on the process's state: `(new_state, metrics)`."""
     return batched.apply_round(
-        self.algorithm.definition().server_optimizer,
+        self.definition.server_optimizer,
         state,
         self.run_round(state.global_model_weights, state.finalizer, plan),
     )

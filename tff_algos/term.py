@@ -245,9 +245,7 @@ def engine_definition(
   def metrics(context, losses, scalar_sum, num_clients):
     del context, scalar_sum
     return collections.OrderedDict(
-        loss_at_broadcast=(
-            tf.reduce_sum(losses) / tf.cast(num_clients, tf.float32)
-        ),
+        loss_at_broadcast=definition_lib.mean_loss(losses, num_clients),
         max_loss_at_broadcast=tf.reduce_max(losses),
     )
 

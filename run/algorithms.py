@@ -745,10 +745,7 @@ def build_process(
     )
   if spec.name == 'afl':
     return afl.build_afl(
-        model_fn,
-        num_clients=num_clients,
-        model_learning_rate=spec.client_learning_rate,
-        mixture_learning_rate=spec.afl_lambda_lr,
+        model_fn, **definition_options(spec, num_clients=num_clients)
     )
   client_opt = build_optimizer(spec.client_optimizer, spec.client_learning_rate)
   server_opt = _server_optimizer(spec)
@@ -795,14 +792,52 @@ def build_process(
   )
 
 
-def _build_stateful(spec: AlgorithmSpec, model_fn, clients_per_round: int):
-  """Ditto and the Fed+ family (`stateful.StatefulClientsProcess`)."""
+# The algorithms whose `engine_definition` takes options of their own (the
+# keyword arguments `definition_options` gives); the others' definitions are
+# made from `tff_algos.batched.BatchedAlgorithm`'s fields.
+OPTION_ALGORITHMS = ('ditto', 'afl') + tuple(FED_PLUS_PSI)
+
+
+def definition_options(spec: AlgorithmSpec, *, num_clients: int = 0) -> dict:
+  """The options of Ditto's, Fed+'s or AFL's round math from `spec`.
+
+  The keyword arguments of their `engine_definition` (and of their builders,
+  which make the same definition), so the TFF process and the simulation
+  engines run one configuration. AFL needs `num_clients`.
+  """
   if spec.name == 'ditto':
     personal_opt = None
     if spec.ditto_personal_lr:
       personal_opt = build_optimizer(
           spec.client_optimizer, spec.ditto_personal_lr
       )
+    return dict(
+        lam=list(spec.ditto_lambdas),
+        personal_optimizer=personal_opt,
+        personal_steps=spec.ditto_personal_steps,
+    )
+  if spec.name in FED_PLUS_PSI:
+    return dict(
+        learning_rate=spec.client_learning_rate,
+        sigma=spec.fedplus_sigma,
+        delta=0.1 if spec.fedplus_delta is None else spec.fedplus_delta,
+        lam=spec.fedplus_lambda or 0.0,
+        local_steps=spec.fedplus_local_steps,
+        aggregation_iterations=spec.fedplus_iterations,
+    )
+  if spec.name == 'afl':
+    return dict(
+        num_clients=num_clients,
+        model_learning_rate=spec.client_learning_rate,
+        mixture_learning_rate=spec.afl_lambda_lr,
+    )
+  return {}
+
+
+def _build_stateful(spec: AlgorithmSpec, model_fn, clients_per_round: int):
+  """Ditto and the Fed+ family (`stateful.StatefulClientsProcess`)."""
+  if spec.name == 'ditto':
+    options = definition_options(spec)
     aggregator = (
         _dp_aggregator(spec, clients_per_round)
         if spec.uses_dp
@@ -820,23 +855,16 @@ def _build_stateful(spec: AlgorithmSpec, model_fn, clients_per_round: int):
             spec.server_learning_rate,
             spec.server_momentum,
         ),
-        lam=list(spec.ditto_lambdas),
-        personal_optimizer_fn=personal_opt,
-        personal_steps=spec.ditto_personal_steps,
+        lam=options['lam'],
+        personal_optimizer_fn=options['personal_optimizer'],
+        personal_steps=options['personal_steps'],
         client_weighting=WEIGHTINGS[spec.client_weighting],
         model_aggregator=aggregator,
         update_attack=update_attack(spec, clients_per_round=clients_per_round),
     )
   if spec.name in FED_PLUS_PSI:
     return fed_plus.build_fed_plus(
-        model_fn,
-        psi=FED_PLUS_PSI[spec.name],
-        learning_rate=spec.client_learning_rate,
-        sigma=spec.fedplus_sigma,
-        delta=0.1 if spec.fedplus_delta is None else spec.fedplus_delta,
-        lam=spec.fedplus_lambda or 0.0,
-        local_steps=spec.fedplus_local_steps,
-        aggregation_iterations=spec.fedplus_iterations,
+        model_fn, psi=FED_PLUS_PSI[spec.name], **definition_options(spec)
     )
   raise ValueError(f'{spec.name} is not a stateful-client algorithm')
 

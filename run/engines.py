@@ -5,6 +5,9 @@
   computation per selected client, as a production TFF pipeline runs it.
 * `batched`: `tff_algos.batched.BatchedEngine`, the same round (same clients,
   batches, math and resulting state) in one TensorFlow call; simulation only.
+* `stacked`: `tff_algos.stacked.StackedEngine`, the round's clients trained
+  together on stacked weights (the algorithms whose client work is local
+  training).
 """
 
 from typing import Optional
@@ -34,15 +37,19 @@ def check_engine(name: str, spec: algorithms.AlgorithmSpec) -> None:
     batched_algorithm(spec)
   if name == 'stacked':
     try:
-      batched_algorithm(spec)
+      algorithm = batched_algorithm(spec)
     except ValueError as e:
       raise ValueError(str(e).replace('=batched', '=stacked')) from None
+    stacked.check_definition(algorithm.definition())
 
 
 def batched_algorithm(
-    spec: algorithms.AlgorithmSpec,
+    spec: algorithms.AlgorithmSpec, *, num_clients: int = 1
 ) -> batched.BatchedAlgorithm:
-  """The `BatchedAlgorithm` of an algorithm spec (same optimizers)."""
+  """The `BatchedAlgorithm` of an algorithm spec (same optimizers).
+
+  `num_clients` is the population (AFL's mixture size; any value checks).
+  """
   client_opt = algorithms.build_optimizer(
       spec.client_optimizer, spec.client_learning_rate
   )
@@ -54,6 +61,7 @@ def batched_algorithm(
       client_optimizer=client_opt,
       server_optimizer=server_opt,
       client_weighting=algorithms.WEIGHTINGS[spec.client_weighting],
+      options=algorithms.definition_options(spec, num_clients=num_clients),
   )
 
 
@@ -70,7 +78,7 @@ def build_batched_engine(
 
   Args:
     spec: The algorithm (fedavg, fedprox, qffl, deltafl with the exact
-      quantile, term).
+      quantile, term, ditto, the Fed+ family, afl).
     task: The task whose model, preprocessing and clients it uses.
     shuffle: As `SimulationConfig.shuffle`.
     loop_implementation: How the engine iterates client streams (the
@@ -83,7 +91,7 @@ def build_batched_engine(
       task.model_fn,
       task.preprocess_train,
       batched.ClientArrays(task.train_data),
-      batched_algorithm(spec),
+      batched_algorithm(spec, num_clients=len(task.train_data.client_ids)),
       shuffle=shuffle,
       loop_implementation=loop_implementation,
   )
@@ -99,7 +107,8 @@ def build_stacked_engine(
   """The stacked engine running `spec` on `task`.
 
   Args:
-    spec: The algorithm (as `build_batched_engine`).
+    spec: The algorithm (those whose client work is local training: not
+      ditto, the Fed+ family or afl).
     task: The task whose model, preprocessing and clients it uses.
     shuffle: As `SimulationConfig.shuffle`.
     vectorize: Train the clients together (False: one after another through
@@ -117,7 +126,7 @@ def build_stacked_engine(
       task.model_fn,
       task.preprocess_train,
       task.train_data,
-      batched_algorithm(spec),
+      batched_algorithm(spec, num_clients=len(task.train_data.client_ids)),
       shuffle=shuffle,
       vectorize=vectorize,
   )

@@ -399,8 +399,13 @@ def batched_round_plan(
     round_num: int,
     config: SimulationConfig,
     counts: Optional[_ClientCounts] = None,
+    index_of: Optional[Mapping[str, int]] = None,
 ) -> batched.RoundPlan:
-  """`client_datasets`'s settings as a `tff_algos.batched.RoundPlan`."""
+  """`client_datasets`'s settings as a `tff_algos.batched.RoundPlan`.
+
+  `index_of` (client id -> index in the population, as `with_client_index`)
+  gives the plan's `client_indices`, which AFL's definition needs.
+  """
   max_batches = []
   for plan in plans:
     if plan.epoch_fraction < 1.0:
@@ -417,6 +422,11 @@ def batched_round_plan(
           else None
       ),
       max_batches=max_batches,
+      client_indices=(
+          [index_of[p.client_id] for p in plans]
+          if index_of is not None
+          else None
+      ),
   )
 
 
@@ -690,9 +700,16 @@ def _run_simulation(
         'stragglers': sum(p.straggler for p in plans),
     }
     if plans and engine is not None:
-      state, round_metrics = engine.next(
-          state, batched_round_plan(task, plans, round_num, config, counts)
+      plan = batched_round_plan(
+          task, plans, round_num, config, counts, index_of=index_of
       )
+      if store is not None:
+        ids = [p.client_id for p in plans]
+        output = engine.next(state, plan, store.get_many(ids))
+        store.put_many(ids, output.client_states, round_num=round_num)
+        state, round_metrics = output.state, output.metrics
+      else:
+        state, round_metrics = engine.next(state, plan)
       metrics.update(flatten_metrics(round_metrics))
     elif plans:
       datasets = client_datasets(task, plans, round_num, config, counts)

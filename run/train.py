@@ -800,14 +800,13 @@ def prepare(writer: str = 'train'):
       or spec.uses_dp
       or spec.thetas
       or _ATTACK.value != 'none'
-      or spec.is_stateful
+      or spec.ditto_clip_norm
       or spec.server_optimizer == 'dp2'
   ):
     raise UsageError(
         f'--simulation_engine={_ENGINE.value} runs plain mean aggregation of '
-        'one '
-        'model; drop --aggregator, --clip, --attack, --thetas and dp2, or '
-        'use --simulation_engine=tff'
+        'one model; drop --aggregator, --clip, --ditto_clip_norm, --attack, '
+        '--thetas and dp2, or use --simulation_engine=tff'
     )
   config = simulation.SimulationConfig(
       total_rounds=_TOTAL_ROUNDS.value,

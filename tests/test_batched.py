@@ -13,9 +13,12 @@ from run import algorithms
 from run import engines
 from run import simulation
 from tasks import synthetic
+from tff_algos import afl
 from tff_algos import batched
 from tff_algos import composition
 from tff_algos import delta_fl
+from tff_algos import ditto
+from tff_algos import fed_plus
 from tff_algos import fed_prox
 from tff_algos import q_ffl
 from tff_algos import term
@@ -207,8 +210,157 @@ def test_term_binary_flags_equal_federated_path(task):
     np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
 
 
-def test_run_simulation_with_engine_equals_without(task):
-  spec = algorithms.AlgorithmSpec(name='qffl', q=2.0, client_learning_rate=LR)
+def _engine(task, algorithm):
+  return batched.BatchedEngine(
+      task.model_fn,
+      task.preprocess_train,
+      batched.ClientArrays(task.train_data),
+      algorithm,
+  )
+
+
+def _trainable(process, state):
+  if hasattr(process, 'get_model_weights'):
+    weights = process.get_model_weights(state)
+  else:
+    weights = state.global_model_weights
+  return [np.asarray(w) for w in weights.trainable]
+
+
+def assert_same_clients(held):
+  """The engine's client states equal the federated path's."""
+  assert held['tff'] and set(held['tff']) == set(held['engine'])
+  for cid, tff_state in held['tff'].items():
+    for a, b in zip(
+        tf.nest.flatten(tff_state['personal']),
+        tf.nest.flatten(held['engine'][cid]['personal']),
+    ):
+      np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
+
+
+TRAIN_METRICS = ('train/loss', 'train/accuracy', 'train/num_examples')
+
+
+@pytest.mark.parametrize('personal_steps', [0, 3])
+def test_ditto_equals_federated_path(task, personal_steps):
+  # A lambda grid: two personal models per client, each pass reading the
+  # stream again (the next shuffle order).
+  process = ditto.build_ditto(
+      task.model_fn, sgd(), lam=[0.1, 1.0], personal_steps=personal_steps
+  )
+  algorithm = batched.BatchedAlgorithm(
+      'ditto',
+      sgd(),
+      options=dict(lam=[0.1, 1.0], personal_steps=personal_steps),
+  )
+  held = {}
+  tff_state, fast_state, tff_m, fast_m = engine_runs.run_both(
+      task,
+      process,
+      _engine(task, algorithm),
+      rounds=3,
+      straggler_fraction=0.5,
+      client_states=held,
+  )
+  assert_same(_trainable(process, tff_state), _trainable(process, fast_state))
+  assert_same_clients(held)
+  assert_same_metrics(
+      tff_m, fast_m, TRAIN_METRICS + ('client_work/personal_non_finite',)
+  )
+  # The personal models moved away from the global one, and apart.
+  personal = next(iter(held['engine'].values()))['personal']
+  assert np.abs(personal[0][0] - personal[1][0]).max() > 1e-3
+
+
+@pytest.mark.parametrize('psi', ['avg', 'geomed', 'comed'])
+def test_fed_plus_equals_federated_path(task, psi):
+  options = dict(
+      learning_rate=LR, sigma=1.0, delta=0.1, lam=0.0, aggregation_iterations=5
+  )
+  process = fed_plus.build_fed_plus(task.model_fn, psi=psi, **options)
+  name = {'avg': 'fedavg_plus', 'geomed': 'fedgeomed_plus'}.get(
+      psi, 'fedcomed_plus'
+  )
+  algorithm = batched.BatchedAlgorithm(name, sgd(), options=options)
+  held = {}
+  tff_state, fast_state, tff_m, fast_m = engine_runs.run_both(
+      task,
+      process,
+      _engine(task, algorithm),
+      rounds=3,
+      client_states=held,
+  )
+  assert_same(_trainable(process, tff_state), _trainable(process, fast_state))
+  assert_same_clients(held)
+  assert_same_metrics(tff_m, fast_m, TRAIN_METRICS)
+  for a, b in zip(tff_m, fast_m):
+    np.testing.assert_allclose(
+        b['aggregator/last_step_norm'],
+        a['aggregator/last_step_norm'],
+        rtol=1e-3,
+        atol=1e-7,
+    )
+  if psi != 'avg':  # The fixed-point iterations ran.
+    assert fast_m[-1]['aggregator/last_step_norm'] > 0
+
+
+def test_afl_equals_federated_path(task):
+  options = dict(
+      num_clients=len(task.train_data.client_ids),
+      model_learning_rate=0.5,
+      mixture_learning_rate=0.01,
+  )
+  process = afl.build_afl(task.model_fn, **options)
+  algorithm = batched.BatchedAlgorithm('afl', sgd(), options=options)
+  tff_state, fast_state, tff_m, fast_m = engine_runs.run_both(
+      task, process, _engine(task, algorithm), rounds=3, epochs=1
+  )
+  assert_same(_trainable(process, tff_state), _trainable(process, fast_state))
+  mixture = np.asarray(fast_state.client_work)
+  np.testing.assert_allclose(
+      mixture, np.asarray(tff_state.client_work), rtol=1e-5, atol=1e-7
+  )
+  # The mixture moved off uniform and stayed inside the simplex.
+  assert mixture.max() - mixture.min() > 1e-3 and mixture.min() > 0
+  np.testing.assert_allclose(mixture.sum(), 1.0, rtol=1e-5)
+  assert_same_metrics(
+      tff_m,
+      fast_m,
+      TRAIN_METRICS
+      + ('client_work/mixture/lambda_max', 'client_work/mixture/lambda_min'),
+  )
+
+
+def test_q_fedsgd_equals_federated_path(task):
+  process = q_ffl.build_q_fedsgd(task.model_fn, q=1.0, lipschitz_constant=10.0)
+  algorithm = batched.BatchedAlgorithm(
+      'qfedsgd', sgd(), q=1.0, lipschitz_constant=10.0
+  )
+  tff_state, fast_state, tff_m, fast_m = engine_runs.run_both(
+      task, process, _engine(task, algorithm), rounds=3, epochs=1
+  )
+  assert_same(_trainable(process, tff_state), _trainable(process, fast_state))
+  assert_same_metrics(
+      tff_m,
+      fast_m,
+      TRAIN_METRICS + ('client_work/loss_at_broadcast', 'finalizer/h_sum'),
+  )
+
+
+@pytest.mark.parametrize(
+    'spec',
+    [
+        algorithms.AlgorithmSpec(name='qffl', q=2.0, client_learning_rate=LR),
+        algorithms.AlgorithmSpec(
+            name='ditto', ditto_lambda=0.5, client_learning_rate=LR
+        ),
+        algorithms.AlgorithmSpec(
+            name='afl', afl_lambda_lr=0.01, client_learning_rate=0.5
+        ),
+    ],
+    ids=lambda spec: spec.name,
+)
+def test_run_simulation_with_engine_equals_without(task, spec):
   config = simulation.SimulationConfig(
       total_rounds=2,
       clients_per_round=4,
@@ -217,22 +369,24 @@ def test_run_simulation_with_engine_equals_without(task):
       eval_train_clients=False,
   )
   results = []
+  num_clients = len(task.train_data.client_ids)
   for engine in (None, engines.build_batched_engine(spec, task)):
-    process = algorithms.build_process(spec, task.model_fn)
+    process = algorithms.build_process(
+        spec, task.model_fn, num_clients=num_clients
+    )
     result = simulation.run_simulation(
         process, task, config, progress=False, engine=engine
     )
     results.append(result)
-  w0, w1 = (
-      composition.model_weights_as_numpy(process, r['state']) for r in results
-  )
+  w0, w1 = (_trainable(process, r['state']) for r in results)
   for a, b in zip(w0, w1):
     np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
-  np.testing.assert_allclose(
-      results[1]['final_summaries']['test/loss']['mean'],
-      results[0]['final_summaries']['test/loss']['mean'],
-      rtol=1e-5,
-  )
+  summaries = [r['final_summaries'] for r in results]
+  assert set(summaries[0]) == set(summaries[1])
+  for key, value in summaries[0].items():  # Personal models' too (Ditto).
+    np.testing.assert_allclose(
+        summaries[1][key]['mean'], value['mean'], rtol=1e-5, err_msg=key
+    )
   assert [h['clients'] for h in results[1]['history']] == [4, 4]
 
 
@@ -252,15 +406,19 @@ def test_client_arrays_read_each_client_once(task):
 
 def test_bad_arguments():
   with pytest.raises(ValueError, match='supports'):
-    batched.BatchedAlgorithm('afl', sgd()).validate()
+    batched.BatchedAlgorithm('fedsgd', sgd()).validate()
+  with pytest.raises(TypeError, match='lam'):
+    batched.BatchedAlgorithm('ditto', sgd()).validate()
+  with pytest.raises(ValueError, match='sigma'):
+    batched.BatchedAlgorithm(
+        'fedavg_plus', sgd(), options=dict(learning_rate=0.1, sigma=-1.0)
+    ).validate()
   with pytest.raises(TypeError, match='client_optimizer'):
     batched.BatchedAlgorithm('fedavg', tf.keras.optimizers.SGD()).validate()
   with pytest.raises(ValueError, match='theta'):
     batched.BatchedAlgorithm('deltafl', sgd(), theta=0.0).validate()
   with pytest.raises(ValueError, match='simulation_engine'):
     engines.check_engine('fast', algorithms.AlgorithmSpec(name='fedavg'))
-  with pytest.raises(ValueError, match='supports'):
-    engines.check_engine('batched', algorithms.AlgorithmSpec(name='afl'))
   with pytest.raises(ValueError, match='tilt'):
     batched.BatchedAlgorithm('term', sgd(), tilt=float('inf')).validate()
   with pytest.raises(ValueError, match='exact quantile'):
@@ -281,7 +439,10 @@ def test_bad_arguments():
 
 @pytest.mark.parametrize(
     'args',
-    [['--algorithm=afl'], ['--algorithm=fedavg', '--workers=127.0.0.1:1']],
+    [
+        ['--algorithm=ditto', '--ditto_lambda=0.1', '--ditto_clip_norm=1'],
+        ['--algorithm=fedavg', '--workers=127.0.0.1:1'],
+    ],
 )
 def test_binary_refuses_unsupported_combinations(tmp_path, args):
   proc = subprocess.run(

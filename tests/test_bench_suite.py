@@ -65,13 +65,13 @@ def test_peak_rss_sees_memory_held_while_entered():
   assert busy.peak_mb - idle.peak_mb > 50
 
 
-def test_one_run_times_fedavg_qffl_ditto_and_the_references(tmp_path):
+def test_one_run_times_every_kind_of_algorithm_and_the_references(tmp_path):
   out = tmp_path / 'suite.json'
   code, stdout, stderr = binary.run_module(
       'run.benchmarks.bench_suite',
       [
           '--models=softmax',
-          '--algorithms=fedavg,qffl,ditto',
+          '--algorithms=fedavg,qffl,ditto,fedavg_plus,afl',
           '--rounds=1',
           '--warmup_rounds=1',
           '--clients_per_round=3',
@@ -94,7 +94,14 @@ def test_one_run_times_fedavg_qffl_ditto_and_the_references(tmp_path):
       'qffl/batched',
       'qffl/stacked',
       'ditto/tff',
+      'ditto/batched',
+      'fedavg_plus/tff',
+      'fedavg_plus/batched',
+      'afl/tff',
+      'afl/batched',
   }
+  # The stacked engine leaves out the algorithms with their own client work.
+  assert 'no ditto/stacked' in stderr and 'no afl/stacked' in stderr
   for key, s in systems.items():
     assert s['examples_per_s'] > 0 and s['seconds_per_round'] > 0, key
     assert s['peak_rss_mb'] > 100, key  # TF alone holds more.
@@ -106,12 +113,15 @@ def test_one_run_times_fedavg_qffl_ditto_and_the_references(tmp_path):
       'fedavg/stacked',
       'qffl/batched',
       'qffl/stacked',
+      'ditto/batched',
+      'fedavg_plus/batched',
+      'afl/batched',
   }
   assert max(result['tff_vs_engines_linf'].values()) < 1e-5
   by_round = result['tff_vs_engines_linf_by_round']
   assert len(by_round) == 2  # Warm-up round included.
   assert by_round[-1] == result['tff_vs_engines_linf']
-  assert '| softmax | ditto/tff |' in stdout
+  assert '| softmax | ditto/batched |' in stdout
 
 
 def test_bad_flags_exit_2_with_one_line():

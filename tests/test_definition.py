@@ -8,6 +8,7 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from run import algorithms
 from tasks import synthetic
 from tff_algos import batched
 from tff_algos import composition
@@ -17,7 +18,7 @@ from tff_algos import stacked
 from tests import engine_runs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-NAMES = {'fedavg', 'fedprox', 'qffl', 'deltafl', 'term'}
+NAMES = set(algorithms.ALGORITHM_NAMES)
 
 
 def _weighted_result(context, loss, count, delta, num_examples, non_finite):
@@ -42,6 +43,33 @@ def test_definition_options_are_checked():
         name='x',
         client_result=_weighted_result,
         trains=lambda context, loss: loss > 0,
+    )
+  with pytest.raises(ValueError, match='local_work that updates them'):
+    definition.AlgorithmDefinition(
+        name='x', client_result=_weighted_result, personal_models=1
+    )
+  with pytest.raises(ValueError, match='takes the loss from local_work'):
+    definition.AlgorithmDefinition(
+        name='x', client_result=_weighted_result, loss_pass='work'
+    )
+  state = definition.ServerState(
+      key='client_work',
+      spec=tf.TensorSpec([2], tf.float32),
+      update=lambda s, losses, indices: (s, {}),
+  )
+  with pytest.raises(ValueError, match="loss_pass 'work'"):
+    definition.AlgorithmDefinition(
+        name='x',
+        client_result=_weighted_result,
+        local_work=lambda *a: None,
+        server_state=state,
+    )
+  with pytest.raises(ValueError, match='which local_work replaces'):
+    definition.AlgorithmDefinition(
+        name='x',
+        client_result=_weighted_result,
+        local_work=lambda *a: None,
+        proximal_strength=0.1,
     )
 
 
@@ -76,6 +104,7 @@ def test_engines_do_not_branch_on_algorithm_names():
       os.path.join(ROOT, 'tff_algos', 'batched.py'), allowed_in='DEFINITIONS'
   )
   assert not _name_constants(os.path.join(ROOT, 'tff_algos', 'stacked.py'))
+  # Every algorithm the binary offers has a definition.
   assert set(batched.DEFINITIONS) == NAMES
 
 

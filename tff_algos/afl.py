@@ -31,6 +31,7 @@ import tensorflow_federated as tff
 
 from tff_algos import client_work as client_work_lib
 from tff_algos import composition
+from tff_algos import definition as definition_lib
 
 ModelFn = Callable[[], tff.learning.models.VariableModel]
 CLIENT_INDEX_KEY = 'client_index'
@@ -47,6 +48,112 @@ def project_to_simplex(v: tf.Tensor) -> tf.Tensor:
   rho = tf.reduce_max(tf.where(cond, tf.range(n), 0))
   theta = (tf.gather(css, rho) - 1.0) / tf.cast(rho + 1, tf.float32)
   return tf.maximum(v - theta, 0.0)
+
+
+def mixture_weight(mixture, client_index, non_finite) -> tf.Tensor:
+  """lambda_k, the weight of client k's gradient (0 if non-finite)."""
+  return tf.where(non_finite, 0.0, tf.gather(mixture, client_index))
+
+
+def ascend_mixture(mixture, loss_vector, participation, learning_rate):
+  """Proj_simplex(lambda + gamma_lambda * F), on the participants only."""
+  stepped = mixture + learning_rate * loss_vector * tf.minimum(
+      participation, 1.0
+  )
+  return project_to_simplex(stepped)
+
+
+def summarize_mixture(mixture):
+  """The round's mixture metrics."""
+  return collections.OrderedDict(
+      lambda_max=tf.reduce_max(mixture), lambda_min=tf.reduce_min(mixture)
+  )
+
+
+def engine_definition(
+    *,
+    num_clients: int,
+    model_learning_rate: float,
+    mixture_learning_rate: float,
+) -> definition_lib.AlgorithmDefinition:
+  """AFL's round math for the simulation engines (and `build_afl`'s parts).
+
+  The client work is `client_work.full_gradient_work` (the loss and full
+  gradient at the broadcast model), weighted by `mixture_weight`; the server
+  takes the weighted mean (0 when every weight is 0, as
+  `MeanFactory(no_nan_division=True)`) and applies SGD with gamma_w; the
+  mixture, the server state under `client_work`, ascends on the
+  participants' losses. Arguments as `build_afl`'s.
+
+  Returns:
+    A `definition.AlgorithmDefinition` with a server state.
+
+  Raises:
+    TypeError, ValueError: For invalid arguments.
+  """
+  _check_options(num_clients, model_learning_rate, mixture_learning_rate)
+  gamma_lambda = float(mixture_learning_rate)
+
+  def client_result(context, loss, count, grad, num_examples, non_finite):
+    del loss, count, num_examples
+    return grad, mixture_weight(
+        context['server_state'], context['client_index'], non_finite
+    )
+
+  def server(w0, vector_sum, scalar_sum):
+    del w0
+    return tuple(tf.math.divide_no_nan(v, scalar_sum) for v in vector_sum)
+
+  def update(mixture, losses, client_indices):
+    one_hot = tf.one_hot(client_indices, num_clients, dtype=tf.float32)
+    new = ascend_mixture(
+        mixture,
+        tf.reduce_sum(one_hot * losses[:, None], axis=0),
+        tf.reduce_sum(one_hot, axis=0),
+        gamma_lambda,
+    )
+    metrics = collections.OrderedDict(
+        (f'mixture/{k}', v) for k, v in summarize_mixture(new).items()
+    )
+    return new, metrics
+
+  return definition_lib.AlgorithmDefinition(
+      name='afl',
+      client_result=client_result,
+      server=server,
+      loss_pass='work',
+      local_work=client_work_lib.full_gradient_work,
+      server_state=definition_lib.ServerState(
+          key='client_work',
+          spec=tf.TensorSpec([num_clients], tf.float32),
+          update=update,
+      ),
+      fixed_server_optimizer=tff.learning.optimizers.build_sgdm(
+          learning_rate=float(model_learning_rate)
+      ),
+  )
+
+
+def _check_options(num_clients, model_learning_rate, mixture_learning_rate):
+  if isinstance(num_clients, bool) or not isinstance(num_clients, int):
+    raise TypeError(f'num_clients must be an int, got {num_clients!r}')
+  if num_clients < 1:
+    raise ValueError(f'num_clients must be >= 1, got {num_clients}')
+  for name, value, low in (
+      ('model_learning_rate', model_learning_rate, 0.0),
+      ('mixture_learning_rate', mixture_learning_rate, None),
+  ):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+      raise TypeError(f'{name} must be a float, got {type(value).__name__}')
+    if (
+        not np.isfinite(value)
+        or value < 0
+        or (low is not None and value <= low)
+    ):
+      raise ValueError(
+          f'{name} must be a finite float '
+          f'{"> 0" if low is not None else ">= 0"}, got {value}'
+      )
 
 
 def build_afl_client_work(
@@ -82,18 +189,16 @@ def build_afl_client_work(
     @tf.function
     def run(weights, dataset, index_ds, mixture):
       index = index_ds.reduce(tf.constant(0, tf.int32), lambda _, i: i)
-      loss, _, grad = client_work_lib.local_loss(
-          model, weights, dataset, with_gradient=True, reset_metrics=False
-      )
-      grad, non_finite = client_work_lib.zero_all_if_any_non_finite(grad)
-      weight = tf.where(non_finite, 0.0, tf.gather(mixture, index))
+      work = client_work_lib.full_gradient_work(model, weights, dataset)
+      grad = list(work.vector)
       one_hot = tf.one_hot(index, num_clients, dtype=tf.float32)
       return (
           tff.learning.templates.ClientResult(
-              update=grad, update_weight=weight
+              update=grad,
+              update_weight=mixture_weight(mixture, index, work.non_finite),
           ),
           model.report_local_unfinalized_metrics(),
-          one_hot * loss,
+          one_hot * work.loss,
           one_hot,
       )
 
@@ -103,16 +208,13 @@ def build_afl_client_work(
 
   @tff.tensorflow.computation(lambda_type, lambda_type, lambda_type)
   def ascend(mixture, loss_vector, participation):
-    stepped = mixture + mixture_learning_rate * loss_vector * tf.minimum(
-        participation, 1.0
+    return ascend_mixture(
+        mixture, loss_vector, participation, mixture_learning_rate
     )
-    return project_to_simplex(stepped)
 
   @tff.tensorflow.computation(lambda_type)
   def summarize(mixture):
-    return collections.OrderedDict(
-        lambda_max=tf.reduce_max(mixture), lambda_min=tf.reduce_min(mixture)
-    )
+    return summarize_mixture(mixture)
 
   @tff.federated_computation
   def init_fn():
@@ -176,25 +278,7 @@ def build_afl(
   Raises:
     TypeError / ValueError: For invalid arguments.
   """
-  if isinstance(num_clients, bool) or not isinstance(num_clients, int):
-    raise TypeError(f'num_clients must be an int, got {num_clients!r}')
-  if num_clients < 1:
-    raise ValueError(f'num_clients must be >= 1, got {num_clients}')
-  for name, value, low in (
-      ('model_learning_rate', model_learning_rate, 0.0),
-      ('mixture_learning_rate', mixture_learning_rate, None),
-  ):
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-      raise TypeError(f'{name} must be a float, got {type(value).__name__}')
-    if (
-        not np.isfinite(value)
-        or value < 0
-        or (low is not None and value <= low)
-    ):
-      raise ValueError(
-          f'{name} must be a finite float '
-          f'{"> 0" if low is not None else ">= 0"}, got {value}'
-      )
+  _check_options(num_clients, model_learning_rate, mixture_learning_rate)
   if not callable(model_fn):
     raise TypeError('model_fn must be a no-arg callable returning a model')
   work = build_afl_client_work(

@@ -62,11 +62,15 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_algos import afl
 from tff_algos import client_work as client_work_lib
 from tff_algos import definition as definition_lib
 from tff_algos import delta_fl
+from tff_algos import ditto
+from tff_algos import fed_plus
 from tff_algos import fed_prox
 from tff_algos import q_ffl
+from tff_algos import stateful
 from tff_algos import term as term_lib
 
 ModelFn = Callable[[], tff.learning.models.VariableModel]
@@ -89,6 +93,9 @@ DEFINITIONS: Mapping[
     'qffl': lambda a: q_ffl.engine_definition(
         q=a.q, lipschitz_constant=a.lipschitz_constant
     ),
+    'qfedsgd': lambda a: q_ffl.engine_definition(
+        q=a.q, lipschitz_constant=a.lipschitz_constant, local_solver=False
+    ),
     'deltafl': lambda a: delta_fl.engine_definition(
         theta=a.theta,
         strict_filter=a.strict_filter,
@@ -98,6 +105,21 @@ DEFINITIONS: Mapping[
     'term': lambda a: term_lib.engine_definition(
         tilt=a.tilt, proximal_strength=a.proximal_strength
     ),
+    # Their options (`BatchedAlgorithm.options`) are the keyword arguments of
+    # their `engine_definition`.
+    'ditto': lambda a: ditto.engine_definition(
+        client_optimizer=a.client_optimizer,
+        client_weighting=a.client_weighting,
+        **a.options,
+    ),
+    'fedavg_plus': lambda a: fed_plus.engine_definition(psi='avg', **a.options),
+    'fedgeomed_plus': lambda a: fed_plus.engine_definition(
+        psi='geomed', **a.options
+    ),
+    'fedcomed_plus': lambda a: fed_plus.engine_definition(
+        psi='comed', **a.options
+    ),
+    'afl': lambda a: afl.engine_definition(**a.options),
 }
 ALGORITHMS = tuple(DEFINITIONS)
 
@@ -120,6 +142,11 @@ class BatchedAlgorithm:
     uniform_weights: Delta-FL's workshop weighting.
     weight_decay: Delta-FL's local weight decay.
     tilt: TERM's t.
+    options: The keyword arguments of the `engine_definition` of Ditto
+      (`lam`, `personal_optimizer`, `personal_steps`), Fed+
+      (`learning_rate`, `sigma`, `delta`, `lam`, `local_steps`,
+      `aggregation_iterations`) and AFL (`num_clients`,
+      `model_learning_rate`, `mixture_learning_rate`).
   """
 
   name: str
@@ -136,6 +163,7 @@ class BatchedAlgorithm:
   uniform_weights: bool = False
   weight_decay: float = 0.0
   tilt: float = 0.0
+  options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
   def validate(self) -> None:
     """Raises `TypeError`/`ValueError` for an unsupported configuration."""
@@ -178,6 +206,7 @@ class BatchedAlgorithm:
       raise TypeError(f'tilt must be a float, got {type(self.tilt).__name__}')
     if not np.isfinite(self.tilt):
       raise ValueError(f'tilt must be finite, got {self.tilt}')
+    self.definition()  # The definition's own checks (TypeError/ValueError).
 
   def definition(self) -> definition_lib.AlgorithmDefinition:
     """The algorithm's round math (`DEFINITIONS`), with these settings."""
@@ -185,6 +214,9 @@ class BatchedAlgorithm:
 
   @property
   def server(self) -> tff.learning.optimizers.Optimizer:
+    fixed = self.definition().fixed_server_optimizer
+    if fixed is not None:  # E.g. AFL's SGD with gamma_w.
+      return fixed
     if self.server_optimizer is None:
       return tff.learning.optimizers.build_sgdm(learning_rate=1.0)
     return self.server_optimizer
@@ -244,12 +276,15 @@ class RoundPlan:
     epochs: Local epochs of each.
     shuffle_seeds: The tf.data shuffle seed of each (None: no shuffle).
     max_batches: Batches each may run (-1: all; stragglers' truncation).
+    client_indices: Each one's index in the population (needed by a
+      definition with a server state, e.g. AFL's mixture).
   """
 
   client_ids: Sequence[str]
   epochs: Sequence[int]
   shuffle_seeds: Optional[Sequence[int]]
   max_batches: Sequence[int]
+  client_indices: Optional[Sequence[int]] = None
 
 
 def _placeholders(structure, prefix: str):
@@ -261,6 +296,44 @@ def _placeholders(structure, prefix: str):
 
 def _nest_add(a, b):
   return tf.nest.map_structure(lambda x, y: x + tf.cast(y, x.dtype), a, b)
+
+
+def state_placeholders(definition, trainable_specs):
+  """`(personal, server_state, client_indices)` placeholders of a definition.
+
+  `personal` is G tuples (one per personal model) of `[K, ...]` weights;
+  the others are `()` / a `[K]` int32 placeholder when unused.
+  """
+  personal = tuple(
+      tuple(
+          tf.compat.v1.placeholder(
+              s.dtype, [None] + s.shape.as_list(), f'personal_{g}'
+          )
+          for s in trainable_specs
+      )
+      for g in range(definition.personal_models)
+  )
+  server_state = ()
+  if definition.server_state is not None:
+    spec = definition.server_state.spec
+    server_state = tf.compat.v1.placeholder(
+        spec.dtype, spec.shape, 'server_state'
+    )
+  indices = tf.compat.v1.placeholder(tf.int32, [None], 'client_indices')
+  return personal, server_state, indices
+
+
+def server_rule(
+    definition, w0, vector_sum, scalar_sum, vectors
+) -> definition_lib.ServerOutput:
+  """The definition's server rule, as a `ServerOutput`."""
+  if definition.server_sees_clients:
+    out = definition.server(w0, vector_sum, scalar_sum, vectors)
+  else:
+    out = definition.server(w0, vector_sum, scalar_sum)
+  if isinstance(out, definition_lib.ServerOutput):
+    return out
+  return definition_lib.ServerOutput(out, collections.OrderedDict())
 
 
 def _any_non_finite(structure):
@@ -379,6 +452,9 @@ class BatchedEngine:
     self._seeds_ph = tf.compat.v1.placeholder(tf.int64, [None], 'seeds')
     self._epochs_ph = tf.compat.v1.placeholder(tf.int64, [None], 'epochs')
     self._takes_ph = tf.compat.v1.placeholder(tf.int64, [None], 'takes')
+    self._personal_ph, self._server_state_ph, self._indices_ph = (
+        state_placeholders(definition, trainable_specs)
+    )
     metric_specs = tf.nest.map_structure(
         lambda t: tf.TensorSpec(t.shape, t.dtype),
         model.report_local_unfinalized_metrics(),
@@ -441,8 +517,26 @@ class BatchedEngine:
         variant = tf.identity(tf.data.experimental.to_variant(ds))
       return tf.data.experimental.from_variant(variant, ds.element_spec)
 
+    num_personal = definition.personal_models
+    sees_clients = definition.server_sees_clients
+    server_state_rule = definition.server_state
+
+    def client_arrays(specs, size):
+      return tuple(tf.TensorArray(s.dtype, size=size) for s in specs)
+
     @tf.function
-    def round_fn(weights, opt_state, raw, offsets, seeds, epochs, takes):
+    def round_fn(
+        weights,
+        opt_state,
+        raw,
+        offsets,
+        seeds,
+        epochs,
+        takes,
+        personal,
+        server_state,
+        indices,
+    ):
       weights = as_weights(weights)
       num_clients = tf.size(seeds)
       if pass_kind == 'fresh':
@@ -452,11 +546,26 @@ class BatchedEngine:
         context = definition.prepare(losses, counts)
       else:
         context = definition.prepare(None, None)
-      # The continued pass's losses, collected only when there is one.
-      continued = (
+      if server_state_rule is not None:
+        context = dict(context, server_state=server_state)
+      # Per-client outputs, collected only when the definition has them: the
+      # continued pass's or the work's losses, the new personal models, the
+      # vectors the server sees.
+      collect_losses = pass_kind in ('continued', 'work')
+      loss_list = (
           (tf.TensorArray(tf.float32, size=num_clients),)
-          if pass_kind == 'continued'
+          if collect_losses
           else ()
+      )
+      new_personal = tuple(
+          client_arrays(trainable_specs, num_clients)
+          for _ in range(num_personal)
+      )
+      vector_list = (
+          (client_arrays(trainable_specs, num_clients),) if sees_clients else ()
+      )
+      client_counts = tuple(
+          tf.constant(0, tf.int32) for _ in definition.client_counts
       )
       vector_sum = zeros(trainable_specs)
       scalar_sum = tf.constant(0.0)
@@ -474,7 +583,6 @@ class BatchedEngine:
           loss, count = client_work_lib.local_loss(
               model, weights, ds, loop_implementation=fast_loop
           )
-          continued = (continued[0].write(k, loss),)
           ds = continue_stream(ds, loss)
         if definition.trains is not None:
           # A filtered-out client does no work: its stream is cut to no batch
@@ -482,42 +590,105 @@ class BatchedEngine:
           # path's skip branch.
           kept = definition.trains(context, loss)
           ds = ds.take(tf.where(kept, tf.constant(-1, tf.int64), 0))
-        delta, n, non_finite = client_work_lib.local_training(
-            model,
-            alg.client_optimizer,
-            weights,
-            ds,
-            proximal_strength=definition.proximal_strength,
-            weight_decay=definition.weight_decay,
-            loop_implementation=fast_loop,
-        )
+        if definition.local_work is None:
+          delta, n, non_finite = client_work_lib.local_training(
+              model,
+              alg.client_optimizer,
+              weights,
+              ds,
+              proximal_strength=definition.proximal_strength,
+              weight_decay=definition.weight_decay,
+              loop_implementation=fast_loop,
+          )
+          work = definition_lib.LocalWork(
+              tuple(tf.nest.flatten(delta)), n, non_finite
+          )
+        else:
+          work = definition.local_work(
+              model,
+              weights,
+              ds,
+              tuple(tuple(w[k] for w in p) for p in personal),
+              fast_loop,
+          )
+          if pass_kind == 'work':
+            loss = work.loss
+        client_context = context
+        if server_state_rule is not None:
+          client_context = dict(context, client_index=indices[k])
         vector, scalar = definition.client_result(
-            context, loss, count, tuple(tf.nest.flatten(delta)), n, non_finite
+            client_context,
+            loss,
+            count,
+            work.vector,
+            work.num_examples,
+            work.non_finite,
+        )
+        if collect_losses:
+          loss_list = (loss_list[0].write(k, loss),)
+        new_personal = tuple(
+            tuple(ta.write(k, v) for ta, v in zip(tas, p))
+            for tas, p in zip(new_personal, work.personal)
+        )
+        if sees_clients:
+          vector_list = (
+              tuple(ta.write(k, v) for ta, v in zip(vector_list[0], vector)),
+          )
+        client_counts = tuple(
+            total + work.client_counts[name]
+            for total, name in zip(client_counts, definition.client_counts)
         )
         if definition.weighted:
           vector = tuple(v * scalar for v in vector)
         vector_sum = tuple(a + v for a, v in zip(vector_sum, vector))
         scalar_sum += scalar
-        metrics = _nest_add(metrics, model.report_local_unfinalized_metrics())
-      if pass_kind == 'continued':
-        losses = continued[0].stack()
+        model_metrics = work.model_metrics
+        if model_metrics is None:
+          model_metrics = model.report_local_unfinalized_metrics()
+        metrics = _nest_add(metrics, model_metrics)
+      if collect_losses:
+        losses = loss_list[0].stack()
       elif pass_kind == 'none':
         losses = None
       extra = collections.OrderedDict(
           definition.metrics(context, losses, scalar_sum, num_clients)
       )
-      result = definition.server(
-          tuple(weights.trainable), vector_sum, scalar_sum
+      extra.update(zip(definition.client_counts, client_counts))
+      new_server_state = ()
+      if server_state_rule is not None:
+        new_server_state, state_metrics = server_state_rule.update(
+            server_state, losses, indices
+        )
+        extra.update(state_metrics)
+      stacked_personal = tuple(
+          tuple(ta.stack() for ta in tas) for tas in new_personal
       )
+      result = server_rule(
+          definition,
+          tuple(weights.trainable),
+          vector_sum,
+          scalar_sum,
+          tuple(ta.stack() for ta in vector_list[0]) if sees_clients else None,
+      )
+      extra.update(result.metrics)
       if not definition.server_optimizer:
-        return tuple(result), (), metrics, extra
-      opt_state, trainable, bad = server_step(
-          opt_state, weights.trainable, result
+        new_opt_state = ()
+        trainable = tuple(result.result)
+      else:
+        new_opt_state, trainable, bad = server_step(
+            opt_state, weights.trainable, result.result
+        )
+        extra['update_non_finite'] = tf.cast(bad, tf.int32)
+      return (
+          trainable,
+          new_opt_state,
+          metrics,
+          extra,
+          stacked_personal,
+          new_server_state,
       )
-      extra['update_non_finite'] = tf.cast(bad, tf.int32)
-      return trainable, opt_state, metrics, extra
 
-    trainable, opt_state, metric_sums, extra = round_fn(
+    trainable, opt_state, metric_sums, extra, personal, server_state = round_fn(
         self._weights_ph,
         self._opt_state_ph,
         self._raw_ph,
@@ -525,6 +696,9 @@ class BatchedEngine:
         self._seeds_ph,
         self._epochs_ph,
         self._takes_ph,
+        self._personal_ph,
+        self._server_state_ph,
+        self._indices_ph,
     )
     # sum_then_finalize: the finalizers run on the summed unfinalized values
     # (outside the tf.function: Keras finalizers create variables).
@@ -538,19 +712,32 @@ class BatchedEngine:
         finalized,
         extra,
     )
+    self._state_outputs = (personal, server_state)
     self._weight_specs = weight_specs
     self._opt_state_specs = opt_state_specs
 
   # -------------------------------------------------------------------------
   # Running.
 
-  def run_round(self, weights, server_state, plan: RoundPlan):
+  def run_round(
+      self,
+      weights,
+      server_state,
+      plan: RoundPlan,
+      client_states=None,
+      extra_state=None,
+  ):
     """One round on raw values: `(trainable, server_state, train, extra)`.
+
+    With personal models or a definition's server state, two more
+    outputs follow: the clients' new states and the new server state.
 
     Args:
       weights: `ModelWeights` (or a structure matching it) of NumPy arrays.
       server_state: The server optimizer's state (`()` for q-FFL).
       plan: The round's participants and their data settings.
+      client_states: The participants' states (personal models), in order.
+      extra_state: The definition's server state (e.g. AFL's mixture).
     """
     if not plan.client_ids:
       raise ValueError('a round needs at least one client')
@@ -568,17 +755,33 @@ class BatchedEngine:
     feed[self._seeds_ph] = np.asarray(seeds, np.int64)
     feed[self._epochs_ph] = np.asarray(plan.epochs, np.int64)
     feed[self._takes_ph] = np.asarray(plan.max_batches, np.int64)
-    trainable, opt_state, train, extra = self._session.run(
-        self._outputs, feed_dict=feed
+    feed.update(
+        client_state_feed(
+            self.definition,
+            self._personal_ph,
+            self._server_state_ph,
+            self._indices_ph,
+            plan,
+            client_states,
+            extra_state,
+        )
     )
-    return trainable, opt_state, train, extra
+    return self._session.run(
+        run_outputs(self.definition, self._outputs, self._state_outputs),
+        feed_dict=feed,
+    )
 
-  def next(self, state, plan: RoundPlan):
-    """`process.next` on the process's state: `(new_state, metrics)`."""
+  def next(self, state, plan: RoundPlan, client_states=None) -> Any:
+    """`process.next` on the process's state.
+
+    Returns:
+      `(new_state, metrics)`; for a definition with personal models (Ditto,
+      Fed+), a `stateful.StatefulOutput(state, client_states, metrics)` as
+      the `StatefulClientsProcess` returns, given the participants'
+      `client_states`.
+    """
     return apply_round(
-        self.definition.server_optimizer,
-        state,
-        self.run_round(state.global_model_weights, state.finalizer, plan),
+        self.definition, state, plan, client_states, self.run_round
     )
 
   def close(self) -> None:
@@ -603,9 +806,13 @@ def weights_and_state_feed(
 
 
 def algorithm_from_spec(
-    spec, *, client_optimizer, server_optimizer, client_weighting
+    spec, *, client_optimizer, server_optimizer, client_weighting, options=None
 ) -> BatchedAlgorithm:
-  """The `BatchedAlgorithm` of a `run.algorithms.AlgorithmSpec`-like object."""
+  """The `BatchedAlgorithm` of a `run.algorithms.AlgorithmSpec`-like object.
+
+  `options` are the algorithm's own definition options
+  (`run.algorithms.definition_options`).
+  """
   if spec.name not in ALGORITHMS:
     raise ValueError(
         f'--simulation_engine=batched supports --algorithm='
@@ -629,6 +836,7 @@ def algorithm_from_spec(
       uniform_weights=spec.uniform_weights,
       weight_decay=spec.weight_decay,
       tilt=spec.tilt,
+      options=dict(options or {}),
   )
   if not algorithm.definition().server_optimizer:
     algorithm = dataclasses.replace(algorithm, server_optimizer=None)
@@ -643,36 +851,135 @@ def metrics_as_mapping(metrics: Mapping[str, Any]) -> dict[str, Any]:
   }
 
 
-def apply_round(has_server_optimizer: bool, state, outputs):
-  """`(new_state, metrics)` from an engine round's `run_round` outputs.
+def client_state_feed(
+    definition,
+    personal_ph,
+    server_state_ph,
+    indices_ph,
+    plan: RoundPlan,
+    client_states,
+    extra_state,
+) -> dict:
+  """The feed of the personal-model, server-state and index placeholders."""
+  feed = {}
+  k = len(plan.client_ids)
+  if definition.personal_models:
+    if client_states is None or len(client_states) != k:
+      raise ValueError(
+          f'{definition.name} keeps client states: pass the {k} '
+          "participants' states (client_states)"
+      )
+    for g, phs in enumerate(personal_ph):
+      models = [list(tf.nest.flatten(c['personal'][g])) for c in client_states]
+      for w, ph in enumerate(phs):
+        feed[ph] = np.stack([m[w] for m in models])
+  elif client_states is not None:
+    raise ValueError(f'{definition.name} keeps no client states')
+  if definition.server_state is not None:
+    if plan.client_indices is None or len(plan.client_indices) != k:
+      raise ValueError(
+          f"{definition.name} needs the clients' indices in the plan "
+          '(RoundPlan.client_indices)'
+      )
+    feed[server_state_ph] = np.asarray(extra_state)
+  indices = plan.client_indices if plan.client_indices is not None else [0] * k
+  feed[indices_ph] = np.asarray(indices, np.int32)
+  return feed
+
+
+def run_outputs(definition, outputs, state_outputs):
+  """What a round fetches: the outputs, plus the states when there are any."""
+  if definition.personal_models or definition.server_state is not None:
+    return tuple(outputs) + tuple(state_outputs)
+  return outputs
+
+
+def _get(state, name):
+  return state[name] if isinstance(state, Mapping) else getattr(state, name)
+
+
+def _replace(state, **fields):
+  if isinstance(state, Mapping):
+    new = collections.OrderedDict(state)
+    new.update(fields)
+    return new
+  return state._replace(**fields)
+
+
+def _metric_groups(extra):
+  """Splits round metrics into the process's `client_work`, `aggregator`
+  and `finalizer` groups (a key `group/name` names its group)."""
+  groups = collections.OrderedDict(
+      client_work=collections.OrderedDict(),
+      aggregator=collections.OrderedDict(),
+      finalizer=collections.OrderedDict(),
+  )
+  for key, value in extra.items():
+    group, _, name = key.partition('/')
+    if name and group in groups:
+      groups[group][name] = value
+    elif key in ('update_non_finite', 'h_sum'):
+      groups['finalizer'][key] = value
+    else:
+      groups['client_work'][key] = value
+  return groups
+
+
+def apply_round(definition, state, plan, client_states, run_round) -> Any:
+  """`process.next`'s result from an engine's `run_round`.
 
   Shared by the batched and stacked engines: the new global trainable
-  weights and server-optimizer state go into the process's own
-  `LearningAlgorithmState` (q-FFL's server keeps no optimizer state), and the
-  extra outputs are split into the metrics the federated path reports under
-  `client_work` and `finalizer`.
+  weights, server-optimizer state and the definition's server state go into
+  the process's own state (a `LearningAlgorithmState`, or a stateful
+  process's mapping), and the round's metrics are split into the groups the
+  federated path reports. With personal models the result is a
+  `stateful.StatefulOutput` with the clients' new states.
   """
-  trainable, opt_state, train, extra = outputs
-  weights = state.global_model_weights
-  new_weights = tff.learning.models.ModelWeights(
-      trainable=trainable, non_trainable=weights.non_trainable
+  weights = _get(state, 'global_model_weights')
+  extra_state = None
+  if definition.server_state is not None:
+    extra_state = _get(state, definition.server_state.key)
+  outputs = run_round(
+      weights,
+      _get(state, 'finalizer') if definition.server_optimizer else (),
+      plan,
+      client_states,
+      extra_state,
   )
-  if not has_server_optimizer:
-    finalizer_state = state.finalizer
-  else:
-    finalizer_state = tf.nest.pack_sequence_as(
-        state.finalizer, tf.nest.flatten(opt_state)
+  trainable, opt_state, train, extra = outputs[:4]
+  non_trainable = (
+      weights.non_trainable
+      if hasattr(weights, 'non_trainable')
+      else weights['non_trainable']
+  )
+  fields = {
+      'global_model_weights': tff.learning.models.ModelWeights(
+          trainable=trainable, non_trainable=non_trainable
+      )
+  }
+  if definition.server_optimizer:
+    fields['finalizer'] = tf.nest.pack_sequence_as(
+        _get(state, 'finalizer'), tf.nest.flatten(opt_state)
     )
-  new_state = state._replace(
-      global_model_weights=new_weights, finalizer=finalizer_state
+  if definition.server_state is not None:
+    fields[definition.server_state.key] = outputs[5]
+  new_state = _replace(state, **fields)
+  groups = _metric_groups(extra)
+  metrics = collections.OrderedDict(
+      client_work=collections.OrderedDict(train=train, **groups['client_work'])
   )
-  client_work = collections.OrderedDict(train=train)
-  finalizer = collections.OrderedDict()
-  for key, value in extra.items():
-    if key in ('update_non_finite', 'h_sum'):
-      finalizer[key] = value
-    else:
-      client_work[key] = value
-  return new_state, collections.OrderedDict(
-      client_work=client_work, finalizer=finalizer
-  )
+  if groups['aggregator']:
+    metrics['aggregator'] = groups['aggregator']
+  metrics['finalizer'] = groups['finalizer']
+  if not definition.personal_models:
+    return new_state, metrics
+  personal = outputs[4]
+  new_client_states = [
+      collections.OrderedDict(
+          personal=tuple(
+              [np.asarray(w[k]) for w in model] for model in personal
+          )
+      )
+      for k in range(len(plan.client_ids))
+  ]
+  return stateful.StatefulOutput(new_state, new_client_states, metrics)

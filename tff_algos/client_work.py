@@ -25,6 +25,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tensorflow_federated.python.learning import loop_builder
+from tff_algos import definition as definition_lib
 
 ModelFn = Callable[[], tff.learning.models.VariableModel]
 
@@ -193,6 +194,38 @@ def local_loss(
         ),
     )
   return mean_loss, n
+
+
+def full_gradient_work(
+    model: tff.learning.models.VariableModel,
+    weights: tff.learning.models.ModelWeights,
+    dataset: tf.data.Dataset,
+    personal=(),
+    loop_implementation: tff.learning.LoopImplementation = (
+        tff.learning.LoopImplementation.DATASET_ITERATOR
+    ),
+) -> definition_lib.LocalWork:
+  """A client's loss and full mean gradient at `weights` (AFL, q-FedSGD).
+
+  Call inside a `tf.function`. The gradient is zeroed, and `non_finite`
+  set, if any entry is NaN/inf; the training metrics are this pass's.
+  """
+  del personal
+  loss, num_examples, grad = local_loss(  # pytype: disable=bad-unpacking
+      model,
+      weights,
+      dataset,
+      with_gradient=True,
+      reset_metrics=False,
+      loop_implementation=loop_implementation,
+  )
+  grad, non_finite = zero_all_if_any_non_finite(grad)
+  return definition_lib.LocalWork(
+      vector=tuple(tf.nest.flatten(grad)),
+      num_examples=num_examples,
+      non_finite=non_finite,
+      loss=loss,
+  )
 
 
 def zero_all_if_any_non_finite(structure):

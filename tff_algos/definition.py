@@ -7,7 +7,9 @@ terms that do not depend on how the clients are run:
 1. an optional **loss pass**: each client's mean loss at the broadcast model
    (`'fresh'`: training then restarts the client's stream, as the TFF path's
    two client computations each rebuild the dataset; `'continued'`: training
-   continues the same stream, as q-FFL's single client computation does);
+   continues the same stream, as q-FFL's single client computation does;
+   `'work'`: the loss is the one the algorithm's own client work returns,
+   e.g. AFL's and q-FedSGD's at the broadcast model);
 2. a **round context** from all the clients' losses (`prepare`: e.g. Delta-FL's
    quantile threshold, TERM's largest tilted loss), and which clients train
    (`trains`: Delta-FL's filter);
@@ -20,6 +22,20 @@ terms that do not depend on how the clients are run:
    server optimizer applies (rejecting a non-finite one) or, with
    `server_optimizer=False`, the new trainable weights; and the round's extra
    metrics (`metrics`).
+
+Three optional parts cover the algorithms whose clients do more than local
+training (Ditto, Fed+, AFL):
+
+* `local_work` replaces local training by the algorithm's own client work,
+  the same function its TFF builder's client computation calls (it returns a
+  `LocalWork`: what the client sends, its personal models, its loss);
+* `personal_models` > 0: every client keeps that many personal models
+  (the client-state store's `OrderedDict(personal=...)`), which the engine
+  takes in and returns with the round;
+* `server_state`: server state beyond the optimizer's (AFL's mixture), read
+  from and written to the process state, with the clients' indices in the
+  round context; and `server_sees_clients`: the server rule also gets every
+  client's vector (Fed+'s fixed-point aggregate).
 
 Both engines (`tff_algos.batched`, clients one after another in a graph, and
 `tff_algos.stacked`, clients vectorized) run every algorithm from its
@@ -39,7 +55,7 @@ from typing import Any, Optional
 
 import tensorflow as tf
 
-LOSS_PASSES = ('none', 'fresh', 'continued')
+LOSS_PASSES = ('none', 'fresh', 'continued', 'work')
 
 
 def no_context(losses, counts) -> Mapping[str, Any]:
@@ -65,6 +81,64 @@ def mean_update(w0, vector_sum, scalar_sum):
   return tuple(v / scalar_sum for v in vector_sum)
 
 
+@dataclasses.dataclass
+class LocalWork:
+  """What an algorithm's own client work (`local_work`) returns.
+
+  Attributes:
+    vector: What the client sends (a delta, a model, a gradient), a tuple of
+      tensors shaped as the trainable weights.
+    num_examples: Examples processed (int64).
+    non_finite: Whether the work produced a NaN/inf (bool).
+    model_metrics: The model's unfinalized training metrics, read where the
+      algorithm's metrics end (None: the engine reads them after the work).
+    personal: The client's new personal models (a tuple of G tuples).
+    loss: The client's loss from the work (AFL: at the broadcast model).
+    client_counts: Per-client int32 counts the engine sums over the clients
+      into the round's metrics (a key `group/name` goes under that group);
+      their names are the definition's `client_counts`.
+  """
+
+  vector: tuple[tf.Tensor, ...]
+  num_examples: tf.Tensor
+  non_finite: tf.Tensor
+  model_metrics: Optional[Mapping[str, Any]] = None
+  personal: tuple[tuple[tf.Tensor, ...], ...] = ()
+  loss: Optional[tf.Tensor] = None
+  client_counts: Mapping[str, tf.Tensor] = dataclasses.field(
+      default_factory=collections.OrderedDict
+  )
+
+
+@dataclasses.dataclass
+class ServerOutput:
+  """A server rule's result with round metrics (`server` may return one).
+
+  Attributes:
+    result: The update (or the new trainable weights).
+    metrics: Round metrics (a key `group/name` goes under that group).
+  """
+
+  result: tuple[tf.Tensor, ...]
+  metrics: Mapping[str, tf.Tensor]
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerState:
+  """Server state beyond the optimizer's (e.g. AFL's mixture lambda).
+
+  Attributes:
+    key: Where it lives in the process state (e.g. `'client_work'`).
+    spec: Its `tf.TensorSpec`.
+    update: `(state, losses, client_indices) -> (new_state, metrics)` after
+      the round's client work (`losses` from `LocalWork.loss`, `[K]`).
+  """
+
+  key: str
+  spec: tf.TensorSpec
+  update: Callable[..., tuple[tf.Tensor, Mapping[str, tf.Tensor]]]
+
+
 @dataclasses.dataclass(frozen=True)
 class AlgorithmDefinition:
   """An algorithm's round math (see the module docstring).
@@ -76,7 +150,9 @@ class AlgorithmDefinition:
       weights' deltas, zeroed where non-finite. `loss`/`count` are None
       without a loss pass.
     server: `(w0, vector_sum, scalar_sum) -> update` (or new trainable
-      weights when `server_optimizer` is False).
+      weights when `server_optimizer` is False); with `server_sees_clients`
+      also a 4th argument, the clients' vectors stacked `[K, ...]`. It may
+      return a `ServerOutput` to add round metrics.
     loss_pass: One of `LOSS_PASSES`.
     prepare: `(losses, counts) -> context` from every client's loss pass.
     trains: `(context, loss) -> bool`: whether the client trains (None: all).
@@ -91,6 +167,16 @@ class AlgorithmDefinition:
       optimizer (False: the new weights; the server keeps no state).
     proximal_strength: mu of local training's proximal term.
     weight_decay: Local training's weight decay.
+    local_work: `(model, weights, dataset, personal, loop_implementation) ->
+      LocalWork`, the client work in place of local training (None: local
+      training with `proximal_strength` and `weight_decay`). `personal` is
+      the client's personal models (`()` without them).
+    personal_models: How many personal models each client keeps (0: none).
+    server_state: A `ServerState` (None: only the optimizer's).
+    server_sees_clients: Whether `server` gets the clients' vectors.
+    client_counts: The names of `LocalWork.client_counts`.
+    fixed_server_optimizer: The server optimizer the algorithm prescribes
+      (AFL: SGD with gamma_w), in place of the configured one.
   """
 
   name: str
@@ -105,6 +191,12 @@ class AlgorithmDefinition:
   server_optimizer: bool = True
   proximal_strength: float = 0.0
   weight_decay: float = 0.0
+  local_work: Optional[Callable[..., LocalWork]] = None
+  personal_models: int = 0
+  server_state: Optional[ServerState] = None
+  server_sees_clients: bool = False
+  client_counts: tuple[str, ...] = ()
+  fixed_server_optimizer: Optional[Any] = None
 
   def __post_init__(self):
     if self.loss_pass not in LOSS_PASSES:
@@ -120,3 +212,25 @@ class AlgorithmDefinition:
       )
     if self.loss_pass == 'none' and self.trains is not None:
       raise ValueError('a client filter needs a loss pass')
+    if self.personal_models < 0:
+      raise ValueError(
+          f'personal_models must be >= 0, got {self.personal_models}'
+      )
+    if self.personal_models and self.local_work is None:
+      raise ValueError('personal models need a local_work that updates them')
+    if self.loss_pass == 'work' and self.local_work is None:
+      raise ValueError("loss_pass 'work' takes the loss from local_work")
+    if self.loss_pass == 'work' and self.prepare is not no_context:
+      raise ValueError('a loss from the client work cannot feed a context')
+    if self.server_state is not None and self.loss_pass != 'work':
+      raise ValueError(
+          "a server state is updated from the work's losses (loss_pass "
+          "'work')"
+      )
+    if self.local_work is not None and (
+        self.proximal_strength or self.weight_decay
+    ):
+      raise ValueError(
+          'proximal_strength and weight_decay configure local training, '
+          'which local_work replaces'
+      )

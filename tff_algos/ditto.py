@@ -45,6 +45,7 @@ import tensorflow_federated as tff
 from tensorflow_federated.python.learning import loop_builder
 from tff_algos import attacks
 from tff_algos import client_work as client_work_lib
+from tff_algos import definition as definition_lib
 from tff_algos import stateful
 
 ModelFn = Callable[[], tff.learning.models.VariableModel]
@@ -111,6 +112,133 @@ def personal_training(
 
   num_examples, _ = reduce_loop(train_step, data, initial_state)
   return [tf.identity(v) for v in weights.trainable], num_examples
+
+
+def local_work(
+    model: tff.learning.models.VariableModel,
+    weights: tff.learning.models.ModelWeights,
+    dataset: tf.data.Dataset,
+    personal,
+    *,
+    client_optimizer: tff.learning.optimizers.Optimizer,
+    personal_optimizer: tff.learning.optimizers.Optimizer,
+    lambdas: Sequence[float],
+    personal_steps: int,
+    loop_implementation: tff.learning.LoopImplementation,
+) -> definition_lib.LocalWork:
+  """A Ditto client's round (Algorithm 7); call inside a `tf.function`.
+
+  The global update (FedAvg's local training from w^t), then one personal
+  update per lambda from the client's personal models `personal`, anchored
+  at w^t, reading `dataset` again (or `personal_steps` batches of it,
+  cycled). A non-finite personal update keeps the previous model, counted in
+  `client_counts['personal_non_finite']`.
+  """
+  delta, num_examples, non_finite = client_work_lib.local_training(
+      model,
+      client_optimizer,
+      weights,
+      dataset,
+      loop_implementation=loop_implementation,
+  )
+  train_metrics = model.report_local_unfinalized_metrics()
+  personal_data = dataset
+  if personal_steps:
+    personal_data = dataset.repeat().take(personal_steps)
+  new_personal, dropped = [], tf.constant(0, tf.int32)
+  # Metrics were read above; the personal passes must not count. Each pass
+  # reads the stream again (a seeded reshuffle gives it the next order), so
+  # the passes are ordered: global training, then lambda_1, lambda_2, ...
+  after = tf.nest.flatten(train_metrics)
+  for lam_g, v in zip(lambdas, personal):
+    with tf.control_dependencies(after):
+      v_new, _ = personal_training(
+          model,
+          personal_optimizer,
+          v,
+          weights,
+          personal_data,
+          lam=lam_g,
+          loop_implementation=loop_implementation,
+      )
+    v_new, v_non_finite = stateful.zero_non_finite_to(v_new, list(v))
+    after = list(v_new)
+    new_personal.append(tuple(v_new))
+    dropped += tf.cast(v_non_finite, tf.int32)
+  return definition_lib.LocalWork(
+      vector=tuple(tf.nest.flatten(delta)),
+      num_examples=num_examples,
+      non_finite=non_finite,
+      model_metrics=train_metrics,
+      personal=tuple(new_personal),
+      client_counts=collections.OrderedDict(personal_non_finite=dropped),
+  )
+
+
+def engine_definition(
+    *,
+    client_optimizer: tff.learning.optimizers.Optimizer,
+    lam: Union[float, Sequence[float]],
+    personal_optimizer: Optional[tff.learning.optimizers.Optimizer] = None,
+    personal_steps: int = 0,
+    client_weighting: tff.learning.ClientWeighting = (
+        tff.learning.ClientWeighting.NUM_EXAMPLES
+    ),
+) -> definition_lib.AlgorithmDefinition:
+  """Ditto's round math, which `build_ditto` and the engines run.
+
+  The client work is `local_work`; the deltas are averaged with
+  `client_work.client_weight` (the default `MeanFactory`) and applied by the
+  server optimizer. Arguments as `build_ditto`'s.
+
+  Returns:
+    A `definition.AlgorithmDefinition` with one personal model per lambda.
+
+  Raises:
+    TypeError, ValueError: For invalid arguments.
+  """
+  lambdas = check_lambdas(lam)
+  _check_optimizer('client_optimizer_fn', client_optimizer)
+  if personal_optimizer is None:
+    personal_optimizer = client_optimizer
+  _check_optimizer('personal_optimizer_fn', personal_optimizer)
+  if isinstance(personal_steps, bool) or not isinstance(personal_steps, int):
+    raise TypeError('personal_steps must be an int')
+  if personal_steps < 0:
+    raise ValueError(f'personal_steps must be >= 0, got {personal_steps}')
+  if client_weighting not in (
+      tff.learning.ClientWeighting.NUM_EXAMPLES,
+      tff.learning.ClientWeighting.UNIFORM,
+  ):
+    raise ValueError(f'unknown client weighting {client_weighting!r}')
+
+  def work(model, weights, dataset, personal, loop_implementation):
+    return local_work(
+        model,
+        weights,
+        dataset,
+        personal,
+        client_optimizer=client_optimizer,
+        personal_optimizer=personal_optimizer,
+        lambdas=lambdas,
+        personal_steps=personal_steps,
+        loop_implementation=loop_implementation,
+    )
+
+  def client_result(context, loss, count, delta, num_examples, non_finite):
+    del context, loss, count
+    weight = client_work_lib.client_weight(
+        client_weighting, num_examples, non_finite
+    )
+    return delta, weight
+
+  return definition_lib.AlgorithmDefinition(
+      name='ditto',
+      client_result=client_result,
+      local_work=work,
+      personal_models=len(lambdas),
+      client_counts=('personal_non_finite',),
+  )
 
 
 def _check_optimizer(name, optimizer):
@@ -191,19 +319,13 @@ def build_ditto(
   if not callable(model_fn):
     raise TypeError('model_fn must be a no-arg callable returning a model')
   lambdas = check_lambdas(lam)
-  _check_optimizer('client_optimizer_fn', client_optimizer_fn)
-  if personal_optimizer_fn is None:
-    personal_optimizer_fn = client_optimizer_fn
-  _check_optimizer('personal_optimizer_fn', personal_optimizer_fn)
-  if isinstance(personal_steps, bool) or not isinstance(personal_steps, int):
-    raise TypeError('personal_steps must be an int')
-  if personal_steps < 0:
-    raise ValueError(f'personal_steps must be >= 0, got {personal_steps}')
-  if client_weighting not in (
-      tff.learning.ClientWeighting.NUM_EXAMPLES,
-      tff.learning.ClientWeighting.UNIFORM,
-  ):
-    raise ValueError(f'unknown client weighting {client_weighting!r}')
+  definition = engine_definition(
+      client_optimizer=client_optimizer_fn,
+      lam=lambdas,
+      personal_optimizer=personal_optimizer_fn,
+      personal_steps=personal_steps,
+      client_weighting=client_weighting,
+  )
 
   initial_weights_fn, initial_weights, weights_type, aggregator, finalizer = (
       stateful.build_server_parts(
@@ -229,42 +351,20 @@ def build_ditto(
 
     @tf.function
     def run(weights, dataset, client_state):
-      delta, num_examples, non_finite = client_work_lib.local_training(
-          model,
-          client_optimizer_fn,
-          weights,
-          dataset,
-          loop_implementation=loop_implementation,
+      work = definition.local_work(
+          model, weights, dataset, client_state['personal'], loop_implementation
       )
-      weight = client_work_lib.client_weight(
-          client_weighting, num_examples, non_finite
+      delta, weight = definition.client_result(
+          None, None, None, work.vector, work.num_examples, work.non_finite
       )
-      train_metrics = model.report_local_unfinalized_metrics()
-      personal_data = dataset
-      if personal_steps:
-        personal_data = dataset.repeat().take(personal_steps)
-      new_personal, dropped = [], tf.constant(0, tf.int32)
-      for lam_g, v in zip(lambdas, client_state['personal']):
-        # Metrics were read above; the personal passes must not count.
-        with tf.control_dependencies(tf.nest.flatten(train_metrics)):
-          v_new, _ = personal_training(
-              model,
-              personal_optimizer_fn,
-              v,
-              weights,
-              personal_data,
-              lam=lam_g,
-              loop_implementation=loop_implementation,
-          )
-        v_new, non_finite = stateful.zero_non_finite_to(v_new, list(v))
-        new_personal.append(v_new)
-        dropped += tf.cast(non_finite, tf.int32)
       return (
-          delta,
+          list(delta),
           weight,
-          collections.OrderedDict(personal=tuple(new_personal)),
-          train_metrics,
-          dropped,
+          collections.OrderedDict(
+              personal=tuple(list(v) for v in work.personal)
+          ),
+          work.model_metrics,
+          work.client_counts['personal_non_finite'],
       )
 
     return run(weights, dataset, client_state)

@@ -47,6 +47,7 @@ import tensorflow_federated as tff
 
 from tensorflow_federated.python.learning import loop_builder
 from tff_algos import client_work as client_work_lib
+from tff_algos import definition as definition_lib
 from tff_algos import stateful
 
 ModelFn = Callable[[], tff.learning.models.VariableModel]
@@ -135,6 +136,168 @@ def local_update(
   return [tf.identity(v) for v in weights.trainable], num_examples
 
 
+def local_work(
+    model: tff.learning.models.VariableModel,
+    weights: tff.learning.models.ModelWeights,
+    dataset: tf.data.Dataset,
+    personal,
+    *,
+    psi: str,
+    sigma: float,
+    delta: float,
+    lam: float,
+    learning_rate: float,
+    local_steps: int,
+    loop_implementation: tff.learning.LoopImplementation,
+) -> definition_lib.LocalWork:
+  """A party's round: `local_update` from its model `personal[0]`.
+
+  Call inside a `tf.function`. The party sends its new local model w_k; a
+  non-finite one keeps the previous model (counted in
+  `client_counts['aggregator/non_finite_clients']`).
+  """
+  if local_steps:
+    dataset = dataset.repeat().take(local_steps)
+  old = list(personal[0])
+  new, num_examples = local_update(
+      model,
+      old,
+      weights,
+      dataset,
+      psi=psi,
+      sigma=sigma,
+      delta=delta,
+      lam=lam,
+      learning_rate=learning_rate,
+      loop_implementation=loop_implementation,
+  )
+  new, non_finite = stateful.zero_non_finite_to(new, old)
+  return definition_lib.LocalWork(
+      vector=tuple(new),
+      num_examples=num_examples,
+      non_finite=non_finite,
+      model_metrics=model.report_local_unfinalized_metrics(),
+      personal=(tuple(new),),
+      client_counts=collections.OrderedDict(
+          [('aggregator/non_finite_clients', tf.cast(non_finite, tf.int32))]
+      ),
+  )
+
+
+def aggregate_step(mean_model, mean_theta):
+  """One fixed-point step of eq. 13: w_mean - Mean_k prox(w_k - w~)."""
+  return tf.nest.map_structure(tf.subtract, mean_model, mean_theta)
+
+
+def step_norm(a, b) -> tf.Tensor:
+  """||a - b||_2 over the whole flattened model."""
+  return tf.sqrt(
+      tf.add_n(
+          [
+              tf.reduce_sum(tf.square(x - y))
+              for x, y in zip(tf.nest.flatten(a), tf.nest.flatten(b))
+          ]
+      )
+  )
+
+
+def engine_definition(
+    *,
+    psi: str,
+    learning_rate: float,
+    sigma: float,
+    delta: float = 0.1,
+    lam: float = 0.0,
+    local_steps: int = 0,
+    aggregation_iterations: int = 20,
+) -> definition_lib.AlgorithmDefinition:
+  """Fed+'s round math, which `build_fed_plus` and the engines run.
+
+  Each party runs `local_work` and sends its model with weight 1; the server
+  takes the unweighted mean and, for `geomed`/`comed`, iterates
+  `aggregate_step` on every party's model (so it sees the clients'
+  vectors). The result is the new global model (no server optimizer).
+  Arguments as `build_fed_plus`'s.
+
+  Returns:
+    A `definition.AlgorithmDefinition` with one personal model per client.
+
+  Raises:
+    TypeError, ValueError: For invalid arguments.
+  """
+  if psi not in PSI_NAMES:
+    raise ValueError(
+        f'unknown psi {psi!r}; choose one of {", ".join(PSI_NAMES)}'
+    )
+  learning_rate = _positive_float(
+      'learning_rate', learning_rate, allow_zero=False
+  )
+  sigma = _positive_float('sigma', sigma)
+  delta = _positive_float('delta', delta)
+  lam = _positive_float('lam', lam, upper=1.0)
+  for name, value, low in (
+      ('local_steps', local_steps, 0),
+      ('aggregation_iterations', aggregation_iterations, 1),
+  ):
+    if isinstance(value, bool) or not isinstance(value, int):
+      raise TypeError(f'{name} must be an int')
+    if value < low:
+      raise ValueError(f'{name} must be >= {low}, got {value}')
+
+  def work(model, weights, dataset, personal, loop_implementation):
+    return local_work(
+        model,
+        weights,
+        dataset,
+        personal,
+        psi=psi,
+        sigma=sigma,
+        delta=delta,
+        lam=lam,
+        learning_rate=learning_rate,
+        local_steps=local_steps,
+        loop_implementation=loop_implementation,
+    )
+
+  def client_result(context, loss, count, model, num_examples, non_finite):
+    del context, loss, count, num_examples, non_finite
+    return model, tf.constant(1.0)
+
+  def server(w0, vector_sum, scalar_sum, vectors):
+    del w0
+    mean_model = tuple(v / scalar_sum for v in vector_sum)
+    aggregate, last_step = mean_model, tf.constant(0.0)
+    if psi in ('geomed', 'comed'):
+      num = tf.cast(tf.shape(vectors[0])[0], tf.float32)
+      for _ in range(aggregation_iterations):
+        theta = tf.map_fn(
+            lambda w_k, a=aggregate: tuple(
+                prox(psi, [x - y for x, y in zip(w_k, a)], delta)
+            ),
+            vectors,
+        )
+        mean_theta = tuple(tf.reduce_sum(t, axis=0) / num for t in theta)
+        new = tuple(aggregate_step(mean_model, mean_theta))
+        last_step = step_norm(new, aggregate)
+        aggregate = new
+    return definition_lib.ServerOutput(
+        aggregate,
+        collections.OrderedDict([('aggregator/last_step_norm', last_step)]),
+    )
+
+  return definition_lib.AlgorithmDefinition(
+      name=f'fed_plus_{psi}',
+      client_result=client_result,
+      server=server,
+      weighted=False,
+      server_optimizer=False,
+      local_work=work,
+      personal_models=1,
+      server_sees_clients=True,
+      client_counts=('aggregator/non_finite_clients',),
+  )
+
+
 def _positive_float(name, value, *, allow_zero=True, upper=None):
   if isinstance(value, bool) or not isinstance(value, (int, float)):
     raise TypeError(f'{name} must be a float, got {type(value).__name__}')
@@ -197,24 +360,15 @@ def build_fed_plus(
   """
   if not callable(model_fn):
     raise TypeError('model_fn must be a no-arg callable returning a model')
-  if psi not in PSI_NAMES:
-    raise ValueError(
-        f'unknown psi {psi!r}; choose one of {", ".join(PSI_NAMES)}'
-    )
-  learning_rate = _positive_float(
-      'learning_rate', learning_rate, allow_zero=False
+  definition = engine_definition(
+      psi=psi,
+      learning_rate=learning_rate,
+      sigma=sigma,
+      delta=delta,
+      lam=lam,
+      local_steps=local_steps,
+      aggregation_iterations=aggregation_iterations,
   )
-  sigma = _positive_float('sigma', sigma)
-  delta = _positive_float('delta', delta)
-  lam = _positive_float('lam', lam, upper=1.0)
-  for name, value, low in (
-      ('local_steps', local_steps, 0),
-      ('aggregation_iterations', aggregation_iterations, 1),
-  ):
-    if isinstance(value, bool) or not isinstance(value, int):
-      raise TypeError(f'{name} must be an int')
-    if value < low:
-      raise ValueError(f'{name} must be >= {low}, got {value}')
 
   initial_weights_fn, initial_weights, weights_type, _, _ = (
       stateful.build_server_parts(model_fn, None, None)
@@ -239,27 +393,19 @@ def build_fed_plus(
 
     @tf.function
     def run(global_weights, dataset, client_state):
-      if local_steps:
-        dataset = dataset.repeat().take(local_steps)
-      old = list(client_state['personal'][0])
-      new, _ = local_update(
+      work = definition.local_work(
           model,
-          old,
           global_weights,
           dataset,
-          psi=psi,
-          sigma=sigma,
-          delta=delta,
-          lam=lam,
-          learning_rate=learning_rate,
-          loop_implementation=loop_implementation,
+          client_state['personal'],
+          loop_implementation,
       )
-      new, non_finite = stateful.zero_non_finite_to(new, old)
+      new = list(work.vector)
       return (
           new,
           collections.OrderedDict(personal=(new,)),
-          tf.cast(non_finite, tf.int32),
-          model.report_local_unfinalized_metrics(),
+          work.client_counts['aggregator/non_finite_clients'],
+          work.model_metrics,
       )
 
     return run(global_weights, dataset, client_state)
@@ -274,18 +420,11 @@ def build_fed_plus(
 
   @tff.tensorflow.computation(trainable_type, trainable_type)
   def server_step(mean_model, mean_theta):
-    return tf.nest.map_structure(tf.subtract, mean_model, mean_theta)
+    return aggregate_step(mean_model, mean_theta)
 
   @tff.tensorflow.computation(trainable_type, trainable_type)
-  def step_norm(a, b):
-    return tf.sqrt(
-        tf.add_n(
-            [
-                tf.reduce_sum(tf.square(x - y))
-                for x, y in zip(tf.nest.flatten(a), tf.nest.flatten(b))
-            ]
-        )
-    )
+  def last_step_norm(a, b):
+    return step_norm(a, b)
 
   @tff.tensorflow.computation(weights_type, trainable_type)
   def with_trainable(weights, trainable):
@@ -329,7 +468,7 @@ def build_fed_plus(
             tff.federated_zip((mean_model, tff.federated_mean(theta))),
         )
         last_step = tff.federated_map(
-            step_norm, tff.federated_zip((new_aggregate, aggregate))
+            last_step_norm, tff.federated_zip((new_aggregate, aggregate))
         )
         aggregate = new_aggregate
     new_weights = tff.federated_map(

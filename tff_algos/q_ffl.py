@@ -109,14 +109,13 @@ def build_q_ffl_client_work(
     @tf.function
     def run(initial_weights, dataset):
       if optimizer is None:
-        loss, _, dw = client_work_lib.local_loss(
-            model,
-            initial_weights,
-            dataset,
-            with_gradient=True,
-            reset_metrics=False,
+        work = client_work_lib.full_gradient_work(
+            model, initial_weights, dataset
         )
-        ok = tf.constant(True)
+        loss, ok = work.loss, tf.logical_not(work.non_finite)
+        dw = tf.nest.pack_sequence_as(
+            initial_weights.trainable, list(work.vector)
+        )
       else:
         loss, _ = client_work_lib.local_loss(model, initial_weights, dataset)
         delta, _, non_finite = client_work_lib.local_training(
@@ -342,7 +341,7 @@ def build_q_fedsgd(
 
 
 def engine_definition(
-    *, q: float, lipschitz_constant: float
+    *, q: float, lipschitz_constant: float, local_solver: bool = True
 ) -> definition_lib.AlgorithmDefinition:
   """q-FedAvg's round (Li et al., ICLR 2020, Algorithm 4) for the engines.
 
@@ -352,18 +351,25 @@ def engine_definition(
   weight when anything is non-finite), and the server's
   `w - sum(Delta) / sum(h)` with no server optimizer.
 
+  With `local_solver=False` it is q-FedSGD (Algorithm 3): the client work
+  is the loss and full gradient at the broadcast model
+  (`client_work.full_gradient_work`, as `build_q_fedsgd`), and the
+  gradient is dw_k.
+
   Args:
     q: q >= 0 (0: FedAvg with step 1 / L).
     lipschitz_constant: L > 0.
+    local_solver: q-FedAvg's local training (False: q-FedSGD).
 
   Returns:
-    The `definition.AlgorithmDefinition` both engines run.
+    The `definition.AlgorithmDefinition` the engines run.
   """
-  lipschitz = lipschitz_constant
+  q, lipschitz = _validate(q, lipschitz_constant)
+  scale = lipschitz if local_solver else 1.0
 
   def client_result(context, loss, count, delta, num_examples, non_finite):
     del context, count, num_examples
-    dw = tuple(lipschitz * d for d in delta)
+    dw = tuple(scale * d for d in delta)
     message, h = q_ffl_client_message(loss, dw, q=q, lipschitz=lipschitz)
     (message, h), bad = client_work_lib.zero_all_if_any_non_finite(
         (tuple(message), h)
@@ -380,12 +386,13 @@ def engine_definition(
     )
 
   return definition_lib.AlgorithmDefinition(
-      name='qffl',
+      name='qffl' if local_solver else 'qfedsgd',
       client_result=client_result,
       server=q_ffl_server_update,
-      loss_pass='continued',
+      loss_pass='continued' if local_solver else 'work',
       metrics=metrics,
       weighted=False,
       per_client_message=True,
       server_optimizer=False,
+      local_work=None if local_solver else client_work_lib.full_gradient_work,
   )

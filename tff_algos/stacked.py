@@ -58,7 +58,7 @@ simulation. Tested equal to the federated path in tests/test_stacked.py.
 import collections
 from collections.abc import Callable
 import functools
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 import tensorflow as tf
@@ -297,6 +297,22 @@ def _finite_per_client(stacked):
   return tf.reduce_all(tf.stack(flags, axis=0), axis=0)
 
 
+def check_definition(definition) -> None:
+  """Raises `StackedEngineError` for a definition the engine cannot run.
+
+  The engine's client work is local training on stacked weights with the
+  client optimizer. A definition with its own client work (Ditto's personal
+  passes, Fed+'s kappa-mixed steps, AFL's full gradient) runs on the batched
+  engine, which calls that work's own function.
+  """
+  if definition.local_work is not None:
+    raise StackedEngineError(
+        'the stacked engine runs local training on stacked weights; '
+        f'{definition.name} has its own client work: use '
+        '--simulation_engine=batched'
+    )
+
+
 class StackedEngine:
   """Runs rounds of a supported algorithm with the clients stacked.
 
@@ -368,6 +384,7 @@ class StackedEngine:
     algorithm.validate()
     self.algorithm = algorithm
     self.definition = algorithm.definition()  # Built once, not per round.
+    check_definition(self.definition)
     self._vectorize_arg = vectorize
     self._shuffle = bool(shuffle)
     self._buffer = shuffle_buffer_size
@@ -830,8 +847,16 @@ class StackedEngine:
           'batched'
       )
 
-  def run_round(self, weights, server_state, plan: batched.RoundPlan):
+  def run_round(
+      self,
+      weights,
+      server_state,
+      plan: batched.RoundPlan,
+      client_states=None,
+      extra_state=None,
+  ):
     """One round on raw values: `(trainable, server_state, train, extra)`."""
+    del client_states, extra_state  # Refused at construction.
     if not plan.client_ids:
       raise ValueError('a round needs at least one client')
     parts = [self.examples.get(cid) for cid in plan.client_ids]
@@ -880,12 +905,10 @@ class StackedEngine:
     )
     return self._session.run(self._outputs, feed_dict=feed)
 
-  def next(self, state, plan: batched.RoundPlan):
+  def next(self, state, plan: batched.RoundPlan) -> Any:
     """`process.next` on the process's state: `(new_state, metrics)`."""
     return batched.apply_round(
-        self.definition.server_optimizer,
-        state,
-        self.run_round(state.global_model_weights, state.finalizer, plan),
+        self.definition, state, plan, None, self.run_round
     )
 
   def close(self) -> None:

@@ -20,8 +20,8 @@ For each model (`--models`):
 * `shakespeare_lstm_leaf`: the FedProx preset's model (embedding 8,
   2 x LSTM 100, dense 80) on random 80-character windows, one label each;
 
-and each algorithm (`--algorithms`: fedavg, qffl, deltafl, ditto, term), the
-systems run the same rounds (same sampled clients, shuffle seeds and
+and each algorithm (`--algorithms`, of every algorithm `run.train` offers),
+the systems run the same rounds (same sampled clients, shuffle seeds and
 batches), interleaved round by round in a rotating order:
 
 * `tff`: our `LearningProcess` through TFF's runtime (`process.next`);
@@ -35,11 +35,13 @@ batches), interleaved round by round in a rotating order:
   model over the round's batches read into tensors before its timer starts
   (the arithmetic alone: no tf.data, no metrics, no TFF).
 
-Ditto (T. Li, S. Hu, A. Beirami, V. Smith, ICML 2021) has a personal model per
-client, which the engines do not carry: it runs as `ditto/tff` only, each
-timed round being what `run.simulation` does (the selected clients' states
-read from an in-memory `ClientStateStore`, `process.next`, the new states
-written back), with `--ditto_lambda`. Its store on disk at EMNIST scale is
+Ditto and the Fed+ family keep a personal model per client: on `tff` and
+`batched` each timed round is what `run.simulation` does (the selected
+clients' states read from an in-memory `ClientStateStore`, the round, the new
+states written back; each system its own store), with `--ditto_lambda`.
+AFL's clients carry their indices. The stacked engine runs the algorithms
+whose client work is local training; the others are left out with a note.
+Ditto's store on disk at EMNIST scale is
 `run/benchmarks/bench_ditto_scale.py`'s subject.
 
 Per system: examples/s and seconds/round (wall), CPU seconds/round (this
@@ -83,9 +85,9 @@ from tasks import shakespeare
 from tasks import shakespeare_leaf
 from tasks import synthetic
 from tff_algos import client_states
-from tff_algos import composition
 from tff_algos import runtime
 from tff_algos import stacked
+from tff_algos import stateful
 from tff_algos import stragglers
 
 # pylint: enable=g-import-not-at-top,wrong-import-position
@@ -99,7 +101,7 @@ MODELS = (
 )
 # The window models: their `tasks.shakespeare_leaf` preset.
 _PRESETS = {'shakespeare_gru': 'deltafl', 'shakespeare_lstm_leaf': 'fedprox'}
-ALGORITHMS = ('fedavg', 'qffl', 'deltafl', 'ditto', 'term')
+ALGORITHMS = algorithms.ALGORITHM_NAMES
 
 # Flags are defined at start-up only: absl flags are global, and the test
 # suite and the API-docs build import several binaries into one process.
@@ -433,29 +435,30 @@ def run_model(
     spec = algorithms.AlgorithmSpec(
         name=name,
         client_learning_rate=lr,
-        q=1.0 if name == 'qffl' else 0.0,
+        q=1.0 if name in ('qffl', 'qfedsgd') else 0.0,
         theta=0.5 if name == 'deltafl' else 1.0,
         tilt=1.0 if name == 'term' else 0.0,
         ditto_lambda=ditto_lambda if name == 'ditto' else None,
+        fedplus_sigma=1.0 if name in algorithms.FED_PLUS_PSI else None,
+        afl_lambda_lr=0.01 if name == 'afl' else 0.0,
     )
-    process = algorithms.build_process(spec, task.model_fn)
+    process = algorithms.build_process(
+        spec, task.model_fn, num_clients=num_clients
+    )
     processes[name] = process
-    if name == 'ditto':
-      store = client_states.InMemoryClientStateStore(
-          lambda _, p=process: p.initial_client_state()
-      )
-      systems['ditto/tff'] = [
-          'stateful',
-          (process, store),
-          process.initialize(),
-      ]
-      continue
+    run_as = _RunAs(process, task)
     if not stacked_only:
-      systems[f'{name}/tff'] = ['process', process, process.initialize()]
+      systems[f'{name}/tff'] = [
+          'process',
+          process,
+          process.initialize(),
+          run_as,
+      ]
       systems[f'{name}/batched'] = [
           'engine',
           engines.build_batched_engine(spec, task),
           process.initialize(),
+          _RunAs(process, task),  # Its own client states.
       ]
     for mode in stacked_modes:
       key = f'{name}/stacked' + ('' if mode == 'vectorized' else '_seq')
@@ -472,13 +475,18 @@ def run_model(
           f'{model}: {key} preloaded {num_clients} clients in '
           f'{time.process_time() - c0:.2f} CPU s (setup, untimed)'
       )
-      systems[key] = ['engine', engine, process.initialize()]
+      systems[key] = ['engine', engine, process.initialize(), run_as]
     if name == 'fedavg':
       stock = tff.learning.algorithms.build_weighted_fed_avg(
           task.model_fn, algorithms.build_optimizer('sgd', lr)
       )
-      systems['fedavg/stock'] = ['process', stock, stock.initialize()]
-      systems['fedavg/plain'] = ['plain', PlainLoop(model, lr), None]
+      systems['fedavg/stock'] = [
+          'process',
+          stock,
+          stock.initialize(),
+          _RunAs(stock, task),
+      ]
+      systems['fedavg/plain'] = ['plain', PlainLoop(model, lr), None, None]
   names = list(systems)
   ids = list(task.train_data.client_ids)
   times = {k: [] for k in names}
@@ -493,7 +501,7 @@ def run_model(
     plans = [stragglers.ClientPlan(cid, False, 1) for cid in selected]
     shift = r % len(names)
     for key in names[shift:] + names[:shift]:
-      kind, obj, state = systems[key]
+      kind, obj, state, run_as = systems[key]
       batches = None
       if kind == 'plain':  # Untimed: the batches as tensors.
         batches = PlainLoop.preload(
@@ -502,16 +510,7 @@ def run_model(
       with peaks[key] if r > warmup else contextlib.nullcontext():
         t0, c0 = time.perf_counter(), bench._cpu_seconds()  # pylint: disable=protected-access
         _round(
-            kind,
-            obj,
-            state,
-            systems[key],
-            task,
-            plans,
-            r,
-            config,
-            selected,
-            batches,
+            kind, obj, state, systems[key], run_as, plans, r, config, batches
         )
         dt = time.perf_counter() - t0
         dc = bench._cpu_seconds() - c0  # pylint: disable=protected-access
@@ -566,6 +565,14 @@ def run_model(
   return out
 
 
+def _trainable(process, state) -> list[np.ndarray]:
+  if stateful.is_stateful(process):
+    weights = process.get_model_weights(state)
+  else:
+    weights = state.global_model_weights
+  return [np.asarray(w) for w in tf.nest.flatten(weights.trainable)]
+
+
 def _engine_diffs(algorithm_names, processes, systems) -> dict[str, float]:
   """L-inf between each engine's weights and the TFF path's, per system."""
   diffs = {}
@@ -578,39 +585,63 @@ def _engine_diffs(algorithm_names, processes, systems) -> dict[str, float]:
     if f'{name}/tff' not in systems or not engines_of:
       continue
     proc = processes[name]
-    a = composition.model_weights_as_numpy(proc, systems[f'{name}/tff'][2])
+    a = _trainable(proc, systems[f'{name}/tff'][2])
     for key in engines_of:
-      b = composition.model_weights_as_numpy(proc, systems[key][2])
+      b = _trainable(proc, systems[key][2])
       diffs[key] = float(max(np.abs(x - y).max() for x, y in zip(a, b)))
   return diffs
 
 
+class _RunAs:
+  """How `run.simulation` feeds a process its round: the clients' datasets
+  (with AFL's indices), the engine's plan, a stateful process's client
+  states (an in-memory store per system)."""
+
+  def __init__(self, process, task):
+    self.task = task
+    self.index_of = None
+    if simulation.needs_client_index(process):
+      self.index_of = {c: i for i, c in enumerate(task.train_data.client_ids)}
+    self.store = None
+    if stateful.is_stateful(process):
+      self.store = client_states.InMemoryClientStateStore(
+          lambda _: process.initial_client_state()
+      )
+
+  def datasets(self, plans, round_num, config):
+    datasets = simulation.client_datasets(self.task, plans, round_num, config)
+    if self.index_of is not None:
+      datasets = simulation.with_client_index(datasets, plans, self.index_of)
+    return datasets
+
+  def plan(self, plans, round_num, config):
+    return simulation.batched_round_plan(
+        self.task, plans, round_num, config, index_of=self.index_of
+    )
+
+
 def _round(
-    kind, obj, state, system, task, plans, round_num, config, selected, batches
+    kind, obj, state, system, run_as, plans, round_num, config, batches
 ) -> dict:
   """Runs one round of a system in place (its state updated); its metrics."""
+  if kind == 'plain':
+    return {'train/num_examples': obj.next(batches)}
   if kind == 'process':
-    out = obj.next(
-        state, simulation.client_datasets(task, plans, round_num, config)
-    )
-    system[2] = out.state
-    return simulation.flatten_metrics(out.metrics)
-  if kind == 'stateful':  # Ditto: states read and written as in simulation.
-    process, store = obj
-    out = process.next(
-        state,
-        simulation.client_datasets(task, plans, round_num, config),
-        store.get_many(selected),
-    )
-    store.put_many(selected, out.client_states, round_num=round_num)
-    system[2] = out.state
-    return simulation.flatten_metrics(out.metrics)
-  if kind == 'engine':
-    system[2], metrics = obj.next(
-        state, simulation.batched_round_plan(task, plans, round_num, config)
-    )
+    data = run_as.datasets(plans, round_num, config)
+    step = lambda *states: obj.next(state, data, *states)
+  else:
+    plan = run_as.plan(plans, round_num, config)
+    step = lambda *states: obj.next(state, plan, *states)
+  if run_as.store is None:
+    out = step()
+    system[2], metrics = out[0], out[1]
     return simulation.flatten_metrics(metrics)
-  return {'train/num_examples': obj.next(batches)}
+  # A stateful process: states read and written as in simulation.
+  ids = [p.client_id for p in plans]
+  out = step(run_as.store.get_many(ids))
+  run_as.store.put_many(ids, out.client_states, round_num=round_num)
+  system[2] = out.state
+  return simulation.flatten_metrics(out.metrics)
 
 
 def format_table(results: dict) -> str:

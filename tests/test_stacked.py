@@ -13,6 +13,7 @@ from run import algorithms
 from run import engines
 from run import simulation
 from tasks import synthetic
+from tff_algos import afl
 from tff_algos import batched
 from tff_algos import composition
 from tff_algos import delta_fl
@@ -178,6 +179,57 @@ def test_q_ffl_equals_federated_path(task, epochs):
   )
 
 
+@pytest.mark.parametrize('vectorize', [True, False])
+def test_q_fedsgd_equals_federated_path(task, vectorize):
+  # The full gradient at the broadcast model, stragglers cutting the stream.
+  process = q_ffl.build_q_fedsgd(task.model_fn, q=1.0, lipschitz_constant=10.0)
+  algorithm = batched.BatchedAlgorithm(
+      'qfedsgd', sgd(), q=1.0, lipschitz_constant=10.0
+  )
+  out = run_both(
+      task,
+      process,
+      algorithm,
+      rounds=3,
+      epochs=1,
+      straggler_fraction=0.5,
+      vectorize=vectorize,
+  )
+  assert_same(
+      process,
+      *out,
+      TRAIN_KEYS + ['client_work/loss_at_broadcast', 'finalizer/h_sum'],
+  )
+
+
+@pytest.mark.parametrize('vectorize', [True, False])
+def test_afl_equals_federated_path(task, vectorize):
+  options = dict(
+      num_clients=len(task.train_data.client_ids),
+      model_learning_rate=0.5,
+      mixture_learning_rate=0.01,
+  )
+  process = afl.build_afl(task.model_fn, **options)
+  algorithm = batched.BatchedAlgorithm('afl', sgd(), options=options)
+  tff_s, fast_s, tm, fm = run_both(
+      task, process, algorithm, rounds=3, epochs=1, vectorize=vectorize
+  )
+  assert_same(
+      process,
+      tff_s,
+      fast_s,
+      tm,
+      fm,
+      TRAIN_KEYS
+      + ['client_work/mixture/lambda_max', 'client_work/mixture/lambda_min'],
+  )
+  mixture = np.asarray(fast_s.client_work)
+  np.testing.assert_allclose(
+      mixture, np.asarray(tff_s.client_work), rtol=1e-5, atol=1e-7
+  )
+  assert mixture.max() - mixture.min() > 1e-3  # The mixture moved.
+
+
 def test_delta_fl_equals_federated_path(task):
   process = delta_fl.build_delta_fl(
       task.model_fn, sgd(), theta=0.5, weight_decay=0.01
@@ -280,8 +332,10 @@ def test_refuses_unsupported_configurations(task):
             'fedavg', tff.learning.optimizers.build_adam(0.1)
         ),
     )
-  with pytest.raises(ValueError, match='stacked'):
-    engines.check_engine('stacked', algorithms.AlgorithmSpec(name='afl'))
+  with pytest.raises(ValueError, match='stacked.*own client work.*batched'):
+    engines.check_engine(
+        'stacked', algorithms.AlgorithmSpec(name='ditto', ditto_lambda=0.1)
+    )
   with pytest.raises(TypeError, match='ClientData'):
     stacked.StackedEngine(
         task.model_fn,
@@ -306,7 +360,10 @@ def test_refuses_unsupported_configurations(task):
 
 @pytest.mark.parametrize(
     'args',
-    [['--algorithm=afl'], ['--algorithm=fedavg', '--client_optimizer=adam']],
+    [
+        ['--algorithm=fedavg_plus', '--fedplus_sigma=1'],
+        ['--algorithm=fedavg', '--client_optimizer=adam'],
+    ],
 )
 def test_binary_refuses_unsupported_combinations(tmp_path, args):
   proc = subprocess.run(

@@ -612,7 +612,7 @@ class BatchedEngine:
               fast_loop,
           )
           if pass_kind == 'work':
-            loss = work.loss
+            loss, count = work.loss, work.num_examples
         client_context = context
         if server_state_rule is not None:
           client_context = dict(context, client_index=indices[k])

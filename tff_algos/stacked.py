@@ -43,7 +43,11 @@ Every algorithm runs from its one definition (`tff_algos.definition`, the
 same object the batched engine runs: loss pass, round context, client filter,
 client contribution, server rule); the engine has no per-algorithm code. The
 elementwise parts of a definition are called on `[K]` vectors, a per-client
-message (q-FFL's) is mapped over the clients. The server step (and its
+message (q-FFL's) is mapped over the clients. The client work is local
+training, or the loss and full gradient at the broadcast model for a
+definition whose `local_work` is `client_work.full_gradient_work` (AFL, with
+its mixture as server state, and q-FedSGD); other client work (Ditto, Fed+)
+is refused (`check_definition`). The server step (and its
 rejection of a non-finite update) is the batched engine's. The
 client optimizer is applied to the stacked weights; it must be elementwise
 with per-weight state (SGD with or without momentum, Adagrad): an optimizer
@@ -65,6 +69,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_algos import batched
+from tff_algos import client_work as client_work_lib
 
 ALGORITHMS = batched.ALGORITHMS
 SUPPORTED_METRICS = ('accuracy', 'loss', 'num_examples', 'num_batches')
@@ -300,15 +305,18 @@ def _finite_per_client(stacked):
 def check_definition(definition) -> None:
   """Raises `StackedEngineError` for a definition the engine cannot run.
 
-  The engine's client work is local training on stacked weights with the
-  client optimizer. A definition with its own client work (Ditto's personal
-  passes, Fed+'s kappa-mixed steps, AFL's full gradient) runs on the batched
-  engine, which calls that work's own function.
+  The engine computes two kinds of client work on stacked weights: local
+  training with the client optimizer, and the loss and full gradient at the
+  broadcast model (`client_work.full_gradient_work`: AFL, q-FedSGD). A
+  definition with other client work of its own (Ditto's personal passes,
+  Fed+'s kappa-mixed steps) runs on the batched engine, which calls that
+  work's own function: here it would have to be written a second time, in
+  stacked form.
   """
-  if definition.local_work is not None:
+  if definition.local_work not in (None, client_work_lib.full_gradient_work):
     raise StackedEngineError(
-        'the stacked engine runs local training on stacked weights; '
-        f'{definition.name} has its own client work: use '
+        'the stacked engine runs local training or full gradients on '
+        f'stacked weights; {definition.name} has its own client work: use '
         '--simulation_engine=batched'
     )
 
@@ -516,6 +524,7 @@ class StackedEngine:
     x_spec, y_spec = self.examples.x_spec, self.examples.y_spec
     b = self.batch_size
     vectorize = self.vectorize
+    gradient_work = definition.local_work is client_work_lib.full_gradient_work
     non_trainable = None
 
     ph = tf.compat.v1.placeholder
@@ -528,6 +537,9 @@ class StackedEngine:
     self._train_pos_ph = ph(tf.int64, [None, None, b], 'train_pos')
     self._loss_pos_ph = ph(tf.int64, [None, None, b], 'loss_pos')
     self._steps_ph = ph(tf.int64, [None], 'steps')
+    _, self._server_state_ph, self._indices_ph = batched.state_placeholders(
+        definition, trainable_specs
+    )
     self._seeds_ph = ph(tf.int64, [None], 'seeds')
     self._sizes_ph = ph(tf.int64, [None], 'sizes')
     self._epochs_ph = ph(tf.int64, [None], 'epochs')
@@ -642,18 +654,63 @@ class StackedEngine:
       delta = tuple(a - c for a, c in zip(w_start, w))
       return delta, sums
 
+    def gradient_at(w0, x_all, y_all, idx, valid, proximal, decay):
+      """Each client's mean gradient at `w0` over its stream.
+
+      As `client_work.full_gradient_work`: batch-mean gradients weighted by
+      the batch sizes, divided by the examples; the metrics of the pass.
+      """
+      del proximal, decay
+      k = tf.shape(idx)[1]
+      w = tuple(
+          tf.broadcast_to(v[None], tf.concat([[k], tf.shape(v)], 0)) for v in w0
+      )
+      grad_sums = tuple(tf.zeros_like(v) for v in w)
+      zeros_k = tf.zeros([k], tf.float32)
+      sums = (zeros_k, zeros_k, zeros_k, zeros_k)
+      for t in tf.range(tf.shape(idx)[0]):
+        mask = tf.cast(valid[t], tf.float32)
+        x = tf.gather(x_all, idx[t])
+        y = tf.gather(y_all, idx[t])
+        with tf.GradientTape() as tape:
+          tape.watch(w)
+          preds = forward(w, x)
+          count = tf.reduce_sum(mask, axis=1)
+          client_loss = tf.reduce_sum(
+              per_example_loss(y, preds) * mask, axis=1
+          ) / tf.maximum(count, 1.0)
+          total = tf.reduce_sum(client_loss)
+        grads = tape.gradient(total, w)
+        grad_sums = tuple(
+            a + _per_client(count, g) * g for a, g in zip(grad_sums, grads)
+        )
+        loss_sum, correct_sum, n_sum, batches = sums
+        sums = (
+            loss_sum + client_loss * count,
+            correct_sum + tf.reduce_sum(correct(y, preds) * mask, axis=1),
+            n_sum + count,
+            batches + tf.cast(tf.reduce_any(valid[t], axis=1), tf.float32),
+        )
+      n = tf.maximum(sums[2], 1.0)
+      return tuple(g / _per_client(n, g) for g in grad_sums), sums
+
+    client_pass = gradient_at if gradient_work else train
+
     def train_clients(
         w0, x_all, y_all, idx, valid, steps, proximal=0.0, decay=0.0
     ):
-      """`(deltas [K, ...], (loss, correct, examples, batches) [K])`."""
+      """`(deltas [K, ...], (loss, correct, examples, batches) [K])`.
+
+      The deltas of local training, or the gradients of `gradient_at`.
+      """
       if vectorize:
-        return train(w0, x_all, y_all, idx, valid, proximal, decay)
+        return client_pass(w0, x_all, y_all, idx, valid, proximal, decay)
       k_count = tf.shape(idx)[1]
       deltas = [tf.TensorArray(s.dtype, size=k_count) for s in trainable_specs]
       sums = [tf.TensorArray(tf.float32, size=k_count) for _ in range(4)]
       for k in tf.range(k_count):
         s = tf.cast(steps[k], tf.int32)
-        d, m = train(
+        d, m = client_pass(
             w0,
             x_all,
             y_all,
@@ -698,8 +755,20 @@ class StackedEngine:
           tf.where(_per_client(ok, d), d, tf.zeros_like(d)) for d in deltas
       ), tf.logical_not(ok)
 
+    server_state_rule = definition.server_state
+
     @tf.function
-    def round_fn(weights, opt_state, x_all, y_all, train_pos, loss_pos, steps):
+    def round_fn(
+        weights,
+        opt_state,
+        x_all,
+        y_all,
+        train_pos,
+        loss_pos,
+        steps,
+        server_state,
+        client_indices,
+    ):
       w0 = tuple(tf.nest.flatten(weights.trainable))
       idx = indices(train_pos, x_all)
       valid = train_pos >= 0
@@ -729,6 +798,13 @@ class StackedEngine:
       )
       deltas, bad = clean(deltas)
       num_examples = sums[2]
+      if definition.loss_pass == 'work':  # The gradient pass's losses.
+        losses = sums[0] / tf.maximum(num_examples, 1.0)
+        counts = num_examples
+      if server_state_rule is not None:
+        context = dict(
+            context, server_state=server_state, client_index=client_indices
+        )
       if definition.per_client_message:
         vectors, scalars = tf.map_fn(
             lambda a: definition.client_result(context, *a),
@@ -742,6 +818,7 @@ class StackedEngine:
         vectors, scalars = definition.client_result(
             context, losses, counts, deltas, num_examples, bad
         )
+      client_vectors = vectors if definition.server_sees_clients else None
       if definition.weighted:
         vectors = tuple(v * _per_client(scalars, v) for v in vectors)
       vector_sum = tuple(tf.reduce_sum(v, axis=0) for v in vectors)
@@ -749,7 +826,17 @@ class StackedEngine:
       extra = collections.OrderedDict(
           definition.metrics(context, losses, scalar_sum, k_count)
       )
-      trainable = definition.server(w0, vector_sum, scalar_sum)
+      new_server_state = ()
+      if server_state_rule is not None:
+        new_server_state, state_metrics = server_state_rule.update(
+            server_state, losses, client_indices
+        )
+        extra.update(state_metrics)
+      result = batched.server_rule(
+          definition, w0, vector_sum, scalar_sum, client_vectors
+      )
+      extra.update(result.metrics)
+      trainable = result.result
       if definition.server_optimizer:
         opt_state, trainable, rejected = _server_step(
             server_opt, opt_state, w0, trainable
@@ -771,14 +858,14 @@ class StackedEngine:
                 for v, s in zip(values[name], tf.nest.flatten(spec))
             ],
         )
-      return tuple(trainable), opt_state, metrics, extra
+      return tuple(trainable), opt_state, metrics, extra, new_server_state
 
     non_trainable = tuple(tf.nest.flatten(self._weights_ph.non_trainable))
     weights_in = tff.learning.models.ModelWeights(
         trainable=list(tf.nest.flatten(self._weights_ph.trainable)),
         non_trainable=list(non_trainable),
     )
-    trainable, opt_state, metric_sums, extra = round_fn(
+    trainable, opt_state, metric_sums, extra, server_state = round_fn(
         weights_in,
         self._opt_state_ph,
         self._x_ph,
@@ -786,6 +873,8 @@ class StackedEngine:
         self._train_pos_ph,
         self._loss_pos_ph,
         self._steps_ph,
+        self._server_state_ph,
+        self._indices_ph,
     )
     finalizers = model.metric_finalizers()
     finalized = collections.OrderedDict(
@@ -797,6 +886,7 @@ class StackedEngine:
         finalized,
         extra,
     )
+    self._state_outputs = ((), server_state)
     init = [
         tf.compat.v1.global_variables_initializer(),
         tf.compat.v1.local_variables_initializer(),
@@ -856,7 +946,7 @@ class StackedEngine:
       extra_state=None,
   ):
     """One round on raw values: `(trainable, server_state, train, extra)`."""
-    del client_states, extra_state  # Refused at construction.
+
     if not plan.client_ids:
       raise ValueError('a round needs at least one client')
     parts = [self.examples.get(cid) for cid in plan.client_ids]
@@ -903,7 +993,23 @@ class StackedEngine:
             self._takes_ph: takes,
         }
     )
-    return self._session.run(self._outputs, feed_dict=feed)
+    feed.update(
+        batched.client_state_feed(
+            self.definition,
+            (),
+            self._server_state_ph,
+            self._indices_ph,
+            plan,
+            client_states,
+            extra_state,
+        )
+    )
+    return self._session.run(
+        batched.run_outputs(
+            self.definition, self._outputs, self._state_outputs
+        ),
+        feed_dict=feed,
+    )
 
   def next(self, state, plan: batched.RoundPlan) -> Any:
     """`process.next` on the process's state: `(new_state, metrics)`."""

@@ -40,17 +40,20 @@ a round costs O(selected clients), never O(population).
 Every algorithm runs from its one definition of the round math
 (`tff_algos.definition.AlgorithmDefinition`, made by the algorithm's module
 and listed in `DEFINITIONS`); the engine has no per-algorithm code, and the
-stacked engine runs the same definitions. Supported algorithms: FedAvg and
-FedProx (`tff_algos.fed_prox`), q-FedAvg
-(`tff_algos.q_ffl`, Li et al., "Fair Resource Allocation in Federated
-Learning", ICLR 2020, arXiv:1905.10497) and Delta-FL with the exact quantile
-(`tff_algos.delta_fl`, Pillutla et al., "Federated Learning with
-Superquantile Aggregation for Heterogeneous Data", arXiv:2112.09429)
-and TERM (`tff_algos.term`, Li et al., "Tilted Empirical Risk
-Minimization", ICLR 2021, arXiv:2007.01162): each client's loss at the
-broadcast model, then local training on a fresh copy of its stream (the
-federated path's two client computations each rebuild the dataset), and the
-deltas averaged with `term.tilted_weight`.
+stacked engine runs the same definitions. Supported algorithms: every one
+`run.train` offers. FedAvg and FedProx (`tff_algos.fed_prox`), q-FedAvg and
+q-FedSGD (`tff_algos.q_ffl`, Li et al., "Fair Resource Allocation in
+Federated Learning", ICLR 2020, arXiv:1905.10497), Delta-FL with the exact
+quantile (`tff_algos.delta_fl`, Pillutla et al., "Federated Learning with
+Superquantile Aggregation for Heterogeneous Data", arXiv:2112.09429), TERM
+(`tff_algos.term`, Li et al., "Tilted Empirical Risk Minimization", ICLR
+2021, arXiv:2007.01162), AFL (`tff_algos.afl`, Mohri et al., ICML 2019: its
+mixture is the server state, read from and written to the process state),
+and Ditto and the Fed+ family (`tff_algos.ditto`, `tff_algos.fed_plus`),
+whose personal models come in and go out with the round (`next(state, plan,
+client_states)` returns a `stateful.StatefulOutput`, as their processes do).
+Algorithms with client work of their own run the very function their TFF
+builder's client computation calls (`AlgorithmDefinition.local_work`).
 """
 
 import collections

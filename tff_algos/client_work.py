@@ -254,6 +254,20 @@ def client_weight(
   return tf.where(has_non_finite, tf.constant(0.0), weight)
 
 
+def weighted_delta_result(weighting: tff.learning.ClientWeighting):
+  """A definition's `client_result` sending the delta with `client_weight`.
+
+  FedAvg's, FedProx's and Ditto's global update (the weighted mean of the
+  deltas, as `tff.aggregators.MeanFactory`).
+  """
+
+  def client_result(context, loss, count, delta, num_examples, non_finite):
+    del context, loss, count
+    return delta, client_weight(weighting, num_examples, non_finite)
+
+  return client_result
+
+
 def model_types(model_fn: ModelFn):
   """`(model_weights_type, data_type, metric_finalizers, unfinalized_type)`."""
   with tf.Graph().as_default():  # pytype: disable=attribute-error

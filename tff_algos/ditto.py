@@ -225,16 +225,9 @@ def engine_definition(
         loop_implementation=loop_implementation,
     )
 
-  def client_result(context, loss, count, delta, num_examples, non_finite):
-    del context, loss, count
-    weight = client_work_lib.client_weight(
-        client_weighting, num_examples, non_finite
-    )
-    return delta, weight
-
   return definition_lib.AlgorithmDefinition(
       name='ditto',
-      client_result=client_result,
+      client_result=client_work_lib.weighted_delta_result(client_weighting),
       local_work=work,
       personal_models=len(lambdas),
       client_counts=('personal_non_finite',),

@@ -144,15 +144,8 @@ def engine_definition(
     The `definition.AlgorithmDefinition` both engines run.
   """
 
-  def client_result(context, loss, count, delta, num_examples, non_finite):
-    del context, loss, count
-    weight = client_work_lib.client_weight(
-        client_weighting, num_examples, non_finite
-    )
-    return delta, weight
-
   return definition_lib.AlgorithmDefinition(
       name=name,
-      client_result=client_result,
+      client_result=client_work_lib.weighted_delta_result(client_weighting),
       proximal_strength=proximal_strength,
   )

@@ -2,6 +2,7 @@
 TFF."""
 
 import json
+import time
 
 import numpy as np
 import tensorflow_federated as tff
@@ -60,6 +61,12 @@ def test_peak_rss_sees_memory_held_while_entered():
   with bench_suite.PeakRss(interval=0.005) as busy:
     block = np.ones(64 * 2**20 // 8)  # 64 MB, touched.
     block += 1.0
+    # Held until the sampler has run (on a loaded machine its thread may wait
+    # longer than the allocation takes); a sampler that never sees it still
+    # fails below, after the deadline.
+    deadline = time.monotonic() + 10
+    while busy.peak_mb - idle.peak_mb <= 50 and time.monotonic() < deadline:
+      time.sleep(0.01)
     del block
   assert idle.peak_mb > 0
   assert busy.peak_mb - idle.peak_mb > 50

@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 import tensorflow_federated as tff
 
+from run import algorithms
+from run import engines
 from run import simulation
 from tasks import synthetic
 from tff_algos import client_states
@@ -204,3 +206,45 @@ def test_fed_plus_runs_in_the_loop(task):
   assert 'personal/test/accuracy' in result['final_summaries']
   assert 'personal/test/lambda' not in result['final_summaries']
   assert len(result['client_state_store'].client_ids()) >= 3
+
+
+@pytest.mark.parametrize('kind', ['memory', 'disk'])
+def test_resume_on_the_batched_engine_equals_uninterrupted(
+    task, tmp_path, kind
+):
+  spec = algorithms.AlgorithmSpec(
+      name='ditto', ditto_lambda_grid=(0.1, 2.0), client_learning_rate=0.1
+  )
+  num_clients = len(task.train_data.client_ids)
+  process = algorithms.build_process(
+      spec, task.model_fn, num_clients=num_clients
+  )
+  engine = engines.build_batched_engine(spec, task)
+
+  def run_engine(out_dir, **kwargs):
+    return simulation.run_simulation(
+        process,
+        task,
+        config(**kwargs),
+        output_dir=out_dir,
+        hparams={'store': kind, 'engine': 'batched'},
+        progress=False,
+        client_state_store=store_for(kind, out_dir, process),
+        engine=engine,
+    )
+
+  full = run_engine(str(tmp_path / 'full'))
+  part = str(tmp_path / 'part')
+  run_engine(part, total_rounds=2)
+  resumed = run_engine(part)
+  assert [m['round_num'] for m in resumed['history']] == [3, 4]
+  for a, b in zip(
+      composition.model_weights_as_numpy(process, full['state']),
+      composition.model_weights_as_numpy(process, resumed['state']),
+  ):
+    np.testing.assert_array_equal(a, b)
+  full_states = all_states(full, task)
+  for a, b in zip(full_states, all_states(resumed, task)):
+    np.testing.assert_array_equal(a, b)
+  assert resumed['final_summaries'] == full['final_summaries']
+  assert max(np.abs(s).max() for s in full_states) > 0

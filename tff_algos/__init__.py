@@ -20,3 +20,41 @@ Either way every binary is a command, `tff-hetero-<module>` (`run.train` is
 `tff-hetero-train`), and `--download` fetches TFF's dataset files on request
 (`tasks.download`).
 """
+
+import builtins as _builtins
+
+from tensorflow.python.autograph.pyct import inspect_utils as _inspect_utils
+
+# Objects whose ids AutoGraph takes for builtins, kept alive so no other
+# object can ever get one of their ids (see `pin_autograph_builtins`).
+_PINNED_BUILTINS: tuple[object, ...] = ()
+
+
+def pin_autograph_builtins() -> None:
+  """Guards TF's AutoGraph against a builtin's stale id; runs on import.
+
+  TF 2.14's AutoGraph takes a callable for a builtin when its `id` is in
+  `inspect_utils._BUILTIN_FUNCTION_IDS`, the ids of `builtins`' values when
+  TF was imported, and then calls it unconverted. A Jupyter kernel sets
+  `builtins.input` to a new bound method for every cell and drops the old
+  one, so the id of the one TF saw becomes free; a bound method TF makes
+  later for a `tf.function` method (e.g. a Keras model's
+  `report_local_unfinalized_metrics`) can land there and is then called with
+  TF's `TfMethodTarget` as `self` (`'TfMethodTarget' object has no attribute
+  'get_metrics'`, seen in one of our notebooks under CI). This keeps only the
+  ids of objects still in `builtins` and holds those objects, so their ids
+  are never reused; ids already freed are dropped.
+  """
+  global _PINNED_BUILTINS
+  ids = getattr(_inspect_utils, '_BUILTIN_FUNCTION_IDS', None)
+  if ids is None:  # Another TF version: nothing to guard.
+    return
+  current = {id(v): v for v in _builtins.__dict__.values()}
+  kept = tuple(v for i, v in current.items() if i in ids)
+  _PINNED_BUILTINS = tuple({id(v): v for v in _PINNED_BUILTINS + kept}.values())
+  _inspect_utils._BUILTIN_FUNCTION_IDS = frozenset(  # pylint: disable=protected-access
+      id(v) for v in _PINNED_BUILTINS
+  )
+
+
+pin_autograph_builtins()

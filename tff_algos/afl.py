@@ -158,12 +158,23 @@ def _check_options(num_clients, model_learning_rate, mixture_learning_rate):
 
 def build_afl_client_work(
     model_fn: ModelFn,
+    definition: definition_lib.AlgorithmDefinition,
     *,
     num_clients: int,
     mixture_learning_rate: float,
     metrics_aggregator: Optional[Callable[..., tff.Computation]] = None,
 ) -> tff.learning.templates.ClientWorkProcess:
   """Client work: full local gradient, weight lambda_k, ascent on lambda.
+
+  Args:
+    model_fn: No-arg callable returning a new `VariableModel`.
+    definition: `engine_definition`'s result: its `local_work` and
+      `client_result` are each client's work and message; the mixture's
+      ascent is its server-state update placed with TFF (sums of the
+      clients' one-hot losses, then `ascend_mixture`).
+    num_clients: m, the mixture's size.
+    mixture_learning_rate: gamma_lambda >= 0.
+    metrics_aggregator: Metrics aggregator.
 
   Returns:
     A `ClientWorkProcess` with server state lambda (float32[num_clients],
@@ -189,13 +200,19 @@ def build_afl_client_work(
     @tf.function
     def run(weights, dataset, index_ds, mixture):
       index = index_ds.reduce(tf.constant(0, tf.int32), lambda _, i: i)
-      work = client_work_lib.full_gradient_work(model, weights, dataset)
-      grad = list(work.vector)
+      work = definition.local_work(model, weights, dataset)
+      grad, weight = definition.client_result(
+          {'server_state': mixture, 'client_index': index},
+          work.loss,
+          None,
+          work.vector,
+          work.num_examples,
+          work.non_finite,
+      )
       one_hot = tf.one_hot(index, num_clients, dtype=tf.float32)
       return (
           tff.learning.templates.ClientResult(
-              update=grad,
-              update_weight=mixture_weight(mixture, index, work.non_finite),
+              update=list(grad), update_weight=weight
           ),
           model.report_local_unfinalized_metrics(),
           one_hot * work.loss,
@@ -281,8 +298,14 @@ def build_afl(
   _check_options(num_clients, model_learning_rate, mixture_learning_rate)
   if not callable(model_fn):
     raise TypeError('model_fn must be a no-arg callable returning a model')
+  definition = engine_definition(
+      num_clients=num_clients,
+      model_learning_rate=model_learning_rate,
+      mixture_learning_rate=mixture_learning_rate,
+  )
   work = build_afl_client_work(
       model_fn,
+      definition,
       num_clients=num_clients,
       mixture_learning_rate=float(mixture_learning_rate),
       metrics_aggregator=metrics_aggregator,
@@ -290,10 +313,9 @@ def build_afl(
   return composition.compose_model_delta_process(
       model_fn,
       work,
-      server_optimizer_fn=tff.learning.optimizers.build_sgdm(
-          learning_rate=float(model_learning_rate)
-      ),
+      server_optimizer_fn=definition.fixed_server_optimizer,
       model_distributor=model_distributor,
+      # The definition's `server`: the weighted mean, 0 if every weight is 0.
       model_aggregator=tff.aggregators.MeanFactory(no_nan_division=True),
   )
 

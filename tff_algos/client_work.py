@@ -322,14 +322,38 @@ def empty_server_state() -> tff.Computation:
   return init_fn
 
 
+def structured_client_result(
+    definition: definition_lib.AlgorithmDefinition,
+    context,
+    loss,
+    count,
+    delta,
+    num_examples,
+    non_finite,
+):
+  """`definition.client_result` on a nested delta, for a TFF client.
+
+  The engines call `client_result` with the flat tuple of the trainable
+  weights' deltas; a TFF client computation calls it through this function,
+  which flattens `delta` and nests the vector back as `delta` is, so both
+  paths send what the one definition computes.
+  """
+  vector, scalar = definition.client_result(
+      context,
+      loss,
+      count,
+      tuple(tf.nest.flatten(delta)),
+      num_examples,
+      non_finite,
+  )
+  return tf.nest.pack_sequence_as(delta, list(vector)), scalar
+
+
 def build_local_training_client_work(
     model_fn: ModelFn,
     optimizer: tff.learning.optimizers.Optimizer,
+    definition: definition_lib.AlgorithmDefinition,
     *,
-    client_weighting: tff.learning.ClientWeighting = (
-        tff.learning.ClientWeighting.NUM_EXAMPLES
-    ),
-    proximal_strength: float = 0.0,
     metrics_aggregator: Optional[Callable[..., tff.Computation]] = None,
     loop_implementation: tff.learning.LoopImplementation = (
         tff.learning.LoopImplementation.DATASET_REDUCE
@@ -337,20 +361,35 @@ def build_local_training_client_work(
 ) -> tff.learning.templates.ClientWorkProcess:
   """Client work running `local_training` on each selected client.
 
+  The client trains with the definition's proximal strength and weight
+  decay and sends its `client_result` (FedAvg's and FedProx's:
+  `weighted_delta_result`, the delta with `client_weight`).
+
   Args:
     model_fn: No-arg callable returning a new `VariableModel`.
     optimizer: Client optimizer (`tff.learning.optimizers.Optimizer`).
-    client_weighting: `NUM_EXAMPLES` (as in the papers' experiments) or
-      `UNIFORM`.
-    proximal_strength: FedProx's mu >= 0.
+    definition: The algorithm's `definition.AlgorithmDefinition`, one with
+      plain local training (no loss pass, no `local_work`), e.g.
+      `fed_prox.engine_definition`.
     metrics_aggregator: Aggregator of training metrics (default
       `tff.learning.metrics.sum_then_finalize`).
     loop_implementation: How local datasets are iterated.
 
   Returns:
-    A `ClientWorkProcess` whose result is the model delta and its weight, and
-    whose measurements are the aggregated training metrics under `train`.
+    A `ClientWorkProcess` whose result is the definition's vector and
+    weight, and whose measurements are the aggregated training metrics under
+    `train`.
   """
+  if not isinstance(definition, definition_lib.AlgorithmDefinition):
+    raise TypeError(
+        'definition must be a definition.AlgorithmDefinition, got '
+        f'{type(definition).__name__}'
+    )
+  if definition.loss_pass != 'none' or definition.local_work is not None:
+    raise ValueError(
+        f'{definition.name}: this client work runs plain local training, '
+        'without a loss pass or local_work'
+    )
   if not isinstance(optimizer, tff.learning.optimizers.Optimizer):
     raise TypeError(
         'optimizer must be a tff.learning.optimizers.Optimizer, got '
@@ -371,13 +410,16 @@ def build_local_training_client_work(
           optimizer,
           initial_weights,
           dataset,
-          proximal_strength=proximal_strength,
+          proximal_strength=definition.proximal_strength,
+          weight_decay=definition.weight_decay,
           loop_implementation=loop_implementation,
       )
-      weight = client_weight(client_weighting, num_examples, non_finite)
+      vector, weight = structured_client_result(
+          definition, {}, None, None, delta, num_examples, non_finite
+      )
       return (
           tff.learning.templates.ClientResult(
-              update=delta, update_weight=weight
+              update=vector, update_weight=weight
           ),
           model.report_local_unfinalized_metrics(),
       )

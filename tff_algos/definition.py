@@ -39,10 +39,13 @@ training (Ditto, Fed+, AFL):
 
 Both engines (`tff_algos.batched`, clients one after another in a graph, and
 `tff_algos.stacked`, clients vectorized) run every algorithm from its
-definition and nothing else: they hold no per-algorithm code. The functions
-a definition calls are the ones the algorithm's TFF builder uses
-(`q_ffl.q_ffl_client_message`, `delta_fl.keep_client`,
-`term.tilted_weight`, ...), so the math is written once. `prepare`,
+definition and nothing else: they hold no per-algorithm code. Each
+algorithm's TFF builder builds the same definition, and its client
+computation runs the definition's local training (`proximal_strength`,
+`weight_decay`) or `local_work`, `trains` and `client_result` (through
+`client_work.structured_client_result`); the round-wide parts (`prepare`,
+`server`, `server_state`) it places with TFF's federated operators, as each
+builder documents. So the math is written once. `prepare`,
 `trains`, `client_result` (unless `per_client_message`) and `metrics` are
 elementwise over clients: the batched engine calls them with one client's
 scalars, the stacked engine with `[K]` vectors.

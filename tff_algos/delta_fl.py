@@ -93,8 +93,13 @@ def build_delta_fl_client_work(
     threshold `eta`, the fraction of clients kept and (only when the
     estimator is not secure) the mean loss at the broadcast model.
   """
-  del theta  # The estimator carries the level 1 - theta.
-  slack = filter_slack(quantile_estimator)
+  definition = engine_definition(
+      theta=theta,
+      strict_filter=strict_filter,
+      uniform_weights=uniform_weights,
+      weight_decay=weight_decay,
+      slack=filter_slack(quantile_estimator),
+  )
   weights_type, data_type, metrics_aggregation_fn = (
       client_work_lib.model_types_and_metrics(model_fn, metrics_aggregator)
   )
@@ -107,30 +112,35 @@ def build_delta_fl_client_work(
     def run(weights, dataset):
       loss, n = client_work_lib.local_loss(model, weights, dataset)
       alpha = tf.constant(1.0) if uniform_weights else tf.cast(n, tf.float32)
-      return loss, alpha
+      return loss, alpha, n
 
     return run(weights, dataset)
 
   @tff.tensorflow.computation(
-      weights_type, data_type, np.float32, np.float32, np.float32
+      weights_type, data_type, np.float32, np.int64, np.float32
   )
-  def client_train(weights, dataset, loss, alpha, threshold):
+  def client_train(weights, dataset, loss, count, threshold):
     model = model_fn()
 
     @tf.function
-    def run(weights, dataset, loss, alpha, threshold):
-      kept = keep_client(loss, threshold, strict=strict_filter, slack=slack)
+    def run(weights, dataset, loss, count, threshold):
+      # The round context that `definition.prepare` computes from every
+      # client's loss is here the estimator's eta, through TFF.
+      context = {'eta': threshold}
+      kept = definition.trains(context, loss)
 
       def train():
-        delta, _, non_finite = client_work_lib.local_training(
+        delta, num_examples, non_finite = client_work_lib.local_training(
             model,
             optimizer,
             weights,
             dataset,
-            weight_decay=weight_decay,
+            weight_decay=definition.weight_decay,
             loop_implementation=loop_implementation,
         )
-        return delta, tf.where(non_finite, 0.0, alpha)
+        return client_work_lib.structured_client_result(
+            definition, context, loss, count, delta, num_examples, non_finite
+        )
 
       def skip():
         return (
@@ -147,7 +157,7 @@ def build_delta_fl_client_work(
           tf.cast(kept, tf.float32),
       )
 
-    return run(weights, dataset, loss, alpha, threshold)
+    return run(weights, dataset, loss, count, threshold)
 
   init_fn = client_work_lib.empty_server_state()
 
@@ -157,7 +167,9 @@ def build_delta_fl_client_work(
       tff.FederatedType(data_type, tff.CLIENTS),
   )
   def next_fn(state, weights, client_data):
-    losses, alphas = tff.federated_map(client_loss, (weights, client_data))
+    losses, alphas, counts = tff.federated_map(
+        client_loss, (weights, client_data)
+    )
     threshold = quantile_estimator.estimate(losses, alphas)
     result, model_outputs, kept = tff.federated_map(
         client_train,
@@ -165,7 +177,7 @@ def build_delta_fl_client_work(
             weights,
             client_data,
             losses,
-            alphas,
+            counts,
             tff.federated_broadcast(threshold),
         ),
     )
@@ -444,8 +456,9 @@ def engine_definition(
     strict_filter: bool = False,
     uniform_weights: bool = False,
     weight_decay: float = 0.0,
+    slack: Optional[float] = None,
 ) -> definition_lib.AlgorithmDefinition:
-  """Delta-FL's round (exact quantile) for the simulation engines.
+  """Delta-FL's round (exact quantile): the engines and the TFF clients.
 
   A loss pass at the broadcast model; eta, the (1 - theta)-quantile of the
   losses weighted by alpha_k (n_k, or 1 with `uniform_weights`); the clients
@@ -458,12 +471,17 @@ def engine_definition(
     strict_filter: Algorithm 3's `F_k > eta`.
     uniform_weights: The workshop version's alpha_k = 1.
     weight_decay: Local weight decay.
+    slack: The filter's `filter_slack` (None: the exact quantile's, 0).
+      `build_delta_fl_client_work` passes its estimator's; its clients
+      compute eta with that estimator through TFF instead of `prepare`.
 
   Returns:
-    The `definition.AlgorithmDefinition` both engines run.
+    The `definition.AlgorithmDefinition` both engines run, whose `trains`
+    and `client_result` `build_delta_fl`'s clients also run.
   """
   estimator = quantiles.build_estimator('exact', level=1.0 - theta)
-  slack = filter_slack(estimator)
+  if slack is None:
+    slack = filter_slack(estimator)
 
   def alphas(counts):
     counts = tf.cast(counts, tf.float32)

@@ -105,11 +105,15 @@ def build_fed_prox(
     raise TypeError('model_fn must be a no-arg callable returning a model')
   if proximal_strength == 0.0:
     logging.info('FedProx with proximal_strength=0.0 is FedAvg.')
+  definition = engine_definition(
+      client_weighting=client_weighting,
+      proximal_strength=proximal_strength,
+      name='fedprox' if proximal_strength else 'fedavg',
+  )
   work = client_work_lib.build_local_training_client_work(
       model_fn,
       client_optimizer_fn,
-      client_weighting=client_weighting,
-      proximal_strength=proximal_strength,
+      definition,
       metrics_aggregator=metrics_aggregator,
       loop_implementation=loop_implementation,
   )
@@ -129,7 +133,7 @@ def engine_definition(
     proximal_strength: float = 0.0,
     name: str = 'fedprox',
 ) -> definition_lib.AlgorithmDefinition:
-  """FedProx's round (FedAvg's with mu = 0) for the simulation engines.
+  """FedProx's round (FedAvg's with mu = 0): `build_fed_prox` and the engines.
 
   Local training with the proximal term mu/2 ||w - w_t||^2, then the
   weighted mean of the deltas (`client_work.client_weight`, as
@@ -141,7 +145,8 @@ def engine_definition(
     name: 'fedprox' or 'fedavg'.
 
   Returns:
-    The `definition.AlgorithmDefinition` both engines run.
+    The `definition.AlgorithmDefinition` `build_fed_prox`'s client work and
+    both engines run.
   """
 
   return definition_lib.AlgorithmDefinition(

@@ -97,7 +97,11 @@ def build_q_ffl_client_work(
     with weight 1, and whose measurements are the training metrics plus
     the mean pre-training loss of the selected clients (`loss_at_broadcast`).
   """
-  q, lipschitz_constant = _validate(q, lipschitz_constant)
+  definition = engine_definition(
+      q=q,
+      lipschitz_constant=lipschitz_constant,
+      local_solver=optimizer is not None,
+  )
   weights_type, data_type, metrics_aggregation_fn = (
       client_work_lib.model_types_and_metrics(model_fn, metrics_aggregator)
   )
@@ -108,35 +112,24 @@ def build_q_ffl_client_work(
 
     @tf.function
     def run(initial_weights, dataset):
-      if optimizer is None:
-        work = client_work_lib.full_gradient_work(
-            model, initial_weights, dataset
-        )
-        loss, ok = work.loss, tf.logical_not(work.non_finite)
-        dw = tf.nest.pack_sequence_as(
+      if definition.local_work is not None:
+        work = definition.local_work(model, initial_weights, dataset)
+        loss, non_finite = work.loss, work.non_finite
+        delta = tf.nest.pack_sequence_as(
             initial_weights.trainable, list(work.vector)
         )
+        num_examples = work.num_examples
       else:
         loss, _ = client_work_lib.local_loss(model, initial_weights, dataset)
-        delta, _, non_finite = client_work_lib.local_training(
+        delta, num_examples, non_finite = client_work_lib.local_training(
             model,
             optimizer,
             initial_weights,
             dataset,
             loop_implementation=loop_implementation,
         )
-        dw = tf.nest.map_structure(lambda d: lipschitz_constant * d, delta)
-        ok = tf.logical_not(non_finite)
-      message, h = q_ffl_client_message(
-          loss, dw, q=q, lipschitz=lipschitz_constant
-      )
-      (message, h), non_finite = client_work_lib.zero_all_if_any_non_finite(
-          (message, h)
-      )
-      ok = tf.logical_and(ok, tf.logical_not(non_finite))
-      h = tf.where(ok, h, 0.0)
-      message = tf.nest.map_structure(
-          lambda m: tf.where(ok, m, tf.zeros_like(m)), message
+      message, h = client_work_lib.structured_client_result(
+          definition, {}, loss, None, delta, num_examples, non_finite
       )
       return (
           tff.learning.templates.ClientResult(

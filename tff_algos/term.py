@@ -65,6 +65,7 @@ def build_term_client_work(
     n_k exp(t F_k - max t F), with measurements `train` (training metrics),
     `loss_at_broadcast` (mean over clients) and `max_loss_at_broadcast`.
   """
+  definition = engine_definition(tilt=tilt, proximal_strength=proximal_strength)
   weights_type, data_type, metrics_aggregation_fn = (
       client_work_lib.model_types_and_metrics(model_fn, metrics_aggregator)
   )
@@ -88,18 +89,25 @@ def build_term_client_work(
 
     @tf.function
     def run(weights, dataset, loss, num_examples, max_tilted_loss):
-      delta, _, non_finite = client_work_lib.local_training(
+      delta, trained_examples, non_finite = client_work_lib.local_training(
           model,
           optimizer,
           weights,
           dataset,
-          proximal_strength=proximal_strength,
+          proximal_strength=definition.proximal_strength,
           loop_implementation=loop_implementation,
       )
-      weight = tilted_weight(
-          loss, num_examples, tilt=tilt, max_tilted_loss=max_tilted_loss
+      # The round context that `definition.prepare` computes from every
+      # client's loss is here the federated max of the tilted losses.
+      delta, weight = client_work_lib.structured_client_result(
+          definition,
+          {'max_tilted_loss': max_tilted_loss},
+          loss,
+          num_examples,
+          delta,
+          trained_examples,
+          non_finite,
       )
-      weight = tf.where(non_finite, 0.0, weight)
       return (
           tff.learning.templates.ClientResult(
               update=delta, update_weight=weight

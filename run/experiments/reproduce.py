@@ -31,6 +31,9 @@ Experiments:
                       CPU scale-down; needs --extra_flags=--data_dir=DIR.
   fedprox_stragglers  FedAvg (drops stragglers) vs FedProx mu = 0 / mu = 1
                       with 90% stragglers, E = 20, thesis section 3.4.
+  fedprox_shakespeare The same comparison (mu = 0.001, the thesis's
+                      Shakespeare mu) on the FedProx Shakespeare preset, CPU
+                      scale-down; needs --extra_flags=--data_dir=DIR.
   robust_clean, robust_label_poison, robust_gaussian, robust_model_replacement
                       FedAvg vs robust aggregators on Synthetic(1,1) with
                       20% of clients corrupted (A1-A3), benign-client metrics.
@@ -281,6 +284,35 @@ EXPERIMENTS['qffl_shakespeare'] = {
     'rounds': 100,
     'metric': 'test/accuracy',
     'columns': _FAIRNESS_COLUMNS,
+}
+# Thesis section 3.4 on Shakespeare (Fig 3.1): lr 0.8, batch 10, 10 roles per
+# round, E = 20, 90% stragglers, mu = 0.001 (the thesis's best Shakespeare
+# mu). The training roles are evaluated: the thesis plots the training loss.
+EXPERIMENTS['fedprox_shakespeare'] = {
+    'base': [f for f in _SHAKESPEARE_CPU if f.startswith('--task')]
+    + [
+        '--simulation_engine=stacked',
+        '--shakespeare_preset=fedprox',
+        '--max_examples_per_client=60',
+        '--rnn_units=32',
+        '--clients_per_round=10',
+        '--client_batch_size=10',
+        '--client_learning_rate=0.8',
+        '--client_epochs_per_round=20',
+        '--straggler_fraction=0.9',
+    ],
+    'variants': {
+        'FedAvg (drops stragglers)': ['--algorithm=fedavg'],
+        'FedProx mu=0': ['--algorithm=fedprox', '--proximal_strength=0'],
+        'FedProx mu=0.001': [
+            '--algorithm=fedprox',
+            '--proximal_strength=0.001',
+        ],
+    },
+    'rounds': 40,
+    'metric': 'test/accuracy',
+    'extra_metrics': (('train/loss', 'weighted_mean'),),
+    'columns': ('weighted_mean', 'mean', 'worst10', 'variance'),
 }
 EXPERIMENTS['robust_clean'] = {
     'base': [f for f in _ROBUST_BASE if f != '--attack_fraction=0.2'],

@@ -147,3 +147,32 @@ def test_variant_metrics_pick_each_rows_metric():
   assert '| Fed+ | 85 (5) |' in reproduce.table(experiment, results)
   paired = reproduce.paired_table(experiment, results).splitlines()[2]
   assert paired == '| Fed+ | +40 / +20; +30 (10) |'
+
+
+def test_fedprox_shakespeare_declares_the_thesis_setting():
+  """Thesis section 3.4 / 3.7.2 on Shakespeare, and its no-straggler twin."""
+  for name, stragglers in (
+      ('fedprox_shakespeare', 0.9),
+      ('fedprox_shakespeare_no_stragglers', None),
+  ):
+    experiment = reproduce.EXPERIMENTS[name]
+    base = experiment['base']
+    for flag in (
+        '--shakespeare_preset=fedprox',
+        '--clients_per_round=10',
+        '--client_batch_size=10',
+        '--client_learning_rate=0.8',
+        '--client_epochs_per_round=20',
+    ):
+      assert flag in base, (name, flag)
+    straggling = [f for f in base if f.startswith('--straggler_fraction')]
+    if stragglers is None:
+      assert not straggling, name
+    else:
+      assert straggling == [f'--straggler_fraction={stragglers}'], name
+    variants = experiment['variants']
+    assert ['--algorithm=fedavg'] in variants.values(), name
+    assert [
+        '--algorithm=fedprox',
+        '--proximal_strength=0.001',
+    ] in variants.values(), name

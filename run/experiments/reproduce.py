@@ -34,6 +34,8 @@ Experiments:
   fedprox_shakespeare The same comparison (mu = 0.001, the thesis's
                       Shakespeare mu) on the FedProx Shakespeare preset, CPU
                       scale-down; needs --extra_flags=--data_dir=DIR.
+  fedprox_shakespeare_no_stragglers
+                      Its control: no stragglers, FedAvg vs mu = 0.001.
   robust_clean, robust_label_poison, robust_gaussian, robust_model_replacement
                       FedAvg vs robust aggregators on Synthetic(1,1) with
                       20% of clients corrupted (A1-A3), benign-client metrics.
@@ -313,6 +315,22 @@ EXPERIMENTS['fedprox_shakespeare'] = {
     'metric': 'test/accuracy',
     'extra_metrics': (('train/loss', 'weighted_mean'),),
     'columns': ('weighted_mean', 'mean', 'worst10', 'variance'),
+}
+# Its control: with no stragglers FedAvg and FedProx mu = 0 are one run.
+EXPERIMENTS['fedprox_shakespeare_no_stragglers'] = {
+    **EXPERIMENTS['fedprox_shakespeare'],
+    'base': [
+        f
+        for f in EXPERIMENTS['fedprox_shakespeare']['base']
+        if not f.startswith('--straggler_fraction')
+    ],
+    'variants': {
+        'FedAvg = FedProx mu=0': ['--algorithm=fedavg'],
+        'FedProx mu=0.001': [
+            '--algorithm=fedprox',
+            '--proximal_strength=0.001',
+        ],
+    },
 }
 EXPERIMENTS['robust_clean'] = {
     'base': [f for f in _ROBUST_BASE if f != '--attack_fraction=0.2'],

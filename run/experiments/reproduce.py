@@ -290,47 +290,41 @@ EXPERIMENTS['qffl_shakespeare'] = {
 # Thesis section 3.4 on Shakespeare (Fig 3.1): lr 0.8, batch 10, 10 roles per
 # round, E = 20, 90% stragglers, mu = 0.001 (the thesis's best Shakespeare
 # mu). The training roles are evaluated: the thesis plots the training loss.
-EXPERIMENTS['fedprox_shakespeare'] = {
-    'base': [f for f in _SHAKESPEARE_CPU if f.startswith('--task')]
-    + [
-        '--simulation_engine=stacked',
-        '--shakespeare_preset=fedprox',
-        '--max_examples_per_client=60',
-        '--rnn_units=32',
-        '--clients_per_round=10',
-        '--client_batch_size=10',
-        '--client_learning_rate=0.8',
-        '--client_epochs_per_round=20',
-        '--straggler_fraction=0.9',
-    ],
-    'variants': {
-        'FedAvg (drops stragglers)': ['--algorithm=fedavg'],
-        'FedProx mu=0': ['--algorithm=fedprox', '--proximal_strength=0'],
-        'FedProx mu=0.001': [
-            '--algorithm=fedprox',
-            '--proximal_strength=0.001',
-        ],
-    },
+_FEDPROX_SHAKESPEARE = [
+    '--task=shakespeare_leaf',
+    '--simulation_engine=stacked',
+    '--shakespeare_preset=fedprox',
+    '--max_examples_per_client=60',
+    '--rnn_units=32',
+    '--clients_per_round=10',
+    '--client_batch_size=10',
+    '--client_learning_rate=0.8',
+    '--client_epochs_per_round=20',
+]
+_FEDPROX_MU = ['--algorithm=fedprox', '--proximal_strength=0.001']
+_FEDPROX_SHAKESPEARE_REPORT = {
     'rounds': 40,
     'metric': 'test/accuracy',
     'extra_metrics': (('train/loss', 'weighted_mean'),),
     'columns': ('weighted_mean', 'mean', 'worst10', 'variance'),
 }
+EXPERIMENTS['fedprox_shakespeare'] = {
+    'base': _FEDPROX_SHAKESPEARE + ['--straggler_fraction=0.9'],
+    'variants': {
+        'FedAvg (drops stragglers)': ['--algorithm=fedavg'],
+        'FedProx mu=0': ['--algorithm=fedprox', '--proximal_strength=0'],
+        'FedProx mu=0.001': _FEDPROX_MU,
+    },
+    **_FEDPROX_SHAKESPEARE_REPORT,
+}
 # Its control: with no stragglers FedAvg and FedProx mu = 0 are one run.
 EXPERIMENTS['fedprox_shakespeare_no_stragglers'] = {
-    **EXPERIMENTS['fedprox_shakespeare'],
-    'base': [
-        f
-        for f in EXPERIMENTS['fedprox_shakespeare']['base']
-        if not f.startswith('--straggler_fraction')
-    ],
+    'base': _FEDPROX_SHAKESPEARE,
     'variants': {
         'FedAvg = FedProx mu=0': ['--algorithm=fedavg'],
-        'FedProx mu=0.001': [
-            '--algorithm=fedprox',
-            '--proximal_strength=0.001',
-        ],
+        'FedProx mu=0.001': _FEDPROX_MU,
     },
+    **_FEDPROX_SHAKESPEARE_REPORT,
 }
 EXPERIMENTS['robust_clean'] = {
     'base': [f for f in _ROBUST_BASE if f != '--attack_fraction=0.2'],

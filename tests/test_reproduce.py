@@ -87,6 +87,13 @@ def test_every_experiment_reports_metrics_its_runs_produce():
       assert not [m for m in metrics if m.startswith('train/')], name
 
 
+def _assert_declares(name, flags):
+  """Every flag is in the experiment's base flags."""
+  base = reproduce.EXPERIMENTS[name]['base']
+  for flag in flags:
+    assert flag in base, (name, flag)
+
+
 def test_fedplus_synthetic_declares_the_papers_setting():
   """Document 004 section 5.2 (spec A.7 / A.8.2) as declared flags."""
   for name, n in (
@@ -95,18 +102,19 @@ def test_fedplus_synthetic_declares_the_papers_setting():
       ('fedplus_synthetic_n3', 3),
   ):
     experiment = reproduce.EXPERIMENTS[name]
-    base = experiment['base']
-    for flag in (
-        '--task=synthetic',
-        '--synthetic_alpha=1000',
-        '--synthetic_beta=10',
-        '--client_batch_size=10',
-        '--client_learning_rate=0.01',
-        '--client_epochs_per_round=20',
-        f'--num_clients={n}',
-        f'--clients_per_round={min(n, 10)}',
-    ):
-      assert flag in base, (name, flag)
+    _assert_declares(
+        name,
+        (
+            '--task=synthetic',
+            '--synthetic_alpha=1000',
+            '--synthetic_beta=10',
+            '--client_batch_size=10',
+            '--client_learning_rate=0.01',
+            '--client_epochs_per_round=20',
+            f'--num_clients={n}',
+            f'--clients_per_round={min(n, 10)}',
+        ),
+    )
     plus = {v: f for v, f in experiment['variants'].items() if '+' in v}
     deltas = {f[0].split('=')[1]: f[2].split('=')[1] for f in plus.values()}
     assert deltas == {
@@ -157,14 +165,16 @@ def test_fedprox_shakespeare_declares_the_thesis_setting():
   ):
     experiment = reproduce.EXPERIMENTS[name]
     base = experiment['base']
-    for flag in (
-        '--shakespeare_preset=fedprox',
-        '--clients_per_round=10',
-        '--client_batch_size=10',
-        '--client_learning_rate=0.8',
-        '--client_epochs_per_round=20',
-    ):
-      assert flag in base, (name, flag)
+    _assert_declares(
+        name,
+        (
+            '--shakespeare_preset=fedprox',
+            '--clients_per_round=10',
+            '--client_batch_size=10',
+            '--client_learning_rate=0.8',
+            '--client_epochs_per_round=20',
+        ),
+    )
     straggling = [f for f in base if f.startswith('--straggler_fraction')]
     if stragglers is None:
       assert not straggling, name

@@ -54,15 +54,31 @@ test holding disjoint users (LEAF's `-t user` split) means unseen test
 clients already: they are used as is. Users in only some of both splits are
 an error, as is a user in two files of one split.
 
-Each file is read once with `json.load`; each user's examples become numpy
-arrays as its file is read (Shakespeare characters through one
-`utf-32` encoding per user, not per character).
+Loading is lazy. Each split is parsed once (`json.load` per file; each
+user's examples become numpy arrays as its file is read, Shakespeare
+characters through one `utf-32` encoding per user) into a compact cache
+beside the data, `DIR/.leaf_cache/<split>-<key>/` (`tasks.leaf_cache`: one
+flat array of every user's converted `x`, one of the labels, and an index of
+users, counts and offsets; Sent140 keeps its token ids and sorted token
+list, so the vocabulary is counted from the selected training users without
+the JSON). The key hashes each JSON file's name, size, modification time
+and inode: changing, adding or removing a file rebuilds the cache (the stale
+entry is deleted). Entries are built in a temporary folder and renamed into
+place, and one that does not read back whole is rebuilt, never trusted.
+If `DIR` is not writable the cache goes to
+`$XDG_CACHE_HOME/tff-hetero/leaf/` (default `~/.cache`), else the split is
+converted in memory, with a warning. With a cache, `create_task` reads only
+the index (and, for Sent140, the selected training users' token ids); a
+client's arrays are read from the memory-mapped cache when its dataset is
+created, so memory follows the clients in use, not the dataset. Delete
+`DIR/.leaf_cache` to drop the cache.
 """
 
 import collections
 from collections.abc import Callable, Mapping, Sequence
 import dataclasses
 import glob
+import itertools
 import json
 import os
 import re
@@ -75,6 +91,7 @@ import tensorflow_federated as tff
 from tasks import base
 from tasks import data_files
 from tasks import emnist
+from tasks import leaf_cache
 
 DATASETS = ('femnist', 'sent140', 'shakespeare')
 MODELS = {
@@ -108,12 +125,39 @@ _CHAR_IDS[[ord(c) for c in ALL_LETTERS]] = np.arange(len(ALL_LETTERS))
 
 
 @dataclasses.dataclass
-class _User:
+class _Converted:
   """One user's examples in one split, converted, and the file holding them."""
 
-  x: Any  # np.ndarray; a list of token lists for sent140 until `_encode`.
+  x: Any  # np.ndarray; a list of token lists for sent140.
   y: np.ndarray
   path: str
+
+
+@dataclasses.dataclass(frozen=True)
+class _User:
+  """A client: its examples in one split, or (merged) in both, read lazily."""
+
+  parts: tuple[tuple[leaf_cache.SplitData, str], ...]
+  path: str
+
+  @property
+  def count(self) -> int:
+    return sum(split.count(user) for split, user in self.parts)
+
+  @property
+  def widths(self) -> set[int]:
+    return {split.width(user) for split, user in self.parts}
+
+  def arrays(self, encode: Callable) -> tuple[np.ndarray, np.ndarray]:
+    """`(x, y)`, read from the cache; `encode(split, x)` maps each part's x."""
+    xs, ys = [], []
+    for split, user in self.parts:
+      x, y = split.arrays(user)
+      xs.append(encode(split, x))
+      ys.append(y)
+    if len(xs) == 1:
+      return xs[0], ys[0]
+    return np.concatenate(xs), np.concatenate(ys)
 
 
 # ---------------------------------------------------------------------------
@@ -140,6 +184,10 @@ def _load_json(path: str) -> Mapping[str, Any]:
       content = json.load(f)
   except (json.JSONDecodeError, UnicodeDecodeError) as e:
     raise base.TaskError(f'{path}: malformed JSON ({e})') from None
+  except RecursionError:
+    raise base.TaskError(
+        f'{path}: malformed JSON (nested too deeply for a LEAF file)'
+    ) from None
   except OSError as e:
     raise base.TaskError(f'{path}: cannot read ({e.strerror})') from None
   if not isinstance(content, dict):
@@ -261,7 +309,7 @@ def _int_labels(y: list, path: str, user: str, classes: int) -> np.ndarray:
   return labels.astype(np.int32)
 
 
-def _femnist_user(x: list, y: list, path: str, user: str) -> _User:
+def _femnist_user(x: list, y: list, path: str, user: str) -> _Converted:
   pixels = IMAGE_SIDE * IMAGE_SIDE
   try:
     images = np.asarray(x, np.float32)
@@ -271,9 +319,15 @@ def _femnist_user(x: list, y: list, path: str, user: str) -> _User:
     raise base.TaskError(
         f'{path}: user {user!r}: femnist x must be lists of {pixels} numbers'
     )
+  kinds = set(map(type, itertools.chain.from_iterable(x))) - {int, float}
+  if kinds:
+    raise base.TaskError(
+        f'{path}: user {user!r}: femnist x must be numbers, got a '
+        f'{sorted(k.__name__ for k in kinds)[0]}'
+    )
   if not np.all(np.isfinite(images)):
     raise base.TaskError(f'{path}: user {user!r}: x holds a non-finite value')
-  return _User(images, _int_labels(y, path, user, FEMNIST_CLASSES), path)
+  return _Converted(images, _int_labels(y, path, user, FEMNIST_CLASSES), path)
 
 
 def char_ids(text: str) -> np.ndarray:
@@ -282,7 +336,9 @@ def char_ids(text: str) -> np.ndarray:
   return _CHAR_IDS[np.minimum(codes, 128)]
 
 
-def _shakespeare_user(x: list, y: list, path: str, user: str) -> _User:
+def _shakespeare_user(
+    x: list, y: list, path: str, user: str
+) -> _Converted:
   if not all(isinstance(s, str) for s in x) or not all(
       isinstance(c, str) and len(c) == 1 for c in y
   ):
@@ -296,8 +352,15 @@ def _shakespeare_user(x: list, y: list, path: str, user: str) -> _User:
         f'{path}: user {user!r}: shakespeare x strings must all have one '
         f'non-zero length, got lengths {sorted(lengths)[:5]}'
     )
-  windows = char_ids(''.join(x)).reshape(len(x), -1)
-  return _User(windows, char_ids(''.join(y)), path)
+  try:
+    windows = char_ids(''.join(x)).reshape(len(x), -1)
+    labels = char_ids(''.join(y))
+  except UnicodeEncodeError:
+    raise base.TaskError(
+        f'{path}: user {user!r}: shakespeare text holds a lone surrogate '
+        '(a \\ud800-\\udfff escape that is not valid Unicode text)'
+    ) from None
+  return _Converted(windows, labels, path)
 
 
 def tokenize(text: str) -> list[str]:
@@ -305,7 +368,7 @@ def tokenize(text: str) -> list[str]:
   return _TOKEN.findall(text.lower())[:SENT140_MAX_WORDS]
 
 
-def _sent140_user(x: list, y: list, path: str, user: str) -> _User:
+def _sent140_user(x: list, y: list, path: str, user: str) -> _Converted:
   if not all(
       isinstance(r, list)
       and len(r) == SENT140_FIELDS
@@ -317,7 +380,9 @@ def _sent140_user(x: list, y: list, path: str, user: str) -> _User:
         'text] records'
     )
   tokens = [tokenize(r[-1]) for r in x]
-  return _User(tokens, _int_labels(y, path, user, SENT140_CLASSES), path)
+  return _Converted(
+      tokens, _int_labels(y, path, user, SENT140_CLASSES), path
+  )
 
 
 _CONVERTERS = {
@@ -325,6 +390,55 @@ _CONVERTERS = {
     'sent140': _sent140_user,
     'shakespeare': _shakespeare_user,
 }
+
+
+def _check_layout(
+    path: str,
+    layout: str,
+    dataset: Optional[str],
+    first_path: Optional[str],
+    expected_by: str,
+) -> None:
+  if dataset is not None and layout != dataset:
+    source = f'{first_path} holds' if first_path else expected_by
+    raise base.TaskError(
+        f'{path}: holds {layout} examples, but {source} {dataset}'
+    )
+
+
+def _convert_split(
+    writer: Any,
+    paths: Sequence[str],
+    dataset: Optional[str],
+    expected_by: str,
+) -> None:
+  """Converts every user of `paths` into `writer` (a `leaf_cache` writer).
+
+  Files are read one at a time, and each user's JSON is dropped once it is
+  converted, so memory holds one parsed file and its arrays being written.
+  """
+  files_of = {}
+  first_path = None
+  for path in paths:
+    content = _load_json(path)
+    layout = _file_layout(path, content)
+    writer.add_file(path, layout)
+    if layout is None:
+      continue
+    _check_layout(path, layout, dataset, first_path, expected_by)
+    if dataset is None:
+      dataset, first_path = layout, path
+    convert = _CONVERTERS[dataset]
+    for user in content['users']:
+      if user in files_of:
+        raise base.TaskError(
+            f'{path}: user {user!r} is also in {files_of[user]}'
+        )
+      entry = content['user_data'].pop(user)
+      converted = convert(entry['x'], entry['y'], path, user)
+      writer.add_user(user, converted.x, converted.y)
+      files_of[user] = path
+    del content
 
 
 def read_split(
@@ -335,6 +449,9 @@ def read_split(
 ) -> tuple[dict[str, _User], Optional[str]]:
   """The users of `leaf_dir/split`, and the dataset their examples form.
 
+  The split is converted once into its cache (`tasks.leaf_cache`); then
+  only the cache's index is read here, and the users' arrays when used.
+
   Args:
     leaf_dir: The LEAF dataset folder.
     split: `'train'` or `'test'`.
@@ -342,35 +459,27 @@ def read_split(
     expected_by: Who expects `dataset`, for the error message.
 
   Returns:
-    `(users, dataset)`: each user's converted examples and file, and the
+    `(users, dataset)`: each user's examples (lazily read) and file, and the
     layout (None only when every file lists no user).
 
   Raises:
     TaskError: One line naming the file, for any problem.
   """
-  users = {}
+  paths = _split_files(leaf_dir, split)
+  data = leaf_cache.load_split(
+      leaf_dir,
+      split,
+      paths,
+      lambda writer: _convert_split(writer, paths, dataset, expected_by),
+  )
   first_path = None
-  for path in _split_files(leaf_dir, split):
-    content = _load_json(path)
-    layout = _file_layout(path, content)
+  for path, layout in data.file_layouts:
     if layout is None:
       continue
+    _check_layout(path, layout, dataset, first_path, expected_by)
     if dataset is None:
       dataset, first_path = layout, path
-    elif layout != dataset:
-      source = f'{first_path} holds' if first_path else expected_by
-      raise base.TaskError(
-          f'{path}: holds {layout} examples, but {source} {dataset}'
-      )
-    convert = _CONVERTERS[dataset]
-    for user in content['users']:
-      if user in users:
-        raise base.TaskError(
-            f'{path}: user {user!r} is also in {users[user].path}'
-        )
-      entry = content['user_data'][user]
-      users[user] = convert(entry['x'], entry['y'], path, user)
-    del content
+  users = {u: _User(((data, u),), r.path) for u, r in data.users.items()}
   return users, dataset
 
 
@@ -379,19 +488,11 @@ def read_split(
 
 
 def _concat(first: _User, second: _User) -> _User:
-  if isinstance(first.x, list):
-    return _User(
-        first.x + second.x, np.concatenate([first.y, second.y]), first.path
-    )
-  return _User(
-      np.concatenate([first.x, second.x]),
-      np.concatenate([first.y, second.y]),
-      first.path,
-  )
+  return _User(first.parts + second.parts, first.path)
 
 
 def _at_least(users: Mapping[str, _User], min_examples: int) -> list[str]:
-  kept = [u for u in sorted(users) if len(users[u].y) >= min_examples]
+  kept = [u for u in sorted(users) if users[u].count >= min_examples]
   if not kept:
     raise base.TaskError(
         f'no client has at least {min_examples} examples '
@@ -471,8 +572,46 @@ def build_vocabulary(
   counts = collections.Counter()
   for tokens in token_lists:
     counts.update(tokens)
+  return _rank(counts, vocab_size)
+
+
+def _rank(counts: Mapping[str, int], vocab_size: int) -> dict[str, int]:
   ranked = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
   return {w: i + 2 for i, (w, _) in enumerate(ranked[:vocab_size])}
+
+
+def _cached_vocabulary(
+    users: Mapping[str, _User], vocab_size: int
+) -> dict[str, int]:
+  """`build_vocabulary` of `users`' tokens, counted from the cached ids."""
+  per_split = {}
+  for user in users.values():
+    for split, name in user.parts:
+      ids = split.token_ids(name)
+      total = per_split.get(id(split), (split, 0))[1]
+      counts = np.bincount(ids.ravel(), minlength=len(split.tokens) + 1)
+      per_split[id(split)] = (split, total + counts)
+  counts = collections.Counter()
+  for split, total in per_split.values():
+    for i in np.flatnonzero(total[1:]):
+      counts[split.tokens[i]] += int(total[i + 1])
+  return _rank(counts, vocab_size)
+
+
+def _token_encoder(vocabulary: Mapping[str, int]) -> Callable:
+  """`encode(split, ids)`: cached token ids to `encode_tokens`'s ids."""
+  tables = {}
+
+  def encode(split: leaf_cache.SplitData, ids: np.ndarray) -> np.ndarray:
+    if id(split) not in tables:
+      table = np.array(
+          [WORD_PAD] + [vocabulary.get(t, WORD_OOV) for t in split.tokens],
+          np.int32,
+      )
+      tables[id(split)] = (split, table)
+    return tables[id(split)][1][ids]
+
+  return encode
 
 
 def encode_tokens(
@@ -489,21 +628,29 @@ def encode_tokens(
 # Client data, preprocessing and models.
 
 
-def _client_data(users: Mapping[str, _User]) -> base.ClientData:
-  """Clients over in-memory arrays; raw examples are `{'x': ..., 'y': ...}`.
+def _keep_x(split: leaf_cache.SplitData, x: np.ndarray) -> np.ndarray:
+  del split
+  return x
 
+
+def _client_data(
+    users: Mapping[str, _User], encode: Callable = _keep_x
+) -> base.ClientData:
+  """Clients over the cached arrays; raw examples are `{'x': ..., 'y': ...}`.
+
+  A client's arrays are read (and `encode`d) when its dataset is created.
   The dataset function takes a Python string or an eager string tensor
   (the data live in numpy, outside any graph).
   """
-  arrays = {u: (users[u].x, users[u].y) for u in users}
+  users = dict(users)
 
   def dataset_fn(client_id):
     if tf.is_tensor(client_id):
       client_id = client_id.numpy().decode('utf-8')
-    x, y = arrays[client_id]
+    x, y = users[client_id].arrays(encode)
     return tf.data.Dataset.from_tensor_slices(collections.OrderedDict(x=x, y=y))
 
-  return base.ClientData.from_clients_and_tf_fn(sorted(arrays), dataset_fn)
+  return base.ClientData.from_clients_and_tf_fn(sorted(users), dataset_fn)
 
 
 def _to_xy_fn(dataset: str, model: str, vocab_size: int) -> Callable:
@@ -817,7 +964,8 @@ def create_task(
   sequence_length, vocab_size = 80, vocab_size or DEFAULT_VOCAB_SIZE
   detail = ''
   if dataset == 'shakespeare':
-    lengths = {u.x.shape[1] for u in list(train.values()) + list(test.values())}
+    users = [*train.values(), *test.values()]
+    lengths = set().union(*(u.widths for u in users))
     if len(lengths) != 1:
       raise base.TaskError(
           f'{leaf_dir}: shakespeare x strings must all have one length, got '
@@ -825,24 +973,21 @@ def create_task(
       )
     sequence_length = lengths.pop()
     detail = f', windows of {sequence_length}'
+  encode = _keep_x
   if dataset == 'sent140':
-    vocabulary = build_vocabulary(
-        [t for u in train.values() for t in u.x], vocab_size
-    )
-    for users in (train, test):
-      for user in users.values():
-        user.x = encode_tokens(user.x, vocabulary)
+    vocabulary = _cached_vocabulary(train, vocab_size)
+    encode = _token_encoder(vocabulary)
     detail = f', vocabulary of {len(vocabulary)} training tokens'
   if lstm_units is not None:
     detail += f', {lstm_units} LSTM units'
   preprocess_train, preprocess_eval = make_preprocess_fns(
       _to_xy_fn(dataset, model, vocab_size), batch_size, eval_batch_size
   )
-  examples = sum(len(u.y) for u in train.values())
+  examples = sum(u.count for u in train.values())
   return base.FederatedTask(
       name='leaf',
-      train_data=_client_data(train),
-      test_data=_client_data(test),
+      train_data=_client_data(train, encode),
+      test_data=_client_data(test, encode),
       model_fn=create_model_fn(
           dataset,
           model,

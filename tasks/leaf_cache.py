@@ -335,6 +335,9 @@ def _build(root: str, split: str, key: str, read: ReadFn) -> SplitData:
       prefix=f'.tmp-{split}-{os.getpid()}-{uuid.uuid4().hex[:8]}-', dir=root
   )
   try:
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(temp, 0o777 & ~umask)  # `mkdtemp` makes it private.
     _build_in(temp, key, read)
     if os.path.isdir(final):  # A damaged entry, or another builder's.
       if _load_entry(final, key) is None:

@@ -364,6 +364,19 @@ BAD_TRAIN = [
         'user \'z\', who is not in "users"',
     ),
     (_with(lambda c: c.update(users=['a', 'a'])), 'listed twice'),
+    ('{"users": ' + '[' * 100_000 + ']' * 100_000 + '}', 'nested too deeply'),
+    (
+        _with(_set_x('b', [['0.5'] * 784] * 2)),
+        "user 'b': femnist x must be numbers, got a str",
+    ),
+    (
+        _with(_set_x('b', [[0.5] * 783 + [True]] * 2)),
+        "user 'b': femnist x must be numbers, got a bool",
+    ),
+    (
+        _with(_set_x('b', [[False] * 784] * 2)),
+        "user 'b': femnist x must be numbers, got a bool",
+    ),
     (_with(_set_x('b', SHORT_X)), 'femnist x must be lists of 784 numbers'),
     (_with(_set_x('b', [[0.5] * 784, [float('nan')] * 784])), 'non-finite'),
     (_with(_set_y('b', [1, 62])), 'y must be in [0, 62), got 1..62'),
@@ -419,6 +432,10 @@ def _layout_dir(tmp_path, train_files, test_files):
         ('window_lengths', 'must all have one length'),
         ('window_lengths_in_user', 'one non-zero length'),
         ('two_chars', 'y single characters'),
+        (
+            'lone_surrogate',
+            "a.json: user 'a': shakespeare text holds a lone surrogate",
+        ),
         ('sent140_label', 'y must be in [0, 2)'),
         ('femnist_lstm_units', 'lstm_units applies to the stacked_lstm'),
         ('model', "model 'cnn' does not apply to LEAF shakespeare"),
@@ -465,6 +482,10 @@ def test_bad_folders(tmp_path, case, message):
   elif case == 'two_chars':
     content = shake({'a': 2}, 0)
     content['user_data']['a']['y'][1] = 'ab'
+    write_leaf(tmp_path, {'a.json': content}, {'a.json': shake({'a': 1}, 0)})
+  elif case == 'lone_surrogate':
+    content = shake({'a': 2}, 0)
+    content['user_data']['a']['x'][1] = '\ud800' + 'x' * 79
     write_leaf(tmp_path, {'a.json': content}, {'a.json': shake({'a': 1}, 0)})
   elif case == 'sent140_label':
     content = leaf_file(sent140_users({'a': 2}, 0))
@@ -575,8 +596,17 @@ def test_bad_input_through_the_binary_one_line_exit_2(dirs, tmp_path):
       {'all_data_0.json': '{"users": ['},
       {'all_data_0.json': _good_test()},
   )
+  deep = write_leaf(
+      tmp_path / 'deep',
+      {'all_data_0.json': '[' * 100_000 + ']' * 100_000},
+      {'all_data_0.json': _good_test()},
+  )
   femnist = dirs['femnist'][0]
   cases = [
+      (
+          ['--task=leaf', f'--leaf_dir={deep}'],
+          f'{deep}/train/all_data_0.json: malformed JSON (nested too deeply',
+      ),
       (['--task=leaf'], 'pass --leaf_dir'),
       (['--task=leaf', '--leaf_dir=/nonexistent/leaf'], 'does not exist'),
       (

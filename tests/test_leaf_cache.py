@@ -85,6 +85,8 @@ def _oracle(leaf_dir, dataset, task):
     x = [r for p in parts for r in p.x] if dataset == 'sent140' else None
     if x is None:
       x = np.concatenate([p.x for p in parts])
+    if dataset == 'shakespeare':  # Ids as `char_ids` gives them, int32.
+      x = x.astype(leaf.char_ids('').dtype)
     return x, np.concatenate([p.y for p in parts])
 
   out = {

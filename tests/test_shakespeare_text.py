@@ -5,9 +5,11 @@ The play text is read from the installed package at run time; the expected
 values are written from the raw lines, never by the parser under test.
 """
 
+import errno
 import json
 import os
 import shutil
+import signal
 import sqlite3
 import statistics
 import subprocess
@@ -45,7 +47,7 @@ def text_dir(tmp_path_factory):
 @pytest.fixture(scope='module')
 def built(text_dir, tmp_path_factory):
   out = str(tmp_path_factory.mktemp('out'))
-  return out, st.build(out, text_dir=text_dir)
+  return out, st.build(out, text_dir=text_dir, formats=st.FORMATS)
 
 
 # ------------------------------------------------------------------ parser
@@ -167,6 +169,174 @@ def test_joint_speakers_and_speaker_line_before_blank():
   assert (
       chorus[0][0] == henry[j + 6] == 'O for a Muse of fire, that would ascend'
   )
+
+
+def _speaker_of(play, line):
+  """The roles whose speeches hold `line` (a whole line of the etext)."""
+  return {r for r, speeches in play.roles.items() for s in speeches if line in s}
+
+
+def _after(lines, label, nth=0):
+  """The lines of the speech under the `nth` block headed by `label`."""
+  starts = [
+      i
+      for i, l in enumerate(lines)
+      if l.strip() == label and (i == 0 or not lines[i - 1].strip())
+  ]
+  i = starts[nth] + 1
+  out = []
+  while i < len(lines) and lines[i].strip():
+    out.append(' '.join(lines[i].split()))
+    i += 1
+  return out
+
+
+@pytest.mark.parametrize(
+    'name, label, role, previous',
+    [
+        # Labels heading one block only, absent from the persons list.
+        ('lear_gut.txt', 'Doct.', 'DOCT', 'COR'),
+        ('midsummer_nights_dream_gut.txt', 'ALL', 'ALL', 'QUINCE'),
+        ('midsummer_nights_dream_gut.txt', 'MOON', 'MOONSHINE', 'LYSANDER'),
+        ('henry_iv_part_1_gut.txt', 'VINT.', 'VINT', 'PRINCE'),
+        ('henry_iv_part_1_gut.txt', 'CAR.', 'CAR', 'SHER'),
+        ('richard_ii_gut.txt', 'ANOTHER LORD.', 'ANOTHER LORD', 'AUMERLE'),
+        ('coriolanus_gut.txt', 'BOTH CITIZENS.', 'BOTH CITIZENS', 'CORIOLANUS'),
+    ],
+)
+def test_label_used_once_is_its_own_speaker(name, label, role, previous):
+  lines = _lines(name)
+  assert [l.strip() for l in lines].count(label) == 1
+  speech = _after(lines, label)
+  play = st.parse_play(_raw(name))
+  for line in speech:
+    if '[' not in line:
+      assert role in _speaker_of(play, line), line
+  # Not glued onto the speech before it, and the label is not a line.
+  assert previous not in _speaker_of(play, speech[0])
+  assert not any(label in s for s in play.roles[previous])
+
+
+def test_label_shape_and_verse():
+  assert st.label_case('KENT.') == st.label_case('MOON') == 'upper'
+  assert st.label_case('LouIS.') == 'upper'
+  assert st.label_case('Doct.') == st.label_case('1 Ambassador.') == 'title'
+  assert st.label_case('Ros', joint_part=True) == 'title'
+  for verse in ('Saddle my horse.', "When thou wak'st,", 'Go seek the traitor'):
+    assert st.label_case(verse) is None
+  assert st.label_case('Farewell') is None  # Title case needs the dot.
+
+
+@pytest.mark.parametrize(
+    'name, first_line, role, next_block',
+    [
+        (
+            'lear_gut.txt',
+            'Go seek the traitor Gloster,',
+            'CORN',
+            'Though well we may not pass upon his life',
+        ),
+        ('midsummer_nights_dream_gut.txt', "When thou wak'st,", 'PUCK', None),
+        ('richard_ii_gut.txt', '[To the Combatants.] Draw near,', 'KING RICHARD',
+         None),
+        # Two capitalised parts, but not written as the play writes labels.
+        ('antony_and_cleopatra_gut.txt', "I will o'ertake thee, Cleopatra, and",
+         'ANTONY', None),
+        ('twelfth_night_gut.txt', 'Once more, Cesario,', 'DUKE', None),
+    ],
+)
+def test_verse_with_a_comma_is_not_a_joint_label(
+    name, first_line, role, next_block
+):
+  lines = [' '.join(l.split()) for l in _lines(name)]
+  i = lines.index(first_line)
+  block = []
+  while lines[i]:
+    block.append(lines[i])
+    i += 1
+  play = st.parse_play(_raw(name))
+  for line in block[1:]:  # (the first may hold a direction)
+    assert role in _speaker_of(play, line), line
+  if next_block is not None:  # Was dropped with the verse's block.
+    assert role in _speaker_of(play, next_block)
+
+
+def test_joint_labels_drop_their_speech():
+  henry = _lines('henry_iv_part_1_gut.txt')
+  i = henry.index('FALS, GADS., &C.')  # `&C.` ends the list of names.
+  assert henry[i + 1] == 'Stand!' and not henry[i + 2]
+  assert henry[i - 5] == 'FIRST TRAVELLER.'
+  before = tuple(henry[i - 4 : i - 1])
+  play = st.parse_play(_raw('henry_iv_part_1_gut.txt'))
+  assert before in play.roles['FIRST TRAVELLER']  # Not `before + ('Stand!',)`.
+  assert not any(
+      before + ('Stand!',) == s[:4] for r in play.roles.values() for s in r
+  )
+
+
+def test_prologues_epilogues_and_choruses_are_spoken_parts():
+  dream = _lines('midsummer_nights_dream_gut.txt')
+  play = st.parse_play(_raw('midsummer_nights_dream_gut.txt'))
+  prologue = _after(dream, 'PROLOGUE')
+  assert prologue[0] == "'If we offend, it is with our good will."
+  assert tuple(prologue) == play.roles['PROLOGUE'][0]
+  romeo = _lines('romeo_and_juliet_gut.txt')
+  sonnet = _after(romeo, 'Chor.')
+  assert len(sonnet) == 14 and sonnet[0].startswith('Two households')
+  play = st.parse_play(_raw('romeo_and_juliet_gut.txt'))
+  assert play.roles['CHORUS'][0] == tuple(sonnet)
+  # A heading with a speaker's label after it is only a heading.
+  play = st.parse_play(_raw('as_you_like_it_gut.txt'))
+  assert 'EPILOGUE' not in play.roles
+  rosalind = _after(_lines('as_you_like_it_gut.txt'), 'ROSALIND.', -1)
+  assert rosalind[0].startswith('It is not the fashion to see the lady')
+  assert _speaker_of(play, rosalind[0]) == {'ROSALIND'}
+
+
+def test_one_role_under_two_labels():
+  henry = [l.strip() for l in _lines('henry_iv_part_1_gut.txt')]
+  play = st.parse_play(_raw('henry_iv_part_1_gut.txt'))
+  assert henry.count('LADY.') == 8 and henry.count('LADY P.') == 7
+  assert len(play.roles['LADY PERCY']) == 15
+  assert not {'LADY', 'LADY P'} & set(play.roles)
+  pericles = [l.strip() for l in _lines('pericles_gut.txt')]
+  play = st.parse_play(_raw('pericles_gut.txt'))
+  written = sum(
+      pericles.count(n) for n in ('HELICANUS.', 'HELICANE.', 'HELCANUS.')
+  )
+  kneeling = pericles.count('HELICANUS. [Kneeling.]')
+  assert len(play.roles['HELICANUS']) == written + kneeling
+  assert not {'HELICANE', 'HELCANUS', 'PERACLES'} & set(play.roles)
+
+
+def test_the_end_of_a_direction_from_an_earlier_block_is_dropped():
+  tempest = _lines('tempest_gut.txt')
+  # The etext closes the direction early (`they join]`) and again here.
+  i = tempest.index('noise, they heavily vanish.]')
+  assert tempest[i - 4].endswith('they join]') and '[' not in tempest[i]
+  play = st.parse_play(_raw('tempest_gut.txt'))
+  everything = [l for s in play.roles.values() for x in s for l in x]
+  assert not any(']' in l or '[' in l for l in everything)
+  assert "In country footing." in everything
+
+
+def test_last_gutenberg_start_marker_wins():
+  bare = _raw('macbeth_gut.txt')
+  twice = (
+      '*** START OF THE PROJECT GUTENBERG EBOOK MACBETH ***\n'
+      'A small print notice.\n\nLEAR.\nA stray speech.\n\n'
+      '*** START OF THE PROJECT GUTENBERG EBOOK MACBETH ***\n\n' + bare
+  )
+  assert st.parse_play(twice) == st.parse_play(bare)
+
+
+def test_a_role_with_one_speech_is_in_neither_split():
+  train, test = st.split_speeches(
+      {'one': [('a', 'b', 'c')], 'two': [('a',), ('b',)], 'six': [('x',)] * 6}
+  )
+  assert 'one' not in train and 'one' not in test
+  assert train['two'] == ['a'] and test['two'] == ['b']
+  assert len(train['six']) == 5 and len(test['six']) == 1
 
 
 def test_gutenberg_header_and_licence_dropped():
@@ -343,7 +513,7 @@ def test_statistics_recomputed_from_the_json(built, text_dir, tmp_path):
 
 def test_same_input_same_bytes(built, text_dir, tmp_path):
   out, _ = built
-  st.build(str(tmp_path), text_dir=text_dir)
+  st.build(str(tmp_path), text_dir=text_dir, formats=st.FORMATS)
   for rel in (
       st.SQLITE_NAME,
       'leaf/train/all_data_0.json',
@@ -354,6 +524,94 @@ def test_same_input_same_bytes(built, text_dir, tmp_path):
         open(os.path.join(str(tmp_path), rel), 'rb') as b,
     ):
       assert a.read() == b.read(), rel
+
+
+def _tree(directory):
+  """Relative path -> bytes of every file under `directory`."""
+  out = {}
+  for root, _, names in os.walk(directory):
+    for name in names:
+      path = os.path.join(root, name)
+      with open(path, 'rb') as f:
+        out[os.path.relpath(path, directory)] = f.read()
+  return out
+
+
+def test_default_build_writes_the_sqlite_only(text_dir, tmp_path):
+  result = st.build(str(tmp_path), text_dir=text_dir)
+  assert result.files == (str(tmp_path / st.SQLITE_NAME),)
+  assert sorted(_tree(str(tmp_path))) == [st.SQLITE_NAME]
+
+
+def test_a_failed_build_leaves_the_earlier_one(built, text_dir, tmp_path):
+  out, _ = built
+  shutil.copytree(out, tmp_path / 'out')
+  before = _tree(str(tmp_path / 'out'))
+  assert len(before) == 3
+  real = st._write_leaf_file  # pylint: disable=protected-access
+
+  def disk_full(path, *args):
+    real(path, *args)  # The temporary file is complete, then
+    raise OSError(errno.ENOSPC, 'No space left on device', path)
+
+  st._write_leaf_file = disk_full  # pylint: disable=protected-access
+  try:
+    with pytest.raises(st.TextError, match='disk full; .*unchanged'):
+      st.build(str(tmp_path / 'out'), text_dir=text_dir, formats=st.FORMATS)
+  finally:
+    st._write_leaf_file = real  # pylint: disable=protected-access
+  assert _tree(str(tmp_path / 'out')) == before  # No temporary file either.
+
+
+def test_a_killed_build_leaves_the_earlier_one(built, text_dir, tmp_path):
+  out, _ = built
+  shutil.copytree(out, tmp_path / 'out')
+  before = _tree(str(tmp_path / 'out'))
+  program = (
+      'import os, signal\n'
+      'from tasks import shakespeare_text as st\n'
+      'real = st._write_leaf_file\n'
+      'def killed(path, *args):\n'
+      '  real(path, *args)\n'
+      '  with open(path, "r+") as f:\n'
+      '    f.truncate(1000)\n'  # Half written, as when killed mid-write.
+      '  os.kill(os.getpid(), signal.SIGKILL)\n'
+      'st._write_leaf_file = killed\n'
+      f'st.build({str(tmp_path / "out")!r}, text_dir={text_dir!r}, '
+      'formats=st.FORMATS)\n'
+  )
+  proc = subprocess.run(
+      [sys.executable, '-c', program],
+      cwd=binary.ROOT,
+      capture_output=True,
+      timeout=120,
+      check=False,
+  )
+  assert proc.returncode == -signal.SIGKILL, proc.stderr
+  after = _tree(str(tmp_path / 'out'))
+  leftovers = sorted(set(after) - set(before))
+  assert leftovers and all(p.endswith('.tmp') for p in leftovers)
+  assert {k: after[k] for k in before} == before
+  # The next build removes the leftovers and writes complete files.
+  st.build(str(tmp_path / 'out'), text_dir=text_dir, formats=st.FORMATS)
+  assert _tree(str(tmp_path / 'out')) == before
+
+
+def test_builds_that_would_write_nothing_are_refused(text_dir, tmp_path):
+  with pytest.raises(st.TextError, match='leaves no role with two windows'):
+    st.build(
+        str(tmp_path / 'a'),
+        text_dir=text_dir,
+        formats=st.FORMATS,
+        leaf_seq_length=10_000_000,
+    )
+  assert not _tree(str(tmp_path / 'a'))
+  prose = tmp_path / 'prose'
+  prose.mkdir()
+  (prose / 'notes_gut.txt').write_text('NOTES\n\nACT I.\n\nNo speakers.\n')
+  with pytest.raises(st.TextError, match='gives a role with two speeches'):
+    st.build(str(tmp_path / 'b'), text_dir=str(prose))
+  assert not _tree(str(tmp_path / 'b'))
 
 
 # ------------------------------------------------------------------ binary

@@ -344,13 +344,13 @@ def _char_ids_uint8(text: str) -> np.ndarray:
   return _CODE_POINT_IDS[np.frombuffer(text.encode('utf-32-le'), np.uint32)]
 
 
-def _shakespeare_user(
-    x: list, y: list, path: str, user: str
-) -> _Converted:
+def _shakespeare_user(x: list, y: list, path: str, user: str) -> _Converted:
   # `set(map(type, ...))`: the checks at C speed (JSON gives exact types).
-  if set(map(type, x)) != {str} or set(map(type, y)) != {str} or set(
-      map(len, y)
-  ) != {1}:
+  if (
+      set(map(type, x)) != {str}
+      or set(map(type, y)) != {str}
+      or set(map(len, y)) != {1}
+  ):
     raise base.TaskError(
         f'{path}: user {user!r}: shakespeare x must be strings and y single '
         'characters'
@@ -389,9 +389,7 @@ def _sent140_user(x: list, y: list, path: str, user: str) -> _Converted:
         'text] records'
     )
   tokens = [tokenize(r[-1]) for r in x]
-  return _Converted(
-      tokens, _int_labels(y, path, user, SENT140_CLASSES), path
-  )
+  return _Converted(tokens, _int_labels(y, path, user, SENT140_CLASSES), path)
 
 
 _CONVERTERS = {

@@ -686,9 +686,7 @@ def _cache_write(root, dataset):
   return write_leaf(
       root,
       {  # Two train files: users of both are read in order.
-          f'all_data_{i}.json': leaf_file(
-              {u: train[u] for u in part}
-          )
+          f'all_data_{i}.json': leaf_file({u: train[u] for u in part})
           for i, part in enumerate((ids[:3], ids[3:]))
       },
       {'all_data_0.json': leaf_file(test)},

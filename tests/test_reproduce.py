@@ -1,11 +1,21 @@
 """run.experiments.reproduce: family runs expand to one row per member;
-histograms."""
+histograms; bad input; a signal ends the runs it started."""
 
+import contextlib
 import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
 
 import numpy as np
+import psutil
 
 from run.experiments import reproduce
+from tests import binary
 
 
 def fake_run(tmp_path, name, errors):
@@ -186,3 +196,179 @@ def test_fedprox_shakespeare_declares_the_thesis_setting():
         '--algorithm=fedprox',
         '--proximal_strength=0.001',
     ] in variants.values(), name
+
+
+# Bad input, in one process of its own: reproduce's flags (--root_output_dir,
+# --rounds) would clash with the training binary's in the test process.
+_BAD_INPUT = textwrap.dedent("""
+    import json, sys
+    from run.experiments import reproduce
+    from tests import binary
+    reproduce.define_flags()
+    out = []
+    for args in json.loads(sys.argv[1]):
+      out.append(binary.call_main(reproduce.main, 'reproduce', args))
+    print(json.dumps(out))
+""")
+
+
+def test_bad_input_is_refused_before_any_run(tmp_path):
+  """One error line and status 2, before a run starts (each would train)."""
+  (tmp_path / 'file').write_text('not a folder')
+  (tmp_path / 'folder.md').mkdir()
+  base = [
+      '--experiment=qffl_synthetic',
+      f'--root_output_dir={tmp_path}/runs',
+      '--seeds=0',
+      # A run started by mistake fails at once (status 1), not trains.
+      '--extra_flags=--task=nope',
+  ]
+  cases = [
+      (['stray'], 'unexpected arguments: stray'),
+      (['--rounds=0'], '--rounds must be >= 1, got 0'),
+      (['--rounds=-3'], '--rounds must be >= 1, got -3'),
+      (
+          [f'--output_md={tmp_path}/file/x.md'],
+          f'--output_md: {tmp_path}/file is a file, not a folder',
+      ),
+      (
+          [f'--output_md={tmp_path}/folder.md'],
+          f'--output_md: {tmp_path}/folder.md is a folder, not a file',
+      ),
+      (['--seeds=a'], '--seeds must be integers, got a'),
+      (['--jobs=0'], '--jobs must be >= 1, got 0'),
+      (['--experiment=nope'], "unknown --experiment='nope'"),
+  ]
+  proc = subprocess.run(
+      [
+          sys.executable,
+          '-c',
+          _BAD_INPUT,
+          json.dumps([base + args for args, _ in cases]),
+      ],
+      cwd=binary.ROOT,
+      capture_output=True,
+      text=True,
+      timeout=300,
+      check=False,
+  )
+  assert proc.returncode == 0, proc.stderr
+  results = json.loads(proc.stdout.strip().splitlines()[-1])
+  for (args, text), (status, stderr) in zip(cases, results):
+    lines = binary.error_lines(stderr)
+    assert status == 2, (args, stderr)
+    assert len(lines) == 1 and lines[0].startswith('reproduce: error: '), (
+        args,
+        stderr,
+    )
+    assert text in lines[0], (args, stderr)
+  assert not (tmp_path / 'runs').exists()  # No run was started.
+
+
+_TINY = (
+    '--extra_flags=--num_clients=12,--synthetic_size_law=constant,'
+    '--clients_per_round=4,--client_batch_size=5'
+)
+
+
+def _groups(root) -> set[int]:
+  """Process groups of the training runs writing under `root`: each run
+  leads its own (a session of its own) and its TFF workers are in it."""
+  groups = set()
+  for proc in psutil.process_iter(['cmdline']):
+    with contextlib.suppress(psutil.Error, OSError):
+      cmdline = proc.info['cmdline'] or ()
+      if 'run.train' in cmdline and any(
+          a.startswith(f'--root_output_dir={root}') for a in cmdline
+      ):
+        groups.add(os.getpgid(proc.pid))
+  return groups
+
+
+def _alive_in(groups: set[int]) -> list[int]:
+  """Live processes of `groups` (orphaned workers included)."""
+  found = []
+  for proc in psutil.process_iter():
+    with contextlib.suppress(psutil.Error, OSError):
+      if (
+          os.getpgid(proc.pid) in groups
+          and proc.status() != psutil.STATUS_ZOMBIE
+      ):
+        found.append(proc.pid)
+  return found
+
+
+def _rows(path) -> list[str]:
+  if not path.exists():
+    return []
+  return [l.split(',')[0] for l in path.read_text().splitlines()[1:]]
+
+
+def test_a_signal_ends_the_runs_and_a_rerun_resumes_them(tmp_path):
+  """SIGTERM, then SIGINT of a rerun, end the running run (started in a
+  session of its own) and its workers, and start no other; the last rerun
+  resumes and finishes both runs. One run at a time (--jobs=1): cheaper."""
+  cmd = [
+      sys.executable,
+      '-m',
+      'run.experiments.reproduce',
+      '--experiment=qffl_synthetic',
+      '--seeds=0',
+      '--jobs=1',
+      '--rounds=60',  # A checkpoint every 12 rounds.
+      f'--root_output_dir={tmp_path}',
+      _TINY,
+  ]
+  first, second = [
+      tmp_path / 'qffl_synthetic' / name / 'metrics.csv'
+      for name in ('q_0__FedAvg__seed0', 'q_1_seed0')
+  ]
+  groups = set()
+  for signum, past_round in ((signal.SIGTERM, 13), (signal.SIGINT, 25)):
+    proc = subprocess.Popen(  # pylint: disable=consider-using-with
+        cmd,
+        cwd=binary.ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+      deadline = time.monotonic() + 240
+      while time.monotonic() < deadline and proc.poll() is None:
+        if len(_rows(first)) > past_round:
+          break
+        time.sleep(0.05)
+      groups = _groups(tmp_path)
+      if len(groups) != 1:  # The run (--jobs=1).
+        proc.kill()
+        raise AssertionError((signum, groups, proc.communicate()[1]))
+      os.kill(proc.pid, signum)  # The driver only, as a terminal would.
+      start = time.monotonic()
+      _, stderr = proc.communicate(timeout=60)
+      assert time.monotonic() - start < 15, stderr  # Not once the run ends.
+      time.sleep(1.0)  # A replacement worker would have started by now.
+      assert not _alive_in(groups), stderr
+    finally:
+      for pid in _alive_in(_groups(tmp_path) | groups):
+        with contextlib.suppress(OSError):
+          os.kill(pid, signal.SIGKILL)
+      with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    lines = binary.error_lines(stderr)
+    assert 'Traceback' not in stderr, stderr
+    assert lines[-1] == (
+        f'reproduce: interrupted ({signal.Signals(signum).name}): ended 1 '
+        'running training run and its TFF workers; rerun the same command to '
+        'resume from the last checkpoints'
+    ), stderr
+    assert proc.returncode == (130 if signum == signal.SIGINT else -signum)
+    assert not (first.parent / 'summary.json').exists()  # Ended mid-run.
+    assert not second.parent.exists()  # Not started.
+  proc = subprocess.run(
+      cmd, cwd=binary.ROOT, capture_output=True, text=True, check=False
+  )
+  assert proc.returncode == 0, proc.stderr
+  for path in (first, second):  # Resumed: every round once, none repeated.
+    assert _rows(path) == [str(r) for r in range(1, 61)], path
+    assert (path.parent / 'summary.json').exists()

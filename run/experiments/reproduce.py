@@ -47,21 +47,26 @@ Experiments:
 """
 
 import concurrent.futures
+import contextlib
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
+import threading
 import time
 
 if not (3, 9) <= sys.version_info[:2] <= (3, 11):
   sys.exit('error: needs Python 3.9, 3.10 or 3.11 (TFF 0.87)')
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from absl import flags
 import numpy as np
 
 from run import console
+from run import run_dir
 
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
@@ -433,21 +438,57 @@ def define_flags() -> None:
   )
 
 
+class Stopped(Exception):
+  """A signal asked the driver to end; its runs are being ended."""
+
+  def __init__(self, signum: int):
+    super().__init__(signal.Signals(signum).name)
+    self.signum = signum
+
+
+class NotStarted(Exception):
+  """A run not started because the driver is ending."""
+
+
+# The training runs now running (each in its own process group, with its TFF
+# workers), guarded by `_lock`; `_stopping` once a signal has arrived.
+_lock = threading.Lock()
+_children: set[subprocess.Popen] = set()
+_stopping = False
+
+
 def run_one(args: list[str], log) -> dict:
-  """Runs the training binary; returns its summary.json (resumes if done)."""
+  """Runs the training binary; returns its summary.json (resumes if done).
+
+  The run is started in its own session (a terminal's Ctrl-C reaches only
+  the driver, which ends its runs itself: `end_children`).
+
+  Raises:
+    RuntimeError: If the run fails.
+    NotStarted: If the driver is ending.
+  """
   cmd = [sys.executable, '-m', 'run.train', '--progress=false'] + args
-  log('$ ' + ' '.join(shlex.quote(a) for a in cmd[1:]))
-  start = time.time()
-  proc = subprocess.run(
-      cmd,
-      capture_output=True,
-      text=True,
-      start_new_session=True,
-      check=False,
-  )
+  with _lock:
+    if _stopping:
+      raise NotStarted()
+    log('$ ' + ' '.join(shlex.quote(a) for a in cmd[1:]))
+    start = time.time()
+    proc = subprocess.Popen(  # pylint: disable=consider-using-with
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    _children.add(proc)
+  try:
+    _, stderr = proc.communicate()
+  finally:
+    with _lock:
+      _children.discard(proc)
   if proc.returncode != 0:
     raise RuntimeError(
-        f'run failed (exit {proc.returncode}): {proc.stderr.strip()[-2000:]}'
+        f'run failed (exit {proc.returncode}): {stderr.strip()[-2000:]}'
     )
   log(f'  done in {time.time() - start:.0f} s')
   out_dir = next(
@@ -460,6 +501,41 @@ def run_one(args: list[str], log) -> dict:
     summary = json.load(f)
   summary['run_dir'] = os.path.join(out_dir, name)
   return summary
+
+
+def end_children(signum: int, grace_s: float = 10.0) -> int:
+  """Ends the running training runs and their TFF workers; starts no more.
+
+  Each run gets `signum` (SIGINT stays SIGINT, any other signal becomes
+  SIGTERM): its handler ends its own workers and leaves its checkpoints for
+  a rerun. A run still alive after `grace_s` seconds is killed with its
+  whole process group (its workers are in it).
+
+  Returns:
+    The number of runs that were running.
+  """
+  global _stopping
+  with _lock:
+    _stopping = True
+    procs = list(_children)
+  forward = signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM
+  for proc in procs:
+    with contextlib.suppress(OSError):
+      proc.send_signal(forward)
+  deadline = time.monotonic() + grace_s
+  for proc in procs:
+    with contextlib.suppress(subprocess.TimeoutExpired):
+      proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+  for proc in procs:  # Stragglers, and any worker left in the group.
+    with contextlib.suppress(OSError):
+      os.killpg(proc.pid, signal.SIGKILL)
+  return len(procs)
+
+
+def _raise_stopped(signum, frame):
+  del frame
+  if not _stopping:  # A second signal while the runs are ended: ignored.
+    raise Stopped(signum)
 
 
 def _in_percent(metric: str, column: str) -> bool:
@@ -615,38 +691,80 @@ def write_histogram(
   axes[0][0].set_ylabel('clients (pooled over seeds)')
   axes[0][0].legend(fontsize=8)
   fig.tight_layout()
-  fig.savefig(path, dpi=110)
+  temp = f'{path}.tmp-{os.getpid()}'
+  try:
+    fig.savefig(temp, dpi=110, format='png')
+    os.replace(temp, path)
+  finally:
+    with contextlib.suppress(OSError):
+      os.remove(temp)
   plt.close(fig)
 
 
+def _error(message: str) -> int:
+  print(f'reproduce: error: {message}', file=sys.stderr)
+  return 2
+
+
+def check_output_md(path: str) -> None:
+  """Raises `run_dir.OutputDirError` if `path` cannot take the Markdown file.
+
+  Checked before any run starts: a finished reproduction must not fail at
+  its last step.
+  """
+  if os.path.isdir(path):
+    raise run_dir.OutputDirError(f'--output_md: {path} is a folder, not a file')
+  run_dir.check_output_dir(
+      os.path.dirname(os.path.abspath(path)), flag='--output_md'
+  )
+
+
+def _write_atomically(path: str, text: str) -> None:
+  """Writes `path` whole or not at all (a temporary file, then a rename)."""
+  folder = os.path.dirname(os.path.abspath(path))
+  os.makedirs(folder, exist_ok=True)
+  temp = f'{path}.tmp-{os.getpid()}'
+  try:
+    with open(temp, 'w', encoding='utf-8') as f:
+      f.write(text)
+    os.replace(temp, path)
+  finally:
+    with contextlib.suppress(OSError):
+      os.remove(temp)
+
+
 def main(argv) -> int:
-  del argv
+  """Runs the experiment; returns the exit status (2: bad input)."""
+  global _stopping
+  with _lock:
+    _stopping = False
+  if len(argv) > 1:
+    return _error(f'unexpected arguments: {" ".join(argv[1:])}')
   name = FLAGS.experiment
   if name not in EXPERIMENTS:
-    print(
-        f'reproduce: error: unknown --experiment={name!r}; choose one of: '
-        f'{", ".join(EXPERIMENTS)}',
-        file=sys.stderr,
+    return _error(
+        f'unknown --experiment={name!r}; choose one of: '
+        f'{", ".join(EXPERIMENTS)}'
     )
-    return 2
   experiment = EXPERIMENTS[name]
-  rounds = FLAGS.rounds or experiment['rounds']
+  rounds = experiment['rounds'] if FLAGS.rounds is None else FLAGS.rounds
   if rounds < 1:
-    print('reproduce: error: --rounds must be >= 1', file=sys.stderr)
-    return 2
+    return _error(f'--rounds must be >= 1, got {rounds}')
   try:
     seeds = [int(s) for s in FLAGS.seeds]
   except ValueError:
-    print(
-        f'reproduce: error: --seeds must be integers, got {FLAGS.seeds}',
-        file=sys.stderr,
-    )
-    return 2
+    return _error(f'--seeds must be integers, got {",".join(FLAGS.seeds)}')
+  if not seeds:
+    return _error('--seeds is empty')
+  if FLAGS.jobs < 1:
+    return _error(f'--jobs must be >= 1, got {FLAGS.jobs}')
+  if FLAGS.output_md:
+    try:
+      check_output_md(FLAGS.output_md)
+    except run_dir.OutputDirError as e:
+      return _error(str(e))
   log = lambda s: print(s, file=sys.stderr, flush=True)
   root = os.path.join(FLAGS.root_output_dir, name)
-  if FLAGS.jobs < 1:
-    print('reproduce: error: --jobs must be >= 1', file=sys.stderr)
-    return 2
   results, commands, jobs = {}, [], []
   for variant, variant_flags in experiment['variants'].items():
     results[variant] = []
@@ -667,7 +785,14 @@ def main(argv) -> int:
       )
       commands.append('python -m run.train ' + ' '.join(args))
       jobs.append((variant, args))
-  with concurrent.futures.ThreadPoolExecutor(FLAGS.jobs) as pool:
+  # A signal ends the runs and their workers (they are in sessions of their
+  # own, out of reach of a terminal's Ctrl-C or a group kill of the driver).
+  previous = {
+      s: signal.signal(s, _raise_stopped)
+      for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+  }
+  pool = concurrent.futures.ThreadPoolExecutor(FLAGS.jobs)
+  try:
     futures = [
         (variant, pool.submit(run_one, args, log)) for variant, args in jobs
     ]
@@ -676,7 +801,29 @@ def main(argv) -> int:
         results[variant].append(future.result())
       except RuntimeError as e:
         print(f'reproduce: error: {e}', file=sys.stderr)
+        end_children(signal.SIGTERM)
         return 1
+  except Stopped as e:
+    ended = end_children(e.signum)
+    pool.shutdown(wait=True, cancel_futures=True)
+    print(
+        f'reproduce: interrupted ({e}): ended {ended} running training '
+        f'run{"" if ended == 1 else "s"} and '
+        f'{"its" if ended == 1 else "their"} TFF workers; rerun the same '
+        'command to resume from the last checkpoints',
+        file=sys.stderr,
+        flush=True,
+    )
+    if e.signum == signal.SIGINT:
+      return 130
+    sys.stdout.flush()
+    signal.signal(e.signum, signal.SIG_DFL)  # Die of it, as its default.
+    os.kill(os.getpid(), e.signum)
+    return 128 + e.signum
+  finally:
+    pool.shutdown(wait=True, cancel_futures=True)
+    for signum, handler in previous.items():
+      signal.signal(signum, handler)
   results = expand_members(experiment, results)
   text = (
       f'{name}: {rounds} rounds, seeds {seeds}; mean (std) over seeds; '
@@ -691,9 +838,10 @@ def main(argv) -> int:
     )
   print(text)
   if FLAGS.output_md:
-    os.makedirs(os.path.dirname(FLAGS.output_md) or '.', exist_ok=True)
-    with open(FLAGS.output_md, 'w') as f:
-      f.write(text + '\nCommands:\n\n```\n' + '\n'.join(commands) + '\n```\n')
+    _write_atomically(
+        FLAGS.output_md,
+        text + '\nCommands:\n\n```\n' + '\n'.join(commands) + '\n```\n',
+    )
     if 'histogram' in experiment:
       png = os.path.splitext(FLAGS.output_md)[0] + '_histogram.png'
       write_histogram(experiment, results, png)

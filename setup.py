@@ -30,6 +30,7 @@ BINARIES = (
     'run.stateful_program',
     'run.report',
     'run.experiments.reproduce',
+    'run.experiments.benchmark',
     'run.benchmarks.bench',
     'run.benchmarks.bench_suite',
     'run.benchmarks.bench_scale',
@@ -41,6 +42,7 @@ BINARIES = (
     'run.experiments.numpy_sim',
     'run.experiments.fedprox_sim',
     'run.experiments.ditto_theorem7',
+    'run.experiments.qffl_h_scale',
     'run.download',
     'tasks.shakespeare_text',
 )

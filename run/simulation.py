@@ -484,8 +484,14 @@ def evaluate_per_client(
     *,
     include_train: bool,
 ) -> dict[str, dict[str, np.ndarray]]:
-  """Per-client metrics: `{'test': {...}, 'train': {...}}` with client ids."""
+  """Per-client metrics: `{'test': {...}, 'train': {...}}` with client ids.
+
+  With `task.unseen_data` (unseen clients beside the training clients'
+  held-out `test_data`), also `'unseen'`.
+  """
   splits = [('test', task.test_data)]
+  if task.unseen_data is not None:
+    splits.append(('unseen', task.unseen_data))
   if include_train:
     splits.append(('train', task.train_data))
   results = {}

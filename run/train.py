@@ -36,6 +36,7 @@ from run import run_dir
 from run import simulation
 from tasks import base as task_base
 from tasks import download
+from tasks import holdout
 from tasks import registry
 from tasks import synthetic
 from tff_algos import attacks
@@ -342,6 +343,27 @@ _ATTACK_SCALE = flags.DEFINE_float(
     None,
     'gaussian: sigma (default 1); model_replacement: update multiplier '
     '(default -clients_per_round / server_learning_rate).',
+)
+_HOLDOUT = flags.DEFINE_enum(
+    'holdout',
+    'none',
+    ['none', 'test', 'validation'],
+    "Split the training clients' data (tasks/holdout.py): 'test' evaluates "
+    'on their held-out split and the unseen clients, if any; '
+    "'validation' evaluates on a validation split only (tuning: held-out "
+    "and unseen data are not loaded); 'none': the task's own splits.",
+)
+_HOLDOUT_VAL = flags.DEFINE_float(
+    'holdout_validation_fraction',
+    0.2,
+    "With --holdout: the share of each training client's examples used for "
+    'validation.',
+)
+_HOLDOUT_TEST = flags.DEFINE_float(
+    'holdout_test_fraction',
+    0.2,
+    'With --holdout, on tasks with unseen test clients: the share of each '
+    "training client's examples held out for testing.",
 )
 _EVAL_TRAIN = flags.DEFINE_boolean(
     'eval_train_clients',
@@ -831,6 +853,13 @@ def prepare(writer: str = 'train'):
         progress=_PROGRESS.value,
     )
   task = registry.create_task(_TASK.value, **kwargs)
+  if _HOLDOUT.value != 'none':
+    task = holdout.with_holdout(
+        task,
+        validation_fraction=_HOLDOUT_VAL.value,
+        test_fraction=_HOLDOUT_TEST.value,
+        evaluate_on=_HOLDOUT.value,
+    )
   config.validate(num_clients=len(task.train_data.client_ids))
   spec, tracker = privacy_setup.prepare_dp(
       spec,

@@ -45,6 +45,9 @@ class FederatedTask:
       training; batches never straddle epochs.
     preprocess_eval: `dataset -> dataset` for evaluation.
     description: One line describing data and model, for logs and README.
+    unseen_data: Optional clients never trained on, evaluated (split
+      `unseen`) beside `test_data` when that is the training clients' own
+      held-out split (`tasks.holdout`).
   """
 
   name: str
@@ -57,6 +60,7 @@ class FederatedTask:
   preprocess_eval: Callable[[tf.data.Dataset], tf.data.Dataset]
   validation_data: Optional[ClientData] = None
   description: str = ''
+  unseen_data: Optional[ClientData] = None
 
   @property
   def element_spec(self):
@@ -80,6 +84,7 @@ class FederatedTask:
         'test': self.test_data,
         'train': self.train_data,
         'validation': self.validation_data,
+        'unseen': self.unseen_data,
     }.get(split)
     if data is None:
       raise TaskError(f'task {self.name!r} has no {split!r} split')

@@ -49,6 +49,7 @@ import os
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
+import asyncio
 import csv
 import dataclasses
 import datetime
@@ -378,33 +379,85 @@ class ProgramError(RuntimeError):
   """The program cannot resume the state found in its output folder."""
 
 
-def _check_and_save_config(output_dir: str, settings: Mapping[str, Any]):
+def _quiet_cancelled(loop, context) -> None:
+  """An event-loop exception handler that drops cancelled tasks' reports."""
+  if isinstance(context.get('exception'), asyncio.CancelledError):
+    return
+  loop.default_exception_handler(context)
+
+
+async def end_background_tasks(timeout: float = 60.0) -> None:
+  """Lets the other tasks of this event loop end; cancels the rest quietly.
+
+  When the program logic stops with an error (e.g. training diverged),
+  `tff.learning.programs.train_model` leaves its background tasks (program
+  state saves, metric releases, evaluations) running; `asyncio.run` would
+  cancel them, and each cancelled task's done-callback in TFF's task manager
+  prints a `CancelledError` traceback. They are given `timeout` seconds to
+  finish (a started save completes); those still running are cancelled with
+  their reports silenced.
+  """
+  current = asyncio.current_task()
+  others = [t for t in asyncio.all_tasks() if t is not current]
+  if not others:
+    return
+  _, pending = await asyncio.wait(others, timeout=timeout)
+  loop = asyncio.get_running_loop()
+  loop.set_exception_handler(_quiet_cancelled)
+  for task in pending:
+    task.cancel()
+  if pending:
+    await asyncio.wait(pending, timeout=5.0)
+
+
+def check_config(output_dir: str, settings: Mapping[str, Any]) -> None:
+  """Raises `ProgramError` if `output_dir` holds a program with other
+  settings (besides `RESUMABLE_KEYS`) or unreadable ones; writes nothing."""
   path = os.path.join(output_dir, PROGRAM_CONFIG)
-  if os.path.exists(path):
-    try:
-      with open(path, encoding='utf-8') as f:
-        saved = json.load(f)
-    except (OSError, ValueError) as e:
-      raise ProgramError(
-          f'{path} cannot be read ({e}); remove that folder ' 'to start over'
-      ) from None
-    if not isinstance(saved, dict):
-      raise ProgramError(f"{path} is not a program's settings")
-    changed = sorted(
-        k
-        for k in set(saved) | set(settings)
-        if k not in RESUMABLE_KEYS and saved.get(k) != settings.get(k)
+  if not os.path.exists(path):
+    return
+  try:
+    with open(path, encoding='utf-8') as f:
+      saved = json.load(f)
+  except (OSError, ValueError) as e:
+    raise ProgramError(
+        f'{path} cannot be read ({e}); remove that folder to start over'
+    ) from None
+  if not isinstance(saved, dict):
+    raise ProgramError(f"{path} is not a program's settings")
+  changed = sorted(
+      k
+      for k in set(saved) | set(settings)
+      if k not in RESUMABLE_KEYS and saved.get(k) != settings.get(k)
+  )
+  if changed:
+    details = ', '.join(
+        f'{k}: {saved.get(k)!r} -> {settings.get(k)!r}' for k in changed[:4]
     )
-    if changed:
-      details = ', '.join(
-          f'{k}: {saved.get(k)!r} -> {settings.get(k)!r}' for k in changed[:4]
-      )
-      raise ProgramError(
-          f'{output_dir} holds a program with other settings ({details}); '
-          'use another output folder or remove that one to start over'
-      )
-  with open(path, 'w') as f:
-    json.dump(dict(settings), f, indent=2, sort_keys=True, default=str)
+    raise ProgramError(
+        f'{output_dir} holds a program with other settings ({details}); '
+        'use another output folder or remove that one to start over'
+    )
+
+
+def save_config(output_dir: str, settings: Mapping[str, Any]) -> None:
+  """Writes `program_config.json` (whole or not at all)."""
+  write_atomically(
+      os.path.join(output_dir, PROGRAM_CONFIG),
+      json.dumps(dict(settings), indent=2, sort_keys=True, default=str),
+  )
+
+
+def write_atomically(path: str, text: str) -> None:
+  """Writes `text` to `path` through a temporary file and a rename."""
+  temp = f'{path}.tmp-{os.getpid()}'
+  try:
+    with open(temp, 'w', encoding='utf-8', newline='') as f:
+      f.write(text)
+    os.replace(temp, path)
+  finally:
+    if os.path.lexists(temp):
+      os.remove(temp)
 
 
 def create_context(
@@ -425,7 +478,7 @@ def create_context(
 
 
 class DivergenceCheck(tff.program.ReleaseManager):
-  """Releases a round's training metrics unless its loss is not finite.
+  """Releases a round's metrics unless a loss is not finite.
 
   A non-finite `loss` is recorded in `diverged` as `(round, loss)` and not
   released; `check()` then raises `ProgramError`. (`train_model` releases
@@ -433,8 +486,9 @@ class DivergenceCheck(tff.program.ReleaseManager):
   the program checks at the next selection of clients and at the end.)
   """
 
-  def __init__(self, inner: tff.program.ReleaseManager):
+  def __init__(self, inner: tff.program.ReleaseManager, what: str = 'train'):
     self._inner = inner
+    self._what = what
     self.diverged: Optional[tuple[int, float]] = None
 
   async def release(self, value, key) -> None:
@@ -457,9 +511,9 @@ class DivergenceCheck(tff.program.ReleaseManager):
     if self.diverged is not None:
       round_num, loss = self.diverged
       raise ProgramError(
-          f'training diverged at round {round_num} (train loss {loss}); '
-          'lower the learning rates. The program states of earlier rounds '
-          'are kept.'
+          f'training diverged at round {round_num} ({self._what} loss '
+          f'{loss}); lower the learning rates. The program states of '
+          'earlier rounds are kept.'
       )
 
 
@@ -485,13 +539,20 @@ def build_evaluation_manager(
     *,
     output_dir: str,
     cohort_size: int,
+    divergence_checks: Optional[list[DivergenceCheck]] = None,
 ) -> tff.learning.programs.EvaluationManager:
   """TFF's `EvaluationManager` running `build_fed_eval` on `data_source`.
 
   Each evaluation runs one round of `cohort_size` clients; its state lives
   under `output_dir/evaluation/` so interrupted evaluations resume, and its
-  metrics go to `evaluation.csv` and `tensorboard/evaluation`.
+  metrics go to `evaluation.csv` and `tensorboard/evaluation`. With
+  `divergence_checks`, a `DivergenceCheck` of the evaluation metrics is
+  appended to it (an evaluation loss that is not finite is not released).
   """
+  metrics_manager = _release_managers(output_dir, 'evaluation', 'evaluation.csv')
+  if divergence_checks is not None:
+    metrics_manager = DivergenceCheck(metrics_manager, 'evaluation')
+    divergence_checks.append(metrics_manager)
 
   def create_state_manager(name: str) -> tff.program.FileProgramStateManager:
     return tff.program.FileProgramStateManager(
@@ -504,9 +565,7 @@ def build_evaluation_manager(
 
   return tff.learning.programs.EvaluationManager(
       data_source=data_source,
-      aggregated_metrics_manager=_release_managers(
-          output_dir, 'evaluation', 'evaluation.csv'
-      ),
+      aggregated_metrics_manager=metrics_manager,
       create_state_manager_fn=create_state_manager,
       create_process_fn=create_process,
       cohort_size=cohort_size,
@@ -531,6 +590,7 @@ async def _train(
         eval_source,
         output_dir=output_dir,
         cohort_size=config.eval_clients or eval_source.num_clients,
+        divergence_checks=_divergence_checks,
     )
   await tff.learning.programs.train_model(
       train_process=process,
@@ -545,7 +605,8 @@ async def _train(
       evaluation_manager=evaluation_manager,
       evaluation_periodicity=config.rounds_per_eval or config.total_rounds,
   )
-  metrics_manager.check()
+  for check in _divergence_checks:
+    check.check()
   _divergence_checks.clear()
   # The state the program ended with, as a resumed program would load it.
   initial = await tff.program.materialize_value(process.initialize())
@@ -554,6 +615,32 @@ async def _train(
   )
   saved, version = await state_manager.load_latest(structure)
   return saved.state, version
+
+
+_CLIENT_INDEX_REFUSAL = (
+    'cannot run as a TFF 0.87 program: NativeFederatedContext materializes a '
+    'CLIENTS-placed struct as one struct, not one per client (the client '
+    'data carry the client index (AFL)); use run.train'
+)
+
+
+def check_process(process) -> None:
+  """Raises `TypeError` / `ValueError` if `process` cannot run as a program."""
+  if stateful.is_stateful(process):
+    raise TypeError(
+        'stateful-client processes (Ditto, Fed+) keep per-client state that '
+        'train_model cannot carry; run them with '
+        'run.stateful_program.run_stateful_program'
+    )
+  if not isinstance(process, tff.learning.templates.LearningProcess):
+    raise TypeError(
+        f'process must be a tff.learning.templates.LearningProcess, got '
+        f'{type(process).__name__}'
+    )
+  if simulation.needs_client_index(process):
+    raise ValueError(
+        f'this process {_CLIENT_INDEX_REFUSAL}'
+    )
 
 
 def run_program(
@@ -599,24 +686,7 @@ def run_program(
     ProgramError: If `output_dir` holds a program with other settings.
   """
   runtime.install_worker_cleanup()
-  if stateful.is_stateful(process):
-    raise TypeError(
-        'stateful-client processes (Ditto, Fed+) keep per-client state that '
-        'train_model cannot carry; run them with '
-        'run.stateful_program.run_stateful_program'
-    )
-  if not isinstance(process, tff.learning.templates.LearningProcess):
-    raise TypeError(
-        f'process must be a tff.learning.templates.LearningProcess, got '
-        f'{type(process).__name__}'
-    )
-  if simulation.needs_client_index(process):
-    raise ValueError(
-        'processes whose client data carry the client index (AFL) cannot run'
-        ' as a TFF 0.87 program: NativeFederatedContext materializes a'
-        ' CLIENTS-placed struct as one struct, not one per client; use'
-        ' run.train'
-    )
+  check_process(process)
   task = _task_for(task_name, task_kwargs)
   train_spec = DataSpec(
       task=task_name,
@@ -631,23 +701,25 @@ def run_program(
   config.validate(
       len(task.train_data.client_ids), len(task.test_data.client_ids)
   )
-  with run_dir.locked(output_dir, 'program'):
-    _check_and_save_config(
-        output_dir,
-        {
-            **dict(settings or {}),
-            'task': task_name,
-            'task_kwargs': dict(task_kwargs),
-            'seed': seed,
-            'client_epochs_per_round': client_epochs_per_round,
-            'client_sampling': client_sampling,
-            'clients_per_round': config.clients_per_round,
-            'eval_clients': config.eval_clients,
-            'evaluate': evaluate,
-            'total_rounds': config.total_rounds,
-            'rounds_per_eval': config.rounds_per_eval,
-        },
-    )
+  all_settings = {
+      **dict(settings or {}),
+      'task': task_name,
+      'task_kwargs': dict(task_kwargs),
+      'seed': seed,
+      'client_epochs_per_round': client_epochs_per_round,
+      'client_sampling': client_sampling,
+      'clients_per_round': config.clients_per_round,
+      'eval_clients': config.eval_clients,
+      'evaluate': evaluate,
+      'total_rounds': config.total_rounds,
+      'rounds_per_eval': config.rounds_per_eval,
+  }
+  with run_dir.locked(
+      output_dir,
+      'program',
+      check=lambda: check_config(output_dir, all_settings),
+  ):
+    save_config(output_dir, all_settings)
     train_source = ClientDataSource(train_spec)
     eval_source = (
         ClientDataSource(
@@ -661,14 +733,18 @@ def run_program(
     async def train_in_context():
       # The context stack is per thread: install it where the program runs.
       with tff.framework.get_context_stack().install(context):
-        return await _train(
-            process,
-            task.model_fn,
-            train_source,
-            eval_source,
-            config,
-            output_dir,
-        )
+        try:
+          return await _train(
+              process,
+              task.model_fn,
+              train_source,
+              eval_source,
+              config,
+              output_dir,
+          )
+        except Exception:
+          await end_background_tasks()
+          raise
 
     state, round_num = simulation.run_async(train_in_context())
     result = {
@@ -682,6 +758,32 @@ def run_program(
           write_per_client(process, state, task, output_dir, round_num)
       )
     return result
+
+
+def check_finite_per_client(
+    per_client: Mapping[str, Mapping[str, Any]], round_num: int
+) -> None:
+  """Raises `ProgramError` if a client's metric is not finite.
+
+  The last round can overflow the model while its training loss (computed
+  before the round's update) is still finite: only the final evaluation
+  sees it.
+  """
+  for split, values in per_client.items():
+    for name, column in values.items():
+      if name == 'client_id':
+        continue
+      array = np.asarray(column, dtype=np.float64)
+      bad = np.flatnonzero(~np.isfinite(array))
+      if bad.size:
+        client = values['client_id'][bad[0]] if 'client_id' in values else '?'
+        client = client.decode() if isinstance(client, bytes) else client
+        raise ProgramError(
+            f'training diverged by round {round_num} ({split} {name} '
+            f'{array[bad[0]]} on client {client}, {bad.size} of '
+            f'{array.size} clients not finite); lower the learning rates. '
+            'The program states of earlier rounds are kept.'
+        )
 
 
 def write_per_client(
@@ -705,6 +807,7 @@ def write_per_client(
       include_train=True,
   )
   per_client.update(extra or {})
+  check_finite_per_client(per_client, round_num)
   summaries = simulation.summarize(per_client)
   clients_dir = os.path.join(output_dir, 'clients')
   os.makedirs(clients_dir, exist_ok=True)
@@ -779,7 +882,10 @@ def main(argv: Sequence[str]) -> int:
           f'--algorithm={values.algorithm} keeps per-client '
           'state: run it with python -m run.stateful_program'
       )
+    if values.algorithm == 'afl':  # Before the folder is looked at.
+      raise ValueError(f'--algorithm=afl: {_CLIENT_INDEX_REFUSAL}')
     task, process, sim_config, out_dir = train.prepare('program')[:4]
+    check_process(process)
     config = ProgramConfig(
         total_rounds=sim_config.total_rounds,
         clients_per_round=sim_config.clients_per_round,
@@ -815,6 +921,12 @@ def main(argv: Sequence[str]) -> int:
     )
   except (ProgramError, task_base.TaskError, run_dir.RunDirError) as e:
     print(f'program: error: {e}', file=sys.stderr)
+    return 1
+  except Exception as e:  # pylint: disable=broad-except
+    message = train.disk_full_message(e, out_dir)
+    if message is None:
+      raise
+    print(f'program: error: {message}', file=sys.stderr)
     return 1
   finally:
     runtime.kill_workers()

@@ -180,7 +180,11 @@ def check_available(path: str, writer: str) -> None:
 
 @contextlib.contextmanager
 def locked(
-    path: str, writer: str, *, binary: Optional[str] = None
+    path: str,
+    writer: str,
+    *,
+    binary: Optional[str] = None,
+    check: Optional[Callable[[], None]] = None,
 ) -> Iterator[None]:
   """Holds `path`'s run lock (creating the folder) for the `with` body.
 
@@ -189,6 +193,9 @@ def locked(
     writer: A `WRITERS` key: what writes the folder.
     binary: Named in the lock for a refused second run (default: this
       process's command).
+    check: Called once the lock is held, before this process records itself
+      in the lock file: whatever it raises refuses the run and leaves the
+      record of the folder's last run as it was (e.g. other settings).
 
   Raises:
     RunDirError: If another process holds the lock, another writer made the
@@ -208,6 +215,8 @@ def locked(
     except BlockingIOError:
       raise _busy(path, lock_path) from None
     _check_writer(path, _read_record(lock_path), writer)
+    if check is not None:
+      check()
     record = {
         'writer': writer,
         'pid': os.getpid(),

@@ -574,22 +574,24 @@ def run_stateful_program(
   config.validate(
       len(task.train_data.client_ids), len(task.test_data.client_ids)
   )
-  with run_dir.locked(output_dir, 'stateful_program'):
-    program._check_and_save_config(
-        output_dir,
-        {
-            **dict(settings or {}),
-            'task': task_name,
-            'task_kwargs': dict(task_kwargs),
-            'seed': seed,
-            'client_epochs_per_round': client_epochs_per_round,
-            'client_sampling': client_sampling,
-            'clients_per_round': config.clients_per_round,
-            'client_state_store': client_state_store,
-            'total_rounds': config.total_rounds,
-            'rounds_per_eval': config.rounds_per_eval,
-        },
-    )
+  all_settings = {
+      **dict(settings or {}),
+      'task': task_name,
+      'task_kwargs': dict(task_kwargs),
+      'seed': seed,
+      'client_epochs_per_round': client_epochs_per_round,
+      'client_sampling': client_sampling,
+      'clients_per_round': config.clients_per_round,
+      'client_state_store': client_state_store,
+      'total_rounds': config.total_rounds,
+      'rounds_per_eval': config.rounds_per_eval,
+  }
+  with run_dir.locked(
+      output_dir,
+      'stateful_program',
+      check=lambda: program.check_config(output_dir, all_settings),
+  ):
+    program.save_config(output_dir, all_settings)
     store = build_client_state_store(process, output_dir, client_state_store)
     source = StatefulClientDataSource(spec, process, store)
     context = program.create_context()

@@ -12,9 +12,11 @@ Flags follow google-research/federated. Outputs go to
 same command again resumes from the last checkpoint there.
 """
 
+import errno
 import math
 import os
 import sys
+from typing import Optional
 
 if not (3, 9) <= sys.version_info[:2] <= (3, 11):
   sys.exit(
@@ -987,6 +989,57 @@ def train(task, process, config, out_dir, tracker=None, engine=None) -> dict:
   return result
 
 
+_DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+_DISK_FULL_TEXTS = ('No space left on device', 'Disk quota exceeded')
+
+
+def disk_full_message(error: BaseException, out_dir: str) -> Optional[str]:
+  """The one-line message for a write that failed on a full disk, else None.
+
+  Python's writes raise `OSError` (ENOSPC, EDQUOT); TensorFlow's (the
+  checkpoints, TensorBoard, TFF's CSV files) `ResourceExhaustedError`, whose
+  text names the cause (a TensorFlow out-of-memory error does not).
+  """
+  if isinstance(error, OSError):
+    full = error.errno in _DISK_FULL_ERRNOS
+  else:
+    full = type(error).__name__ == 'ResourceExhaustedError' and any(
+        t in str(error) for t in _DISK_FULL_TEXTS
+    )
+  if not full:
+    return None
+  return (
+      f'disk full while writing in {out_dir}; the checkpoints written before '
+      'are kept: free some space and rerun the same command to resume'
+  )
+
+
+def diverged_in_evaluation(error: ValueError) -> Optional[str]:
+  """The one-line message if `error` is an evaluation's non-finite metrics.
+
+  A last round can overflow the model while its training loss (computed
+  before the round's update) is still finite: the per-client evaluation
+  after it then has non-finite values, which the summaries refuse. The round
+  is `_evaluate`'s argument, read from the traceback.
+  """
+  if 'must be finite' not in str(error):
+    return None
+  round_num = None
+  frame = error.__traceback__
+  while frame is not None:
+    code = frame.tb_frame.f_code
+    if code.co_name == '_evaluate' and code.co_filename == simulation.__file__:
+      round_num = frame.tb_frame.f_locals.get('round_num')
+    frame = frame.tb_next
+  if round_num is None:
+    return None
+  return (
+      f'training diverged at round {round_num} (the per-client evaluation '
+      'of its model is not finite; its training loss still was); lower the '
+      'learning rates. Checkpoints of earlier rounds are kept.'
+  )
+
+
 def main(argv) -> int:
   """Runs the binary; returns the exit code (2: bad input, 1: failed run)."""
   if len(argv) > 1:
@@ -1016,6 +1069,18 @@ def main(argv) -> int:
         run_dir.RunDirError,
     ) as e:
       print(f'train: error: {e}', file=sys.stderr)
+      return 1
+    except ValueError as e:
+      message = diverged_in_evaluation(e)
+      if message is None:
+        raise
+      print(f'train: error: {message}', file=sys.stderr)
+      return 1
+    except Exception as e:  # pylint: disable=broad-except
+      message = disk_full_message(e, job[3])
+      if message is None:
+        raise
+      print(f'train: error: {message}', file=sys.stderr)
       return 1
     except KeyboardInterrupt:
       print(console.interrupted_message('train'), file=sys.stderr)

@@ -284,6 +284,7 @@ CASES = (
             2,
             'run it with python -m run.program',
         ),
+        ('program', ['--algorithm=afl'], 2, 'carry the client index (AFL)'),
         # The earlier run's folder (kind 3): other settings, other writer.
         (
             'train',
@@ -516,7 +517,9 @@ def test_no_intact_checkpoint_is_one_line(earlier, tmp_path):
   assert names == ['damaged_program_state_1', 'damaged_program_state_2']
 
 
-def test_program_falls_back_from_a_damaged_state_and_stops_on_nan(tmp_path):
+def test_program_falls_back_from_a_damaged_state_and_stops_on_nan(
+    tmp_path, caplog
+):
   args = SMALL + [
       f'--root_output_dir={tmp_path}',
       '--experiment_name=p',
@@ -540,7 +543,10 @@ def test_program_falls_back_from_a_damaged_state_and_stops_on_nan(tmp_path):
   ]
   assert sorted(rounds, key=int) == ['1', '2', '3']
 
-  # A learning rate that overflows: stopped, not finished with NaN metrics.
+  # A learning rate that overflows: stopped, not finished with NaN metrics,
+  # and TFF's background tasks ended first: none is cancelled with a
+  # traceback logged by the event loop.
+  caplog.clear()
   status, stderr = binary.call_main(
       program.main,
       'program',
@@ -557,6 +563,8 @@ def test_program_falls_back_from_a_damaged_state_and_stops_on_nan(tmp_path):
   assert status == 1, stderr
   assert errors[-1].startswith('program: error: training diverged at round')
   assert 'Traceback' not in stderr
+  logged = [r.getMessage() for r in caplog.records if r.levelno >= 40]
+  assert not logged, logged
   assert not (tmp_path / 'nan' / 'summary.json').exists()
   metrics = tmp_path / 'nan' / 'metrics.csv'
   assert not metrics.exists() or 'nan' not in metrics.read_text().lower()
@@ -827,3 +835,57 @@ def test_watchdog_ends_a_run_whose_main_thread_does_not(how, signum):
   finally:
     with contextlib.suppress(ProcessLookupError):
       os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_a_last_round_that_overflows_is_divergence(tmp_path):
+  """The training loss of the last round is finite, its model is not."""
+  for which in ('train', 'program'):
+    status, stderr = binary.call_main(
+        MAINS[which],
+        PROG[which],
+        SMALL
+        + [
+            f'--root_output_dir={tmp_path}',
+            f'--experiment_name={which}',
+            '--total_rounds=1',
+            '--rounds_per_eval=0',
+            '--client_learning_rate=1e35',
+        ],
+    )
+    errors = binary.error_lines(stderr)
+    assert status == 1, stderr
+    assert 'Traceback' not in stderr, stderr
+    assert errors[-1].startswith(
+        f'{PROG[which]}: error: training diverged'
+    ), stderr
+    assert 'round 1' in errors[-1], stderr
+    assert not (tmp_path / which / 'summary.json').exists()
+
+
+def test_a_refused_program_leaves_the_lock_record_of_the_last_run(tmp_path):
+  """'Other settings' is refused before the refused run records itself."""
+  for which in ('program', 'stateful'):
+    args = (
+        SMALL
+        + BASE[which]
+        + [
+            f'--root_output_dir={tmp_path}',
+            f'--experiment_name={which}',
+            '--rounds_per_eval=0',
+            '--total_rounds=1',
+        ]
+    )
+    status, stderr = binary.call_main(MAINS[which], PROG[which], args)
+    assert status == 0, stderr
+    lock = tmp_path / which / '.lock'
+    record = json.loads(lock.read_text())
+    record['pid'] = 999999999  # As if written by another, finished process.
+    lock.write_text(json.dumps(record) + '\n')
+    before = tree_hashes(tmp_path / which)
+    status, stderr = binary.call_main(
+        MAINS[which], PROG[which], args + ['--client_learning_rate=0.5']
+    )
+    lines = binary.error_lines(stderr)
+    assert status == 1, stderr
+    assert 'holds a program with other settings' in lines[-1], stderr
+    assert tree_hashes(tmp_path / which) == before

@@ -355,6 +355,18 @@ def _build(root: str, split: str, key: str, read: ReadFn) -> SplitData:
   return data
 
 
+def _as_spelled(data: SplitData, paths: list[str]) -> SplitData:
+  """`data` naming its files as `paths` do (the folder may be spelled anew)."""
+  spelled = {os.path.basename(p): p for p in paths}
+  respell = lambda path: spelled.get(os.path.basename(path), path)
+  data.file_layouts = [(respell(p), layout) for p, layout in data.file_layouts]
+  data.users = {
+      u: dataclasses.replace(r, path=respell(r.path))
+      for u, r in data.users.items()
+  }
+  return data
+
+
 def load_split(
     leaf_dir: str, split: str, paths: list[str], read: ReadFn
 ) -> SplitData:
@@ -374,7 +386,7 @@ def load_split(
   for root in _existing_roots(leaf_dir):
     data = _load_entry(os.path.join(root, f'{split}-{key}'), key)
     if data is not None:
-      return data
+      return _as_spelled(data, paths)
   root = _writable_root(leaf_dir)
   if root is not None:
     try:

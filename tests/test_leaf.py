@@ -908,3 +908,17 @@ def test_an_unwritable_folder_caches_in_the_user_cache(tmp_path, monkeypatch):
   assert sorted(n.split('-')[0] for n in os.listdir(root)) == ['test', 'train']
   expected = _cache_oracle(leaf_dir, 'femnist', task)
   _assert_same_arrays(_cache_contents(task), expected)
+
+
+def test_a_cached_layout_error_names_the_folder_as_spelled(
+    tmp_path, monkeypatch
+):
+  leaf_dir = _cache_write(tmp_path / 'data', 'shakespeare')
+  _cache_task(leaf_dir, 'shakespeare')  # Builds the cache.
+  monkeypatch.chdir(tmp_path)
+  with pytest.raises(base.TaskError) as e:
+    leaf.create_task(leaf_dir='data', leaf_dataset='femnist', batch_size=3)
+  assert str(e.value) == (
+      f'{os.path.join("data", "train", "all_data_0.json")}: holds shakespeare '
+      'examples, but leaf_dataset is femnist'
+  )

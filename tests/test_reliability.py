@@ -889,3 +889,124 @@ def test_a_refused_program_leaves_the_lock_record_of_the_last_run(tmp_path):
     assert status == 1, stderr
     assert 'holds a program with other settings' in lines[-1], stderr
     assert tree_hashes(tmp_path / which) == before
+
+
+def _disk_full_after(monkeypatch, target, name, calls, error):
+  """Makes `target.name` raise `error` from its `calls`-th call on."""
+  original = getattr(target, name)
+  count = [0]
+
+  def failing(*args, **kwargs):
+    count[0] += 1
+    if count[0] >= calls:
+      raise error
+    return original(*args, **kwargs)
+
+  monkeypatch.setattr(target, name, failing)
+
+
+def test_a_full_disk_is_one_line_and_the_rerun_resumes(
+    earlier, tmp_path, monkeypatch
+):
+  """A checkpoint, program state or metrics write failing with ENOSPC, in
+  fresh and resumed runs of both binaries: one line naming the folder;
+  the checkpoints before stay; with space again the same command finishes."""
+  import errno  # pylint: disable=g-import-not-at-top
+
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  from tensorflow_federated.python.program import file_utils  # pylint: disable=g-import-not-at-top,g-direct-tensorflow-import
+
+  tf_full = tf.errors.ResourceExhaustedError(
+      None, None, 'program_state_2/variables; No space left on device'
+  )
+  os_full = OSError(errno.ENOSPC, 'No space left on device')
+  with open(os.path.join(earlier['run'], 'summary.json')) as f:
+    expected = json.load(f)
+  cases = [  # (binary, resumed, what fails, from which call, error)
+      ('train', False, (file_utils, 'write_saved_model'), 2, tf_full),
+      (
+          'train',
+          True,
+          (tff.program.CSVFileReleaseManager, 'release'),
+          1,
+          os_full,
+      ),
+      ('program', False, (file_utils, 'write_saved_model'), 2, tf_full),
+      (
+          'program',
+          True,
+          (tff.program.CSVFileReleaseManager, 'release'),
+          1,
+          os_full,
+      ),
+  ]
+  for i, (which, resumed, (target, name), calls, error) in enumerate(cases):
+    root = tmp_path / str(i)
+    run = root / 'run'
+    args = SMALL + [
+        f'--root_output_dir={root}',
+        '--experiment_name=run',
+        '--total_rounds=2',
+    ]
+    if which == 'train':
+      args.append('--rounds_per_checkpoint=1')
+    if resumed:
+      status, stderr = binary.call_main(
+          MAINS[which], PROG[which], args[:-1] + ['--total_rounds=1']
+      )
+      assert status == 0, stderr
+    summary = run / 'summary.json'
+    before = summary.read_bytes() if summary.exists() else None
+    with monkeypatch.context() as patch:
+      _disk_full_after(patch, target, name, calls, error)
+      status, stderr = binary.call_main(MAINS[which], PROG[which], args)
+    lines = binary.error_lines(stderr)
+    assert status == 1, (i, stderr)
+    assert 'Traceback' not in stderr, (i, stderr)
+    assert lines[-1] == (
+        f'{PROG[which]}: error: disk full while writing in {run}; the '
+        'checkpoints written before are kept: free some space and rerun the '
+        'same command to resume'
+    ), (i, stderr)
+    assert (summary.read_bytes() if summary.exists() else None) == before, i
+    status, stderr = binary.call_main(MAINS[which], PROG[which], args)
+    assert status == 0, (i, stderr)
+    if which == 'train':
+      assert json.loads((run / 'summary.json').read_text()) == expected, i
+
+
+def test_stateful_program_falls_back_from_damaged_client_states(tmp_path):
+  """A truncated client-state snapshot: the round before is resumed."""
+  args = (
+      SMALL
+      + BASE['stateful']
+      + [
+          f'--root_output_dir={tmp_path}',
+          '--experiment_name=s',
+          '--rounds_per_eval=0',
+      ]
+  )
+  status, stderr = binary.call_main(
+      stateful_program.main, 'program', args + ['--total_rounds=2']
+  )
+  assert status == 0, stderr
+  snapshot = tmp_path / 's' / 'client_states' / 'states_round_00000002.npz'
+  with open(snapshot, 'r+b') as f:
+    f.truncate(30)
+  status, stderr = binary.call_main(
+      stateful_program.main, 'program', args + ['--total_rounds=3']
+  )
+  assert status == 0, stderr
+  assert 'Traceback' not in stderr, stderr
+  warnings = [l for l in stderr.splitlines() if l.startswith('warning:')]
+  assert len(warnings) == 1, stderr
+  assert 'skipped the checkpoint program_state_2' in warnings[0], stderr
+  assert 'BadZipFile' in warnings[0], stderr
+  assert (snapshot.parent / 'damaged_states_round_00000002.npz').exists()
+  assert (tmp_path / 's' / 'program_state' / 'damaged_program_state_2').is_dir()
+  rounds = [
+      l.split(',')[0]
+      for l in (tmp_path / 's' / 'metrics.csv').read_text().splitlines()[1:]
+  ]
+  assert sorted(rounds, key=int) == ['1', '2', '3']

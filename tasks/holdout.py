@@ -49,9 +49,11 @@ def _sliced(
   """The examples `[start, stop)` of each client of `bounds`, in order."""
 
   def dataset_fn(client_id):
+    # The eager dataset: a `serializable_dataset_fn` that is a tf.function
+    # (TFF's in-memory ClientData) would be traced again for every client.
     start, stop = bounds[client_id]
     return (
-        client_data.serializable_dataset_fn(client_id)
+        client_data.create_tf_dataset_for_client(client_id)
         .skip(start)
         .take(stop - start)
     )

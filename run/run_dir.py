@@ -178,6 +178,68 @@ def check_available(path: str, writer: str) -> None:
     os.close(fd)
 
 
+# What each writer keeps in a run's folder: folders, then text files.
+_RUN_FOLDERS = {
+    'train': ('checkpoints', 'clients', 'tensorboard', 'client_states'),
+    'program': (
+        'program_state',
+        'clients',
+        'tensorboard',
+        'models',
+        'evaluation',
+    ),
+    'stateful_program': (
+        'program_state',
+        'clients',
+        'tensorboard',
+        'models',
+        'client_states',
+    ),
+}
+_RUN_TEXT_FILES = ('metrics.csv', 'evaluation.csv', 'config.json')
+
+
+def check_run_files(path: str, writer: str) -> None:
+  """Raises `RunDirError` naming a damaged part of an existing run folder.
+
+  A resumed run appends to its CSV files and writes into its folders: one
+  replaced by a file (or a file by a folder), or a CSV file that is not
+  UTF-8 text, would fail mid-run with a traceback. Creates nothing.
+  """
+  if not os.path.isdir(path):
+    return
+  for name in _RUN_FOLDERS[writer]:
+    full = os.path.join(path, name)
+    if os.path.lexists(full) and not os.path.isdir(full):
+      raise RunDirError(
+          f'{_printable(full)} is a file, not a folder: the run cannot be '
+          'resumed; move it away (or remove the run folder to start over)'
+      )
+  for name in _RUN_TEXT_FILES:
+    full = os.path.join(path, name)
+    if not os.path.lexists(full):
+      continue
+    if os.path.isdir(full):
+      raise RunDirError(
+          f'{_printable(full)} is a folder, not a file: the run cannot be '
+          'resumed; move it away (or remove the run folder to start over)'
+      )
+    try:
+      with open(full, encoding='utf-8') as f:
+        while f.read(1 << 20):
+          pass
+    except UnicodeDecodeError as e:
+      raise RunDirError(
+          f'{_printable(full)} is damaged (not UTF-8 text: byte '
+          f'{e.start}): the run cannot be resumed; move it away (or remove '
+          'the run folder to start over)'
+      ) from None
+    except OSError as e:
+      raise RunDirError(
+          f'{_printable(full)} cannot be read ({e.strerror or e})'
+      ) from None
+
+
 @contextlib.contextmanager
 def locked(
     path: str,
@@ -291,6 +353,23 @@ class CheckpointManager(tff.program.FileProgramStateManager):
         f'no intact checkpoint in {self._root} (damaged, kept: '
         f'{", ".join(damaged)}); remove that folder to start over'
     )
+
+  def set_aside(self, version: int, reason: str) -> str:
+    """Renames checkpoint `version` `damaged_<name>` with a warning.
+
+    For a version whose own files load but that cannot be resumed (e.g. its
+    client states are damaged): `load_latest` then finds the one before.
+
+    Returns:
+      The new name.
+    """
+    name = os.path.basename(self._get_path_for_version(version))
+    kept = self._set_aside(name)
+    self._log(
+        f'warning: skipped the checkpoint {name} in {self._root} ({reason});'
+        f' kept as {kept}'
+    )
+    return kept
 
   def _set_aside(self, name: str) -> str:
     for i in range(1000):

@@ -71,6 +71,7 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 import collections
 import json
 import sys
+import zipfile
 from collections.abc import Mapping, Sequence
 from typing import Any, Optional
 
@@ -431,6 +432,28 @@ def _program_state(state, round_num, iterator):
   )
 
 
+# What a damaged client-state file raises when it is read.
+_DAMAGED_CLIENT_STATES = (
+    zipfile.BadZipFile,
+    EOFError,
+    OSError,
+    ValueError,
+    KeyError,
+)
+
+
+def _set_aside_client_states(output_dir: str, version: int) -> None:
+  """Renames the memory store's snapshot of `version` `damaged_<name>`."""
+  folder = os.path.join(output_dir, 'client_states')
+  name = f'states_round_{version:08d}.npz'
+  if os.path.exists(os.path.join(folder, name)):
+    kept, i = f'damaged_{name}', 0
+    while os.path.lexists(os.path.join(folder, kept)):
+      i += 1
+      kept = f'damaged_{name}.{i}'
+    os.rename(os.path.join(folder, name), os.path.join(folder, kept))
+
+
 async def _train(process, source, store, config, output_dir):
   state_manager = run_dir.CheckpointManager(
       os.path.join(output_dir, 'program_state'), keep_total=3, keep_first=True
@@ -445,9 +468,21 @@ async def _train(process, source, store, config, output_dir):
       process, source.federated_type, config.clients_per_round
   )
   initial = process.initialize()
-  loaded, version = await state_manager.load_latest(
-      _program_state(initial, 0, source.iterator())
-  )
+  while True:  # The newest program state whose client states load.
+    loaded, version = await state_manager.load_latest(
+        _program_state(initial, 0, source.iterator())
+    )
+    if loaded is None:
+      break
+    try:
+      store.restore(version)
+      break
+    except _DAMAGED_CLIENT_STATES as e:
+      if not version:
+        raise
+      reason = f'its client states: {type(e).__name__}: {e}'
+      _set_aside_client_states(output_dir, version)
+      state_manager.set_aside(version, reason)
   if loaded is None:
     state, start, iterator = initial, 0, source.iterator()
     store.restore(0)  # Drops states of a program that never saved a round.
@@ -458,7 +493,6 @@ async def _train(process, source, store, config, output_dir):
         int(loaded['round_num']),
         loaded['iterator'],
     )
-    store.restore(version)
     logging.info('resuming the program from round %d', start)
   iterator.bind(store)
   for round_num in range(start + 1, config.total_rounds + 1):
@@ -681,6 +715,14 @@ def main(argv: Sequence[str]) -> int:
       ValueError,
   ) as e:
     print(f'program: error: {e}', file=sys.stderr)
+    return 1
+  except (zipfile.BadZipFile, EOFError) as e:  # A damaged disk-store file.
+    print(
+        f'program: error: a client-state file under {out_dir} is damaged '
+        f'({type(e).__name__}: {e}); restore it or remove that folder to '
+        'start over',
+        file=sys.stderr,
+    )
     return 1
   finally:
     runtime.kill_workers()

@@ -905,6 +905,7 @@ def prepare(writer: str = 'train'):
     engine = engines.build_stacked_engine(spec, task, shuffle=config.shuffle)
   # Last: bad input is reported before a busy or foreign folder.
   run_dir.check_available(out_dir, writer)
+  run_dir.check_run_files(out_dir, writer)
   if writer == 'train':  # Checked again (locked) when the run starts.
     simulation.check_settings(
         out_dir, hparams(), ignore=frozenset({'dp_noise_multiplier_used'})

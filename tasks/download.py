@@ -44,6 +44,7 @@ import sys
 import tarfile
 from typing import BinaryIO, Optional
 import urllib.error
+import urllib.parse
 import urllib.request
 
 import tqdm
@@ -112,8 +113,22 @@ def archive_name(data_file: data_files.DataFile) -> str:
 
 
 def base_url() -> str:
-  """TFF's bucket, or `$TFF_HETERO_DATA_URL` when set."""
+  """TFF's bucket, or `$TFF_HETERO_DATA_URL` when set.
+
+  Raises:
+    DownloadError: If `$TFF_HETERO_DATA_URL` is not an http(s), ftp or file
+      URL.
+  """
   url = os.environ.get(BASE_URL_ENV) or TFF_BASE_URL
+  parsed = urllib.parse.urlsplit(url)
+  if parsed.scheme not in ('http', 'https', 'ftp', 'file') or (
+      parsed.scheme != 'file' and not parsed.netloc
+  ):
+    raise DownloadError(
+        f'${BASE_URL_ENV}={url!r} is not a URL (e.g. '
+        f'https://example.org/tff-data/ or file:///srv/tff-data/); unset it '
+        "to download from TFF's bucket"
+    )
   return url if url.endswith('/') else url + '/'
 
 

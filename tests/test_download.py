@@ -323,3 +323,14 @@ def test_training_binary_downloads_when_asked(tmp_path, monkeypatch, server):
       'download: error: --datasets must name some of emnist, shakespeare, '
       'stackoverflow, got mnist'
   ]
+
+
+def test_a_data_url_that_is_not_a_url_is_one_line(tmp_path, monkeypatch):
+  for url in ('not a url', 'example.org/tff', 'http://', 'mailto:x@y'):
+    monkeypatch.setenv(download.BASE_URL_ENV, url)
+    with pytest.raises(download.DownloadError) as raised:
+      download.fetch(data_files.EMNIST, str(tmp_path / 'd'), progress=False)
+    message = str(raised.value)
+    assert '\n' not in message, message
+    assert f'${download.BASE_URL_ENV}={url!r} is not a URL' in message
+    assert not (tmp_path / 'd').exists()  # Refused before anything.

@@ -1010,3 +1010,51 @@ def test_stateful_program_falls_back_from_damaged_client_states(tmp_path):
       for l in (tmp_path / 's' / 'metrics.csv').read_text().splitlines()[1:]
   ]
   assert sorted(rounds, key=int) == ['1', '2', '3']
+
+
+@pytest.mark.parametrize(
+    'name, damage',
+    [
+        ('metrics.csv', 'not_utf8'),
+        ('tensorboard', 'file'),
+        ('clients', 'file'),
+        ('checkpoints', 'file'),
+        ('metrics.csv', 'folder'),
+    ],
+)
+def test_a_damaged_run_folder_is_one_line_naming_the_path(
+    earlier, tmp_path, name, damage
+):
+  root = tmp_path / 'root'
+  shutil.copytree(earlier['run'], root / 'earlier')
+  run = root / 'earlier'
+  os.remove(run / 'summary.json')
+  target = run / name
+  if damage == 'not_utf8':
+    target.write_bytes(target.read_bytes() + b'3,\xff\xfe\n')
+  else:
+    if target.is_dir():
+      shutil.rmtree(target)
+    else:
+      target.unlink()
+    if damage == 'file':
+      target.write_text('not a folder')
+    else:
+      target.mkdir()
+  before = tree_hashes(run)
+  status, stderr = binary.call_main(
+      train.main,
+      'train',
+      SMALL
+      + [
+          f'--root_output_dir={root}',
+          '--experiment_name=earlier',
+          '--total_rounds=3',
+      ],
+  )
+  lines = binary.error_lines(stderr)
+  assert status == 1, stderr
+  assert 'Traceback' not in stderr, stderr
+  assert len(lines) == 1 and lines[0].startswith('train: error: '), stderr
+  assert str(target) in lines[0], stderr
+  assert tree_hashes(run) == before

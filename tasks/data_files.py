@@ -182,7 +182,12 @@ def _extract_member(archive: str, member: str, directory: str) -> None:
 def sql_example_counts(
     database_path: str, split_names: Sequence[str]
 ) -> dict[str, int]:
-  """Examples per client over `split_names`, from `client_metadata`."""
+  """Examples per client over `split_names`, from `client_metadata`.
+
+  Raises:
+    TaskError: If the file is not a TFF SQLite dataset, or a split has no
+      client (TFF's `ClientData` would fail on it with `StopIteration`).
+  """
   counts = collections.Counter()
   connection = sqlite3.connect(database_path)
   try:
@@ -191,7 +196,13 @@ def sql_example_counts(
           'SELECT client_id, num_examples FROM client_metadata '
           'WHERE split_name = ?',
           (split,),
-      )
+      ).fetchall()
+      if not rows:
+        raise base.TaskError(
+            f'{database_path} has no clients in its {split!r} split (its '
+            'client_metadata table lists none): the file is incomplete; '
+            'fetch it again (--download, after removing it)'
+        )
       for client_id, num in rows:
         counts[client_id] += int(num)
   except sqlite3.DatabaseError as e:

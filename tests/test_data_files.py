@@ -109,6 +109,13 @@ def test_sql_example_counts_read_metadata(tmp_path):
   bogus.write_bytes(b'not a database at all, just bytes' * 10)
   with pytest.raises(base.TaskError, match='not a TFF SQLite dataset'):
     data_files.sql_example_counts(str(bogus), ['train'])
+  # Both tables, no client in a split: TFF's ClientData would raise
+  # StopIteration; refused when opened, naming the file and the split.
+  with pytest.raises(base.TaskError, match="no clients in its 'val' split"):
+    data_files.sql_example_counts(path, ['train', 'val'])
+  empty = sqlite_fixtures.write_sqlite(str(tmp_path / 'empty.sqlite'), {})
+  with pytest.raises(base.TaskError, match=f"{empty} has no clients in its"):
+    data_files.sql_example_counts(empty, ['train'])
 
 
 def test_merge_splits_concatenates_train_then_test(tmp_path):

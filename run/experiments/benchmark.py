@@ -579,7 +579,7 @@ def findings(rows, split_name: str) -> list[str]:
     parts = []
     for column, name in (('p10', '10th percentile'), ('mean', 'mean')):
       mean, std, wins, n, detect = cols[column]
-      sign = 'higher' if mean > 0 else 'lower'
+      sign = 'higher' if mean > 0 else 'lower' if mean < 0 else 'equal'
       clear = abs(mean) > detect if not math.isnan(detect) else False
       parts.append(
           f'{name} {100 * mean:+.1f} points ({sign} on average, better on '
@@ -619,7 +619,7 @@ def write_pictures(results, methods_run, rows, png_cdf, png_diff, splits):
     ax.set_ylabel('fraction of clients (all reported seeds)')
     ax.set_title(title)
     ax.grid(alpha=0.3)
-  axes[-1].legend(fontsize=7, loc='upper left')
+    ax.legend(fontsize=7, loc='upper left')
   fig.tight_layout()
   _save(fig, png_cdf)
   plt.close(fig)

@@ -483,6 +483,7 @@ def evaluate_per_client(
     model_weights,
     *,
     include_train: bool,
+    chunk_size: int = 100,
 ) -> dict[str, dict[str, np.ndarray]]:
   """Per-client metrics: `{'test': {...}, 'train': {...}}` with client ids.
 
@@ -497,11 +498,20 @@ def evaluate_per_client(
   results = {}
   for split, data in splits:
     ids = list(data.client_ids)
-    values = evaluation.evaluate_clients(
-        eval_computation,
-        model_weights,
-        [task.eval_dataset(cid, split) for cid in ids],
-    )
+    # Datasets made a chunk at a time: a lazily loaded task (LEAF's cache)
+    # then holds one chunk's examples in memory, not the whole split's.
+    parts = [
+        evaluation.evaluate_clients(
+            eval_computation,
+            model_weights,
+            [task.eval_dataset(cid, split) for cid in ids[i : i + chunk_size]],
+            chunk_size=chunk_size,
+        )
+        for i in range(0, len(ids), chunk_size)
+    ]
+    values = {
+        name: np.concatenate([p[name] for p in parts]) for name in parts[0]
+    }
     values['client_id'] = np.asarray(ids)
     results[split] = values
   return results

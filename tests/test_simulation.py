@@ -229,3 +229,35 @@ def test_flatten_metrics():
       }
   )
   assert flat == {'train/loss': 1.5, 'finalizer/n': 3}
+
+
+def test_per_client_evaluation_makes_datasets_a_chunk_at_a_time():
+  """A lazily loaded split is in memory one chunk of clients at a time."""
+  events = []
+
+  class Clients:
+    client_ids = [f'c{i}' for i in range(5)]
+
+  class Task:
+    test_data = Clients()
+    unseen_data = None
+
+    def eval_dataset(self, cid, split):
+      events.append(('make', cid))
+      return (cid, split)
+
+  def computation(weights, datasets):
+    del weights
+    events.append(('evaluate', [cid for cid, _ in datasets]))
+    return [{'accuracy': float(cid[1:])} for cid, _ in datasets]
+
+  out = simulation.evaluate_per_client(
+      Task(), computation, None, include_train=False, chunk_size=2
+  )
+  assert events == [
+      ('make', 'c0'), ('make', 'c1'), ('evaluate', ['c0', 'c1']),
+      ('make', 'c2'), ('make', 'c3'), ('evaluate', ['c2', 'c3']),
+      ('make', 'c4'), ('evaluate', ['c4']),
+  ]
+  assert list(out['test']['accuracy']) == [0, 1, 2, 3, 4]
+  assert list(out['test']['client_id']) == Clients.client_ids

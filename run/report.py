@@ -233,6 +233,15 @@ def load_run(path: str, label: Optional[str] = None) -> Run:
       raise TypeError('summaries is not a table')
   except (KeyError, TypeError, ValueError) as e:
     raise _damaged(summary_path, e) from None
+  if not any(
+      isinstance(summary['summaries'].get(key), dict)
+      and _format(summary['summaries'][key].get(stat)) != 'n/a'
+      for key, stat, _ in TABLE_COLUMNS
+  ):  # A table of 'n/a' only would pass for a report.
+    raise _damaged(
+        summary_path,
+        ValueError('no finite statistic of the report table in summaries'),
+    )
   clients_path = os.path.join(path, 'clients', f'round_{round_num:05d}.csv')
   if not os.path.exists(clients_path):
     raise ReportError(

@@ -602,6 +602,13 @@ def task_kwargs() -> dict:
         ' --test_clients_fraction'
     )
 
+  if name in registry.SYNTHETIC_TASKS or name in registry.REGRESSION_TASKS:
+    for flag in ('data_dir', 'download', 'use_synthetic_data'):
+      if flags.FLAGS[flag].present:  # Would be silently ignored.
+        raise UsageError(
+            f'--{flag} applies to the tasks read from files, not '
+            f'--task={name} (built-in data)'
+        )
   leaf_flags = [f for f in _LEAF_FLAGS if flags.FLAGS[f].present]
   if name != 'leaf' and leaf_flags:
     raise UsageError(f'--{leaf_flags[0]} applies to --task=leaf only')
@@ -720,6 +727,8 @@ def prepare(writer: str = 'train'):
       key): a folder in use or another writer's is refused before anything
       is built (`run.run_dir.RunDirError`).
   """
+  if _SEED.value < 0:
+    raise UsageError(f'--seed must be >= 0, got {_SEED.value}')
   spec = algorithms.AlgorithmSpec(
       name=_ALGORITHM.value,
       client_optimizer=_CLIENT_OPT.value,

@@ -201,6 +201,9 @@ SHARED_CASES = [
         '--max_concurrent_computation_calls must be',
     ),
     (['--seed=x'], 2, 'seed'),
+    (['--seed=-1'], 2, '--seed must be >= 0, got -1'),
+    (['--download'], 2, '--download applies to the tasks read from files'),
+    (['--data_dir={scratch}'], 2, '--data_dir applies to the tasks read'),
     (['--nosuchflag=1'], 2, "Unknown command line flag 'nosuchflag'"),
     (['--flagfile={scratch}/missing.flags'], 2, 'Unable to open flagfile'),
     (['stray'], 2, 'unexpected arguments: stray'),
@@ -346,6 +349,17 @@ REPORT_CASES = [
         'summary.json: damaged',
     ),
     ('summary.json', b'{"summaries": {}}', 'summary.json: damaged'),
+    (
+        'summary.json',
+        b'{"round_num": 2, "summaries": {}}',
+        'summary.json: damaged',
+    ),
+    (
+        'summary.json',
+        b'{"round_num": 2, "summaries": {"test/accuracy": {"mean": NaN,'
+        b' "p10": NaN}, "test/loss": {"mean": Infinity}}}',
+        'no finite statistic',
+    ),
     ('summary.json', b'\xff\xfe{}', 'summary.json: damaged'),
     (
         'clients/round_00002.csv',

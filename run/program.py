@@ -549,7 +549,9 @@ def build_evaluation_manager(
   `divergence_checks`, a `DivergenceCheck` of the evaluation metrics is
   appended to it (an evaluation loss that is not finite is not released).
   """
-  metrics_manager = _release_managers(output_dir, 'evaluation', 'evaluation.csv')
+  metrics_manager = _release_managers(
+      output_dir, 'evaluation', 'evaluation.csv'
+  )
   if divergence_checks is not None:
     metrics_manager = DivergenceCheck(metrics_manager, 'evaluation')
     divergence_checks.append(metrics_manager)

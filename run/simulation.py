@@ -888,6 +888,7 @@ def _evaluate(
         weights,
         include_train=config.eval_train_clients,
     )
+  _check_evaluation_finite(per_client, round_num)
   if outputs:
     _write_client_csv(
         os.path.join(outputs.clients_dir, f'round_{round_num:05d}.csv'),
@@ -1021,6 +1022,30 @@ def _check_finite(metrics: Mapping[str, Any], round_num: int) -> None:
         f'training diverged at round {round_num} (train loss {loss}); lower'
         ' the learning rates. Checkpoints of earlier rounds are kept.'
     )
+
+
+def _check_evaluation_finite(
+    per_client: Mapping[str, Mapping[str, np.ndarray]], round_num: int
+) -> None:
+  """Divergence seen by the evaluation: a model whose metrics overflow.
+
+  A last round can overflow the model while its training loss (computed
+  before the round's update) is still finite.
+  """
+  for split, values in per_client.items():
+    for name, array in values.items():
+      array = np.asarray(array)
+      if (
+          name != 'client_id'
+          and np.issubdtype(array.dtype, np.number)
+          and not np.all(np.isfinite(array))
+      ):
+        raise SimulationError(
+            f'training diverged at round {round_num} (the per-client '
+            f'evaluation of its model on {split} has non-finite {name}; its '
+            'training loss still was finite); lower the learning rates. '
+            'Checkpoints of earlier rounds are kept.'
+        )
 
 
 def _postfix(metrics: Mapping[str, Any]) -> str:

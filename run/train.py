@@ -1024,32 +1024,6 @@ def disk_full_message(error: BaseException, out_dir: str) -> Optional[str]:
   )
 
 
-def diverged_in_evaluation(error: ValueError) -> Optional[str]:
-  """The one-line message if `error` is an evaluation's non-finite metrics.
-
-  A last round can overflow the model while its training loss (computed
-  before the round's update) is still finite: the per-client evaluation
-  after it then has non-finite values, which the summaries refuse. The round
-  is `_evaluate`'s argument, read from the traceback.
-  """
-  if 'must be finite' not in str(error):
-    return None
-  round_num = None
-  frame = error.__traceback__
-  while frame is not None:
-    code = frame.tb_frame.f_code
-    if code.co_name == '_evaluate' and code.co_filename == simulation.__file__:
-      round_num = frame.tb_frame.f_locals.get('round_num')
-    frame = frame.tb_next
-  if round_num is None:
-    return None
-  return (
-      f'training diverged at round {round_num} (the per-client evaluation '
-      'of its model is not finite; its training loss still was); lower the '
-      'learning rates. Checkpoints of earlier rounds are kept.'
-  )
-
-
 def main(argv) -> int:
   """Runs the binary; returns the exit code (2: bad input, 1: failed run)."""
   if len(argv) > 1:
@@ -1079,12 +1053,6 @@ def main(argv) -> int:
         run_dir.RunDirError,
     ) as e:
       print(f'train: error: {e}', file=sys.stderr)
-      return 1
-    except ValueError as e:
-      message = diverged_in_evaluation(e)
-      if message is None:
-        raise
-      print(f'train: error: {message}', file=sys.stderr)
       return 1
     except Exception as e:  # pylint: disable=broad-except
       message = disk_full_message(e, job[3])

@@ -8,9 +8,34 @@ requirements-nodeps.txt.
 """
 
 # bazel-data: setup.py README.md requirements.txt requirements-nodeps.txt
+# The binaries' sources, which test_every_binary_is_a_console_command finds by
+# walking the package folders: Bazel's sandbox holds only declared files, so
+# every binary is declared here (one per line; test_binaries_are_declared
+# checks the list against the checkout under pytest).
+# bazel-data: run/benchmarks/bench.py
+# bazel-data: run/benchmarks/bench_ditto_scale.py
+# bazel-data: run/benchmarks/bench_loss_pass.py
+# bazel-data: run/benchmarks/bench_scale.py
+# bazel-data: run/benchmarks/bench_suite.py
+# bazel-data: run/download.py
+# bazel-data: run/experiments/benchmark.py
+# bazel-data: run/experiments/ditto_lambda_sweep.py
+# bazel-data: run/experiments/ditto_theorem7.py
+# bazel-data: run/experiments/fedplus_regression.py
+# bazel-data: run/experiments/fedprox_sim.py
+# bazel-data: run/experiments/numpy_sim.py
+# bazel-data: run/experiments/privacy_experiments.py
+# bazel-data: run/experiments/qffl_h_scale.py
+# bazel-data: run/experiments/reproduce.py
+# bazel-data: run/program.py
+# bazel-data: run/report.py
+# bazel-data: run/stateful_program.py
+# bazel-data: run/train.py
+# bazel-data: tasks/shakespeare_text.py
 
 import ast
 import os
+import re
 
 import setuptools
 
@@ -34,6 +59,40 @@ def binaries_in_checkout() -> dict[str, ast.Module]:
           module = os.path.relpath(path, ROOT)[:-3].replace(os.sep, '.')
           found[module] = ast.parse(source)
   return found
+
+
+def declared_binaries() -> list[str]:
+  """The modules whose sources this file's `# bazel-data:` lines declare."""
+  with open(__file__) as f:
+    source = f.read()
+  paths = [
+      path
+      for line in re.findall(r'^#\s*bazel-data:(.*)$', source, re.MULTILINE)
+      for path in line.split()
+  ]
+  return [
+      p[:-3].replace('/', '.')
+      for p in paths
+      if p.endswith('.py') and '/' in p  # Not setup.py: package modules.
+  ]
+
+
+def test_binaries_are_declared():
+  """Every binary's source is Bazel data of this test, and nothing else is.
+
+  Under pytest the walk sees the whole checkout, so a binary added without a
+  `# bazel-data:` line fails here (under Bazel it would be out of the
+  sandbox, and the check below would miss it or fail without saying why).
+  """
+  declared = declared_binaries()
+  found = sorted(binaries_in_checkout())
+  missing = [m for m in found if m not in declared]
+  assert not missing, (
+      'binaries not declared as Bazel data of tests/test_packaging.py (add a'
+      ' `# bazel-data: <path>.py` line for each, then run python -m'
+      f' tools.build_deps --write): {missing}'
+  )
+  assert declared == found, ('declared, not binaries (or unsorted)', declared)
 
 
 def test_every_binary_is_a_console_command():

@@ -21,12 +21,16 @@ r"""Privacy reproductions (issue 6): AdaDPS toy problem, DP-FedAvg vs epsilon.
   side information.
 
 Each writes a Markdown table (with the commands) to --output (stdout if
-empty).
+empty). A SIGTERM, SIGINT or SIGHUP to `dpfedavg_synthetic` ends the running
+training run and its TFF workers and starts no other (as
+run.experiments.reproduce does, with its functions); rerunning the same
+command resumes from the run's last checkpoint.
 """
 
+import concurrent.futures
 import json
 import os
-import subprocess
+import signal
 import sys
 import time
 
@@ -34,6 +38,7 @@ from absl import flags
 import numpy as np
 
 from run import console
+from run.experiments import reproduce
 from privacy import accounting
 from privacy import adadps
 from privacy import dp2
@@ -260,8 +265,25 @@ def run_toy(methods) -> str:
   )
 
 
-def run_dpfedavg() -> str:
-  """DP-FedAvg on Synthetic(1,1) through the training binary."""
+def _dpfedavg_row(label, seed, summary, seconds) -> str:
+  acc = summary['summaries']['test/accuracy']
+  extra_out = summary.get('extra', {})
+  return (
+      f'| {label} | {seed} | {extra_out.get("dp/noise_multiplier", 0):.3f}'
+      f' | {extra_out.get("dp/epsilon", float("inf")):.2f} | '
+      f'{extra_out.get("dp/epsilon_pld", float("inf")):.2f} | '
+      f'{acc["weighted_mean"]:.4f} | {acc["mean"]:.4f} | '
+      f'{acc["p10"]:.4f} | {seconds:.0f} s |'
+  )
+
+
+def run_dpfedavg(train) -> str:
+  """DP-FedAvg on Synthetic(1,1) through the training binary.
+
+  Args:
+    train: Runs `python -m run.train` with the given flags; returns its
+      summary.json.
+  """
   base = [
       '--task=synthetic',
       '--num_clients=100',
@@ -285,30 +307,11 @@ def run_dpfedavg() -> str:
   for seed in _SEEDS.value:
     for label, extra in settings:
       name = f'dpfedavg_eps{label}_seed{seed}'
-      cmd = [
-          sys.executable,
-          '-m',
-          'run.train',
-          *base,
-          *extra,
-          f'--seed={seed}',
-          f'--experiment_name={name}',
-      ]
       t0 = time.time()
-      proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-      if proc.returncode != 0:
-        raise RuntimeError(f'{" ".join(cmd)} failed: {proc.stderr[-2000:]}')
-      with open(os.path.join(_ROOT.value, name, 'summary.json')) as f:
-        summary = json.load(f)
-      acc = summary['summaries']['test/accuracy']
-      extra_out = summary.get('extra', {})
-      rows.append(
-          f'| {label} | {seed} | {extra_out.get("dp/noise_multiplier", 0):.3f}'
-          f' | {extra_out.get("dp/epsilon", float("inf")):.2f} | '
-          f'{extra_out.get("dp/epsilon_pld", float("inf")):.2f} | '
-          f'{acc["weighted_mean"]:.4f} | {acc["mean"]:.4f} | '
-          f'{acc["p10"]:.4f} | {time.time() - t0:.0f} s |'
+      summary = train(
+          [*base, *extra, f'--seed={seed}', f'--experiment_name={name}']
       )
+      rows.append(_dpfedavg_row(label, seed, summary, time.time() - t0))
       print(rows[-1], file=sys.stderr)
   command = ' '.join(
       [
@@ -334,7 +337,49 @@ def run_dpfedavg() -> str:
   )
 
 
-def main(argv):
+def _run_dpfedavg_stoppably():
+  """run_dpfedavg; a SIGTERM, SIGINT or SIGHUP ends its run (exit status)."""
+  stop = reproduce._raise_stopped  # pylint: disable=protected-access
+  previous = {
+      s: signal.signal(s, stop)
+      for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+  }
+  # The runs start in sessions of their own (reproduce.run_one) from a
+  # thread: the main thread waits, so a signal's reproduce.Stopped reaches it
+  # while the run is still listed for reproduce.end_children.
+  pool = concurrent.futures.ThreadPoolExecutor(1)
+  log = lambda line: print(line, file=sys.stderr, flush=True)
+  try:
+    return run_dpfedavg(
+        lambda args: pool.submit(reproduce.run_one, args, log).result()
+    )
+  except reproduce.Stopped as e:
+    ended = reproduce.end_children(e.signum)
+    print(
+        f'privacy_experiments: interrupted ({e}): ended {ended} running '
+        f'training run{"" if ended == 1 else "s"} and '
+        f'{"its" if ended == 1 else "their"} TFF workers; rerun the same '
+        'command to resume from the last checkpoint',
+        file=sys.stderr,
+        flush=True,
+    )
+    if e.signum == signal.SIGINT:
+      return 130
+    sys.stdout.flush()
+    signal.signal(e.signum, signal.SIG_DFL)  # Die of it, as its default.
+    os.kill(os.getpid(), e.signum)
+    return 128 + e.signum
+  except RuntimeError as e:  # A run failed (reproduce.run_one).
+    print(f'privacy_experiments: error: {e}', file=sys.stderr)
+    return 1
+  finally:
+    pool.shutdown(wait=True, cancel_futures=True)
+    for signum, handler in previous.items():
+      signal.signal(signum, handler)
+
+
+def main(argv) -> int:
+  """Runs the experiment; returns the exit status."""
   del argv
   runtime.install_worker_cleanup()
   if _EXPERIMENT.value == 'adadps_toy':
@@ -342,19 +387,22 @@ def main(argv):
   elif _EXPERIMENT.value == 'dp2_toy':
     text = run_toy(['dpsgd', 'dprmsprop', 'dp2'])
   else:
-    text = run_dpfedavg()
+    text = _run_dpfedavg_stoppably()
+    if isinstance(text, int):
+      return text
   if _OUTPUT.value:
     with open(_OUTPUT.value, 'w') as f:
       f.write(text + '\n')
   print(text)
   runtime.kill_workers()
   runtime.disarm_service_managers()
+  return 0
 
 
 def run_main() -> None:
   """Console-script entry point."""
   define_flags()
-  console.run(__name__, main)
+  console.run(__name__, lambda argv: sys.exit(main(argv)))
 
 
 if __name__ == '__main__':

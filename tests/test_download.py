@@ -4,7 +4,8 @@
 The server serves fixture archives under several prefixes: `good/` (with HTTP
 Range support), `norange/` (ignores Range: always the whole file),
 `corrupt/` (one byte of the archive flipped), `truncated/` (announces the
-whole length, sends half and closes). Nothing leaves the machine.
+whole length, sends half and closes), `short/` (the first half of the
+archive, with a Content-Length of that half). Nothing leaves the machine.
 """
 
 import contextlib
@@ -39,9 +40,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         'norange',
         'corrupt',
         'truncated',
+        'short',
     ):
       self.send_error(404)
       return
+    if prefix == 'short':  # Cut, with a Content-Length saying so.
+      body = body[: len(body) // 2]
     if prefix == 'corrupt':
       body = bytearray(body)
       body[len(body) // 2] ^= 0xFF
@@ -243,6 +247,15 @@ def test_failures_are_one_line_naming_the_url(
           False,
       ),
       ('truncated', data_files.SHAKESPEARE, None, 'connection ended', True),
+      # The whole of a cut archive arrives (its size is what the server
+      # said): the LZMA decoder's end-of-stream check finds it.
+      (
+          'short',
+          data_files.SHAKESPEARE,
+          None,
+          'truncated (the LZMA stream has no end)',
+          False,
+      ),
   ]
   for where, data_file, published, words, kept in cases:
     data_dir = tmp_path / where.replace('/', '_').replace(':', '_')

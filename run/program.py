@@ -640,9 +640,7 @@ def check_process(process) -> None:
         f'{type(process).__name__}'
     )
   if simulation.needs_client_index(process):
-    raise ValueError(
-        f'this process {_CLIENT_INDEX_REFUSAL}'
-    )
+    raise ValueError(f'this process {_CLIENT_INDEX_REFUSAL}')
 
 
 def run_program(

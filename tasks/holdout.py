@@ -107,7 +107,7 @@ def with_holdout(
   train_bounds, val_bounds, test_bounds = {}, {}, {}
   for cid in train_ids:
     n = base.count_examples(task.train_data.create_tf_dataset_for_client(cid))
-    n_train, n_val, n_test = _parts(n, validation_fraction, cut_test)
+    n_train, n_val, _ = _parts(n, validation_fraction, cut_test)
     if n_train < 1:
       raise base.TaskError(
           f'client {cid!r} has {n} training examples: too few to hold out '

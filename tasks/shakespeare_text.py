@@ -54,9 +54,10 @@ Parsing (`parse_play`), per file:
 
 Outputs (`build`; the SQLite by default, LEAF JSON with `formats`), written
 under temporary names and renamed into place when all are complete, so a
-killed or failed build leaves the earlier files; clients `PLAY_CHARACTER` with non-alphanumerics replaced by
-`_` (LEAF's `play_and_character`); plays with fewer than two roles and roles
-with two or fewer lines are dropped (LEAF):
+killed or failed build leaves the earlier files; clients `PLAY_CHARACTER`
+with non-alphanumerics replaced by `_` (LEAF's `play_and_character`); plays
+with fewer than two roles and roles with two or fewer lines are dropped
+(LEAF):
 
 * `shakespeare.sqlite` in TFF's cache schema: one `tf.train.Example`
   `{'snippets': bytes}` per speech (its lines joined by `\n`); roles with
@@ -352,9 +353,7 @@ def label_case(line: str, joint_part: bool = False) -> Optional[str]:
     return None
   if 2 * sum(c.isupper() for c in letters) >= len(letters):
     return 'upper'
-  if all(w[0].isupper() for w in words) and (
-      joint_part or line.endswith('.')
-  ):
+  if all(w[0].isupper() for w in words) and (joint_part or line.endswith('.')):
     return 'title'
   return None
 
@@ -419,8 +418,9 @@ def parse_play(text: str) -> Optional[Play]:
     )
 
   repeated_or_listed = [
-      line for line in candidates if candidates[line] >= 2 or (
-          named_in_persons(line))
+      line
+      for line in candidates
+      if candidates[line] >= 2 or (named_in_persons(line))
   ]
   shape = _play_label_case(
       collections.Counter({l: candidates[l] for l in repeated_or_listed})

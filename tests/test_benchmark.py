@@ -10,12 +10,10 @@ import contextlib
 import json
 import math
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import numpy as np
 import pytest
@@ -115,14 +113,23 @@ def test_every_method_gets_the_same_budget_and_selection_sees_no_test():
   shared = None
   for method in bm.methods(budget.learning_rate):
     value = method.grid[0] if method.grid else None
-    select = bm.run_args(task, budget, method, value, 7, phase='select',
-                         root='r')
-    final = bm.run_args(task, budget, method, value, 0, phase='final',
-                        root='r')
+    select = bm.run_args(
+        task, budget, method, value, 7, phase='select', root='r'
+    )
+    final = bm.run_args(task, budget, method, value, 0, phase='final', root='r')
     assert '--holdout=validation' in select and '--holdout=test' in final
-    mine = {a for a in final if not a.startswith(
-        ('--algorithm', f'--{method.knob}', '--simulation_engine',
-         '--experiment_name'))}
+    mine = {
+        a
+        for a in final
+        if not a.startswith(
+            (
+                '--algorithm',
+                f'--{method.knob}',
+                '--simulation_engine',
+                '--experiment_name',
+            )
+        )
+    }
     shared = mine if shared is None else shared
     assert mine == shared, method.name
   assert '--total_rounds=60' in shared and '--clients_per_round=10' in shared
@@ -148,9 +155,7 @@ def test_holdout_cuts_each_training_client_in_order():
   task = synthetic.create_task(
       num_clients=8, seed=2, batch_size=5, test_clients_fraction=0.5
   )
-  split = holdout.with_holdout(
-      task, validation_fraction=0.2, test_fraction=0.2
-  )
+  split = holdout.with_holdout(task, validation_fraction=0.2, test_fraction=0.2)
   assert set(split.unseen_data.client_ids) == set(task.test_data.client_ids)
   assert set(split.train_data.client_ids) == set(task.train_data.client_ids)
   for cid in task.train_data.client_ids:
@@ -229,9 +234,16 @@ def test_bad_input_is_one_line_before_any_run(tmp_path):
       (['--setting=nope'], 'benchmark: error: flag --setting'),
   ]
   proc = subprocess.run(
-      [sys.executable, '-c', _BAD_INPUT,
-       json.dumps([base + a for a, _ in cases])],
-      cwd=binary.ROOT, capture_output=True, text=True, timeout=300,
+      [
+          sys.executable,
+          '-c',
+          _BAD_INPUT,
+          json.dumps([base + a for a, _ in cases]),
+      ],
+      cwd=binary.ROOT,
+      capture_output=True,
+      text=True,
+      timeout=300,
       check=False,
   )
   assert proc.returncode == 0, proc.stderr
@@ -239,7 +251,9 @@ def test_bad_input_is_one_line_before_any_run(tmp_path):
     lines = binary.error_lines(stderr)
     assert code == 2 and len(lines) == 1, (args, stderr)
     assert lines[0].startswith('benchmark: error: ') and words in lines[0], (
-        args, lines)
+        args,
+        lines,
+    )
   assert not os.path.exists(tmp_path / 'out' / 'runs')
 
 
@@ -259,11 +273,14 @@ def _femnist_folder(root, corrupt_test=False):
   for split, part in (('train', train), ('test', test)):
     os.makedirs(os.path.join(root, split), exist_ok=True)
     with open(os.path.join(root, split, 'all_data_0.json'), 'w') as f:
-      json.dump({
-          'users': list(part),
-          'num_samples': [len(y) for _, y in part.values()],
-          'user_data': {u: {'x': x, 'y': y} for u, (x, y) in part.items()},
-      }, f)
+      json.dump(
+          {
+              'users': list(part),
+              'num_samples': [len(y) for _, y in part.values()],
+              'user_data': {u: {'x': x, 'y': y} for u, (x, y) in part.items()},
+          },
+          f,
+      )
   return str(root)
 
 
@@ -277,16 +294,30 @@ def _benchmark(args, timeout=900):
 
 def test_the_test_split_cannot_steer_the_selection(tmp_path):
   common = [
-      '--setting=custom', '--algorithms=fedprox', '--rounds=3',
-      '--clients_per_round=3', '--batch_size=10', '--learning_rate=0.05',
-      '--seeds=0', '--selection_seeds=100', '--jobs=2',
+      '--setting=custom',
+      '--algorithms=fedprox',
+      '--rounds=3',
+      '--clients_per_round=3',
+      '--batch_size=10',
+      '--learning_rate=0.05',
+      '--seeds=0',
+      '--selection_seeds=100',
+      '--jobs=2',
   ]
   runs = {}
   for name, corrupt in (('clean', False), ('corrupt', True)):
     folder = _femnist_folder(tmp_path / f'leaf_{name}', corrupt)
     out = tmp_path / f'out_{name}'
-    _benchmark(common + [f'--output_dir={out}', '--', '--task=leaf',
-                         f'--leaf_dir={folder}', '--leaf_model=linear'])
+    _benchmark(
+        common
+        + [
+            f'--output_dir={out}',
+            '--',
+            '--task=leaf',
+            f'--leaf_dir={folder}',
+            '--leaf_model=linear',
+        ]
+    )
     with open(out / 'results.json') as f:
       runs[name] = json.load(f)
   # Every selection number is the same, so is every choice; the reported
@@ -300,11 +331,20 @@ def test_the_test_split_cannot_steer_the_selection(tmp_path):
 
 def _roles_args(data, out):
   return [
-      '--setting=shakespeare', '--algorithms=deltafl', '--rounds=2',
-      '--clients_per_round=3', '--seeds=0,1', '--selection_seeds=100',
-      '--jobs=2', f'--output_dir={out}', '--',
-      '--task=shakespeare_leaf', '--shakespeare_preset=deltafl',
-      '--max_clients=12', '--max_examples_per_client=60', '--rnn_units=8',
+      '--setting=shakespeare',
+      '--algorithms=deltafl',
+      '--rounds=2',
+      '--clients_per_round=3',
+      '--seeds=0,1',
+      '--selection_seeds=100',
+      '--jobs=2',
+      f'--output_dir={out}',
+      '--',
+      '--task=shakespeare_leaf',
+      '--shakespeare_preset=deltafl',
+      '--max_clients=12',
+      '--max_examples_per_client=60',
+      '--rnn_units=8',
       f'--data_dir={data}',
   ]
 
@@ -316,8 +356,11 @@ def test_real_roles_end_to_end_resumed_and_a_cell_rerun(tmp_path):
   args = _roles_args(data, out)
   with subprocess.Popen(
       [sys.executable, '-m', 'run.experiments.benchmark'] + args,
-      cwd=binary.ROOT, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
-      text=True, start_new_session=True,
+      cwd=binary.ROOT,
+      stderr=subprocess.PIPE,
+      stdout=subprocess.DEVNULL,
+      text=True,
+      start_new_session=True,
   ) as proc:
     try:
       seen = []
@@ -349,15 +392,22 @@ def test_real_roles_end_to_end_resumed_and_a_cell_rerun(tmp_path):
     assert os.stat(p / 'benchmark_time.json').st_mtime_ns == mtimes[p]
   md = out / 'benchmark.md'
   page = md.read_text()
-  for words in ('Tail benchmark: shakespeare', '(a) Training clients',
-                '(b) Unseen clients', 'Delta-FL', 'minus FedAvg'):
+  for words in (
+      'Tail benchmark: shakespeare',
+      '(a) Training clients',
+      '(b) Unseen clients',
+      'Delta-FL',
+      'minus FedAvg',
+  ):
     assert words in page
   assert (out / 'benchmark_cdf.png').stat().st_size > 10_000
   assert (out / 'benchmark_differences.png').stat().st_size > 5_000
   # Any recorded cell, run again from the page's command, gives its numbers.
   command = next(
-      l for l in page.splitlines()
-      if l.startswith('python -m run.train') and 'final_deltafl' in l
+      l
+      for l in page.splitlines()
+      if l.startswith('python -m run.train')
+      and 'final_deltafl' in l
       and 'seed0' in l
   )
   cell = [a for a in command.split()[3:] if not a.startswith('--root_output')]

@@ -114,7 +114,7 @@ def test_sql_example_counts_read_metadata(tmp_path):
   with pytest.raises(base.TaskError, match="no clients in its 'val' split"):
     data_files.sql_example_counts(path, ['train', 'val'])
   empty = sqlite_fixtures.write_sqlite(str(tmp_path / 'empty.sqlite'), {})
-  with pytest.raises(base.TaskError, match=f"{empty} has no clients in its"):
+  with pytest.raises(base.TaskError, match=f'{empty} has no clients in its'):
     data_files.sql_example_counts(empty, ['train'])
 
 

@@ -17,16 +17,18 @@ def _model_fn():
       tf.TensorSpec([None, DIM], tf.float32),
       tf.TensorSpec([None], tf.int32),
   )
-  keras_model = tf.keras.Sequential([
-      tf.keras.Input([DIM]),
-      tf.keras.layers.Dense(
-          CLASSES,
-          kernel_initializer=tf.keras.initializers.GlorotUniform(seed=3),
-          bias_initializer=tf.keras.initializers.RandomUniform(
-              -0.5, 0.5, seed=4
+  keras_model = tf.keras.Sequential(
+      [
+          tf.keras.Input([DIM]),
+          tf.keras.layers.Dense(
+              CLASSES,
+              kernel_initializer=tf.keras.initializers.GlorotUniform(seed=3),
+              bias_initializer=tf.keras.initializers.RandomUniform(
+                  -0.5, 0.5, seed=4
+              ),
           ),
-      ),
-  ])
+      ]
+  )
   return tff.learning.models.from_keras_model(
       keras_model,
       loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
@@ -111,7 +113,11 @@ def test_step_weights():
 def test_role_subset_ranks_by_size():
   counts = {'a': 5, 'b': 1, 'c': 3, 'd': 3, 'e': 9}
   assert qffl_h_scale.role_subset(counts, every=1, offset=0) == [
-      'b', 'c', 'd', 'a', 'e'
+      'b',
+      'c',
+      'd',
+      'a',
+      'e',
   ]
   assert qffl_h_scale.role_subset(counts, every=2, offset=1) == ['c', 'a']
 

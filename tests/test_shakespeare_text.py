@@ -173,7 +173,9 @@ def test_joint_speakers_and_speaker_line_before_blank():
 
 def _speaker_of(play, line):
   """The roles whose speeches hold `line` (a whole line of the etext)."""
-  return {r for r, speeches in play.roles.items() for s in speeches if line in s}
+  return {
+      r for r, speeches in play.roles.items() for s in speeches if line in s
+  }
 
 
 def _after(lines, label, nth=0):
@@ -237,11 +239,19 @@ def test_label_shape_and_verse():
             'Though well we may not pass upon his life',
         ),
         ('midsummer_nights_dream_gut.txt', "When thou wak'st,", 'PUCK', None),
-        ('richard_ii_gut.txt', '[To the Combatants.] Draw near,', 'KING RICHARD',
-         None),
+        (
+            'richard_ii_gut.txt',
+            '[To the Combatants.] Draw near,',
+            'KING RICHARD',
+            None,
+        ),
         # Two capitalised parts, but not written as the play writes labels.
-        ('antony_and_cleopatra_gut.txt', "I will o'ertake thee, Cleopatra, and",
-         'ANTONY', None),
+        (
+            'antony_and_cleopatra_gut.txt',
+            "I will o'ertake thee, Cleopatra, and",
+            'ANTONY',
+            None,
+        ),
         ('twelfth_night_gut.txt', 'Once more, Cesario,', 'DUKE', None),
     ],
 )
@@ -317,7 +327,7 @@ def test_the_end_of_a_direction_from_an_earlier_block_is_dropped():
   play = st.parse_play(_raw('tempest_gut.txt'))
   everything = [l for s in play.roles.values() for x in s for l in x]
   assert not any(']' in l or '[' in l for l in everything)
-  assert "In country footing." in everything
+  assert 'In country footing.' in everything
 
 
 def test_last_gutenberg_start_marker_wins():

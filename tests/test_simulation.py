@@ -255,9 +255,14 @@ def test_per_client_evaluation_makes_datasets_a_chunk_at_a_time():
       Task(), computation, None, include_train=False, chunk_size=2
   )
   assert events == [
-      ('make', 'c0'), ('make', 'c1'), ('evaluate', ['c0', 'c1']),
-      ('make', 'c2'), ('make', 'c3'), ('evaluate', ['c2', 'c3']),
-      ('make', 'c4'), ('evaluate', ['c4']),
+      ('make', 'c0'),
+      ('make', 'c1'),
+      ('evaluate', ['c0', 'c1']),
+      ('make', 'c2'),
+      ('make', 'c3'),
+      ('evaluate', ['c2', 'c3']),
+      ('make', 'c4'),
+      ('evaluate', ['c4']),
   ]
   assert list(out['test']['accuracy']) == [0, 1, 2, 3, 4]
   assert list(out['test']['client_id']) == Clients.client_ids

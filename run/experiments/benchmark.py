@@ -55,7 +55,8 @@ import shlex
 import signal
 import sys
 import time
-from typing import Optional
+from collections.abc import Sequence
+from typing import Any, Optional
 
 if not (3, 9) <= sys.version_info[:2] <= (3, 11):
   sys.exit('error: needs Python 3.9, 3.10 or 3.11 (TFF 0.87)')
@@ -261,7 +262,7 @@ def define_flags() -> None:
       'setting',
       'shakespeare',
       list(SETTINGS),
-      'Task and budget; task flags after -- replace the setting\'s task.',
+      "Task and budget; task flags after -- replace the setting's task.",
   )
   flags.DEFINE_list(
       'algorithms',
@@ -329,7 +330,10 @@ def select(
   for value in grid:
     pairs = np.asarray(scores[value], dtype=float)
     # Rounded: means that differ only by float rounding are ties.
-    key = (round(float(pairs[:, 0].mean()), 9), round(float(pairs[:, 1].mean()), 9))
+    key = (
+        round(float(pairs[:, 0].mean()), 9),
+        round(float(pairs[:, 1].mean()), 9),
+    )
     if best_key is None or key > best_key:
       best, best_key = value, key
   return best
@@ -365,7 +369,14 @@ def t975(dof: int) -> float:
   )
 
 
-def paired(values: np.ndarray, baseline: np.ndarray, higher_is_better=True):
+PairedStats = tuple[float, float, int, int, float]
+
+
+def paired(
+    values: Sequence[float],
+    baseline: Sequence[float],
+    higher_is_better: bool = True,
+) -> PairedStats:
   """Paired per-seed differences `values - baseline`.
 
   Returns:
@@ -463,8 +474,8 @@ def accuracy_key(method: Method, split: str = 'test') -> str:
 def per_client_accuracy(run_path: str, method: Method, split: str):
   """`(accuracy, num_examples)` per client of a run's last evaluation."""
   folder = os.path.join(run_path, 'clients')
-  prefix = 'personal_round_' if split == 'test' and method.personal else (
-      'round_'
+  prefix = (
+      'personal_round_' if split == 'test' and method.personal else ('round_')
   )
   names = sorted(n for n in os.listdir(folder) if n.startswith(prefix))
   want = 'personal/test' if prefix == 'personal_round_' else split
@@ -528,7 +539,7 @@ def results_table(results, methods_run, split: str) -> str:
   return '\n'.join(lines)
 
 
-def paired_rows(results, methods_run, split: str):
+def paired_rows(results, methods_run, split: str) -> list[tuple[Any, ...]]:
   """`(method, column, mean, std, wins, n, detectable)` against FedAvg."""
   base = results['fedavg']
   rows = []
@@ -545,13 +556,13 @@ def paired_rows(results, methods_run, split: str):
       values = [r['summaries'][key][column] for r in runs]
       reference = [b['summaries'][f'{split}/accuracy'][column] for b in base]
       rows.append(
-          (method, column)
-          + paired(values, reference, HIGHER_IS_BETTER[column])
+          (method, column, *paired(values, reference, HIGHER_IS_BETTER[column]))
       )
   return rows
 
 
-def paired_table(rows) -> str:
+def paired_table(rows: Sequence[tuple[Any, ...]]) -> str:
+  """The paired differences as a Markdown table, one row per method."""
   lines = [
       '| algorithm minus FedAvg | mean | p10 | worst10 | variance |',
       '|---|---:|---:|---:|---:|',
@@ -569,7 +580,7 @@ def paired_table(rows) -> str:
   return '\n'.join(lines)
 
 
-def findings(rows, split_name: str) -> list[str]:
+def findings(rows: Sequence[tuple[Any, ...]], split_name: str) -> list[str]:
   """One sentence per method on the tail (p10) and the mean."""
   out = []
   by = {}
@@ -608,13 +619,20 @@ def write_pictures(results, methods_run, rows, png_cdf, png_diff, splits):
         label = method.label + ' (personal)'
       else:
         label = method.label
-      acc = np.concatenate([
-          per_client_accuracy(r['run_dir'], method, split)[0]
-          for r in results[method.name]
-      ])
+      acc = np.concatenate(
+          [
+              per_client_accuracy(r['run_dir'], method, split)[0]
+              for r in results[method.name]
+          ]
+      )
       xs = np.sort(acc) * 100
-      ax.step(xs, np.arange(1, len(xs) + 1) / len(xs), where='post',
-              label=label, linewidth=1.2)
+      ax.step(
+          xs,
+          np.arange(1, len(xs) + 1) / len(xs),
+          where='post',
+          label=label,
+          linewidth=1.2,
+      )
     ax.set_xlabel('per-client accuracy (%)')
     ax.set_ylabel('fraction of clients (all reported seeds)')
     ax.set_title(title)
@@ -632,14 +650,26 @@ def write_pictures(results, methods_run, rows, png_cdf, png_diff, splits):
       if method.name == 'fedavg':
         continue
       key = accuracy_key(method, 'test')
-      d = np.array([
-          r['summaries'][key][column] - b['summaries']['test/accuracy'][column]
-          for r, b in zip(results[method.name], results['fedavg'])
-      ]) * 100
+      d = (
+          np.array(
+              [
+                  r['summaries'][key][column]
+                  - b['summaries']['test/accuracy'][column]
+                  for r, b in zip(results[method.name], results['fedavg'])
+              ]
+          )
+          * 100
+      )
       y = len(labels)
       ax.plot(d, np.full(len(d), y), 'o', alpha=0.5, markersize=4)
-      ax.errorbar(d.mean(), y, xerr=d.std(ddof=1) if len(d) > 1 else 0,
-                  fmt='ks', markersize=5, capsize=3)
+      ax.errorbar(
+          d.mean(),
+          y,
+          xerr=d.std(ddof=1) if len(d) > 1 else 0,
+          fmt='ks',
+          markersize=5,
+          capsize=3,
+      )
       labels.append(method.label)
       ys.append(y)
     ax.axvline(0, color='grey', linewidth=1)
@@ -706,9 +736,7 @@ def _budget(setting: Setting) -> Budget:
     if getattr(budget, name) < 1:
       raise UsageError(f'--{name} must be >= 1, got {getattr(budget, name)}')
   if not (math.isfinite(budget.learning_rate) and budget.learning_rate > 0):
-    raise UsageError(
-        f'--learning_rate must be > 0, got {budget.learning_rate}'
-    )
+    raise UsageError(f'--learning_rate must be > 0, got {budget.learning_rate}')
   return budget
 
 
@@ -723,7 +751,7 @@ def _task_flags(setting: Setting, extra: list[str]) -> list[str]:
     if name in _CONTROLLED or name.startswith('no') and name[2:] in _CONTROLLED:
       raise UsageError(
           f'--{name} is set by the benchmark (its budget, seeds and '
-          'folders); use the benchmark\'s own flags'
+          "folders); use the benchmark's own flags"
       )
   flags_ = list(extra) or list(setting.task_flags)
   if not flags_:
@@ -804,8 +832,9 @@ def _run_all(jobs, budget, progress):
   return out
 
 
-def benchmark(setting, budget, task_flags, methods_run, seeds, sel_seeds,
-              root, commands):
+def benchmark(
+    setting, budget, task_flags, methods_run, seeds, sel_seeds, root, commands
+):
   """Selection then report runs; returns `(choices, scores, results)`."""
   jobs = []
   for method in methods_run:
@@ -813,8 +842,9 @@ def benchmark(setting, budget, task_flags, methods_run, seeds, sel_seeds,
       continue
     for value in method.grid:
       for seed in sel_seeds:
-        args = run_args(task_flags, budget, method, value, seed,
-                        phase='select', root=root)
+        args = run_args(
+            task_flags, budget, method, value, seed, phase='select', root=root
+        )
         commands.append('python -m run.train ' + shlex.join(args))
         key = accuracy_key(method)
 
@@ -851,12 +881,13 @@ def benchmark(setting, budget, task_flags, methods_run, seeds, sel_seeds,
   for method in methods_run:
     for seed in seeds:
       value = choices[method.name]
-      args = run_args(task_flags, budget, method, value, seed,
-                      phase='final', root=root)
+      args = run_args(
+          task_flags, budget, method, value, seed, phase='final', root=root
+      )
       commands.append('python -m run.train ' + shlex.join(args))
       key = accuracy_key(method)
 
-      def describe(s, m=method, v=value, sd=seed, k=key):
+      def describe_final(s, m=method, v=value, sd=seed, k=key):
         acc = s['summaries'][k]
         knob = '' if m.knob is None else f' {m.knob}={v:g}'
         return (
@@ -865,7 +896,7 @@ def benchmark(setting, budget, task_flags, methods_run, seeds, sel_seeds,
             f'({s["wall_s"]:.0f} s)'
         )
 
-      jobs.append(((method.name, seed), args, describe))
+      jobs.append(((method.name, seed), args, describe_final))
   reported = _run_all(jobs, budget, progress)
   results = {
       m.name: [reported[(m.name, s)] for s in seeds] for m in methods_run
@@ -874,6 +905,7 @@ def benchmark(setting, budget, task_flags, methods_run, seeds, sel_seeds,
 
 
 def selection_table(methods_run, scores, choices) -> str:
+  """Each knob's grid with its validation scores and the chosen value."""
   lines = [
       '| algorithm | knob | value: validation p10 / mean (%), mean over '
       'selection seeds | chosen |',
@@ -895,20 +927,34 @@ def selection_table(methods_run, scores, choices) -> str:
   return '\n'.join(lines)
 
 
-def page(setting, budget, task_flags, methods_run, seeds, sel_seeds, choices,
-         scores, results, commands, pngs, argv) -> str:
+def page(
+    setting,
+    budget,
+    task_flags,
+    methods_run,
+    seeds,
+    sel_seeds,
+    choices,
+    scores,
+    results,
+    commands,
+    pngs,
+    argv,
+) -> str:
   """The results page (Markdown)."""
   has_unseen = all(
       'unseen/accuracy' in r['summaries'] for r in results['fedavg']
   )
   task_line = results['fedavg'][0].get('task', '')
   n_test = sum(
-      per_client_accuracy(results['fedavg'][0]['run_dir'],
-                          methods_run[0], 'test')[1]
+      per_client_accuracy(
+          results['fedavg'][0]['run_dir'], methods_run[0], 'test'
+      )[1]
   )
   m_test = len(
-      per_client_accuracy(results['fedavg'][0]['run_dir'],
-                          methods_run[0], 'test')[0]
+      per_client_accuracy(
+          results['fedavg'][0]['run_dir'], methods_run[0], 'test'
+      )[0]
   )
   rows_test = paired_rows(results, methods_run, 'test')
   text = [
@@ -927,9 +973,11 @@ def page(setting, budget, task_flags, methods_run, seeds, sel_seeds, choices,
       f'Scale: {setting.scale}. Engines: stacked for '
       + ', '.join(m.label for m in methods_run if m.engine == 'stacked')
       + '; batched for '
-      + (', '.join(m.label for m in methods_run if m.engine == 'batched')
-         or 'none')
-      + ' (both equal to the TFF path\'s weights, tested).',
+      + (
+          ', '.join(m.label for m in methods_run if m.engine == 'batched')
+          or 'none'
+      )
+      + " (both equal to the TFF path's weights, tested).",
       '',
       f'**Selection** on validation data of the training clients only '
       f'(`--holdout=validation`: held-out and unseen clients not loaded), '
@@ -940,7 +988,7 @@ def page(setting, budget, task_flags, methods_run, seeds, sel_seeds, choices,
       '',
       selection_table(methods_run, scores, choices),
       '',
-      f'**(a) Training clients\' held-out data** ({m_test} clients, '
+      f"**(a) Training clients' held-out data** ({m_test} clients, "
       f'{int(n_test)} examples in seed {seeds[0]}), reported seeds {seeds}: '
       'accuracy in %, variance in %^2 across clients, mean (std) over '
       'seeds; Ditto and Fed+ with their personal models.',
@@ -986,7 +1034,7 @@ def page(setting, budget, task_flags, methods_run, seeds, sel_seeds, choices,
       '',
       f'![paired differences]({os.path.basename(pngs[1])})',
       '',
-      '<details><summary>Every run\'s command</summary>',
+      "<details><summary>Every run's command</summary>",
       '',
       '```',
       *commands,
@@ -1033,7 +1081,13 @@ def main(argv) -> int:
   }
   try:
     choices, scores, results = benchmark(
-        setting, budget, task_flags, methods_run, seeds, sel_seeds, root,
+        setting,
+        budget,
+        task_flags,
+        methods_run,
+        seeds,
+        sel_seeds,
+        root,
         commands,
     )
   except reproduce.Stopped as e:
@@ -1058,8 +1112,20 @@ def main(argv) -> int:
   if all('unseen/accuracy' in r['summaries'] for r in results['fedavg']):
     splits.append(('unseen', 'unseen clients'))
   write_pictures(results, methods_run, None, pngs[0], pngs[1], splits)
-  text = page(setting, budget, task_flags, methods_run, seeds, sel_seeds,
-              choices, scores, results, commands, pngs, sys.argv)
+  text = page(
+      setting,
+      budget,
+      task_flags,
+      methods_run,
+      seeds,
+      sel_seeds,
+      choices,
+      scores,
+      results,
+      commands,
+      pngs,
+      sys.argv,
+  )
   write_atomically(output_md, text)
   write_atomically(
       os.path.join(output_dir, 'results.json'),

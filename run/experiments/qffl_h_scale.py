@@ -192,9 +192,7 @@ def measure(model_fn, datasets, *, learning_rate: float, qs, log=None):
         model, optimizer, initial_weights, dataset
     )
     flat = tuple(tf.nest.flatten(delta))
-    sq_norm = tf.add_n(
-        [tf.reduce_sum(tf.square(lipschitz * d)) for d in flat]
-    )
+    sq_norm = tf.add_n([tf.reduce_sum(tf.square(lipschitz * d)) for d in flat])
     hs = [
         d.client_result(None, loss, None, flat, num_examples, non_finite)[1]
         for d in definitions
@@ -264,7 +262,7 @@ def report(name, description, rounds, *, q, lipschitz, **sampling):
       f'### {name}, q = {q:g} ({description})',
       '',
       f'L = {lipschitz:g}; {m} roles in one round; a_k = L F_k^q / sum h '
-      f'against FedAvg\'s 1/m = {1 / m:.4g}. h_k from the library\'s client '
+      f"against FedAvg's 1/m = {1 / m:.4g}. h_k from the library's client "
       f'message; the two terms recomputed in float64 '
       f'(max relative gap {rel.max():.1e}).',
       '',
@@ -287,13 +285,13 @@ def report(name, description, rounds, *, q, lipschitz, **sampling):
       f'{ratio.max():.3g} (median {np.median(ratio):.3g}); h_k '
       f'{h.min():.5g}-{h.max():.5g}.',
       f'* all {m} roles in one round: sum h = {h.sum():.5g} against '
-      f'FedAvg\'s m L = {m * lipschitz:.5g}; step against FedAvg\'s '
+      f"FedAvg's m L = {m * lipschitz:.5g}; step against FedAvg's "
       f'{weights.sum():.4f}; a_k m {(weights * m).min():.4f}-'
       f'{(weights * m).max():.4f}; the relative weights F_k^q / sum F^q '
       f'differ from 1/m by at most '
       f'{np.max(np.abs(m * lf / lf.sum() - 1)):.2%}.',
       f'* {len(sizes)} sampled rounds of {sampling["clients_per_round"]} '
-      f'roles (in proportion to n_k): step against FedAvg\'s '
+      f"roles (in proportion to n_k): step against FedAvg's "
       f'{sizes.min():.4f}-{sizes.max():.4f} (median {np.median(sizes):.4f}).',
       '',
   ]
@@ -306,8 +304,9 @@ def role_subset(counts, *, every: int, offset: int):
   return ranked[offset::every]
 
 
-def build_datasets(scale, *, data_dir, synthetic, seed, batch_size, every=1,
-                   offset=0):
+def build_datasets(
+    scale, *, data_dir, synthetic, seed, batch_size, every=1, offset=0
+):
   """`(description, datasets, model_fn)` of one scale of the qffl preset."""
   units, cap = SCALES[scale]
   common = dict(
@@ -354,7 +353,9 @@ def _check_flags(qs) -> None:
   if not _LR.value > 0:
     raise base.TaskError('--client_learning_rate must be > 0')
   if _ROLES_OFFSET.value < 0:
-    raise base.TaskError(f'--roles_offset must be >= 0, got {_ROLES_OFFSET.value}')
+    raise base.TaskError(
+        f'--roles_offset must be >= 0, got {_ROLES_OFFSET.value}'
+    )
   for name, value in (
       ('roles_every', _ROLES_EVERY.value),
       ('clients_per_round', _CLIENTS_PER_ROUND.value),
@@ -392,7 +393,9 @@ def main(argv) -> int:
           datasets,
           learning_rate=_LR.value,
           qs=qs,
-          log=lambda s: print(f'[{scale}] {s}', file=sys.stderr, flush=True),
+          log=lambda s, tag=scale: print(
+              f'[{tag}] {s}', file=sys.stderr, flush=True
+          ),
       )
     except base.TaskError as e:
       print(f'qffl_h_scale: error: {e}', file=sys.stderr)
@@ -409,7 +412,7 @@ def main(argv) -> int:
           num_rounds=_SAMPLED_ROUNDS.value,
           seed=_SEED.value,
       )
-    print('\n'.join(lines[-(len(rounds) + 14):]), file=sys.stderr, flush=True)
+    print('\n'.join(lines[-(len(rounds) + 14) :]), file=sys.stderr, flush=True)
   text = '\n'.join(lines)
   print(text)
   if _OUTPUT.value:

@@ -216,7 +216,13 @@ SETTINGS = {
     ),
     # The Delta-FL Shakespeare preset (roles with >= 100 windows, half
     # training, half unseen; H = 20, one-hot, GRU), scaled to this CPU as
-    # docs/results/deltafl_shakespeare.md.
+    # docs/results/deltafl_shakespeare.md. The common learning rate was
+    # picked on FedAvg's validation data (--holdout=validation, seed 100, 60
+    # rounds; mean / p10 accuracy %): lr 0.1: 23.8 / 17.9 (every model still
+    # predicts the commonest characters), 0.5: 32.2 / 22.5, 1: 34.0 / 25.0,
+    # 2: 35.1 / 25.0. 1 and 2 tie on the criterion (one client's worth);
+    # 1, the smaller, keeps the algorithms with larger effective steps
+    # (TERM's tilt, q-FFL's 1 / L) further from divergence.
     'shakespeare': Setting(
         'shakespeare',
         (
@@ -231,12 +237,13 @@ SETTINGS = {
             clients_per_round=10,
             local_epochs=1,
             batch_size=16,
-            learning_rate=0.1,
+            learning_rate=1.0,
         ),
         'a seeded 100 of the 1,106 eligible roles (50 training, 50 unseen), '
         "each role's first 200 windows, GRU 32 (the paper: GRU 128, all "
         'roles), 10 roles per round, 60 rounds (the paper: 100 per round, '
-        '600 rounds), one epoch, batch 16, lr 0.1',
+        '600 rounds), one epoch, batch 16, lr 1 (the paper: 0.1, over 600 '
+        'rounds)',
         shakespeare_data=True,
     ),
     'custom': Setting(

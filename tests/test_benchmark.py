@@ -139,6 +139,23 @@ def test_every_method_gets_the_same_budget_and_selection_sees_no_test():
   assert kappas == pytest.approx([0.99, 0.95, 0.9], abs=1e-4)
 
 
+def test_a_finished_run_is_reused_only_with_its_own_arguments(tmp_path):
+  run = tmp_path / 'final_fedavg_seed0'
+  run.mkdir()
+  args = [
+      '--task=synthetic',
+      f'--root_output_dir={tmp_path}',
+      '--experiment_name=final_fedavg_seed0',
+  ]
+  (run / 'summary.json').write_text(json.dumps({'round_num': 5}))
+  assert bm.finished_run(str(run), 5, args) is None  # No record: not finished.
+  (run / bm.RECORD).write_text(json.dumps({'wall_s': 3.5, 'args': args}))
+  assert bm.finished_run(str(run), 5, args)['wall_s'] == 3.5
+  assert bm.finished_run(str(run), 6, args) is None  # Fewer rounds: resume.
+  with pytest.raises(RuntimeError, match='finished run of other settings'):
+    bm.finished_run(str(run), 5, args + ['--client_learning_rate=1'])
+
+
 # ------------------------------------------------------------- holdout
 
 
@@ -378,18 +395,18 @@ def test_real_roles_end_to_end_resumed_and_a_cell_rerun(tmp_path):
   assert 'benchmark: interrupted (SIGTERM)' in rest
   assert 'Traceback' not in rest
   finished = {
-      p: (p / 'benchmark_time.json').read_text()
+      p: (p / 'benchmark_run.json').read_text()
       for p in (out / 'runs').iterdir()
-      if (p / 'benchmark_time.json').exists()
+      if (p / 'benchmark_run.json').exists()
   }
   assert finished
-  mtimes = {p: os.stat(p / 'benchmark_time.json').st_mtime_ns for p in finished}
+  mtimes = {p: os.stat(p / 'benchmark_run.json').st_mtime_ns for p in finished}
   _, stderr = _benchmark(args)
   progress = [l for l in stderr.splitlines() if l.startswith('[')]
   assert len(progress) == 3 + 2 * 2  # Three theta values, then two methods.
   for p, text in finished.items():  # Not run again.
-    assert (p / 'benchmark_time.json').read_text() == text
-    assert os.stat(p / 'benchmark_time.json').st_mtime_ns == mtimes[p]
+    assert (p / 'benchmark_run.json').read_text() == text
+    assert os.stat(p / 'benchmark_run.json').st_mtime_ns == mtimes[p]
   md = out / 'benchmark.md'
   page = md.read_text()
   for words in (

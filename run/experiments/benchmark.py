@@ -433,41 +433,54 @@ def run_args(
   )
 
 
-def _finished(path: str, rounds: int) -> Optional[dict]:
-  """A finished run's summary.json (and its recorded wall time), or None."""
+RECORD = 'benchmark_run.json'  # A finished run's command and wall time.
+
+
+def finished_run(path: str, rounds: int, args: list[str]) -> Optional[dict]:
+  """A finished run's summary.json with its wall time, or None.
+
+  Finished means: all `rounds` summarised, and the benchmark's record of the
+  run written after it (the same `args`). A run of the folder finished with
+  other arguments is an error, not a result to reuse.
+
+  Raises:
+    RuntimeError: The folder holds a finished run of other settings.
+  """
   try:
     with open(os.path.join(path, 'summary.json')) as f:
       summary = json.load(f)
+    with open(os.path.join(path, RECORD)) as f:
+      record = json.load(f)
   except (OSError, ValueError):
     return None
-  if summary.get('round_num') != rounds:
+  if summary.get('round_num') != rounds or not isinstance(record, dict):
     return None
-  try:
-    with open(os.path.join(path, 'benchmark_time.json')) as f:
-      summary['wall_s'] = float(json.load(f)['wall_s'])
-  except (OSError, ValueError, KeyError, TypeError):
-    summary['wall_s'] = math.nan
+  if record.get('args') != list(args):
+    raise RuntimeError(
+        f'{path} holds a finished run of other settings; use another '
+        '--output_dir (or remove that folder)'
+    )
+  summary['wall_s'] = float(record.get('wall_s', math.nan))
   summary['run_dir'] = path
   return summary
 
 
-def execute(args: list[str], rounds: int, log) -> dict:
+def execute(args: list[str], rounds: int) -> dict:
   """One run: its summary, from disk if finished, else by running it."""
   root = next(a.split('=', 1)[1] for a in args if a.startswith('--root_'))
   name = next(a.split('=', 1)[1] for a in args if a.startswith('--experim'))
   path = os.path.join(root, name)
-  done = _finished(path, rounds)
+  done = finished_run(path, rounds, args)
   if done is not None:
     return done
   start = time.time()
   summary = reproduce.run_one(args, lambda s: None)
   wall = time.time() - start
   write_atomically(
-      os.path.join(path, 'benchmark_time.json'),
-      json.dumps({'wall_s': round(wall, 1)}),
+      os.path.join(path, RECORD),
+      json.dumps({'wall_s': round(wall, 1), 'args': list(args)}, indent=1),
   )
   summary['wall_s'] = wall
-  del log
   return summary
 
 
@@ -820,7 +833,7 @@ def _run_all(jobs, budget, progress):
   pool = concurrent.futures.ThreadPoolExecutor(FLAGS.jobs)
   try:
     futures = [
-        (key, describe, pool.submit(execute, args, budget.rounds, None))
+        (key, describe, pool.submit(execute, args, budget.rounds))
         for key, args, describe in jobs
     ]
     for key, describe, future in futures:

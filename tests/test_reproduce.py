@@ -315,7 +315,10 @@ def test_a_signal_ends_the_runs_and_a_rerun_resumes_them(tmp_path):
       '--experiment=qffl_synthetic',
       '--seeds=0',
       '--jobs=1',
-      '--rounds=60',  # A checkpoint every 12 rounds.
+      # A checkpoint every 60 rounds; the signals come after rounds 13 and
+      # 25, so the run is far from its end when they arrive (with 60 rounds
+      # a loaded machine once let it finish first).
+      '--rounds=300',
       f'--root_output_dir={tmp_path}',
       _TINY,
   ]
@@ -370,5 +373,5 @@ def test_a_signal_ends_the_runs_and_a_rerun_resumes_them(tmp_path):
   )
   assert proc.returncode == 0, proc.stderr
   for path in (first, second):  # Resumed: every round once, none repeated.
-    assert _rows(path) == [str(r) for r in range(1, 61)], path
+    assert _rows(path) == [str(r) for r in range(1, 301)], path
     assert (path.parent / 'summary.json').exists()

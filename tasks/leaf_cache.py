@@ -27,6 +27,7 @@ that fails too, the split is converted in memory (same arrays, no file) and
 a warning says so.
 """
 
+import contextlib
 import dataclasses
 import hashlib
 import io
@@ -125,12 +126,10 @@ def _writable_root(leaf_dir: str) -> Optional[str]:
   """The first cache folder that can be created and written, or None."""
   roots = (os.path.join(leaf_dir, CACHE_FOLDER), _user_cache_root(leaf_dir))
   for root in roots:
-    try:
+    with contextlib.suppress(OSError):  # Not creatable: try the next root.
       os.makedirs(root, exist_ok=True)
       if os.access(root, os.W_OK | os.X_OK):
         return root
-    except OSError:
-      pass
   return None
 
 
@@ -342,10 +341,9 @@ def _build(root: str, split: str, key: str, read: ReadFn) -> SplitData:
     if os.path.isdir(final):  # A damaged entry, or another builder's.
       if _load_entry(final, key) is None:
         shutil.rmtree(final, ignore_errors=True)
-    try:
+    # OSError: another process put a whole entry there first.
+    with contextlib.suppress(OSError):
       os.replace(temp, final)
-    except OSError:  # Another process put a whole entry there first.
-      pass
   finally:
     shutil.rmtree(temp, ignore_errors=True)
   _remove_stale(root, split, os.path.basename(final))

@@ -65,3 +65,34 @@ def call_main(main, prog, args):
     flags.FLAGS.unparse_flags()
     err.seek(0)
     return code, err.read()
+
+
+def run_groups(root) -> set[int]:
+  """Process groups of the training runs writing under `root`: each run
+  leads its own (a session of its own) and its TFF workers are in it."""
+  import psutil  # pylint: disable=g-import-not-at-top
+
+  groups = set()
+  for proc in psutil.process_iter(['cmdline']):
+    with contextlib.suppress(psutil.Error, OSError):
+      cmdline = proc.info['cmdline'] or ()
+      if 'run.train' in cmdline and any(
+          a.startswith(f'--root_output_dir={root}') for a in cmdline
+      ):
+        groups.add(os.getpgid(proc.pid))
+  return groups
+
+
+def alive_in(groups: set[int]) -> list[int]:
+  """Live processes of `groups` (orphaned workers included)."""
+  import psutil  # pylint: disable=g-import-not-at-top
+
+  found = []
+  for proc in psutil.process_iter():
+    with contextlib.suppress(psutil.Error, OSError):
+      if (
+          os.getpgid(proc.pid) in groups
+          and proc.status() != psutil.STATUS_ZOMBIE
+      ):
+        found.append(proc.pid)
+  return found

@@ -14,37 +14,9 @@ import subprocess
 import sys
 import time
 
-import psutil
 import pytest
 
 from tests import binary
-
-
-def _groups(root) -> set[int]:
-  """Process groups of the training runs writing under `root` (each leads
-  its own; its TFF workers are in it)."""
-  groups = set()
-  for proc in psutil.process_iter(['cmdline']):
-    with contextlib.suppress(psutil.Error, OSError):
-      cmdline = proc.info['cmdline'] or ()
-      if 'run.train' in cmdline and any(
-          a.startswith(f'--root_output_dir={root}') for a in cmdline
-      ):
-        groups.add(os.getpgid(proc.pid))
-  return groups
-
-
-def _alive_in(groups: set[int]) -> list[int]:
-  """Live processes of `groups` (orphaned workers included)."""
-  found = []
-  for proc in psutil.process_iter():
-    with contextlib.suppress(psutil.Error, OSError):
-      if (
-          os.getpgid(proc.pid) in groups
-          and proc.status() != psutil.STATUS_ZOMBIE
-      ):
-        found.append(proc.pid)
-  return found
 
 
 def _rows(path) -> int:
@@ -78,8 +50,8 @@ def test_a_signal_ends_the_running_run_and_its_workers(tmp_path, signum):
       if _rows(first / 'metrics.csv') >= 2:  # Training: its workers run.
         break
       time.sleep(0.05)
-    groups = _groups(tmp_path)
-    workers = [p for p in _alive_in(groups) if p not in groups]
+    groups = binary.run_groups(tmp_path)
+    workers = [p for p in binary.alive_in(groups) if p not in groups]
     if len(groups) != 1 or not workers:
       proc.kill()
       raise AssertionError((groups, workers, proc.communicate()[1]))
@@ -88,9 +60,9 @@ def test_a_signal_ends_the_running_run_and_its_workers(tmp_path, signum):
     _, stderr = proc.communicate(timeout=60)
     assert time.monotonic() - start < 15, stderr
     time.sleep(1.0)  # A replacement worker would have started by now.
-    assert not _alive_in(groups), stderr
+    assert not binary.alive_in(groups), stderr
   finally:
-    for pid in _alive_in(_groups(tmp_path) | groups):
+    for pid in binary.alive_in(binary.run_groups(tmp_path) | groups):
       with contextlib.suppress(OSError):
         os.kill(pid, signal.SIGKILL)
     with contextlib.suppress(ProcessLookupError):

@@ -12,7 +12,6 @@ import textwrap
 import time
 
 import numpy as np
-import psutil
 
 from run.experiments import reproduce
 from tests import binary
@@ -271,33 +270,6 @@ _TINY = (
 )
 
 
-def _groups(root) -> set[int]:
-  """Process groups of the training runs writing under `root`: each run
-  leads its own (a session of its own) and its TFF workers are in it."""
-  groups = set()
-  for proc in psutil.process_iter(['cmdline']):
-    with contextlib.suppress(psutil.Error, OSError):
-      cmdline = proc.info['cmdline'] or ()
-      if 'run.train' in cmdline and any(
-          a.startswith(f'--root_output_dir={root}') for a in cmdline
-      ):
-        groups.add(os.getpgid(proc.pid))
-  return groups
-
-
-def _alive_in(groups: set[int]) -> list[int]:
-  """Live processes of `groups` (orphaned workers included)."""
-  found = []
-  for proc in psutil.process_iter():
-    with contextlib.suppress(psutil.Error, OSError):
-      if (
-          os.getpgid(proc.pid) in groups
-          and proc.status() != psutil.STATUS_ZOMBIE
-      ):
-        found.append(proc.pid)
-  return found
-
-
 def _rows(path) -> list[str]:
   if not path.exists():
     return []
@@ -342,7 +314,7 @@ def test_a_signal_ends_the_runs_and_a_rerun_resumes_them(tmp_path):
         if len(_rows(first)) > past_round:
           break
         time.sleep(0.05)
-      groups = _groups(tmp_path)
+      groups = binary.run_groups(tmp_path)
       if len(groups) != 1:  # The run (--jobs=1).
         proc.kill()
         raise AssertionError((signum, groups, proc.communicate()[1]))
@@ -351,9 +323,9 @@ def test_a_signal_ends_the_runs_and_a_rerun_resumes_them(tmp_path):
       _, stderr = proc.communicate(timeout=60)
       assert time.monotonic() - start < 15, stderr  # Not once the run ends.
       time.sleep(1.0)  # A replacement worker would have started by now.
-      assert not _alive_in(groups), stderr
+      assert not binary.alive_in(groups), stderr
     finally:
-      for pid in _alive_in(_groups(tmp_path) | groups):
+      for pid in binary.alive_in(binary.run_groups(tmp_path) | groups):
         with contextlib.suppress(OSError):
           os.kill(pid, signal.SIGKILL)
       with contextlib.suppress(ProcessLookupError):

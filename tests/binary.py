@@ -1,6 +1,7 @@
 """Runs the training binary from a test: own process group, ended after."""
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -96,3 +97,36 @@ def alive_in(groups: set[int]) -> list[int]:
       ):
         found.append(proc.pid)
   return found
+
+
+_CALL_MAINS = """
+import json, sys
+from {module} import define_flags, main
+from tests import binary
+define_flags()
+print(json.dumps([binary.call_main(main, {prog!r}, a)
+                  for a in json.loads(sys.argv[1])]))
+"""
+
+
+def call_main_in_subprocess(module, prog, arg_lists, timeout=300):
+  """`[(exit status, stderr)]` of `module.main` on each of `arg_lists`.
+
+  All in one fresh process (`call_main` each): for a binary whose flags
+  would clash with another binary's already defined in the test process.
+  """
+  proc = subprocess.run(
+      [
+          sys.executable,
+          '-c',
+          _CALL_MAINS.format(module=module, prog=prog),
+          json.dumps([list(a) for a in arg_lists]),
+      ],
+      cwd=ROOT,
+      capture_output=True,
+      text=True,
+      timeout=timeout,
+      check=False,
+  )
+  assert proc.returncode == 0, proc.stderr
+  return [tuple(r) for r in json.loads(proc.stdout.strip().splitlines()[-1])]

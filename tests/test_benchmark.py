@@ -13,7 +13,6 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 
 import numpy as np
 import pytest
@@ -219,17 +218,6 @@ def test_holdout_refuses_bad_arguments():
 
 # ------------------------------------------------------------- binaries
 
-_BAD_INPUT = textwrap.dedent("""
-    import json, sys
-    from run.experiments import benchmark
-    from tests import binary
-    benchmark.define_flags()
-    out = []
-    for args in json.loads(sys.argv[1]):
-      out.append(binary.call_main(benchmark.main, 'benchmark', args))
-    print(json.dumps(out))
-""")
-
 
 def test_bad_input_is_one_line_before_any_run(tmp_path):
   (tmp_path / 'file').write_text('x')
@@ -250,21 +238,12 @@ def test_bad_input_is_one_line_before_any_run(tmp_path):
       (['--setting=custom'], '--setting=custom needs the task flags'),
       (['--setting=nope'], 'benchmark: error: flag --setting'),
   ]
-  proc = subprocess.run(
-      [
-          sys.executable,
-          '-c',
-          _BAD_INPUT,
-          json.dumps([base + a for a, _ in cases]),
-      ],
-      cwd=binary.ROOT,
-      capture_output=True,
-      text=True,
-      timeout=300,
-      check=False,
+  results = binary.call_main_in_subprocess(
+      'run.experiments.benchmark',
+      'benchmark',
+      [base + a for a, _ in cases],
   )
-  assert proc.returncode == 0, proc.stderr
-  for (args, words), (code, stderr) in zip(cases, json.loads(proc.stdout)):
+  for (args, words), (code, stderr) in zip(cases, results):
     lines = binary.error_lines(stderr)
     assert code == 2 and len(lines) == 1, (args, stderr)
     assert lines[0].startswith('benchmark: error: ') and words in lines[0], (

@@ -3,12 +3,10 @@ histograms; bad input; a signal ends the runs it started."""
 
 import contextlib
 import csv
-import json
 import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 
 import numpy as np
@@ -199,18 +197,6 @@ def test_fedprox_shakespeare_declares_the_thesis_setting():
 
 # Bad input, in one process of its own: reproduce's flags (--root_output_dir,
 # --rounds) would clash with the training binary's in the test process.
-_BAD_INPUT = textwrap.dedent("""
-    import json, sys
-    from run.experiments import reproduce
-    from tests import binary
-    reproduce.define_flags()
-    out = []
-    for args in json.loads(sys.argv[1]):
-      out.append(binary.call_main(reproduce.main, 'reproduce', args))
-    print(json.dumps(out))
-""")
-
-
 def test_bad_input_is_refused_before_any_run(tmp_path):
   """One error line and status 2, before a run starts (each would train)."""
   (tmp_path / 'file').write_text('not a folder')
@@ -238,21 +224,11 @@ def test_bad_input_is_refused_before_any_run(tmp_path):
       (['--jobs=0'], '--jobs must be >= 1, got 0'),
       (['--experiment=nope'], "unknown --experiment='nope'"),
   ]
-  proc = subprocess.run(
-      [
-          sys.executable,
-          '-c',
-          _BAD_INPUT,
-          json.dumps([base + args for args, _ in cases]),
-      ],
-      cwd=binary.ROOT,
-      capture_output=True,
-      text=True,
-      timeout=300,
-      check=False,
+  results = binary.call_main_in_subprocess(
+      'run.experiments.reproduce',
+      'reproduce',
+      [base + args for args, _ in cases],
   )
-  assert proc.returncode == 0, proc.stderr
-  results = json.loads(proc.stdout.strip().splitlines()[-1])
   for (args, text), (status, stderr) in zip(cases, results):
     lines = binary.error_lines(stderr)
     assert status == 2, (args, stderr)

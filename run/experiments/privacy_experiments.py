@@ -29,7 +29,6 @@ command resumes from the run's last checkpoint.
 
 import concurrent.futures
 import json
-import os
 import signal
 import sys
 import time
@@ -355,20 +354,9 @@ def _run_dpfedavg_stoppably():
     )
   except reproduce.Stopped as e:
     ended = reproduce.end_children(e.signum)
-    print(
-        f'privacy_experiments: interrupted ({e}): ended {ended} running '
-        f'training run{"" if ended == 1 else "s"} and '
-        f'{"its" if ended == 1 else "their"} TFF workers; rerun the same '
-        'command to resume from the last checkpoint',
-        file=sys.stderr,
-        flush=True,
+    return reproduce.exit_stopped(
+        'privacy_experiments', e, ended, 'the last checkpoint'
     )
-    if e.signum == signal.SIGINT:
-      return 130
-    sys.stdout.flush()
-    signal.signal(e.signum, signal.SIG_DFL)  # Die of it, as its default.
-    os.kill(os.getpid(), e.signum)
-    return 128 + e.signum
   except RuntimeError as e:  # A run failed (reproduce.run_one).
     print(f'privacy_experiments: error: {e}', file=sys.stderr)
     return 1

@@ -532,6 +532,28 @@ def end_children(signum: int, grace_s: float = 10.0) -> int:
   return len(procs)
 
 
+def exit_stopped(prog: str, stopped: Stopped, ended: int, since: str) -> int:
+  """Says a driver was interrupted and how to resume; then dies of it.
+
+  Returns 130 for SIGINT; for another signal the process ends by that
+  signal (its default action), as a shell expects.
+  """
+  print(
+      f'{prog}: interrupted ({stopped}): ended {ended} running training '
+      f'run{"" if ended == 1 else "s"} and '
+      f'{"its" if ended == 1 else "their"} TFF workers; rerun the same '
+      f'command to resume from {since}',
+      file=sys.stderr,
+      flush=True,
+  )
+  if stopped.signum == signal.SIGINT:
+    return 130
+  sys.stdout.flush()
+  signal.signal(stopped.signum, signal.SIG_DFL)  # Die of it, as its default.
+  os.kill(os.getpid(), stopped.signum)
+  return 128 + stopped.signum
+
+
 def _raise_stopped(signum, frame):
   del frame
   if not _stopping:  # A second signal while the runs are ended: ignored.
@@ -806,20 +828,7 @@ def main(argv) -> int:
   except Stopped as e:
     ended = end_children(e.signum)
     pool.shutdown(wait=True, cancel_futures=True)
-    print(
-        f'reproduce: interrupted ({e}): ended {ended} running training '
-        f'run{"" if ended == 1 else "s"} and '
-        f'{"its" if ended == 1 else "their"} TFF workers; rerun the same '
-        'command to resume from the last checkpoints',
-        file=sys.stderr,
-        flush=True,
-    )
-    if e.signum == signal.SIGINT:
-      return 130
-    sys.stdout.flush()
-    signal.signal(e.signum, signal.SIG_DFL)  # Die of it, as its default.
-    os.kill(os.getpid(), e.signum)
-    return 128 + e.signum
+    return exit_stopped('reproduce', e, ended, 'the last checkpoints')
   finally:
     pool.shutdown(wait=True, cancel_futures=True)
     for signum, handler in previous.items():

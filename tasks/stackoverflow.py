@@ -215,10 +215,10 @@ def create_tag_model_fn(
   def model_fn():
     keras_model = tf.keras.Sequential(
         [
+            tf.keras.layers.InputLayer(input_shape=(word_vocab_size,)),
             tf.keras.layers.Dense(
                 tag_vocab_size,
                 activation='sigmoid',
-                input_shape=(word_vocab_size,),
                 kernel_initializer=tf.keras.initializers.GlorotUniform(
                     seed=seed * 64 + 1
                 ),

@@ -5,6 +5,7 @@ import json
 import time
 
 import numpy as np
+import tensorflow as tf
 import tensorflow_federated as tff
 
 from run import algorithms
@@ -41,6 +42,37 @@ def test_plain_loop_is_a_fedavg_round():
   for got, want in zip(plain.weights(), expected):
     np.testing.assert_allclose(got, want, atol=1e-6)
   assert max(np.abs(w).max() for w in expected) > 1e-3
+
+
+def test_bound_loop_steps_on_the_clients_batches_concatenated():
+  # NumPy oracle: softmax regression from zero weights, one mean-loss SGD
+  # step per batch index j on every client's j-th batch concatenated.
+  task = bench_suite.build_task('softmax', 6)
+  datasets = _round_datasets(task, 3)
+  # Read once: the datasets reshuffle on every pass.
+  per_client = [[(x.numpy(), y.numpy()) for x, y in ds] for ds in datasets]
+  bound = bench_suite.BoundLoop('softmax', 0.01)
+  as_tensors = [
+      [(tf.constant(x), tf.constant(y)) for x, y in c] for c in per_client
+  ]
+  assert bound.next(bench_suite.BoundLoop.preload(as_tensors)) == 3 * 150
+  w = np.zeros((60, 10))
+  b = np.zeros(10)
+  steps = max(len(c) for c in per_client)
+  assert steps == 15
+  for j in range(steps):
+    x = np.concatenate([c[j][0] for c in per_client if j < len(c)])
+    y = np.concatenate([c[j][1] for c in per_client if j < len(c)])
+    logits = x @ w + b
+    p = np.exp(logits - logits.max(axis=1, keepdims=True))
+    p /= p.sum(axis=1, keepdims=True)
+    p[np.arange(len(y)), y] -= 1.0
+    w -= 0.01 * x.T @ p / len(y)
+    b -= 0.01 * p.mean(axis=0)
+  got_w, got_b = bound.weights()
+  np.testing.assert_allclose(got_w, w, atol=1e-5)
+  np.testing.assert_allclose(got_b, b, atol=1e-5)
+  assert np.abs(w).max() > 1e-3
 
 
 def test_plain_loop_trains_the_character_lstm():
@@ -97,6 +129,7 @@ def test_one_run_times_every_kind_of_algorithm_and_the_references(tmp_path):
       'fedavg/stacked',
       'fedavg/stock',
       'fedavg/plain',
+      'fedavg/bound',
       'qffl/tff',
       'qffl/batched',
       'qffl/stacked',
@@ -114,6 +147,8 @@ def test_one_run_times_every_kind_of_algorithm_and_the_references(tmp_path):
     assert s['examples_per_s'] > 0 and s['seconds_per_round'] > 0, key
     assert s['peak_rss_mb'] > 100, key  # TF alone holds more.
     assert s['ratio_to_stock'] > 0 and s['ratio_to_plain'] > 0, key
+    assert s['ratio_to_bound'] > 0, key
+  assert systems['fedavg/bound']['ratio_to_bound'] == 1.0
   assert systems['fedavg/stock']['ratio_to_stock'] == 1.0
   # The engines end where our TFF path ends (same clients and batches).
   assert set(result['tff_vs_engines_linf']) == {

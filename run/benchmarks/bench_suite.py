@@ -33,7 +33,11 @@ batches), interleaved round by round in a rotating order:
 * `stock` (fedavg only): TFF's `build_weighted_fed_avg`;
 * `plain` (fedavg only): a plain graph-mode SGD loop on the same Keras
   model over the round's batches read into tensors before its timer starts
-  (the arithmetic alone: no tf.data, no metrics, no TFF).
+  (the arithmetic alone: no tf.data, no metrics, no TFF);
+* `bound` (fedavg only): the machine's bound, one model trained in the plain
+  loop's form on the round's clients' batches concatenated (step j: every
+  client's j-th batch, K x B examples per step; no per-client weights, no
+  averaging), the fastest a vectorized engine of K clients could go.
 
 Ditto and the Fed+ family keep a personal model per client: on `tff` and
 `batched` each timed round is what `run.simulation` does (the selected
@@ -45,8 +49,8 @@ Ditto's store on disk at EMNIST scale is
 `run/benchmarks/bench_ditto_scale.py`'s subject.
 
 Per system: examples/s and seconds/round (wall), CPU seconds/round (this
-process and its TFF worker), and the ratios to stock FedAvg and to the plain
-loop on the same model. `tff`, `batched` and `stacked` must end with equal
+process and its TFF worker), and the ratios to stock FedAvg, to the plain
+loop and to the bound on the same model. `tff`, `batched` and `stacked` must end with equal
 weights (the L-inf differences to `tff` are reported). Peak memory (VmHWM)
 of this process and of its TFF worker is reported per model, and per system
 the peak resident memory (this process and its TFF worker, sampled every
@@ -257,23 +261,38 @@ def keras_model(model: str) -> tuple[tf.keras.Model, Any]:
   return net, tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
 
+def _graph_model(model: str):
+  """The Keras model, its loss and input placeholders, in the current graph."""
+  net, loss_fn = keras_model(model)
+  spec = net.input_shape
+  x_dtype = {'shakespeare': tf.int64}.get(
+      model, tf.int32 if model in _PRESETS else tf.float32
+  )
+  x = tf.compat.v1.placeholder(x_dtype, spec)
+  y_shape = [None, spec[1]] if model == 'shakespeare' else [None]
+  y = tf.compat.v1.placeholder(
+      tf.int64 if model == 'shakespeare' else tf.int32, y_shape
+  )
+  return net, loss_fn, x, y
+
+
+def _sgd_step(net, loss_fn, variables, learning_rate, x, y):
+  with tf.GradientTape() as tape:
+    loss = loss_fn(y, net(x, training=True))
+  grads = tape.gradient(loss, variables)
+  for v, g in zip(variables, grads):
+    # An embedding's gradient is IndexedSlices; applied densely.
+    v.assign_sub(learning_rate * tf.convert_to_tensor(g))
+
+
 class PlainLoop:
   """FedAvg rounds as a plain graph-mode SGD loop over preloaded batches."""
 
   def __init__(self, model: str, learning_rate: float):
     self._graph = tf.Graph()
     with self._graph.as_default():  # pytype: disable=attribute-error
-      net, loss_fn = keras_model(model)
+      net, loss_fn, self._x, self._y = _graph_model(model)
       variables = net.trainable_variables
-      spec = net.input_shape
-      x_dtype = {'shakespeare': tf.int64}.get(
-          model, tf.int32 if model in _PRESETS else tf.float32
-      )
-      self._x = tf.compat.v1.placeholder(x_dtype, spec)
-      y_shape = [None, spec[1]] if model == 'shakespeare' else [None]
-      self._y = tf.compat.v1.placeholder(
-          tf.int64 if model == 'shakespeare' else tf.int32, y_shape
-      )
       self._offsets = tf.compat.v1.placeholder(tf.int64, [None])
       self._ends = tf.compat.v1.placeholder(tf.int64, [None])
 
@@ -299,12 +318,7 @@ class PlainLoop:
               v.assign(w0)
           x = x_all[offsets[step] : offsets[step + 1]]
           y = y_all[offsets[step] : offsets[step + 1]]
-          with tf.GradientTape() as tape:
-            loss = loss_fn(y, net(x, training=True))
-          grads = tape.gradient(loss, variables)
-          for v, g in zip(variables, grads):
-            # An embedding's gradient is IndexedSlices; applied densely.
-            v.assign_sub(learning_rate * tf.convert_to_tensor(g))
+          _sgd_step(net, loss_fn, variables, learning_rate, x, y)
           n += tf.cast(tf.shape(x)[0], tf.float32)
         acc = [a + n * (w0 - v) for a, w0, v in zip(acc, initial, variables)]
         total += n
@@ -344,6 +358,64 @@ class PlainLoop:
         self._session.run(
             self._out,
             {self._x: x, self._y: y, self._offsets: offsets, self._ends: ends},
+        )
+    )
+
+
+class BoundLoop:
+  """The machine's bound for a round: one model, one SGD step per batch index
+  on the round's clients' batches concatenated (K x B examples per step), in
+  the plain loop's graph-mode form. No per-client weights and no averaging:
+  what a vectorized engine of K clients could at best reach on this CPU."""
+
+  def __init__(self, model: str, learning_rate: float):
+    self._graph = tf.Graph()
+    with self._graph.as_default():  # pytype: disable=attribute-error
+      net, loss_fn, self._x, self._y = _graph_model(model)
+      variables = net.trainable_variables
+      self._offsets = tf.compat.v1.placeholder(tf.int64, [None])
+
+      @tf.function
+      def run(x_all, y_all, offsets):
+        n = tf.constant(0.0)
+        for step in tf.range(tf.size(offsets, out_type=tf.int64) - 1):
+          x = x_all[offsets[step] : offsets[step + 1]]
+          y = y_all[offsets[step] : offsets[step + 1]]
+          _sgd_step(net, loss_fn, variables, learning_rate, x, y)
+          n += tf.cast(tf.shape(x)[0], tf.float32)
+        return n
+
+      self._out = run(self._x, self._y, self._offsets)
+      self._variables = variables
+      init = tf.compat.v1.global_variables_initializer()
+    self._session = tf.compat.v1.Session(graph=self._graph)
+    self._session.run(init)
+
+  @staticmethod
+  def preload(datasets):
+    """Step j's batch: every client's j-th batch, concatenated."""
+    per_client = [[(x.numpy(), y.numpy()) for x, y in ds] for ds in datasets]
+    xs, ys, sizes = [], [], [0]
+    for j in range(max(len(c) for c in per_client)):
+      step = [c[j] for c in per_client if j < len(c)]
+      xs.append(np.concatenate([x for x, _ in step]))
+      ys.append(np.concatenate([y for _, y in step]))
+      sizes.append(len(ys[-1]))
+    return (
+        np.concatenate(xs),
+        np.concatenate(ys),
+        np.cumsum(sizes).astype(np.int64),
+    )
+
+  def weights(self) -> list[np.ndarray]:
+    """The model's trainable weights now."""
+    return self._session.run(self._variables)
+
+  def next(self, batches) -> int:
+    x, y, offsets = batches
+    return int(
+        self._session.run(
+            self._out, {self._x: x, self._y: y, self._offsets: offsets}
         )
     )
 
@@ -487,6 +559,7 @@ def run_model(
           _RunAs(stock, task),
       ]
       systems['fedavg/plain'] = ['plain', PlainLoop(model, lr), None, None]
+      systems['fedavg/bound'] = ['bound', BoundLoop(model, lr), None, None]
   names = list(systems)
   ids = list(task.train_data.client_ids)
   times = {k: [] for k in names}
@@ -503,8 +576,9 @@ def run_model(
     for key in names[shift:] + names[:shift]:
       kind, obj, state, run_as = systems[key]
       batches = None
-      if kind == 'plain':  # Untimed: the batches as tensors.
-        batches = PlainLoop.preload(
+      if kind in ('plain', 'bound'):  # Untimed: the batches as tensors.
+        loop = PlainLoop if kind == 'plain' else BoundLoop
+        batches = loop.preload(
             simulation.client_datasets(task, plans, r, config)
         )
       with peaks[key] if r > warmup else contextlib.nullcontext():
@@ -554,6 +628,10 @@ def run_model(
     if 'fedavg/plain' in ref:
       s['ratio_to_plain'] = (
           s['examples_per_s'] / ref['fedavg/plain']['examples_per_s']
+      )
+    if 'fedavg/bound' in ref:
+      s['ratio_to_bound'] = (
+          s['examples_per_s'] / ref['fedavg/bound']['examples_per_s']
       )
   out['tff_vs_engines_linf'] = _engine_diffs(
       algorithm_names, processes, systems
@@ -624,7 +702,7 @@ def _round(
     kind, obj, state, system, run_as, plans, round_num, config, batches
 ) -> dict:
   """Runs one round of a system in place (its state updated); its metrics."""
-  if kind == 'plain':
+  if kind in ('plain', 'bound'):
     return {'train/num_examples': obj.next(batches)}
   if kind == 'process':
     data = run_as.datasets(plans, round_num, config)
@@ -648,8 +726,8 @@ def format_table(results: dict) -> str:
   """The results as a Markdown table, one row per (model, system)."""
   lines = [
       '| model | system | examples/s | s/round | cpu s/round | '
-      'peak MB | x stock | x plain |',
-      '|---|---|---:|---:|---:|---:|---:|---:|',
+      'peak MB | x stock | x plain | x bound |',
+      '|---|---|---:|---:|---:|---:|---:|---:|---:|',
   ]
   for model, res in results.items():
     for key, s in res['systems'].items():
@@ -658,7 +736,8 @@ def format_table(results: dict) -> str:
           f'{s["seconds_per_round"]:.3f} | {s["cpu_seconds_per_round"]:.3f} |'
           f' {s["peak_rss_mb"]:,.0f} |'
           f' {s.get("ratio_to_stock", float("nan")):.2f} | '
-          f'{s.get("ratio_to_plain", float("nan")):.2f} |'
+          f'{s.get("ratio_to_plain", float("nan")):.2f} | '
+          f'{s.get("ratio_to_bound", float("nan")):.2f} |'
       )
   for model, res in results.items():
     lines.append(

@@ -64,7 +64,7 @@ def test_bound_loop_steps_on_the_clients_batches_concatenated():
     x = np.concatenate([c[j][0] for c in per_client if j < len(c)])
     y = np.concatenate([c[j][1] for c in per_client if j < len(c)])
     logits = x @ w + b
-    p = np.exp(logits - logits.max(axis=1, keepdims=True))
+    p = np.exp(logits - np.max(logits, axis=1, keepdims=True))
     p /= p.sum(axis=1, keepdims=True)
     p[np.arange(len(y)), y] -= 1.0
     w -= 0.01 * x.T @ p / len(y)

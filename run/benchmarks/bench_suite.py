@@ -50,9 +50,10 @@ Ditto's store on disk at EMNIST scale is
 
 Per system: examples/s and seconds/round (wall), CPU seconds/round (this
 process and its TFF worker), and the ratios to stock FedAvg, to the plain
-loop and to the bound on the same model. `tff`, `batched` and `stacked` must end with equal
-weights (the L-inf differences to `tff` are reported). Peak memory (VmHWM)
-of this process and of its TFF worker is reported per model, and per system
+loop and to the bound on the same model. `tff`, `batched` and `stacked` must
+end with equal weights (the L-inf differences to `tff` are reported). Peak
+memory (VmHWM) of this process and of its TFF worker is reported per model,
+and per system
 the peak resident memory (this process and its TFF worker, sampled every
 10 ms) while that system's rounds ran: all systems share one process, so that
 figure includes what the others hold (a shared floor); the differences

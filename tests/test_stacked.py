@@ -464,6 +464,15 @@ def test_size_groups_minimise_the_modelled_padded_work():
   assert stacked.padded_slots([4, 160, 4, 24], order, bounds, 5) == 5 * (
       2 * 4 + 24 + 160
   )
+  # The engine groups only where that saves a fifth of the slots.
+  assert stacked.round_groups([4, 160, 4, 24])[1].tolist() == [0, 2, 3, 4]
+  assert stacked.round_groups([4, 160, 4, 24], group_by_size=False)[
+      1
+  ].tolist() == [0, 4]
+  near = [3, 2, 2, 3, 2, 2, 3, 2, 3, 2, 3, 2]  # Cut: 29 slots, not 36.
+  assert stacked.size_groups(near)[1].tolist() == [0, 7, 12]
+  order, bounds = stacked.round_groups(near)  # 19% saved: one group.
+  assert order.tolist() == list(range(12)) and bounds.tolist() == [0, 12]
 
 
 @pytest.fixture(scope='module')

@@ -35,9 +35,10 @@ the Keras `VariableModel` (metrics, variable assignments) at every step.
   leaves that client's weights and optimizer state exactly unchanged
   (`tf.where` on the step's result). Real clients differ in size by 1,000x,
   so a round's clients run in size-ordered groups (`size_groups`, with
-  `group_by_size=True`, the default): one vectorized loop per group, the
-  grouping that minimises the modelled work of the padded steps; each
-  client's result is what it is alone. With
+  `group_by_size=True`, the default) when that cuts the padded slots by a
+  fifth or more: one vectorized loop per group, the grouping that minimises
+  the modelled work of the padded steps. Each client's result is the same
+  either way (to float rounding: the batched matmuls change shape). With
   `vectorize=False` (the default for models with convolutions) the clients
   run one after another through the same functional step (no padding beyond
   the last partial batch), which is faster for convolutions with per-client
@@ -313,6 +314,25 @@ def padded_slots(steps, order, bounds, batch_size: int) -> int:
           for a, b in zip(bounds[:-1], bounds[1:])
       )
   )
+
+
+def round_groups(
+    steps, *, group_by_size: bool = True, min_saving: float = 0.2
+) -> tuple[np.ndarray, np.ndarray]:
+  """The engine's groups for a round: `size_groups` where they cut the
+  padded slots by `min_saving` or more, else one group in cohort order (a
+  cohort of near sizes keeps its one loop, and its results to the last
+  bit)."""
+  k = len(steps)
+  order = np.arange(k, dtype=np.int32)
+  bounds = np.asarray([0, k], np.int32)
+  if group_by_size:
+    grouped = size_groups(steps)
+    if padded_slots(steps, *grouped, 1) <= (1.0 - min_saving) * padded_slots(
+        steps, order, bounds, 1
+    ):
+      return grouped
+  return order, bounds
 
 
 def _server_step(server_opt, opt_state, trainable, update):
@@ -1074,11 +1094,7 @@ class StackedEngine:
     )
     train_pos, steps = layout(1 if self._passes == 2 else 0)
     loss_pos = layout(0)[0] if self._passes == 2 else train_pos[:0]
-    if self.group_by_size:
-      order, bounds = size_groups(steps)
-    else:
-      order = np.arange(len(steps), dtype=np.int32)
-      bounds = np.asarray([0, len(steps)], np.int32)
+    order, bounds = round_groups(steps, group_by_size=self.group_by_size)
     # (real examples, batch slots run) of this round's training pass.
     self.last_padding = (
         int((train_pos >= 0).sum()),

@@ -13,8 +13,9 @@ client's steps, every batch padded to the batch size
 0: all of a role's windows), this samples `--rounds` cohorts of
 `--clients_per_round` training roles as `run.simulation` does and counts the
 batch slots a one-epoch round runs against its real windows: all clients
-padded to the longest one (`group_by_size=False`), and in size-ordered groups
-(`stacked.size_groups`, the engine's default). Arithmetic only: nothing is
+padded to the longest one (`group_by_size=False`), and as the engine runs it
+by default (`stacked.round_groups`: size-ordered groups where they save a
+fifth of the slots). Arithmetic only: nothing is
 trained, so it runs in seconds beside anything.
 """
 
@@ -71,7 +72,7 @@ def cohort_padding(sizes, batch_size: int) -> dict[str, float]:
   steps = (np.asarray(sizes, np.int64) + batch_size - 1) // batch_size
   k = len(steps)
   one = (np.arange(k, dtype=np.int32), np.asarray([0, k], np.int32))
-  order, bounds = stacked.size_groups(steps)
+  order, bounds = stacked.round_groups(steps)
   return {
       'real': float(np.sum(sizes)),
       'padded_slots': float(stacked.padded_slots(steps, *one, batch_size)),
@@ -131,7 +132,7 @@ def main(argv) -> int:
   runtime.install_worker_cleanup()
   print(
       '| preset | windows per role | training roles | windows min / median /'
-      ' max | waste, padded to the longest | waste, size groups | slots, '
+      ' max | waste, padded to the longest | waste, engine default (size groups) | slots, '
       'groups / padded | groups per round |'
   )
   print('|---|---|---:|---|---:|---:|---:|---:|')

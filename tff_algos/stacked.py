@@ -75,6 +75,7 @@ import tensorflow_federated as tff
 
 from tff_algos import batched
 from tff_algos import client_work as client_work_lib
+from tff_algos import stacked_rnn
 
 ALGORITHMS = batched.ALGORITHMS
 SUPPORTED_METRICS = ('accuracy', 'loss', 'num_examples', 'num_batches')
@@ -418,6 +419,7 @@ class StackedEngine:
       shuffle: bool = True,
       vectorize: Optional[bool] = None,
       group_by_size: bool = True,
+      rnn_kernels: bool = True,
       shuffle_buffer_size: int = 10_000,
       session_config: Optional[tf.compat.v1.ConfigProto] = None,
   ):
@@ -437,6 +439,9 @@ class StackedEngine:
       group_by_size: Vectorized: run the round's clients in size-ordered
         groups (`size_groups`) instead of padding every client to the
         longest one. Results are the same either way.
+      rnn_kernels: Vectorized: run a recurrent model of
+        `tff_algos.stacked_rnn`'s kind (the Shakespeare presets) as batched
+        matrix products instead of `vectorized_map` over Keras' layers.
       shuffle_buffer_size: The task's shuffle buffer (any size >= every
         client's example count gives the same orders).
       session_config: Optional `tf.compat.v1.ConfigProto`.
@@ -474,6 +479,10 @@ class StackedEngine:
     if not isinstance(group_by_size, bool):
       raise TypeError(f'group_by_size must be a bool, got {group_by_size!r}')
     self.group_by_size = group_by_size
+    if not isinstance(rnn_kernels, bool):
+      raise TypeError(f'rnn_kernels must be a bool, got {rnn_kernels!r}')
+    self._rnn_kernels = rnn_kernels
+    self.rnn_forward = None  # Set by _functional_model when it applies.
     self.last_padding = (0, 0)
     self._shuffle = bool(shuffle)
     self._buffer = shuffle_buffer_size
@@ -483,6 +492,8 @@ class StackedEngine:
     self._passes = 2 if continued else 1
     functional, loss_none = self._functional_model(model_fn)
     self.vectorize = bool(self._vectorize_arg)
+    if not self.vectorize:
+      self.rnn_forward = None  # Sequential: the functional model's own step.
     # The batch size is the first full batch of a probe of the task's
     # preprocessing (the layout is checked against it on the first round).
     probe = preprocess_train(
@@ -558,6 +569,8 @@ class StackedEngine:
           type(layer).__name__.startswith('Conv')
           for layer in keras_model.submodules
       )
+    if self._rnn_kernels:
+      self.rnn_forward = stacked_rnn.stacked_forward(keras_model)
     functional = tff.learning.models.functional_model_from_keras(
         keras_model, loss, model.input_spec
     )
@@ -655,6 +668,8 @@ class StackedEngine:
 
     def forward(w_stacked, x):
       """Predictions [K, b, ...] of each client's weights on its batch."""
+      if vectorize and self.rnn_forward is not None:
+        return self.rnn_forward(w_stacked, x)
       if vectorize:
         return tf.vectorized_map(
             lambda a: predict(a[0], a[1], True),

@@ -27,8 +27,10 @@ batches), interleaved round by round in a rotating order:
 * `tff`: our `LearningProcess` through TFF's runtime (`process.next`);
 * `batched`: `tff_algos.batched.BatchedEngine` (one TF call per round);
 * `stacked` and `stacked_seq`: `tff_algos.stacked.StackedEngine`, the
-  round's clients trained together (vectorized) or one after another
-  through the same functional step (`--stacked_modes`); models the engine
+  round's clients trained together (vectorized; recurrent presets as the
+  batched matmuls of `tff_algos.stacked_rnn`) or one after another through
+  the same functional step, and `stacked_vmap`, vectorized with
+  `vectorized_map` over Keras' layers (`--stacked_modes`); models the engine
   does not run (the LSTM's per-token labels) are left out with a note;
 * `stock` (fedavg only): TFF's `build_weighted_fed_avg`;
 * `plain` (fedavg only): a plain graph-mode SGD loop on the same Keras
@@ -107,6 +109,14 @@ MODELS = (
 # The window models: their `tasks.shakespeare_leaf` preset.
 _PRESETS = {'shakespeare_gru': 'deltafl', 'shakespeare_lstm_leaf': 'fedprox'}
 ALGORITHMS = algorithms.ALGORITHM_NAMES
+# --stacked_modes -> the system's suffix: vectorized (with the recurrent
+# kernels of tff_algos.stacked_rnn where the model has them), sequential,
+# and vectorized_map (vectorized, recurrent layers through vectorized_map).
+_STACKED_SUFFIX = {
+    'vectorized': '',
+    'sequential': '_seq',
+    'vectorized_map': '_vmap',
+}
 
 # Flags are defined at start-up only: absl flags are global, and the test
 # suite and the API-docs build import several binaries into one process.
@@ -144,7 +154,8 @@ def define_flags() -> None:
       'stacked_modes',
       ['vectorized', 'sequential'],
       'Stacked-engine systems to time: vectorized (`stacked`), sequential '
-      '(`stacked_seq`); empty for none.',
+      '(`stacked_seq`), vectorized_map (`stacked_vmap`: recurrent layers '
+      'through vectorized_map, not tff_algos.stacked_rnn); empty for none.',
   )
   _STACKED_ONLY = flags.DEFINE_boolean(
       'stacked_only',
@@ -534,11 +545,14 @@ def run_model(
           _RunAs(process, task),  # Its own client states.
       ]
     for mode in stacked_modes:
-      key = f'{name}/stacked' + ('' if mode == 'vectorized' else '_seq')
+      key = f'{name}/stacked' + _STACKED_SUFFIX[mode]
       try:
         engine = engines.build_stacked_engine(
-            spec, task, vectorize=(mode == 'vectorized')
-        )  # Both, explicitly.
+            spec,
+            task,
+            vectorize=(mode != 'sequential'),  # Each mode explicitly.
+            rnn_kernels=(mode == 'vectorized'),
+        )
       except stacked.StackedEngineError as e:
         log(f'{model}: no {key}: {e}')
         continue
@@ -757,11 +771,7 @@ def main(argv) -> int:
   bad = (
       [m for m in _MODELS.value if m not in MODELS]
       + [a for a in _ALGORITHMS.value if a not in ALGORITHMS]
-      + [
-          m
-          for m in _STACKED_MODES.value
-          if m not in ('vectorized', 'sequential')
-      ]
+      + [m for m in _STACKED_MODES.value if m not in _STACKED_SUFFIX]
   )
   if (
       bad
@@ -772,8 +782,8 @@ def main(argv) -> int:
   ):
     print(
         f'bench_suite: error: --models in {MODELS}, --algorithms in '
-        f'{ALGORITHMS} including fedavg, --stacked_modes in vectorized, '
-        'sequential, --rounds >= 1, --ditto_lambda >= 0',
+        f'{ALGORITHMS} including fedavg, --stacked_modes in '
+        f'{", ".join(_STACKED_SUFFIX)}, --rounds >= 1, --ditto_lambda >= 0',
         file=sys.stderr,
     )
     return 2

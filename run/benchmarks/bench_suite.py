@@ -130,12 +130,13 @@ _OUTPUT = None
 _STACKED_MODES = None
 _STACKED_ONLY = None
 _DITTO_LAMBDA = None
+_EXAMPLES = None
 
 
 def define_flags() -> None:
   """Defines the command-line flags."""
   global _MODELS, _ALGORITHMS, _ROUNDS, _WARMUP, _CLIENTS, _NUM_CLIENTS
-  global _OUTPUT, _STACKED_MODES, _STACKED_ONLY, _DITTO_LAMBDA
+  global _OUTPUT, _STACKED_MODES, _STACKED_ONLY, _DITTO_LAMBDA, _EXAMPLES
   _MODELS = flags.DEFINE_list('models', list(MODELS), 'Models to time.')
   _ALGORITHMS = flags.DEFINE_list(
       'algorithms',
@@ -148,6 +149,12 @@ def define_flags() -> None:
   _ROUNDS = flags.DEFINE_integer('rounds', 6, 'Timed rounds per system.')
   _WARMUP = flags.DEFINE_integer('warmup_rounds', 2, 'Untimed rounds first.')
   _CLIENTS = flags.DEFINE_integer('clients_per_round', 10, 'Clients per round.')
+  _EXAMPLES = flags.DEFINE_integer(
+      'examples_per_client',
+      None,
+      "Examples of each generated client (default: the model's own, e.g. "
+      '64 windows for shakespeare_gru).',
+  )
   _NUM_CLIENTS = flags.DEFINE_integer('num_clients', 100, 'Population.')
   _OUTPUT = flags.DEFINE_string('output_json', None, 'Write every number here.')
   _STACKED_MODES = flags.DEFINE_list(
@@ -773,6 +780,12 @@ def main(argv) -> int:
       + [a for a in _ALGORITHMS.value if a not in ALGORITHMS]
       + [m for m in _STACKED_MODES.value if m not in _STACKED_SUFFIX]
   )
+  if _EXAMPLES.value is not None:
+    if _EXAMPLES.value < 1:
+      bad.append(f'--examples_per_client={_EXAMPLES.value}')
+    else:
+      for model in list(_SIZES):
+        _SIZES[model] = (_EXAMPLES.value,) + _SIZES[model][1:]
   if (
       bad
       or _ROUNDS.value < 1
@@ -783,7 +796,8 @@ def main(argv) -> int:
     print(
         f'bench_suite: error: --models in {MODELS}, --algorithms in '
         f'{ALGORITHMS} including fedavg, --stacked_modes in '
-        f'{", ".join(_STACKED_SUFFIX)}, --rounds >= 1, --ditto_lambda >= 0',
+        f'{", ".join(_STACKED_SUFFIX)}, --rounds >= 1, --ditto_lambda >= 0, '
+        '--examples_per_client >= 1',
         file=sys.stderr,
     )
     return 2

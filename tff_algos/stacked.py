@@ -27,8 +27,9 @@ the Keras `VariableModel` (metrics, variable assignments) at every step.
 * **Clients together.** With `vectorize=True` (the default for models
   without convolutions) every client's weights are stacked on a leading
   client axis and one `tf.while_loop` runs all clients' step `t` at once
-  (`tf.vectorized_map` of the functional forward pass over the clients; one
-  gradient of the sum of the clients' losses gives each client its own
+  (`tf.vectorized_map` of the functional forward pass over the clients, or
+  for the recurrent presets the batched matmuls of `tff_algos.stacked_rnn`;
+  one gradient of the sum of the clients' losses gives each client its own
   gradient). Batches are padded to the batch size and the clients of a
   group to the group's longest step count, and masked: a padded example has
   weight 0 in its client's loss and metrics, and a step with no real example

@@ -22,7 +22,7 @@ in tests/test_stacked_rnn.py.
 """
 
 from collections.abc import Callable, Sequence
-from typing import Optional
+from typing import Any, Optional
 
 import tensorflow as tf
 
@@ -50,7 +50,7 @@ def _is_default_cell(layer) -> bool:
   return bool(ok)
 
 
-def _plan(keras_model) -> Optional[list[tuple[str, object, int]]]:
+def _plan(keras_model) -> Optional[list[tuple[str, Any, int]]]:
   """`[(kind, layer, number of weights)]` or None if not covered."""
   layers = list(getattr(keras_model, 'layers', []))
   if len(layers) < 3:

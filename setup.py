@@ -36,6 +36,7 @@ BINARIES = (
     'run.benchmarks.bench_scale',
     'run.benchmarks.bench_loss_pass',
     'run.benchmarks.bench_ditto_scale',
+    'run.benchmarks.bench_padding',
     'run.experiments.ditto_lambda_sweep',
     'run.experiments.fedplus_regression',
     'run.experiments.privacy_experiments',

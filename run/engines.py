@@ -103,6 +103,7 @@ def build_stacked_engine(
     *,
     shuffle: bool = True,
     vectorize: Optional[bool] = None,
+    rnn_kernels: bool = True,
 ) -> stacked.StackedEngine:
   """The stacked engine running `spec` on `task`.
 
@@ -113,6 +114,8 @@ def build_stacked_engine(
     shuffle: As `SimulationConfig.shuffle`.
     vectorize: Train the clients together (False: one after another through
       the same functional step; None: by the model, see `StackedEngine`).
+    rnn_kernels: As `StackedEngine`'s (False: `vectorized_map` over Keras'
+      recurrent layers, for comparison).
 
   Returns:
     A `StackedEngine`.
@@ -129,6 +132,7 @@ def build_stacked_engine(
       batched_algorithm(spec, num_clients=len(task.train_data.client_ids)),
       shuffle=shuffle,
       vectorize=vectorize,
+      rnn_kernels=rnn_kernels,
   )
 
 

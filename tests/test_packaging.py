@@ -15,6 +15,7 @@ requirements-nodeps.txt.
 # bazel-data: run/benchmarks/bench.py
 # bazel-data: run/benchmarks/bench_ditto_scale.py
 # bazel-data: run/benchmarks/bench_loss_pass.py
+# bazel-data: run/benchmarks/bench_padding.py
 # bazel-data: run/benchmarks/bench_scale.py
 # bazel-data: run/benchmarks/bench_suite.py
 # bazel-data: run/download.py

@@ -341,9 +341,10 @@ def test_gru_fedavg_engines_equal_federated_path(small_tasks, kind, vectorize):
       task.model_fn, sgd(0.5), sgd(1.0), proximal_strength=0.0
   )
   algorithm = batched.BatchedAlgorithm('fedprox', sgd(0.5), sgd(1.0))
-  out = engine_runs.run_both(
-      task, process, engine(kind, task, algorithm, vectorize)
-  )
+  fast = engine(kind, task, algorithm, vectorize)
+  if kind == 'stacked':  # Vectorized: the batched-matmul GRU.
+    assert (fast.rnn_forward is not None) == vectorize
+  out = engine_runs.run_both(task, process, fast)
   assert_same(process, *out, TRAIN_KEYS)
 
 
@@ -371,9 +372,9 @@ def test_lstm_q_ffl_stacked_equals_federated_path(small_tasks):
   algorithm = batched.BatchedAlgorithm(
       'qffl', sgd(0.8), q=0.001, lipschitz_constant=1.0 / 0.8
   )
-  out = engine_runs.run_both(
-      task, process, engine('stacked', task, algorithm), epochs=1
-  )
+  fast = engine('stacked', task, algorithm)
+  assert fast.rnn_forward is not None  # The batched-matmul LSTM.
+  out = engine_runs.run_both(task, process, fast, epochs=1)
   assert_same(process, *out, TRAIN_KEYS + ['client_work/loss_at_broadcast'])
 
 

@@ -1,5 +1,7 @@
 """The stacked engine equals the federated path (same seeds and batches)."""
 
+import collections
+import dataclasses
 import os
 import subprocess
 import sys
@@ -423,3 +425,116 @@ def test_binary_stacked_run_equals_tff_run(tmp_path):
   np.testing.assert_allclose(
       tables['stacked'], tables['tff'], rtol=1e-5, atol=1e-6
   )
+
+
+def _brute_force_groups_cost(steps, overhead):
+  """Least `sum_g S_g (m_g + overhead)` over every contiguous cut of the
+  sorted steps (all 2^(K-1) of them)."""
+  s = sorted(steps)
+  k = len(s)
+  best = float('inf')
+  for mask in range(2 ** (k - 1)):
+    cuts = [0] + [i + 1 for i in range(k - 1) if mask >> i & 1] + [k]
+    cost = sum(
+        s[b - 1] * ((b - a) + overhead) for a, b in zip(cuts[:-1], cuts[1:])
+    )
+    best = min(best, cost)
+  return best
+
+
+def test_size_groups_minimise_the_modelled_padded_work():
+  rng = np.random.default_rng(0)
+  for trial in range(60):
+    k = int(rng.integers(1, 8))
+    steps = rng.integers(1, 200, k) if trial % 3 else rng.integers(1, 4, k)
+    overhead = float(rng.choice([0.0, 2.0, 10.0]))
+    order, bounds = stacked.size_groups(steps, step_overhead=overhead)
+    assert sorted(order.tolist()) == list(range(k))
+    assert np.all(np.diff(steps[order]) >= 0)
+    assert bounds[0] == 0 and bounds[-1] == k and np.all(np.diff(bounds) > 0)
+    s = steps[order]
+    cost = sum(
+        s[b - 1] * ((b - a) + overhead) for a, b in zip(bounds[:-1], bounds[1:])
+    )
+    assert cost == pytest.approx(_brute_force_groups_cost(steps, overhead))
+  # Equal clients stay one group; a 100x spread is split.
+  assert stacked.size_groups([7, 7, 7, 7])[1].tolist() == [0, 4]
+  order, bounds = stacked.size_groups([4, 160, 4, 24])
+  assert order.tolist() == [0, 2, 3, 1] and bounds.tolist() == [0, 2, 3, 4]
+  assert stacked.padded_slots([4, 160, 4, 24], order, bounds, 5) == 5 * (
+      2 * 4 + 24 + 160
+  )
+  # The engine groups only where that saves a fifth of the slots.
+  assert stacked.round_groups([4, 160, 4, 24])[1].tolist() == [0, 2, 3, 4]
+  assert stacked.round_groups([4, 160, 4, 24], group_by_size=False)[
+      1
+  ].tolist() == [0, 4]
+  near = [3, 2, 2, 3, 2, 2, 3, 2, 3, 2, 3, 2]  # Cut: 29 slots, not 36.
+  assert stacked.size_groups(near)[1].tolist() == [0, 7, 12]
+  order, bounds = stacked.round_groups(near)  # 19% saved: one group.
+  assert order.tolist() == list(range(12)) and bounds.tolist() == [0, 12]
+
+
+@pytest.fixture(scope='module')
+def spread_task():
+  """Four clients of 4, 400, 7 and 60 examples (a 100x spread), all four
+  sampled every round, batch 5."""
+  base = synthetic.create_task(num_clients=4, seed=2, batch_size=5)
+  rng = np.random.default_rng(5)
+  data = {}
+  for cid, n in zip(base.train_data.client_ids, (4, 400, 7, 60)):
+    x = rng.normal(size=(n, 60)).astype(np.float32)
+    y = rng.integers(0, 10, n).astype(np.int32)
+    data[cid] = collections.OrderedDict(x=x, y=y)
+  return dataclasses.replace(
+      base, train_data=tff.simulation.datasets.TestClientData(data)
+  )
+
+
+@pytest.mark.parametrize('name', ['fedprox', 'qffl', 'deltafl'])
+def test_size_groups_leave_every_client_result_unchanged(spread_task, name):
+  client, server = sgd(), sgd(1.0)
+  if name == 'fedprox':
+    process = fed_prox.build_fed_prox(
+        spread_task.model_fn, client, server, proximal_strength=0.1
+    )
+    algorithm = batched.BatchedAlgorithm(
+        'fedprox', client, server, proximal_strength=0.1
+    )
+  elif name == 'qffl':
+    process = q_ffl.build_q_fedavg(
+        spread_task.model_fn, client, q=1.0, lipschitz_constant=1.0 / LR
+    )
+    algorithm = batched.BatchedAlgorithm(
+        'qffl', client, q=1.0, lipschitz_constant=1.0 / LR
+    )
+  else:  # Filtered-out clients: whole groups may do no step.
+    process = delta_fl.build_delta_fl(spread_task.model_fn, client, theta=0.5)
+    algorithm = batched.BatchedAlgorithm('deltafl', client, theta=0.5)
+  runs = {}
+  for grouped in (True, False):
+    engine = stacked.StackedEngine(
+        spread_task.model_fn,
+        spread_task.preprocess_train,
+        spread_task.train_data,
+        algorithm,
+        vectorize=True,
+        group_by_size=grouped,
+    )
+    tff_s, fast_s, tm, fm = engine_runs.run_both(
+        spread_task, process, engine, rounds=2, epochs=2
+    )
+    runs[grouped] = (fast_s, engine.last_padding)
+    assert_same(process, tff_s, fast_s, tm, fm, TRAIN_KEYS)
+  (g_state, (real, g_slots)), (u_state, (real_u, u_slots)) = (
+      runs[True],
+      runs[False],
+  )
+  assert real == real_u == 2 * (4 + 400 + 7 + 60)
+  # Padded slots: grouped 5 * (2 * 4 + 2 * 24 ... ) against 4 clients x 160.
+  assert u_slots == 4 * 160 * 5 and g_slots < 0.45 * u_slots
+  for a, b in zip(
+      composition.model_weights_as_numpy(process, g_state),
+      composition.model_weights_as_numpy(process, u_state),
+  ):
+    np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)

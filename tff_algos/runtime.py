@@ -159,6 +159,27 @@ def _signal_handler(signum, frame):
   os.kill(os.getpid(), signum)
 
 
+def _is_worker_channel_error(exc_type) -> bool:
+  """An error of TFF's executors or gRPC: what a call to a worker ended by
+  a signal raises (TFF's `RetryableGRPCError`)."""
+  module = getattr(exc_type, '__module__', None) or ''
+  return module.startswith(('tensorflow_federated.', 'grpc'))
+
+
+def _quiet_after_signal(previous):
+  """An unraisable-exception hook: after a signal, the worker channel's
+  errors (raised in a finalizer or a gRPC callback while the process ends,
+  "Exception ignored ... RetryableGRPCError") are dropped; anything else,
+  and anything before a signal, goes to `previous`."""
+
+  def hook(unraisable):
+    if _interrupted and _is_worker_channel_error(unraisable.exc_type):
+      return
+    previous(unraisable)
+
+  return hook
+
+
 def install_worker_cleanup() -> None:
   """Ends this process's TFF workers at exit and on SIGTERM/SIGINT/SIGHUP."""
   global _installed
@@ -166,6 +187,7 @@ def install_worker_cleanup() -> None:
     return
   _installed = True
   atexit.register(end_all_workers)
+  sys.unraisablehook = _quiet_after_signal(sys.unraisablehook)
   for signum in (signal.SIGTERM, signal.SIGHUP):
     if signal.getsignal(signum) in (signal.SIG_DFL, None):
       signal.signal(signum, _signal_handler)

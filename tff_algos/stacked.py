@@ -27,13 +27,19 @@ the Keras `VariableModel` (metrics, variable assignments) at every step.
 * **Clients together.** With `vectorize=True` (the default for models
   without convolutions) every client's weights are stacked on a leading
   client axis and one `tf.while_loop` runs all clients' step `t` at once
-  (`tf.vectorized_map` of the functional forward pass over the clients; one
-  gradient of the sum of the clients' losses gives each client its own
-  gradient). Batches are padded to the
-  batch size and clients to the longest client's step count and masked: a
-  padded example has weight 0 in its client's loss and metrics, and a step
-  with no real example leaves that client's weights and optimizer state
-  exactly unchanged (`tf.where` on the step's result). With
+  (`tf.vectorized_map` of the functional forward pass over the clients, or
+  for the recurrent presets the batched matmuls of `tff_algos.stacked_rnn`;
+  one gradient of the sum of the clients' losses gives each client its own
+  gradient). Batches are padded to the batch size and the clients of a
+  group to the group's longest step count, and masked: a padded example has
+  weight 0 in its client's loss and metrics, and a step with no real example
+  leaves that client's weights and optimizer state exactly unchanged
+  (`tf.where` on the step's result). Real clients differ in size by 1,000x,
+  so a round's clients run in size-ordered groups (`size_groups`, with
+  `group_by_size=True`, the default) when that cuts the padded slots by a
+  fifth or more: one vectorized loop per group, the grouping that minimises
+  the modelled work of the padded steps. Each client's result is the same
+  either way (to float rounding: the batched matmuls change shape). With
   `vectorize=False` (the default for models with convolutions) the clients
   run one after another through the same functional step (no padding beyond
   the last partial batch), which is faster for convolutions with per-client
@@ -70,6 +76,7 @@ import tensorflow_federated as tff
 
 from tff_algos import batched
 from tff_algos import client_work as client_work_lib
+from tff_algos import stacked_rnn
 
 ALGORITHMS = batched.ALGORITHMS
 SUPPORTED_METRICS = ('accuracy', 'loss', 'num_examples', 'num_batches')
@@ -262,6 +269,74 @@ def order_stream(
   return ds.batch(2**40).get_single_element()
 
 
+def size_groups(
+    steps, *, step_overhead: float = 2.0
+) -> tuple[np.ndarray, np.ndarray]:
+  """The round's clients in size-ordered groups for the vectorized loop.
+
+  A group of `m` clients runs its longest client's `S` steps for all `m`
+  clients (the shorter ones padded); a step's cost is modelled as
+  `m + step_overhead` client-steps (the loop's per-step work beside the
+  clients' arithmetic). The clients sorted by steps are cut into contiguous
+  groups minimising `sum_g S_g (m_g + step_overhead)` (dynamic programming,
+  O(K^2)); clients of equal sizes stay one group.
+
+  Args:
+    steps: Each client's step count (K,).
+    step_overhead: The per-step cost in client-steps (>= 0).
+
+  Returns:
+    `(order [K] int32: the clients by ascending steps (stable), bounds [G+1]
+    int32: group g is order[bounds[g]:bounds[g + 1]])`.
+  """
+  steps = np.asarray(steps, np.int64)
+  order = np.argsort(steps, kind='stable').astype(np.int32)
+  s = steps[order].astype(np.float64)
+  k = len(s)
+  best = np.zeros(k + 1)
+  cut = np.zeros(k + 1, np.int64)
+  for j in range(1, k + 1):
+    # Group (i, j]: its longest client is s[j - 1] (sorted).
+    i = np.arange(j)
+    cost = best[:j] + s[j - 1] * ((j - i) + step_overhead)
+    cut[j] = int(np.argmin(cost))
+    best[j] = cost[cut[j]]
+  bounds = [k]
+  while bounds[-1] > 0:
+    bounds.append(int(cut[bounds[-1]]))
+  return order, np.asarray(bounds[::-1], np.int32)
+
+
+def padded_slots(steps, order, bounds, batch_size: int) -> int:
+  """Batch slots the vectorized loop runs for these groups (padding too)."""
+  steps = np.asarray(steps, np.int64)[order]
+  return int(
+      sum(
+          (b - a) * steps[a:b].max(initial=0) * batch_size
+          for a, b in zip(bounds[:-1], bounds[1:])
+      )
+  )
+
+
+def round_groups(
+    steps, *, group_by_size: bool = True, min_saving: float = 0.2
+) -> tuple[np.ndarray, np.ndarray]:
+  """The engine's groups for a round: `size_groups` where they cut the
+  padded slots by `min_saving` or more, else one group in cohort order (a
+  cohort of near sizes keeps its one loop, and its results to the last
+  bit)."""
+  k = len(steps)
+  order = np.arange(k, dtype=np.int32)
+  bounds = np.asarray([0, k], np.int32)
+  if group_by_size:
+    grouped = size_groups(steps)
+    if padded_slots(steps, *grouped, 1) <= (1.0 - min_saving) * padded_slots(
+        steps, order, bounds, 1
+    ):
+      return grouped
+  return order, bounds
+
+
 def _server_step(server_opt, opt_state, trainable, update):
   """The optimizer step, rejected (no change) if the update is not finite."""
   trainable = tuple(trainable)
@@ -344,6 +419,8 @@ class StackedEngine:
       *,
       shuffle: bool = True,
       vectorize: Optional[bool] = None,
+      group_by_size: bool = True,
+      rnn_kernels: bool = True,
       shuffle_buffer_size: int = 10_000,
       session_config: Optional[tf.compat.v1.ConfigProto] = None,
   ):
@@ -360,6 +437,12 @@ class StackedEngine:
         them one after another through the same functional step; None
         (default): False for models with convolutions (per-client filters
         make `vectorized_map` fall back to a slow loop), else True.
+      group_by_size: Vectorized: run the round's clients in size-ordered
+        groups (`size_groups`) instead of padding every client to the
+        longest one. Results are the same either way.
+      rnn_kernels: Vectorized: run a recurrent model of
+        `tff_algos.stacked_rnn`'s kind (the Shakespeare presets) as batched
+        matrix products instead of `vectorized_map` over Keras' layers.
       shuffle_buffer_size: The task's shuffle buffer (any size >= every
         client's example count gives the same orders).
       session_config: Optional `tf.compat.v1.ConfigProto`.
@@ -394,6 +477,14 @@ class StackedEngine:
     self.definition = algorithm.definition()  # Built once, not per round.
     check_definition(self.definition)
     self._vectorize_arg = vectorize
+    if not isinstance(group_by_size, bool):
+      raise TypeError(f'group_by_size must be a bool, got {group_by_size!r}')
+    self.group_by_size = group_by_size
+    if not isinstance(rnn_kernels, bool):
+      raise TypeError(f'rnn_kernels must be a bool, got {rnn_kernels!r}')
+    self._rnn_kernels = rnn_kernels
+    self.rnn_forward = None  # Set by _functional_model when it applies.
+    self.last_padding = (0, 0)
     self._shuffle = bool(shuffle)
     self._buffer = shuffle_buffer_size
     self.examples = ClientExamples(client_data, preprocess_train)
@@ -402,6 +493,8 @@ class StackedEngine:
     self._passes = 2 if continued else 1
     functional, loss_none = self._functional_model(model_fn)
     self.vectorize = bool(self._vectorize_arg)
+    if not self.vectorize:
+      self.rnn_forward = None  # Sequential: the functional model's own step.
     # The batch size is the first full batch of a probe of the task's
     # preprocessing (the layout is checked against it on the first round).
     probe = preprocess_train(
@@ -477,6 +570,8 @@ class StackedEngine:
           type(layer).__name__.startswith('Conv')
           for layer in keras_model.submodules
       )
+    if self._rnn_kernels:
+      self.rnn_forward = stacked_rnn.stacked_forward(keras_model)
     functional = tff.learning.models.functional_model_from_keras(
         keras_model, loss, model.input_spec
     )
@@ -537,6 +632,8 @@ class StackedEngine:
     self._train_pos_ph = ph(tf.int64, [None, None, b], 'train_pos')
     self._loss_pos_ph = ph(tf.int64, [None, None, b], 'loss_pos')
     self._steps_ph = ph(tf.int64, [None], 'steps')
+    self._order_ph = ph(tf.int32, [None], 'order')  # size_groups' order.
+    self._bounds_ph = ph(tf.int32, [None], 'bounds')  # and its groups.
     _, self._server_state_ph, self._indices_ph = batched.state_placeholders(
         definition, trainable_specs
     )
@@ -572,6 +669,8 @@ class StackedEngine:
 
     def forward(w_stacked, x):
       """Predictions [K, b, ...] of each client's weights on its batch."""
+      if vectorize and self.rnn_forward is not None:
+        return self.rnn_forward(w_stacked, x)
       if vectorize:
         return tf.vectorized_map(
             lambda a: predict(a[0], a[1], True),
@@ -696,6 +795,39 @@ class StackedEngine:
 
     client_pass = gradient_at if gradient_work else train
 
+    def grouped_pass(w0, x_all, y_all, idx, valid, steps, proximal, decay):
+      """`client_pass` over size-ordered groups, each to its longest steps."""
+      order, bounds = self._order_ph, self._bounds_ph
+      idx_s = tf.gather(idx, order, axis=1)
+      valid_s = tf.gather(valid, order, axis=1)
+      steps_s = tf.cast(tf.gather(steps, order), tf.int32)
+      g_count = tf.size(bounds) - 1
+      new_ta = lambda dtype: tf.TensorArray(
+          dtype, size=g_count, infer_shape=False
+      )
+      deltas = [new_ta(s.dtype) for s in trainable_specs]
+      sums = [new_ta(tf.float32) for _ in range(4)]
+      for g in tf.range(g_count):
+        a, b = bounds[g], bounds[g + 1]
+        s = tf.reduce_max(steps_s[a:b])
+        d, m = client_pass(
+            w0,
+            x_all,
+            y_all,
+            idx_s[:s, a:b],
+            valid_s[:s, a:b],
+            proximal,
+            decay,
+        )
+        deltas = [ta.write(g, v) for ta, v in zip(deltas, d)]
+        sums = [ta.write(g, v) for ta, v in zip(sums, m)]
+      back = tf.math.invert_permutation(order)
+      unsort = lambda ta: tf.gather(ta.concat(), back)
+      return (
+          tuple(unsort(ta) for ta in deltas),
+          tuple(unsort(ta) for ta in sums),
+      )
+
     def train_clients(
         w0, x_all, y_all, idx, valid, steps, proximal=0.0, decay=0.0
     ):
@@ -704,7 +836,9 @@ class StackedEngine:
       The deltas of local training, or the gradients of `gradient_at`.
       """
       if vectorize:
-        return client_pass(w0, x_all, y_all, idx, valid, proximal, decay)
+        return grouped_pass(
+            w0, x_all, y_all, idx, valid, steps, proximal, decay
+        )
       k_count = tf.shape(idx)[1]
       deltas = [tf.TensorArray(s.dtype, size=k_count) for s in trainable_specs]
       sums = [tf.TensorArray(tf.float32, size=k_count) for _ in range(4)]
@@ -976,6 +1110,12 @@ class StackedEngine:
     )
     train_pos, steps = layout(1 if self._passes == 2 else 0)
     loss_pos = layout(0)[0] if self._passes == 2 else train_pos[:0]
+    order, bounds = round_groups(steps, group_by_size=self.group_by_size)
+    # (real examples, batch slots run) of this round's training pass.
+    self.last_padding = (
+        int((train_pos >= 0).sum()),
+        padded_slots(steps, order, bounds, self.batch_size),
+    )
     feed = batched.weights_and_state_feed(
         self._weights_ph, self._opt_state_ph, weights, server_state
     )
@@ -987,6 +1127,8 @@ class StackedEngine:
             self._train_pos_ph: train_pos,
             self._loss_pos_ph: loss_pos,
             self._steps_ph: steps,
+            self._order_ph: order,
+            self._bounds_ph: bounds,
             self._seeds_ph: np.asarray(seeds, np.int64),
             self._sizes_ph: sizes,
             self._epochs_ph: epochs,

@@ -27,8 +27,10 @@ batches), interleaved round by round in a rotating order:
 * `tff`: our `LearningProcess` through TFF's runtime (`process.next`);
 * `batched`: `tff_algos.batched.BatchedEngine` (one TF call per round);
 * `stacked` and `stacked_seq`: `tff_algos.stacked.StackedEngine`, the
-  round's clients trained together (vectorized) or one after another
-  through the same functional step (`--stacked_modes`); models the engine
+  round's clients trained together (vectorized; recurrent presets as the
+  batched matmuls of `tff_algos.stacked_rnn`) or one after another through
+  the same functional step, and `stacked_vmap`, vectorized with
+  `vectorized_map` over Keras' layers (`--stacked_modes`); models the engine
   does not run (the LSTM's per-token labels) are left out with a note;
 * `stock` (fedavg only): TFF's `build_weighted_fed_avg`;
 * `plain` (fedavg only): a plain graph-mode SGD loop on the same Keras
@@ -107,6 +109,14 @@ MODELS = (
 # The window models: their `tasks.shakespeare_leaf` preset.
 _PRESETS = {'shakespeare_gru': 'deltafl', 'shakespeare_lstm_leaf': 'fedprox'}
 ALGORITHMS = algorithms.ALGORITHM_NAMES
+# --stacked_modes -> the system's suffix: vectorized (with the recurrent
+# kernels of tff_algos.stacked_rnn where the model has them), sequential,
+# and vectorized_map (vectorized, recurrent layers through vectorized_map).
+_STACKED_SUFFIX = {
+    'vectorized': '',
+    'sequential': '_seq',
+    'vectorized_map': '_vmap',
+}
 
 # Flags are defined at start-up only: absl flags are global, and the test
 # suite and the API-docs build import several binaries into one process.
@@ -120,12 +130,13 @@ _OUTPUT = None
 _STACKED_MODES = None
 _STACKED_ONLY = None
 _DITTO_LAMBDA = None
+_EXAMPLES = None
 
 
 def define_flags() -> None:
   """Defines the command-line flags."""
   global _MODELS, _ALGORITHMS, _ROUNDS, _WARMUP, _CLIENTS, _NUM_CLIENTS
-  global _OUTPUT, _STACKED_MODES, _STACKED_ONLY, _DITTO_LAMBDA
+  global _OUTPUT, _STACKED_MODES, _STACKED_ONLY, _DITTO_LAMBDA, _EXAMPLES
   _MODELS = flags.DEFINE_list('models', list(MODELS), 'Models to time.')
   _ALGORITHMS = flags.DEFINE_list(
       'algorithms',
@@ -138,13 +149,20 @@ def define_flags() -> None:
   _ROUNDS = flags.DEFINE_integer('rounds', 6, 'Timed rounds per system.')
   _WARMUP = flags.DEFINE_integer('warmup_rounds', 2, 'Untimed rounds first.')
   _CLIENTS = flags.DEFINE_integer('clients_per_round', 10, 'Clients per round.')
+  _EXAMPLES = flags.DEFINE_integer(
+      'examples_per_client',
+      None,
+      "Examples of each generated client (default: the model's own, e.g. "
+      '64 windows for shakespeare_gru).',
+  )
   _NUM_CLIENTS = flags.DEFINE_integer('num_clients', 100, 'Population.')
   _OUTPUT = flags.DEFINE_string('output_json', None, 'Write every number here.')
   _STACKED_MODES = flags.DEFINE_list(
       'stacked_modes',
       ['vectorized', 'sequential'],
       'Stacked-engine systems to time: vectorized (`stacked`), sequential '
-      '(`stacked_seq`); empty for none.',
+      '(`stacked_seq`), vectorized_map (`stacked_vmap`: recurrent layers '
+      'through vectorized_map, not tff_algos.stacked_rnn); empty for none.',
   )
   _STACKED_ONLY = flags.DEFINE_boolean(
       'stacked_only',
@@ -534,11 +552,14 @@ def run_model(
           _RunAs(process, task),  # Its own client states.
       ]
     for mode in stacked_modes:
-      key = f'{name}/stacked' + ('' if mode == 'vectorized' else '_seq')
+      key = f'{name}/stacked' + _STACKED_SUFFIX[mode]
       try:
         engine = engines.build_stacked_engine(
-            spec, task, vectorize=(mode == 'vectorized')
-        )  # Both, explicitly.
+            spec,
+            task,
+            vectorize=(mode != 'sequential'),  # Each mode explicitly.
+            rnn_kernels=(mode == 'vectorized'),
+        )
       except stacked.StackedEngineError as e:
         log(f'{model}: no {key}: {e}')
         continue
@@ -757,12 +778,14 @@ def main(argv) -> int:
   bad = (
       [m for m in _MODELS.value if m not in MODELS]
       + [a for a in _ALGORITHMS.value if a not in ALGORITHMS]
-      + [
-          m
-          for m in _STACKED_MODES.value
-          if m not in ('vectorized', 'sequential')
-      ]
+      + [m for m in _STACKED_MODES.value if m not in _STACKED_SUFFIX]
   )
+  if _EXAMPLES.value is not None:
+    if _EXAMPLES.value < 1:
+      bad.append(f'--examples_per_client={_EXAMPLES.value}')
+    else:
+      for model in list(_SIZES):
+        _SIZES[model] = (_EXAMPLES.value,) + _SIZES[model][1:]
   if (
       bad
       or _ROUNDS.value < 1
@@ -772,8 +795,9 @@ def main(argv) -> int:
   ):
     print(
         f'bench_suite: error: --models in {MODELS}, --algorithms in '
-        f'{ALGORITHMS} including fedavg, --stacked_modes in vectorized, '
-        'sequential, --rounds >= 1, --ditto_lambda >= 0',
+        f'{ALGORITHMS} including fedavg, --stacked_modes in '
+        f'{", ".join(_STACKED_SUFFIX)}, --rounds >= 1, --ditto_lambda >= 0, '
+        '--examples_per_client >= 1',
         file=sys.stderr,
     )
     return 2

@@ -1,0 +1,55 @@
+"""run.benchmarks.bench_padding: the padding a vectorized round runs."""
+
+import re
+
+from run.benchmarks import bench_padding
+from tasks import shakespeare_text
+from tests import binary
+
+
+def test_cohort_padding_counts_slots_both_ways():
+  # Batch 5: steps 1, 80, 2, 12; one group pads all four to 80 steps.
+  got = bench_padding.cohort_padding([4, 400, 7, 60], 5)
+  assert got['real'] == 471
+  assert got['padded_slots'] == 4 * 80 * 5
+  # Size groups {4, 7} (2 steps), {60} (12), {400} (80).
+  assert got['grouped_slots'] == 5 * (2 * 2 + 12 + 80)
+  assert got['groups'] == 3
+  # Equal clients: one group, the same slots.
+  same = bench_padding.cohort_padding([32, 32, 32], 16)
+  assert same['padded_slots'] == same['grouped_slots'] == 96
+  assert same['groups'] == 1
+
+
+def test_real_roles_and_bad_flags(tmp_path):
+  data = tmp_path / 'data'
+  shakespeare_text.build(str(data))
+  code, stdout, stderr = binary.run_module(
+      'run.benchmarks.bench_padding',
+      [f'--data_dir={data}', '--presets=deltafl', '--rounds=20'],
+  )
+  assert code == 0, stderr[-2000:]
+  rows = [l for l in stdout.splitlines() if l.startswith('| deltafl |')]
+  assert [r.split('|')[2].strip() for r in rows] == ['all', '200']
+  for row in rows:
+    padded, grouped = (
+        float(v) for v in re.findall(r'\| ([0-9.]+)% \(median', row)
+    )
+    assert 0 <= grouped <= padded < 100
+  uncapped = rows[0]
+  assert float(re.findall(r'\| ([0-9.]+)% \(median', uncapped)[0]) > 50
+  results = binary.call_main_in_subprocess(
+      'run.benchmarks.bench_padding',
+      'bench_padding',
+      [
+          [],
+          [f'--data_dir={tmp_path / "missing"}'],
+          [f'--data_dir={data}', '--presets=nope'],
+          [f'--data_dir={data}', '--max_examples_per_client=x'],
+          [f'--data_dir={data}', 'stray'],
+      ],
+  )
+  for code, err in results:
+    assert code == 2, err
+    lines = binary.error_lines(err)
+    assert len(lines) == 1 and lines[0].startswith('bench_padding: error:'), err

@@ -104,6 +104,7 @@ def build_stacked_engine(
     shuffle: bool = True,
     vectorize: Optional[bool] = None,
     rnn_kernels: bool = True,
+    group_by_size: bool = False,
 ) -> stacked.StackedEngine:
   """The stacked engine running `spec` on `task`.
 
@@ -116,6 +117,7 @@ def build_stacked_engine(
       the same functional step; None: by the model, see `StackedEngine`).
     rnn_kernels: As `StackedEngine`'s (False: `vectorized_map` over Keras'
       recurrent layers, for comparison).
+    group_by_size: As `StackedEngine`'s (size-ordered groups of clients).
 
   Returns:
     A `StackedEngine`.
@@ -133,6 +135,7 @@ def build_stacked_engine(
       shuffle=shuffle,
       vectorize=vectorize,
       rnn_kernels=rnn_kernels,
+      group_by_size=group_by_size,
   )
 
 

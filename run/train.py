@@ -384,6 +384,14 @@ _ENGINE = flags.DEFINE_string(
     '(x, y) tasks such as synthetic and emnist; same result, simulation '
     'only; see docs/performance.md).',
 )
+_SIZE_GROUPS = flags.DEFINE_boolean(
+    'stacked_size_groups',
+    False,
+    "stacked: run a round's clients in size-ordered groups where that saves "
+    'a fifth of the padded batch slots (clients of very unequal sizes, e.g. '
+    'full Shakespeare roles: run.benchmarks.bench_padding); the same result '
+    'to float rounding, which long runs can amplify.',
+)
 _WORKERS = flags.DEFINE_list(
     'workers',
     [],
@@ -911,7 +919,12 @@ def prepare(writer: str = 'train'):
   if _ENGINE.value == 'batched':
     engine = engines.build_batched_engine(spec, task, shuffle=config.shuffle)
   elif _ENGINE.value == 'stacked':
-    engine = engines.build_stacked_engine(spec, task, shuffle=config.shuffle)
+    engine = engines.build_stacked_engine(
+        spec,
+        task,
+        shuffle=config.shuffle,
+        group_by_size=_SIZE_GROUPS.value,
+    )
   # Last: bad input is reported before a busy or foreign folder.
   run_dir.check_available(out_dir, writer)
   run_dir.check_run_files(out_dir, writer)

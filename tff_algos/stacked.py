@@ -35,11 +35,13 @@ the Keras `VariableModel` (metrics, variable assignments) at every step.
   weight 0 in its client's loss and metrics, and a step with no real example
   leaves that client's weights and optimizer state exactly unchanged
   (`tf.where` on the step's result). Real clients differ in size by 1,000x,
-  so a round's clients run in size-ordered groups (`size_groups`, with
-  `group_by_size=True`, the default) when that cuts the padded slots by a
-  fifth or more: one vectorized loop per group, the grouping that minimises
-  the modelled work of the padded steps. Each client's result is the same
-  either way (to float rounding: the batched matmuls change shape). With
+  so with `group_by_size=True` (`run.train --stacked_size_groups`) a
+  round's clients run in size-ordered groups (`size_groups`) when that cuts
+  the padded slots by a fifth or more: one vectorized loop per group, the
+  grouping that minimises the modelled work of the padded steps. Each
+  client's result is the same either way to float rounding (the batched
+  matmuls change shape); as long runs can amplify rounding, it is off by
+  default. With
   `vectorize=False` (the default for models with convolutions) the clients
   run one after another through the same functional step (no padding beyond
   the last partial batch), which is faster for convolutions with per-client
@@ -419,7 +421,7 @@ class StackedEngine:
       *,
       shuffle: bool = True,
       vectorize: Optional[bool] = None,
-      group_by_size: bool = True,
+      group_by_size: bool = False,
       rnn_kernels: bool = True,
       shuffle_buffer_size: int = 10_000,
       session_config: Optional[tf.compat.v1.ConfigProto] = None,
@@ -438,8 +440,10 @@ class StackedEngine:
         (default): False for models with convolutions (per-client filters
         make `vectorized_map` fall back to a slow loop), else True.
       group_by_size: Vectorized: run the round's clients in size-ordered
-        groups (`size_groups`) instead of padding every client to the
-        longest one. Results are the same either way.
+        groups (`round_groups`) instead of padding every client to the
+        longest one. The same results to float rounding (batched matmuls of
+        other shapes), which a long run can amplify: off by default, so
+        recorded runs rerun to the same numbers.
       rnn_kernels: Vectorized: run a recurrent model of
         `tff_algos.stacked_rnn`'s kind (the Shakespeare presets) as batched
         matrix products instead of `vectorized_map` over Keras' layers.

@@ -13,9 +13,9 @@ client's steps, every batch padded to the batch size
 0: all of a role's windows), this samples `--rounds` cohorts of
 `--clients_per_round` training roles as `run.simulation` does and counts the
 batch slots a one-epoch round runs against its real windows: all clients
-padded to the longest one (`group_by_size=False`), and as the engine runs it
-by default (`stacked.round_groups`: size-ordered groups where they save a
-fifth of the slots). Arithmetic only: nothing is
+padded to the longest one (the engine's default), and as it runs them with
+`run.train --stacked_size_groups` (`stacked.round_groups`: size-ordered
+groups where they save a fifth of the slots). Arithmetic only: nothing is
 trained, so it runs in seconds beside anything.
 """
 
@@ -132,8 +132,8 @@ def main(argv) -> int:
   runtime.install_worker_cleanup()
   print(
       '| preset | windows per role | training roles | windows min / median /'
-      ' max | waste, padded to the longest | waste, engine default (size groups) | slots, '
-      'groups / padded | groups per round |'
+      ' max | waste, padded to the longest | waste, --stacked_size_groups |'
+      ' slots, groups / padded | groups per round |'
   )
   print('|---|---|---:|---|---:|---:|---:|---:|')
   for preset in _PRESETS.value:

@@ -239,7 +239,7 @@ SETTINGS = {
             batch_size=16,
             learning_rate=1.0,
         ),
-        'a seeded 100 of the 1,106 eligible roles (50 training, 50 unseen), '
+        'a seeded 100 of the 1,038 eligible roles (50 training, 50 unseen), '
         "each role's first 200 windows, GRU 32 (the paper: GRU 128, all "
         'roles), 10 roles per round, 60 rounds (the paper: 100 per round, '
         '600 rounds), one epoch, batch 16, lr 1 (the paper: 0.1, over 600 '

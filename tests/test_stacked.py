@@ -412,19 +412,24 @@ def test_binary_stacked_run_equals_tff_run(tmp_path):
       '--eval_train_clients=false',
   ]
   tables = {}
-  for engine in ('tff', 'stacked'):
+  runs = {
+      'tff': ['--simulation_engine=tff'],
+      'stacked': ['--simulation_engine=stacked'],
+      'groups': ['--simulation_engine=stacked', '--stacked_size_groups'],
+  }
+  for name, flags in runs.items():
     code, _, stderr = binary.run_train(
-        args + [f'--simulation_engine={engine}', f'--experiment_name={engine}'],
-        tmp_path,
+        args + flags + [f'--experiment_name={name}'], tmp_path
     )
     assert code == 0, stderr[-2000:]
-    path = tmp_path / engine / 'clients' / 'round_00003.csv'
+    path = tmp_path / name / 'clients' / 'round_00003.csv'
     rows = [line.split(',') for line in path.read_text().splitlines()[1:]]
-    tables[engine] = np.array([[float(v) for v in row[2:]] for row in rows])
+    tables[name] = np.array([[float(v) for v in row[2:]] for row in rows])
   assert tables['tff'].shape == (8, 3)
-  np.testing.assert_allclose(
-      tables['stacked'], tables['tff'], rtol=1e-5, atol=1e-6
-  )
+  for name in ('stacked', 'groups'):
+    np.testing.assert_allclose(
+        tables[name], tables['tff'], rtol=1e-5, atol=1e-6, err_msg=name
+    )
 
 
 def _brute_force_groups_cost(steps, overhead):

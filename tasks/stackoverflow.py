@@ -222,7 +222,7 @@ def create_tag_model_fn(
                 kernel_initializer=tf.keras.initializers.GlorotUniform(
                     seed=seed * 64 + 1
                 ),
-            )
+            ),
         ]
     )
     return tff.learning.models.from_keras_model(

@@ -98,19 +98,27 @@ def _bmm(a, w):
   return tf.linalg.matmul(a, w)
 
 
-def _gru(inputs, kernel, recurrent, bias, return_sequences):
-  """Keras' GRU (reset_after) over `inputs [K, B, H, I]`."""
+def _projected_steps(inputs, kernel, bias, units):
+  """`(steps, zero state)`: every step's input projection `[K, B, G]` of
+  `inputs [K, B, H, I]` (one batched matmul for all H steps, plus `bias
+  [K, G]`) and a zero `[K, B, units]` state."""
   k, b = tf.unstack(tf.shape(inputs)[:2])
   h = inputs.shape[2]  # Static: the loop is unrolled over it.
-  units = recurrent.shape[1]
   flat = tf.reshape(inputs, [k, b * h, -1])
-  projected = tf.reshape(_bmm(flat, kernel), [k, b, h, 3 * units])
-  projected += bias[:, 0][:, None, None, :]
+  projected = tf.reshape(_bmm(flat, kernel), [k, b, h, -1])
+  projected += bias[:, None, None, :]
   # Per-step slices by one unstack: a strided slice per step would make the
   # gradient add a full-size zero tensor per step.
   steps = tf.unstack(projected, axis=2)
+  return steps, tf.zeros([k, b, units], inputs.dtype)
+
+
+def _gru(inputs, kernel, recurrent, bias, return_sequences):
+  """Keras' GRU (reset_after) over `inputs [K, B, H, I]`."""
+  steps, state = _projected_steps(
+      inputs, kernel, bias[:, 0], recurrent.shape[1]
+  )
   recurrent_bias = bias[:, 1][:, None, :]
-  state = tf.zeros([k, b, units], inputs.dtype)
   outputs = []
   for step in steps:
     x_z, x_r, x_h = tf.split(step, 3, axis=-1)
@@ -126,15 +134,8 @@ def _gru(inputs, kernel, recurrent, bias, return_sequences):
 
 def _lstm(inputs, kernel, recurrent, bias, return_sequences):
   """Keras' LSTM over `inputs [K, B, H, I]`."""
-  k, b = tf.unstack(tf.shape(inputs)[:2])
-  h = inputs.shape[2]  # Static: the loop is unrolled over it.
-  units = recurrent.shape[1]
-  flat = tf.reshape(inputs, [k, b * h, -1])
-  projected = tf.reshape(_bmm(flat, kernel), [k, b, h, 4 * units])
-  projected += bias[:, None, None, :]
-  steps = tf.unstack(projected, axis=2)
-  state = tf.zeros([k, b, units], inputs.dtype)
-  carry = tf.zeros([k, b, units], inputs.dtype)
+  steps, state = _projected_steps(inputs, kernel, bias, recurrent.shape[1])
+  carry = tf.zeros_like(state)
   outputs = []
   for step in steps:
     z = step + _bmm(state, recurrent)

@@ -65,6 +65,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from run import algorithms
+from run import atomic
 from run import console
 from run import run_dir
 from run import simulation
@@ -442,22 +443,10 @@ def check_config(output_dir: str, settings: Mapping[str, Any]) -> None:
 
 def save_config(output_dir: str, settings: Mapping[str, Any]) -> None:
   """Writes `program_config.json` (whole or not at all)."""
-  write_atomically(
+  atomic.write_text(
       os.path.join(output_dir, PROGRAM_CONFIG),
       json.dumps(dict(settings), indent=2, sort_keys=True, default=str),
   )
-
-
-def write_atomically(path: str, text: str) -> None:
-  """Writes `text` to `path` through a temporary file and a rename."""
-  temp = f'{path}.tmp-{os.getpid()}'
-  try:
-    with open(temp, 'w', encoding='utf-8', newline='') as f:
-      f.write(text)
-    os.replace(temp, path)
-  finally:
-    if os.path.lexists(temp):
-      os.remove(temp)
 
 
 def create_context(
@@ -821,7 +810,7 @@ def write_per_client(
           if k != 'client_id'
       )
   )
-  with open(path, 'w', newline='') as f:
+  with atomic.open_for_replace(path, newline='') as f:
     writer = csv.writer(f)
     writer.writerow(['split', 'client_id'] + names)
     for split, values in per_client.items():
@@ -837,18 +826,17 @@ def write_per_client(
                 for n in names
             ]
         )
-  with open(os.path.join(output_dir, 'summary.json'), 'w') as f:
-    json.dump(
-        {
-            'round_num': round_num,
-            'task': task.description,
-            'summaries': summaries,
-        },
-        f,
-        indent=2,
-        default=float,
-    )
-  with open(os.path.join(output_dir, 'summary.txt'), 'w') as f:
+  atomic.write_json(
+      os.path.join(output_dir, 'summary.json'),
+      {
+          'round_num': round_num,
+          'task': task.description,
+          'summaries': summaries,
+      },
+      indent=2,
+      default=float,
+  )
+  with atomic.open_for_replace(os.path.join(output_dir, 'summary.txt')) as f:
     f.write(f'{task.description}; after round {round_num}\n')
     f.write(simulation.summary_table(summaries) + '\n')
   return {'final_summaries': summaries, 'per_client': per_client}

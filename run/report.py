@@ -37,6 +37,8 @@ from matplotlib import figure as mpl_figure
 from matplotlib import pyplot as plt
 import numpy as np
 
+from run import atomic
+
 FIGURES = ('accuracy.png', 'loss.png', 'error_histogram.png', 'client_size.png')
 # Rows of the summary table: (summary key, statistic, column title).
 TABLE_COLUMNS = (
@@ -289,7 +291,7 @@ def _colors(n: int):
 def _finish(fig: mpl_figure.Figure, path: Optional[str]) -> mpl_figure.Figure:
   fig.tight_layout()
   if path is not None:
-    fig.savefig(path, dpi=100)
+    atomic.save_figure(fig, path, dpi=100)
     plt.close(fig)
   return fig
 
@@ -526,8 +528,7 @@ def write_report(
   plot_curves(runs, 'loss', paths['loss.png'])
   plot_error_histogram(runs, paths['error_histogram.png'])
   plot_client_size(runs, paths['client_size.png'])
-  with open(paths['summary.md'], 'w') as f:
-    f.write(summary_markdown(runs))
+  atomic.write_text(paths['summary.md'], summary_markdown(runs))
   return paths
 
 

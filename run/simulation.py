@@ -35,6 +35,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from run import atomic
 from run import run_dir
 from tasks import base as task_base
 from tasks import evaluation
@@ -545,7 +546,7 @@ def summarize(
 
 
 def _write_client_csv(path: str, per_client) -> None:
-  with open(path, 'w', newline='') as f:
+  with atomic.open_for_replace(path, newline='') as f:
     writer = None
     for split, values in per_client.items():
       names = [k for k in values if k != 'client_id']
@@ -673,8 +674,7 @@ def _run_simulation(
             f'the checkpoint is already at round {start_round - 1} >= '
             f'total_rounds={config.total_rounds}; evaluating it only'
         )
-    with open(outputs.config_path, 'w') as f:
-      json.dump(hparams, f, indent=2, sort_keys=True)
+    atomic.write_json(outputs.config_path, hparams, indent=2, sort_keys=True)
   if store is not None:
     store.restore(start_round - 1)
 
@@ -835,17 +835,16 @@ def _set_up_attack(process, task, config, outputs):
         list(task.train_data.client_ids), attack.fraction, attack.seed
     )
     if outputs:
-      with open(os.path.join(outputs.dir, 'attack.json'), 'w') as f:
-        json.dump(
-            {
-                'kind': attack.kind,
-                'fraction': attack.fraction,
-                'seed': attack.seed,
-                'corrupted': sorted(corrupted),
-            },
-            f,
-            indent=2,
-        )
+      atomic.write_json(
+          os.path.join(outputs.dir, 'attack.json'),
+          {
+              'kind': attack.kind,
+              'fraction': attack.fraction,
+              'seed': attack.seed,
+              'corrupted': sorted(corrupted),
+          },
+          indent=2,
+      )
   if attack.kind == 'label_poison':
     task = dataclasses.replace(
         task,
@@ -1094,9 +1093,10 @@ def _write_summary(
   }
   if extra:
     record['extra'] = dict(extra)
-  with open(os.path.join(outputs.dir, 'summary.json'), 'w') as f:
-    json.dump(record, f, indent=2, default=float)
-  with open(os.path.join(outputs.dir, 'summary.txt'), 'w') as f:
+  atomic.write_json(
+      os.path.join(outputs.dir, 'summary.json'), record, indent=2, default=float
+  )
+  with atomic.open_for_replace(os.path.join(outputs.dir, 'summary.txt')) as f:
     f.write(f'{task.description}; after round {round_num}\n')
     f.write(summary_table(summaries) + '\n')
     for key, value in (extra or {}).items():

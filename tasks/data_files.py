@@ -45,6 +45,7 @@ from collections.abc import Mapping, Sequence
 import dataclasses
 import json
 import os
+import shutil
 import sqlite3
 import tarfile
 from typing import Optional
@@ -164,19 +165,32 @@ def find(data_file: DataFile, data_dir: Optional[str]) -> str:
 
 
 def _extract_member(archive: str, member: str, directory: str) -> None:
-  with tarfile.open(archive, 'r:bz2') as tar:
-    names = {os.path.normpath(m.name): m for m in tar.getmembers()}
-    info = names.get(member)
-    if info is None or not info.isfile():
-      raise base.TaskError(
-          f'archive {archive} does not hold a file {member!r} '
-          f'(found {sorted(names)[:5]})'
-      )
-    with (
-        tar.extractfile(info) as src,
-        open(os.path.join(directory, member), 'wb') as dst,
-    ):
-      dst.write(src.read())
+  """Extracts `member` of a .tar.bz2 into `directory`, whole or not at all."""
+  final = os.path.join(directory, member)
+  # Under a temporary name, renamed when whole: a killed or failed extraction
+  # must not leave a partial file that the next run would take as the data.
+  temp = f'{final}.tmp-{os.getpid()}'
+  try:
+    with tarfile.open(archive, 'r:bz2') as tar:
+      names = {os.path.normpath(m.name): m for m in tar.getmembers()}
+      info = names.get(member)
+      if info is None or not info.isfile():
+        raise base.TaskError(
+            f'archive {archive} does not hold a file {member!r} '
+            f'(found {sorted(names)[:5]})'
+        )
+      with tar.extractfile(info) as src, open(temp, 'wb') as dst:
+        shutil.copyfileobj(src, dst, 1 << 20)
+    os.replace(temp, final)
+  except (tarfile.TarError, EOFError, OSError) as e:
+    raise base.TaskError(
+        f'cannot extract {member!r} from {archive} '
+        f'({type(e).__name__}: {e}); if the archive is damaged, delete it '
+        'and download it again'
+    ) from e
+  finally:
+    if os.path.exists(temp):
+      os.remove(temp)
 
 
 def sql_example_counts(

@@ -73,6 +73,39 @@ def test_find_sqlite_and_counts_layouts(tmp_path):
   assert data_files.read_tag_counts(extracted) == {'t': 1}
 
 
+def test_an_archive_is_extracted_whole_or_not_at_all(tmp_path, monkeypatch):
+  directory = str(tmp_path)
+  final = os.path.join(directory, 'stackoverflow.tag_count')
+  archive = sqlite_fixtures.write_tag_counts(
+      directory, {f'tag{i}': i for i in range(20_000)}, archive=True
+  )
+  with open(archive, 'rb') as f:
+    whole = f.read()
+  # A truncated archive: one error line naming it, and no file.
+  with open(archive, 'wb') as f:
+    f.write(whole[: len(whole) // 2])
+  with pytest.raises(base.TaskError, match='cannot extract.*damaged'):
+    data_files.find(data_files.STACKOVERFLOW_TAG_COUNT, directory)
+  assert os.listdir(directory) == ['stackoverflow.tag_count.tar.bz2']
+  # A disk that fills half way: no partial file taken as the data next time.
+  with open(archive, 'wb') as f:
+    f.write(whole)
+  real_copy = data_files.shutil.copyfileobj
+
+  def half_then_full(src, dst, length):
+    del length
+    dst.write(src.read(1000))
+    raise OSError(28, 'No space left on device')
+
+  monkeypatch.setattr(data_files.shutil, 'copyfileobj', half_then_full)
+  with pytest.raises(base.TaskError, match='No space left'):
+    data_files.find(data_files.STACKOVERFLOW_TAG_COUNT, directory)
+  assert os.listdir(directory) == ['stackoverflow.tag_count.tar.bz2']
+  monkeypatch.setattr(data_files.shutil, 'copyfileobj', real_copy)
+  assert data_files.find(data_files.STACKOVERFLOW_TAG_COUNT, directory) == final
+  assert len(data_files.read_tag_counts(final)) == 20_000
+
+
 def test_default_data_dir_is_tff_cache():
   assert data_files.resolve_data_dir(None) == os.path.join(
       os.path.expanduser('~'), '.tff'

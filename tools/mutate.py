@@ -33,6 +33,7 @@ import time
 
 import tensorflow_federated as tff
 
+from run import atomic
 from tff_algos import runtime
 
 # (module, qualified function name, pytest arguments selecting its tests).
@@ -474,8 +475,7 @@ def main(argv=None) -> int:
     if r['status'] == 'survived':
       print(f'SURVIVED {r["target"]}: {r["mutation"]}')
   if args.json:
-    with open(args.json, 'w') as f:
-      json.dump(dict(counts=counts, results=results), f, indent=1)
+    atomic.write_json(args.json, dict(counts=counts, results=results), indent=1)
   runtime.kill_workers()
   return 0
 

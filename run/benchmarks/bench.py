@@ -56,7 +56,6 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import contextlib
 import dataclasses
-import json
 import math
 import platform
 import statistics
@@ -75,6 +74,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from run import algorithms
+from run import atomic
 from run import console
 from run import simulation
 from tasks import base as task_base
@@ -723,8 +723,7 @@ def main(argv) -> int:
       return 130
     print(format_table(result))
     if output_json:
-      with open(output_json, 'w') as f:
-        json.dump(result, f, indent=2)
+      atomic.write_json(output_json, result, indent=2)
       print(f'wrote {output_json}')
   finally:
     runtime.kill_workers()

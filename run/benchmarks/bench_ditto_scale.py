@@ -48,7 +48,6 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import collections
 import contextlib
-import json
 import shutil
 import statistics
 import tempfile
@@ -61,6 +60,7 @@ import tensorflow as tf  # Before app.run (see run/benchmarks/bench.py).
 import tensorflow_federated as tff
 
 from run import algorithms
+from run import atomic
 from run.benchmarks import bench
 from run import console
 from run import contexts
@@ -559,8 +559,7 @@ def main(argv) -> int:
   }
   print(format_report(results))
   if _OUTPUT.value:
-    with open(_OUTPUT.value, 'w') as f:
-      json.dump(results, f, indent=1, default=float)
+    atomic.write_json(_OUTPUT.value, results, indent=1, default=float)
   return 0
 
 

@@ -27,7 +27,6 @@ import sys
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
-import json
 import statistics
 import time
 
@@ -35,6 +34,7 @@ from absl import flags
 import tensorflow as tf  # pylint: disable=unused-import  (before app.run)
 
 from run import algorithms
+from run import atomic
 from run.benchmarks import bench
 from run import console
 from run import engines
@@ -262,8 +262,7 @@ def main(argv) -> int:
     print(f'setup {population}: {results[population]["setup"]}')
   print(f'load {results["load_start"]} -> {results["load_end"]}')
   if _OUTPUT.value:
-    with open(_OUTPUT.value, 'w') as f:
-      json.dump(results, f, indent=2, default=float)
+    atomic.write_json(_OUTPUT.value, results, indent=2, default=float)
   return 0
 
 

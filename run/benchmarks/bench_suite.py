@@ -70,7 +70,6 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import collections
 import contextlib
-import json
 import statistics
 import threading
 import time
@@ -82,6 +81,7 @@ import tensorflow as tf  # Before app.run (see run/benchmarks/bench.py).
 import tensorflow_federated as tff
 
 from run import algorithms
+from run import atomic
 from run.benchmarks import bench
 from run import console
 from run import engines
@@ -821,8 +821,7 @@ def main(argv) -> int:
     results['load_end'] = os.getloadavg()
     print(format_table({model: per_model[model]}), flush=True)
     if _OUTPUT.value:  # After each model: a later failure keeps these.
-      with open(_OUTPUT.value, 'w') as f:
-        json.dump(results, f, indent=2, default=float)
+      atomic.write_json(_OUTPUT.value, results, indent=2, default=float)
   print(
       f'load average at start {results["load_start"]}, end '
       f'{results["load_end"]}'

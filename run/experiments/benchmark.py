@@ -66,6 +66,7 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 from absl import flags
 import numpy as np
 
+from run import atomic
 from run import console
 from run import run_dir
 from run.experiments import reproduce
@@ -476,7 +477,7 @@ def execute(args: list[str], rounds: int) -> dict:
   start = time.time()
   summary = reproduce.run_one(args, lambda s: None)
   wall = time.time() - start
-  write_atomically(
+  atomic.write_text(
       os.path.join(path, RECORD),
       json.dumps({'wall_s': round(wall, 1), 'args': list(args)}, indent=1),
   )
@@ -509,20 +510,6 @@ def per_client_accuracy(run_path: str, method: Method, split: str):
         acc.append(float(row[col['accuracy']]))
         num.append(float(row[col['num_examples']]))
   return np.asarray(acc), np.asarray(num)
-
-
-def write_atomically(path: str, data) -> None:
-  """Writes `path` whole or not at all (a temporary file, then a rename)."""
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  temp = f'{path}.tmp-{os.getpid()}'
-  mode = 'wb' if isinstance(data, bytes) else 'w'
-  try:
-    with open(temp, mode) as f:
-      f.write(data)
-    os.replace(temp, path)
-  finally:
-    if os.path.exists(temp):
-      os.remove(temp)
 
 
 # ---------------------------------------------------------------- report
@@ -705,13 +692,7 @@ def write_pictures(results, methods_run, rows, png_cdf, png_diff, splits):
 
 
 def _save(fig, path: str) -> None:
-  temp = f'{path}.tmp-{os.getpid()}.png'
-  try:
-    fig.savefig(temp, dpi=100, format='png')
-    os.replace(temp, path)
-  finally:
-    if os.path.exists(temp):
-      os.remove(temp)
+  atomic.save_figure(fig, path, dpi=100, format='png')
 
 
 # ------------------------------------------------------------------ main
@@ -1146,8 +1127,8 @@ def main(argv) -> int:
       pngs,
       sys.argv,
   )
-  write_atomically(output_md, text)
-  write_atomically(
+  atomic.write_text(output_md, text)
+  atomic.write_text(
       os.path.join(output_dir, 'results.json'),
       json.dumps(
           {

@@ -33,6 +33,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from run import atomic
 from run import console
 from tff_algos import ditto
 from tff_algos import runtime
@@ -258,8 +259,7 @@ def main(argv):
   text = '\n'.join(lines) + '\n'
   print(text)
   if _OUTPUT.value:
-    with open(_OUTPUT.value, 'w') as f:
-      f.write(text)
+    atomic.write_text(_OUTPUT.value, text)
   runtime.kill_workers()
 
 

@@ -36,6 +36,7 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 from absl import flags
 import numpy as np
 
+from run import atomic
 from run import console
 from tasks import fedplus_regression
 
@@ -274,8 +275,7 @@ def main(argv):
   text = '\n'.join(lines) + '\n'
   print(text)
   if _OUTPUT.value:
-    with open(_OUTPUT.value, 'w') as f:
-      f.write(text)
+    atomic.write_text(_OUTPUT.value, text)
   if _BACKEND.value == 'tff':
     from tff_algos import runtime  # pylint: disable=g-import-not-at-top
 

@@ -36,6 +36,7 @@ import time
 from absl import flags
 import numpy as np
 
+from run import atomic
 from run import console
 from run.experiments import reproduce
 from privacy import accounting
@@ -379,8 +380,7 @@ def main(argv) -> int:
     if isinstance(text, int):
       return text
   if _OUTPUT.value:
-    with open(_OUTPUT.value, 'w') as f:
-      f.write(text + '\n')
+    atomic.write_text(_OUTPUT.value, text + '\n')
   print(text)
   runtime.kill_workers()
   runtime.disarm_service_managers()

@@ -54,6 +54,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from run import atomic
 from run import console
 from run import simulation
 from tasks import base
@@ -416,8 +417,7 @@ def main(argv) -> int:
   text = '\n'.join(lines)
   print(text)
   if _OUTPUT.value:
-    with open(_OUTPUT.value, 'w') as f:
-      f.write(text)
+    atomic.write_text(_OUTPUT.value, text)
   runtime.kill_workers()
   return 0
 

@@ -65,6 +65,7 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 from absl import flags
 import numpy as np
 
+from run import atomic
 from run import console
 from run import run_dir
 
@@ -713,13 +714,7 @@ def write_histogram(
   axes[0][0].set_ylabel('clients (pooled over seeds)')
   axes[0][0].legend(fontsize=8)
   fig.tight_layout()
-  temp = f'{path}.tmp-{os.getpid()}'
-  try:
-    fig.savefig(temp, dpi=110, format='png')
-    os.replace(temp, path)
-  finally:
-    with contextlib.suppress(OSError):
-      os.remove(temp)
+  atomic.save_figure(fig, path, dpi=110, format='png')
   plt.close(fig)
 
 
@@ -739,20 +734,6 @@ def check_output_md(path: str) -> None:
   run_dir.check_output_dir(
       os.path.dirname(os.path.abspath(path)), flag='--output_md'
   )
-
-
-def _write_atomically(path: str, text: str) -> None:
-  """Writes `path` whole or not at all (a temporary file, then a rename)."""
-  folder = os.path.dirname(os.path.abspath(path))
-  os.makedirs(folder, exist_ok=True)
-  temp = f'{path}.tmp-{os.getpid()}'
-  try:
-    with open(temp, 'w', encoding='utf-8') as f:
-      f.write(text)
-    os.replace(temp, path)
-  finally:
-    with contextlib.suppress(OSError):
-      os.remove(temp)
 
 
 def main(argv) -> int:
@@ -847,7 +828,7 @@ def main(argv) -> int:
     )
   print(text)
   if FLAGS.output_md:
-    _write_atomically(
+    atomic.write_text(
         FLAGS.output_md,
         text + '\nCommands:\n\n```\n' + '\n'.join(commands) + '\n```\n',
     )

@@ -20,7 +20,7 @@ import itertools
 import json
 import os
 from collections.abc import Iterator
-from typing import IO, Any, Protocol
+from typing import Any, Protocol
 
 _counter = itertools.count()
 _TEMP = '.tmp-'
@@ -56,7 +56,7 @@ def _alive(pid: int) -> bool:
 @contextlib.contextmanager
 def open_for_replace(
     path: str, mode: str = 'w', **open_kwargs: Any
-) -> Iterator[IO[Any]]:
+) -> Iterator[Any]:  # A TextIO for 'w', a BinaryIO for 'wb'.
   """Opens a temporary file that replaces `path` when the block ends cleanly.
 
   Args:

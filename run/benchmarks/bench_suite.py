@@ -69,6 +69,7 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import collections
+import abc
 import contextlib
 import statistics
 import threading
@@ -304,52 +305,72 @@ def _sgd_step(net, loss_fn, variables, learning_rate, x, y):
     v.assign_sub(learning_rate * tf.convert_to_tensor(g))
 
 
-class PlainLoop:
-  """FedAvg rounds as a plain graph-mode SGD loop over preloaded batches."""
+class _GraphLoop(abc.ABC):
+  """A graph-mode loop over preloaded batches: a session, the model's
+  placeholders and weights; subclasses build the loop (`_build`) and say how
+  a round's batches are laid out (`preload`)."""
 
   def __init__(self, model: str, learning_rate: float):
     self._graph = tf.Graph()
     with self._graph.as_default():  # pytype: disable=attribute-error
-      net, loss_fn, self._x, self._y = _graph_model(model)
-      variables = net.trainable_variables
-      self._offsets = tf.compat.v1.placeholder(tf.int64, [None])
-      self._ends = tf.compat.v1.placeholder(tf.int64, [None])
-
-      @tf.function
-      def run(x_all, y_all, offsets, client_ends):
-        initial = [tf.identity(v) for v in variables]
-        acc = [tf.zeros_like(v) for v in variables]
-        total = tf.constant(0.0)
-        n = tf.constant(0.0)
-        current = tf.constant(0, tf.int64)
-        for step in tf.range(tf.size(offsets, out_type=tf.int64) - 1):
-          k = tf.searchsorted(
-              client_ends, [step], side='right', out_type=tf.int64
-          )[0]
-          if tf.not_equal(k, current):
-            acc = [
-                a + n * (w0 - v) for a, w0, v in zip(acc, initial, variables)
-            ]
-            total += n
-            n = tf.constant(0.0)
-            current = k
-            for v, w0 in zip(variables, initial):
-              v.assign(w0)
-          x = x_all[offsets[step] : offsets[step + 1]]
-          y = y_all[offsets[step] : offsets[step + 1]]
-          _sgd_step(net, loss_fn, variables, learning_rate, x, y)
-          n += tf.cast(tf.shape(x)[0], tf.float32)
-        acc = [a + n * (w0 - v) for a, w0, v in zip(acc, initial, variables)]
-        total += n
-        for v, w0, a in zip(variables, initial, acc):
-          v.assign(w0 - a / total)
-        return total
-
-      self._out = run(self._x, self._y, self._offsets, self._ends)
-      self._variables = variables
+      net, loss_fn, x, y = _graph_model(model)
+      self._variables = net.trainable_variables
+      self._out, extra = self._build(net, loss_fn, learning_rate, x, y)
+      self._inputs = (x, y, *extra)
       init = tf.compat.v1.global_variables_initializer()
     self._session = tf.compat.v1.Session(graph=self._graph)
     self._session.run(init)
+
+  @abc.abstractmethod
+  def _build(self, net, loss_fn, learning_rate, x, y):
+    """Returns the round's output tensor and the placeholders after x, y."""
+
+  def weights(self) -> list[np.ndarray]:
+    """The model's trainable weights now."""
+    return self._session.run(self._variables)
+
+  def next(self, batches) -> int:
+    """Runs a round on `preload`'s output; returns its number of examples."""
+    return int(self._session.run(self._out, dict(zip(self._inputs, batches))))
+
+
+class PlainLoop(_GraphLoop):
+  """FedAvg rounds as a plain graph-mode SGD loop over preloaded batches."""
+
+  def _build(self, net, loss_fn, learning_rate, x, y):
+    variables = self._variables
+    offsets = tf.compat.v1.placeholder(tf.int64, [None])
+    ends = tf.compat.v1.placeholder(tf.int64, [None])
+
+    @tf.function
+    def run(x_all, y_all, offsets, client_ends):
+      initial = [tf.identity(v) for v in variables]
+      acc = [tf.zeros_like(v) for v in variables]
+      total = tf.constant(0.0)
+      n = tf.constant(0.0)
+      current = tf.constant(0, tf.int64)
+      for step in tf.range(tf.size(offsets, out_type=tf.int64) - 1):
+        k = tf.searchsorted(
+            client_ends, [step], side='right', out_type=tf.int64
+        )[0]
+        if tf.not_equal(k, current):
+          acc = [a + n * (w0 - v) for a, w0, v in zip(acc, initial, variables)]
+          total += n
+          n = tf.constant(0.0)
+          current = k
+          for v, w0 in zip(variables, initial):
+            v.assign(w0)
+        x = x_all[offsets[step] : offsets[step + 1]]
+        y = y_all[offsets[step] : offsets[step + 1]]
+        _sgd_step(net, loss_fn, variables, learning_rate, x, y)
+        n += tf.cast(tf.shape(x)[0], tf.float32)
+      acc = [a + n * (w0 - v) for a, w0, v in zip(acc, initial, variables)]
+      total += n
+      for v, w0, a in zip(variables, initial, acc):
+        v.assign(w0 - a / total)
+      return total
+
+    return run(x, y, offsets, ends), (offsets, ends)
 
   @staticmethod
   def preload(datasets):
@@ -367,48 +388,28 @@ class PlainLoop:
         np.asarray(ends, np.int64),
     )
 
-  def weights(self) -> list[np.ndarray]:
-    """The model's trainable weights now."""
-    return self._session.run(self._variables)
 
-  def next(self, batches) -> int:
-    x, y, offsets, ends = batches
-    return int(
-        self._session.run(
-            self._out,
-            {self._x: x, self._y: y, self._offsets: offsets, self._ends: ends},
-        )
-    )
-
-
-class BoundLoop:
+class BoundLoop(_GraphLoop):
   """The machine's bound for a round: one model, one SGD step per batch index
   on the round's clients' batches concatenated (K x B examples per step), in
   the plain loop's graph-mode form. No per-client weights and no averaging:
   what a vectorized engine of K clients could at best reach on this CPU."""
 
-  def __init__(self, model: str, learning_rate: float):
-    self._graph = tf.Graph()
-    with self._graph.as_default():  # pytype: disable=attribute-error
-      net, loss_fn, self._x, self._y = _graph_model(model)
-      variables = net.trainable_variables
-      self._offsets = tf.compat.v1.placeholder(tf.int64, [None])
+  def _build(self, net, loss_fn, learning_rate, x, y):
+    variables = self._variables
+    offsets = tf.compat.v1.placeholder(tf.int64, [None])
 
-      @tf.function
-      def run(x_all, y_all, offsets):
-        n = tf.constant(0.0)
-        for step in tf.range(tf.size(offsets, out_type=tf.int64) - 1):
-          x = x_all[offsets[step] : offsets[step + 1]]
-          y = y_all[offsets[step] : offsets[step + 1]]
-          _sgd_step(net, loss_fn, variables, learning_rate, x, y)
-          n += tf.cast(tf.shape(x)[0], tf.float32)
-        return n
+    @tf.function
+    def run(x_all, y_all, offsets):
+      n = tf.constant(0.0)
+      for step in tf.range(tf.size(offsets, out_type=tf.int64) - 1):
+        x = x_all[offsets[step] : offsets[step + 1]]
+        y = y_all[offsets[step] : offsets[step + 1]]
+        _sgd_step(net, loss_fn, variables, learning_rate, x, y)
+        n += tf.cast(tf.shape(x)[0], tf.float32)
+      return n
 
-      self._out = run(self._x, self._y, self._offsets)
-      self._variables = variables
-      init = tf.compat.v1.global_variables_initializer()
-    self._session = tf.compat.v1.Session(graph=self._graph)
-    self._session.run(init)
+    return run(x, y, offsets), (offsets,)
 
   @staticmethod
   def preload(datasets):
@@ -424,18 +425,6 @@ class BoundLoop:
         np.concatenate(xs),
         np.concatenate(ys),
         np.cumsum(sizes).astype(np.int64),
-    )
-
-  def weights(self) -> list[np.ndarray]:
-    """The model's trainable weights now."""
-    return self._session.run(self._variables)
-
-  def next(self, batches) -> int:
-    x, y, offsets = batches
-    return int(
-        self._session.run(
-            self._out, {self._x: x, self._y: y, self._offsets: offsets}
-        )
     )
 
 

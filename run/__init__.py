@@ -5,7 +5,7 @@
   `run.download`.
 * The simulation library users call from Python: `run.simulation`,
   `run.engines`, `run.contexts`, `run.algorithms` (and their helpers
-  `run.run_dir`, `run.privacy_setup`, `run.console`).
+  `run.run_dir`, `run.atomic`, `run.privacy_setup`, `run.console`).
 * `run.experiments`: the experiments behind docs/results.
 * `run.benchmarks`: the benchmarks behind docs/performance.md.
 """

@@ -7,8 +7,9 @@ written under a temporary name in the target's folder, flushed to disk, and
 renamed over the target only once complete. A kill, a full disk or an
 exception leaves the previous file (or none), never a truncated one, and no
 temporary file. The exceptions, by design: `metrics.csv` and
-`evaluation.csv` grow a row a round through TFF's release managers (a resumed
-run rewrites them from the checkpoint's round), and the run lock
+`evaluation.csv` grow a row a round through TFF's `CSVFileReleaseManager` (which
+rewrites the file whole, through a temporary file, when a resumed run
+releases a round it already holds), and the run lock
 (`run/run_dir.py`). `tests/test_atomic.py` checks that no other module opens
 a file for writing in place.
 
@@ -20,7 +21,7 @@ import itertools
 import json
 import os
 from collections.abc import Iterator
-from typing import Any, Protocol
+from typing import Any
 
 _counter = itertools.count()
 _TEMP = '.tmp-'
@@ -115,14 +116,12 @@ def write_json(path: str, data: Any, **dump_kwargs: Any) -> None:
   write_text(path, json.dumps(data, **dump_kwargs))
 
 
-class _Figure(Protocol):
+def save_figure(fig: Any, path: str, **savefig_kwargs: Any) -> None:
+  """A matplotlib figure's `fig.savefig(path)` whole or not at all.
 
-  def savefig(self, fname: Any, **kwargs: Any) -> Any:
-    ...
-
-
-def save_figure(fig: _Figure, path: str, **savefig_kwargs: Any) -> None:
-  """`fig.savefig(path)` whole or not at all; the format is `path`'s suffix."""
+  The format is `path`'s suffix unless `format` is given; matplotlib is not
+  imported here.
+  """
   savefig_kwargs.setdefault('format', os.path.splitext(path)[1][1:] or 'png')
   with open_for_replace(path, 'wb') as f:
     fig.savefig(f, **savefig_kwargs)

@@ -1,0 +1,149 @@
+# Copyright 2026 The tff-hetero Authors. Licensed under the Apache License 2.0.
+"""README.md is a front page, and no link of it or of docs/*.md is broken.
+
+Every relative link of README.md and docs/*.md must name a file or folder of
+the checkout and, for a Markdown target, a heading of that page (GitHub's
+anchors); README.md stays short and links every page of docs/.
+"""
+
+import pathlib
+import re
+
+# The links name files anywhere in the checkout (the real one behind this
+# file's symlink), which Bazel's runfiles do not hold: `external` keeps Bazel
+# from caching the result.
+# bazel-tags: external
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+README_MAX_LINES = 260
+
+_FENCE = re.compile(r'^\s*(```|~~~)')
+_LINK = re.compile(r'!?\[[^\]]*\]\(([^)\s]+)\)')
+_HEADING = re.compile(r'^(#{1,6})\s+(.*?)\s*#*\s*$')
+
+
+def outside_code_blocks(text: str) -> list[str]:
+  """The lines of Markdown `text` that are not inside fenced code blocks."""
+  lines, fenced = [], False
+  for line in text.splitlines():
+    if _FENCE.match(line):
+      fenced = not fenced
+    elif not fenced:
+      lines.append(line)
+  return lines
+
+
+def relative_links(text: str) -> list[str]:
+  """Targets of the Markdown links and images that are not URLs."""
+  return [
+      target
+      for line in outside_code_blocks(text)
+      for target in _LINK.findall(line)
+      if not re.match(r'[a-z][a-z0-9+.-]*:', target)
+  ]
+
+
+def slug(heading: str) -> str:
+  """GitHub's anchor for a heading's text (before de-duplication)."""
+  text = re.sub(r'\[([^\]]*)\]\([^)]*\)', r'\1', heading).lower()
+  text = ''.join(c for c in text if c.isalnum() or c in ' -_')
+  return text.replace(' ', '-')
+
+
+def anchors(text: str) -> set[str]:
+  """Every anchor GitHub gives the headings of Markdown `text`."""
+  found, seen = set(), {}
+  for line in outside_code_blocks(text):
+    match = _HEADING.match(line)
+    if not match:
+      continue
+    base = slug(match.group(2))
+    count = seen.get(base, 0)
+    seen[base] = count + 1
+    found.add(base if count == 0 else f'{base}-{count}')
+  return found
+
+
+def broken_links(page: pathlib.Path) -> list[str]:
+  """`page`'s relative links to a missing file or to a missing heading."""
+  broken = []
+  for target in relative_links(page.read_text(encoding='utf-8')):
+    path_text, _, anchor = target.partition('#')
+    path = (page.parent / path_text).resolve() if path_text else page
+    if not path.exists():
+      broken.append(f'{target}: no such file')
+    elif anchor and path.suffix == '.md':
+      if anchor not in anchors(path.read_text(encoding='utf-8')):
+        broken.append(f'{target}: no such heading')
+  return broken
+
+
+def pages() -> list[pathlib.Path]:
+  return [ROOT / 'README.md', *sorted((ROOT / 'docs').glob('*.md'))]
+
+
+def test_the_pages_exist():
+  names = {p.relative_to(ROOT).as_posix() for p in pages()}
+  moved_to = (
+      'install',
+      'usage',
+      'reliability',
+      'bazel',
+      'performance',
+      'reproductions',
+      'programs',
+      'development',
+  )
+  assert {'README.md', *(f'docs/{name}.md' for name in moved_to)} <= names
+
+
+def test_every_relative_link_names_an_existing_file_and_heading():
+  broken = {
+      page.relative_to(ROOT).as_posix(): broken_links(page)
+      for page in pages()
+  }
+  assert not {p: b for p, b in broken.items() if b}
+
+
+def test_readme_is_a_front_page():
+  text = (ROOT / 'README.md').read_text(encoding='utf-8')
+  assert len(text.splitlines()) <= README_MAX_LINES
+  headings = re.findall(r'^## (.*)$', text, re.MULTILINE)
+  assert headings == [
+      'Two commands',
+      'Install with pip (Colab, Jupyter)',
+      'Algorithms',
+      'Command line',
+      'Results',
+      'Documentation',
+  ]
+  # The two commands, each at the start of a line of a code block.
+  assert '\nscripts/test.sh\n' in text
+  assert '\nscripts/train.sh --task=synthetic ' in text
+
+
+def test_readme_links_every_docs_page():
+  text = (ROOT / 'README.md').read_text(encoding='utf-8')
+  linked = {t.partition('#')[0] for t in relative_links(text)}
+  unlinked = [
+      p.relative_to(ROOT).as_posix()
+      for p in sorted((ROOT / 'docs').glob('*.md'))
+      if p.relative_to(ROOT).as_posix() not in linked
+  ]
+  assert not unlinked
+
+
+def test_the_link_checker_finds_what_is_broken(tmp_path):
+  (tmp_path / 'b.md').write_text('# Title\n\n## A `code` part: (x, y)\n')
+  page = tmp_path / 'a.md'
+  page.write_text(
+      '# A\n[ok](b.md) [ok](b.md#a-code-part-x-y) [ok](#a) [web](https://x.y)'
+      ' ![img](b.md)\n[gone](c.md) [bad](b.md#nothing) [bad](#b)\n'
+      '```\n[in code](d.md)\n# not a heading\n```\n'
+  )
+  assert broken_links(page) == [
+      'c.md: no such file',
+      'b.md#nothing: no such heading',
+      '#b: no such heading',
+  ]
+  assert anchors('# X\n## X\n## X\n') == {'x', 'x-1', 'x-2'}

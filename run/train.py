@@ -830,6 +830,11 @@ def prepare(writer: str = 'train'):
         'process; it '
         'cannot use --workers'
     )
+  if _SIZE_GROUPS.value and _ENGINE.value != 'stacked':
+    raise UsageError(
+        '--stacked_size_groups applies to --simulation_engine=stacked only, '
+        f'got --simulation_engine={_ENGINE.value}'
+    )
   loop_implementation = engines.loop_implementation(_LOOP.value)
   context_kind = contexts.check(
       workers=_WORKERS.value,

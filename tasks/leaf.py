@@ -64,7 +64,9 @@ list, so the vocabulary is counted from the selected training users without
 the JSON). The key hashes each JSON file's name, size, modification time
 and inode: changing, adding or removing a file rebuilds the cache (the stale
 entry is deleted). Entries are built in a temporary folder and renamed into
-place, and one that does not read back whole is rebuilt, never trusted.
+place; the index records each file's CRC-32, and an entry that does not read
+back whole (a missing or garbled file or index, an old format, other sizes
+or bytes) is rebuilt with one warning line, never trusted.
 If `DIR` is not writable the cache goes to
 `$XDG_CACHE_HOME/tff-hetero/leaf/` (default `~/.cache`), else the split is
 converted in memory, with a warning. With a cache, `create_task` reads only

@@ -1,13 +1,18 @@
 """AFL: simplex projection, NumPy oracle, lambda ascent to the worst client."""
 
+import collections
+
 import numpy as np
 import pytest
 import tensorflow as tf
+import tensorflow_federated as tff
 
 from tasks import synthetic
 from tests import oracles
 from tff_algos import afl
+from tff_algos import batched
 from tff_algos import composition
+from tff_algos import stacked
 
 
 def test_projection_matches_bisection_oracle():
@@ -101,6 +106,80 @@ def test_partial_participation_matches_numpy_oracle(clients):
   )
   assert np.abs(mix_all - mix_ref).max() > 1e-2
   assert np.abs(w_all - w_ref).max() > 1e-3
+
+
+def _engine(kind, clients, options):
+  """The `kind` engine over `clients` (ids '0', '1', ...), AFL's definition."""
+  client_data = tff.simulation.datasets.TestClientData({
+      str(k): collections.OrderedDict(x=x, y=y)
+      for k, (x, y) in enumerate(clients)
+  })
+  preprocess, _ = synthetic.make_preprocess_fns(7)
+  algorithm = batched.BatchedAlgorithm(
+      'afl', tff.learning.optimizers.build_sgdm(0.1), options=options
+  )
+  model_fn = synthetic.create_softmax_regression_model_fn()
+  if kind == 'batched':
+    data = batched.ClientArrays(client_data)
+    return batched.BatchedEngine(model_fn, preprocess, data, algorithm)
+  return stacked.StackedEngine(model_fn, preprocess, client_data, algorithm)
+
+
+@pytest.mark.parametrize('kind', ['batched', 'stacked'])
+def test_engines_run_the_definition_as_the_numpy_oracle(clients, kind):
+  """The engines' path (the definition's rules), partial participation.
+
+  With some clients out, the weights lambda_k of a round sum to less than
+  1: the server divides the weighted sum by them (a rule returning the sum
+  alone passes the full-participation tests, whose lambda sums to 1).
+  """
+  options = dict(
+      num_clients=3, model_learning_rate=0.5, mixture_learning_rate=0.3
+  )
+  process = afl.build_afl(
+      synthetic.create_softmax_regression_model_fn(), **options
+  )
+  engine = _engine(kind, clients, options)
+  participants = [[0, 2], [1], [2, 1], [0]]
+  state = process.initialize()
+  for part in participants:
+    plan = batched.RoundPlan(
+        client_ids=[str(k) for k in part],
+        epochs=[1] * len(part),
+        shuffle_seeds=None,
+        max_batches=[-1] * len(part),
+        client_indices=part,
+    )
+    state, _ = engine.next(state, plan)
+  engine.close()
+  w, b = composition.model_weights_as_numpy(process, state)
+  w_ref, b_ref, mix_ref = oracles.afl_rounds(
+      np.zeros((60, 10)),
+      np.zeros(10),
+      clients,
+      4,
+      lr_w=0.5,
+      lr_lambda=0.3,
+      participants=participants,
+  )
+  np.testing.assert_allclose(w, w_ref, rtol=1e-4, atol=2e-6)
+  np.testing.assert_allclose(b, b_ref, rtol=1e-4, atol=2e-6)
+  np.testing.assert_allclose(state.client_work, mix_ref, atol=1e-5)
+
+
+def test_definition_server_rule_is_the_weighted_mean():
+  definition = afl.engine_definition(
+      num_clients=3, model_learning_rate=0.5, mixture_learning_rate=0.3
+  )
+  rng = np.random.default_rng(4)
+  vectors = (rng.normal(size=(60, 10)), rng.normal(size=10))
+  vector_sum = tuple(tf.constant(v, tf.float32) for v in vectors)
+  for scalar_sum, expected in ((0.6, [v / 0.6 for v in vectors]), (0.0, None)):
+    out = definition.server(None, vector_sum, tf.constant(scalar_sum))
+    if expected is None:  # Every weight 0: no step (no NaN).
+      expected = [np.zeros_like(v) for v in vectors]
+    for got, want in zip(out, expected):
+      np.testing.assert_allclose(got.numpy(), want, rtol=1e-6, atol=1e-7)
 
 
 def test_zero_mixture_rate_is_fedsgd_with_simple_average(clients):

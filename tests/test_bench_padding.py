@@ -38,18 +38,41 @@ def test_real_roles_and_bad_flags(tmp_path):
     assert 0 <= grouped <= padded < 100
   uncapped = rows[0]
   assert float(re.findall(r'\| ([0-9.]+)% \(median', uncapped)[0]) > 50
+  biggest = f'--batch_size={bench_padding.MAX_BATCH_SIZE}'
+  bad = {
+      (): 'needs --data_dir',
+      (f'--data_dir={tmp_path / "missing"}',): "missing data file",
+      (f'--data_dir={data}', '--presets=nope'): (
+          "--presets must name one or more of deltafl, qffl, fedprox, got "
+          "['nope']"
+      ),
+      (f'--data_dir={data}', '--presets='): (
+          '--presets must name one or more of deltafl, qffl, fedprox, got []'
+      ),
+      (f'--data_dir={data}', '--max_examples_per_client=x'): (
+          '--max_examples_per_client must be one or more integers >= 0, got '
+          "['x']"
+      ),
+      (f'--data_dir={data}', '--max_examples_per_client='): (
+          '--max_examples_per_client must be one or more integers >= 0, got []'
+      ),
+      (f'--data_dir={data}', '--batch_size=9223372036854775807'): (
+          '--batch_size must be in [1, 2147483647], got 9223372036854775807'
+      ),
+      (f'--data_dir={data}', '--batch_size=0'): (
+          '--batch_size must be in [1, 2147483647], got 0'
+      ),
+      (f'--data_dir={data}', 'stray'): "unexpected arguments ['stray']",
+  }
   results = binary.call_main_in_subprocess(
       'run.benchmarks.bench_padding',
       'bench_padding',
-      [
-          [],
-          [f'--data_dir={tmp_path / "missing"}'],
-          [f'--data_dir={data}', '--presets=nope'],
-          [f'--data_dir={data}', '--max_examples_per_client=x'],
-          [f'--data_dir={data}', 'stray'],
-      ],
+      list(bad)
+      + [[f'--data_dir={data}', '--presets=qffl', '--rounds=2', biggest]],
   )
-  for code, err in results:
+  for (code, err), message in zip(results, bad.values()):
     assert code == 2, err
     lines = binary.error_lines(err)
     assert len(lines) == 1 and lines[0].startswith('bench_padding: error:'), err
+    assert message in lines[0], err
+  assert results[-1][0] == 0, results[-1][1]  # The largest batch: no overflow.

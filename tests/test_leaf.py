@@ -820,29 +820,132 @@ def test_a_changed_json_rebuilds_the_cache(tmp_path):
     _cache_task(leaf_dir, 'femnist')  # Its users are gone from train/.
 
 
-@pytest.mark.parametrize(
-    'damage', ['truncate_x', 'truncate_y', 'bad_index', 'no_index', 'tokens']
-)
-def test_a_damaged_entry_is_rebuilt_not_trusted(tmp_path, damage):
-  leaf_dir = _cache_write(tmp_path, 'sent140')
-  expected = _cache_contents(_cache_task(leaf_dir, 'sent140'))
+def _entry_files(entry):
+  """Each file of the entry folder: its bytes."""
+  files = {}
+  for name in sorted(os.listdir(entry)):
+    with open(os.path.join(entry, name), 'rb') as f:
+      files[name] = f.read()
+  return files
+
+
+def _edit_x(entry):
+  """A plausible same-size edit: one character id becomes another one."""
+  x = np.fromfile(os.path.join(entry, 'x.bin'), np.uint8)
+  x[0] = x[np.flatnonzero(x != x[0])[0]]
+  x.tofile(os.path.join(entry, 'x.bin'))
+  return 'x.bin does not match its checksum'
+
+
+def _random_x(entry):
+  path = os.path.join(entry, 'x.bin')
+  size = os.path.getsize(path)
+  np.random.default_rng(0).integers(0, 256, size, np.uint8).tofile(path)
+  return 'x.bin does not match its checksum'
+
+
+def _truncate(name):
+  def damage(entry):
+    path = os.path.join(entry, name)
+    size = os.path.getsize(path)
+    os.truncate(path, size - 4)
+    return f'{name} has {size - 4} bytes, its index says {size}'
+
+  return damage
+
+
+def _garbage_index(entry):
+  with open(os.path.join(entry, 'index.json'), 'w') as f:
+    f.write('{"format": 2, "key": ')
+  return 'index.json does not parse'
+
+
+def _remove(name):
+  def damage(entry):  # `index.json`: as a build killed before its index.
+    os.remove(os.path.join(entry, name))
+    return f'{name} is missing'
+
+  return damage
+
+
+def _wrong_tokens(entry):
+  with open(os.path.join(entry, 'tokens.json'), 'w') as f:
+    json.dump(['a'], f)
+  return 'tokens.json does not match its checksum'
+
+
+def _old_format(entry):
+  """The index as format 1 wrote it: no checksums."""
+  path = os.path.join(entry, 'index.json')
+  with open(path) as f:
+    index = json.load(f)
+  del index['crc32']
+  index['format'] = 1
+  with open(path, 'w') as f:
+    json.dump(index, f)
+  return (
+      'index.json is of format 1, without checksums (this version writes '
+      'format 2)'
+  )
+
+
+DAMAGES = {
+    'edit_x': ('shakespeare', _edit_x),
+    'random_x': ('shakespeare', _random_x),
+    'truncate_x': ('sent140', _truncate('x.bin')),
+    'truncate_y': ('shakespeare', _truncate('y.bin')),
+    'garbage_index': ('sent140', _garbage_index),
+    'no_index': ('sent140', _remove('index.json')),
+    'no_x': ('femnist', _remove('x.bin')),
+    'no_tokens': ('sent140', _remove('tokens.json')),
+    'tokens': ('sent140', _wrong_tokens),
+    'old_format': ('shakespeare', _old_format),
+}
+
+
+def test_an_in_place_edit_of_the_same_size_rebuilds_the_cache(tmp_path):
+  """Same file (inode), same size: only the modification time tells."""
+  leaf_dir = _cache_write(tmp_path, 'femnist')
+  before = _cache_contents(_cache_task(leaf_dir, 'femnist'))
+  (old_entry,) = _cache_entries(leaf_dir)
+  path = os.path.join(leaf_dir, 'train', 'all_data_0.json')
+  stat = os.stat(path)
+  with open(path, 'r+b') as f:
+    content = f.read()
+    labels = json.loads(content)['user_data']['u0']['y']
+    at = content.index(b'"y": [', content.index(b'"u0": {"x"')) + 6
+    old = str(labels[0]).encode()
+    new = str(labels[0] // 10 * 10 + (labels[0] % 10 + 1) % 2).encode()
+    assert content[at : at + len(old)] == old and len(new) == len(old)
+    f.seek(at)
+    f.write(new)
+  os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+  after_stat = os.stat(path)
+  assert (after_stat.st_ino, after_stat.st_size) == (stat.st_ino, stat.st_size)
+  after = _cache_contents(_cache_task(leaf_dir, 'femnist'))
+  assert before['train', 'u0'][1][0] == labels[0]
+  assert after['train', 'u0'][1].tolist() == [int(new)] + labels[1:]
+  assert _cache_entries(leaf_dir) != [old_entry]
+
+
+@pytest.mark.parametrize('damage', sorted(DAMAGES))
+def test_a_damaged_entry_is_rebuilt_with_one_warning(tmp_path, capsys, damage):
+  dataset, make_damage = DAMAGES[damage]
+  leaf_dir = _cache_write(tmp_path, dataset)
+  expected = _cache_contents(_cache_task(leaf_dir, dataset))
   (entry,) = _cache_entries(leaf_dir)
-  if damage in ('truncate_x', 'truncate_y'):
-    name = 'x.bin' if damage == 'truncate_x' else 'y.bin'
-    with open(os.path.join(entry, name), 'r+b') as f:
-      f.truncate(os.path.getsize(f.name) - 4)
-  elif damage == 'bad_index':
-    with open(os.path.join(entry, 'index.json'), 'w') as f:
-      f.write('{"format": 1, "key": ')
-  elif damage == 'no_index':  # As a build killed before its index.
-    os.remove(os.path.join(entry, 'index.json'))
-  else:
-    with open(os.path.join(entry, 'tokens.json'), 'w') as f:
-      json.dump(['a'], f)
-  rebuilt = _cache_task(leaf_dir, 'sent140')
+  fresh = _entry_files(entry)
+  reason = make_damage(entry)
+  capsys.readouterr()
+  rebuilt = _cache_task(leaf_dir, dataset)
+  err = capsys.readouterr().err
   _assert_same_arrays(_cache_contents(rebuilt), expected)
-  key = os.path.basename(entry).split('-', 1)[1]
-  assert leaf_cache._load_entry(entry, key)  # pylint: disable=protected-access
+  assert _cache_entries(leaf_dir) == [entry]
+  assert _entry_files(entry) == fresh  # Byte for byte a fresh build.
+  warnings = [l for l in err.splitlines() if 'leaf cache' in l]
+  assert warnings == [f'leaf cache: rebuilding {entry}: {reason}']
+  _cache_task(leaf_dir, dataset)  # The rebuilt entry is trusted, silently.
+  assert 'leaf cache' not in capsys.readouterr().err
 
 
 def test_a_killed_build_leaves_nothing_trusted(tmp_path, monkeypatch):

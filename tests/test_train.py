@@ -100,6 +100,16 @@ def error_lines(stderr: str) -> list[str]:
             '--thetas must be distinct',
         ),
         (['--algorithm=deltafl', '--theta=0.5', '--thetas=0.1'], 'not both'),
+        (
+            ['--stacked_size_groups'],
+            '--stacked_size_groups applies to --simulation_engine=stacked '
+            'only, got --simulation_engine=tff',
+        ),
+        (
+            ['--simulation_engine=batched', '--stacked_size_groups'],
+            '--stacked_size_groups applies to --simulation_engine=stacked '
+            'only, got --simulation_engine=batched',
+        ),
     ],
 )
 def test_bad_input_gives_one_line_and_exit_2(args, message, tmp_path):

@@ -26,6 +26,7 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import statistics
+from typing import Optional
 
 from absl import flags
 import numpy as np
@@ -46,6 +47,9 @@ _CAPS = None
 _CLIENTS = None
 _BATCH = None
 _ROUNDS = None
+# More windows than any role holds (as `batched.ClientArrays` reads a
+# client whole): a larger batch would only add padding.
+MAX_BATCH_SIZE = 2**31 - 1
 
 
 def define_flags() -> None:
@@ -63,7 +67,9 @@ def define_flags() -> None:
       "Caps on a role's windows (0: all).",
   )
   _CLIENTS = flags.DEFINE_integer('clients_per_round', 10, 'Cohort size.')
-  _BATCH = flags.DEFINE_integer('batch_size', 16, 'Local batch size.')
+  _BATCH = flags.DEFINE_integer(
+      'batch_size', 16, f'Local batch size (1 to {MAX_BATCH_SIZE}).'
+  )
   _ROUNDS = flags.DEFINE_integer('rounds', 200, 'Cohorts sampled.')
 
 
@@ -104,30 +110,51 @@ def measure(sizes: dict[str, int], *, clients_per_round, batch_size, rounds):
   }
 
 
-def main(argv) -> int:
-  caps = []
-  for c in _CAPS.value:
-    try:
-      caps.append(int(c))
-    except ValueError:
-      caps.append(-1)
+def _parse_caps(values: list[str]) -> Optional[list[int]]:
+  """`--max_examples_per_client` as integers >= 0, or None if it is not."""
+  try:
+    caps = [int(c) for c in values]
+  except ValueError:
+    return None
+  return caps if caps and min(caps) >= 0 else None
+
+
+def usage_error(argv: list[str], caps: Optional[list[int]]) -> Optional[str]:
+  """What is wrong with the command line, or None."""
   bad = [p for p in _PRESETS.value if p not in shakespeare_leaf.PRESETS]
-  if (
-      len(argv) > 1
-      or not _DATA_DIR.value
-      or bad
-      or any(c < 0 for c in caps)
-      or _CLIENTS.value < 1
-      or _BATCH.value < 1
-      or _ROUNDS.value < 1
+  for wrong, message in (
+      (len(argv) > 1, f'unexpected arguments {argv[1:]}'),
+      (not _DATA_DIR.value, 'needs --data_dir'),
+      (
+          bad or not _PRESETS.value,
+          '--presets must name one or more of '
+          f'{", ".join(shakespeare_leaf.PRESETS)}, got {_PRESETS.value}',
+      ),
+      (
+          caps is None,
+          '--max_examples_per_client must be one or more integers >= 0, '
+          f'got {_CAPS.value}',
+      ),
+      (
+          not 1 <= _BATCH.value <= MAX_BATCH_SIZE,
+          f'--batch_size must be in [1, {MAX_BATCH_SIZE}], got {_BATCH.value}',
+      ),
+      (
+          _CLIENTS.value < 1 or _ROUNDS.value < 1,
+          '--clients_per_round and --rounds must be >= 1, got '
+          f'{_CLIENTS.value} and {_ROUNDS.value}',
+      ),
   ):
-    print(
-        'bench_padding: error: needs --data_dir; --presets in '
-        f'{", ".join(shakespeare_leaf.PRESETS)}; --max_examples_per_client '
-        'integers >= 0; --clients_per_round, --batch_size, --rounds >= 1'
-        + (f'; unexpected arguments {argv[1:]}' if len(argv) > 1 else ''),
-        file=sys.stderr,
-    )
+    if wrong:
+      return message
+  return None
+
+
+def main(argv) -> int:
+  caps = _parse_caps(_CAPS.value)
+  error = usage_error(argv, caps)
+  if error is not None:
+    print(f'bench_padding: error: {error}', file=sys.stderr)
     return 2
   runtime.install_worker_cleanup()
   print(

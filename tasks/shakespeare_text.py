@@ -53,8 +53,10 @@ Parsing (`parse_play`), per file:
 * Lines are stripped and runs of whitespace collapsed to one space.
 
 Outputs (`build`; the SQLite by default, LEAF JSON with `formats`), written
-under temporary names and renamed into place when all are complete, so a
-killed or failed build leaves the earlier files; clients `PLAY_CHARACTER`
+under temporary names (with the mode a plain write gives, 0666 less the
+umask) and renamed into place when all are complete, so a killed or failed
+build leaves the earlier files; the `--leaf_*` flags are refused unless
+`leaf` is in `--formats`; clients `PLAY_CHARACTER`
 with non-alphanumerics replaced by `_` (LEAF's `play_and_character`); plays
 with fewer than two roles and roles with two or fewer lines are dropped
 (LEAF):
@@ -89,10 +91,10 @@ import json
 import os
 import random
 import re
+import secrets
 import sqlite3
 import statistics
 import sys
-import tempfile
 from typing import Optional
 
 SQLITE_NAME = 'shakespeare.sqlite'
@@ -757,6 +759,22 @@ def snippet_example(snippet: str) -> bytes:
   return _field(1, _field(1, entry))
 
 
+def _create_temp(directory: str, name: str) -> str:
+  """A new empty file `directory/.NAME.XXXXXXXX.tmp` with a normal mode.
+
+  Created as `open` creates files (0666 less the umask), not with
+  `tempfile.mkstemp`'s 0600, since the file is renamed into place as is.
+  """
+  while True:
+    tmp = os.path.join(directory, f'.{name}.{secrets.token_hex(4)}.tmp')
+    try:
+      fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    except FileExistsError:
+      continue
+    os.close(fd)
+    return tmp
+
+
 class _Outputs:
   """Files written under temporary names, renamed into place together."""
 
@@ -773,10 +791,7 @@ class _Outputs:
     ):
       with contextlib.suppress(OSError):
         os.remove(stale)
-    fd, tmp = tempfile.mkstemp(
-        prefix=f'.{os.path.basename(path)}.', suffix='.tmp', dir=directory
-    )
-    os.close(fd)
+    tmp = _create_temp(directory, os.path.basename(path))
     self._pending.append((tmp, path))
     return tmp
 
@@ -1163,6 +1178,21 @@ def report(result: BuildResult) -> str:
 # ------------------------------------------------------------------ binary
 
 _FLAGS = {}
+LEAF_FLAGS = ('leaf_seq_length', 'leaf_train_fraction', 'leaf_seed')
+
+
+def check_leaf_flags(formats: Sequence[str], given: Sequence[str]) -> None:
+  """Refuses LEAF-only flags (`given`) for a build that writes no LEAF JSON.
+
+  Raises:
+    TextError: A flag of `given` would be ignored: `leaf` not in `formats`.
+  """
+  if given and 'leaf' not in formats:
+    names = ', '.join(f'--{n}' for n in given)
+    raise TextError(
+        f'{names}: LEAF-only, but --formats={",".join(formats)} writes no '
+        'LEAF JSON (add leaf: --formats=sqlite,leaf)'
+    )
 
 
 def define_flags() -> None:
@@ -1206,6 +1236,10 @@ def main(argv) -> int:
     )
     return 2
   try:
+    check_leaf_flags(
+        _FLAGS['formats'].value,
+        [n for n in LEAF_FLAGS if _FLAGS[n].present],
+    )
     result = build(
         _FLAGS['output_dir'].value or '',
         text_dir=_FLAGS['text_dir'].value,

@@ -811,6 +811,22 @@ def test_builds_that_would_write_nothing_are_refused(text_dir, tmp_path):
   assert not _tree(str(tmp_path / 'b'))
 
 
+@pytest.mark.parametrize('umask', [0o022, 0o007])
+def test_outputs_have_the_mode_of_a_normal_write(text_dir, tmp_path, umask):
+  old = os.umask(umask)
+  try:
+    result = st.build(str(tmp_path), text_dir=text_dir, formats=st.FORMATS)
+    with open(tmp_path / 'plain', 'w') as f:  # As open() makes a file.
+      f.write('x')
+  finally:
+    os.umask(old)
+  assert len(result.files) == 3
+  plain = os.stat(tmp_path / 'plain').st_mode & 0o777
+  assert plain == 0o666 & ~umask  # 0o644, 0o660; mkstemp's is 0o600.
+  for path in result.files:
+    assert os.stat(path).st_mode & 0o777 == plain, path
+
+
 # ------------------------------------------------------------------ binary
 
 
@@ -865,6 +881,27 @@ def test_bad_flags_and_text_dir(tmp_path):
       timeout=120,
   )
   assert 'no *_gut.txt' in _one_error_line(code, stderr)
+
+
+def test_leaf_flags_without_leaf_are_refused(tmp_path):
+  code, stdout, stderr = binary.run_module(
+      'tasks.shakespeare_text',
+      [f'--output_dir={tmp_path}', '--leaf_seq_length=10000000'],
+      timeout=120,
+  )
+  line = _one_error_line(code, stderr)
+  assert line == (
+      'shakespeare_text: error: --leaf_seq_length: LEAF-only, but '
+      '--formats=sqlite writes no LEAF JSON (add leaf: '
+      '--formats=sqlite,leaf)'
+  )
+  assert not stdout and not os.listdir(tmp_path)
+  with pytest.raises(
+      st.TextError, match='^--leaf_train_fraction, --leaf_seed:'
+  ):
+    st.check_leaf_flags(['sqlite'], ['leaf_train_fraction', 'leaf_seed'])
+  st.check_leaf_flags(['sqlite', 'leaf'], ['leaf_seed'])  # Used: accepted.
+  st.check_leaf_flags(['sqlite'], [])
 
 
 def test_missing_package(tmp_path):

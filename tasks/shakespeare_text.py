@@ -134,6 +134,7 @@ _HEADING_RE = re.compile(
 _SPOKEN_HEADING_RE = re.compile(
     r'^(THE )?(PROLOGUE|EPILOGUE|Prologue|Epilogue)\.?\s*$'
 )
+_BRACKET_RE = re.compile(r'[\[\]{}]')
 _LABEL_LIST_RE = re.compile(r'(?<=\.)\s+')
 _CONNECTOR_RE = re.compile(r'\s*(?:,|&|\band\b|\bAND\b|(?<=\.)\s)\s*')
 _FUNCTION_WORDS = frozenset({'THE', 'AND', 'TO', 'OF', 'HIS', 'HER', 'WITH'})
@@ -273,25 +274,27 @@ def _strip_brackets(text: str) -> str:
   up to it is dropped; a `[` never closed drops the rest of `text`. `{` is
   the etexts' typo for `[` (`{...]`).
   """
-  out = []
+  pieces = []
   depth = 0
+  start = 0  # Of the text after the last direction.
   opened_at = 0
-  for c in text:
-    if c in '[{':
+  for bracket in _BRACKET_RE.finditer(text):
+    i = bracket.start()
+    if bracket.group() in '[{':
       if depth == 0:
-        opened_at = len(out)
-        out.append(' ')
+        pieces.append(text[start:i])
+        opened_at = len(pieces)
+        pieces.append(' ')
       depth += 1
-    elif c in ']}':
-      if depth:
-        depth -= 1
-      else:
-        out = []
-    elif depth == 0:
-      out.append(c)
+    elif depth:
+      depth -= 1
+      start = i + 1
+    else:
+      pieces, start = [], i + 1
   if depth:
-    out = out[:opened_at]
-  return ''.join(out)
+    return ''.join(pieces[:opened_at])
+  pieces.append(text[start:])
+  return ''.join(pieces)
 
 
 def _remove_directions(block: Sequence[str]) -> list[str]:

@@ -1214,7 +1214,7 @@ def define_flags() -> None:
   _FLAGS['formats'] = flags.DEFINE_list(
       'formats',
       list(DEFAULT_FORMATS),
-      'Outputs among sqlite,leaf (leaf: LEAF JSON, about 370 MB).',
+      'Outputs among sqlite,leaf (leaf: LEAF JSON, 371 MB).',
   )
   _FLAGS['leaf_seq_length'] = flags.DEFINE_integer(
       'leaf_seq_length', DEFAULT_LEAF_SEQ_LENGTH, 'LEAF window length.'

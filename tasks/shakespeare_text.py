@@ -18,14 +18,17 @@ Parsing (`parse_play`), per file:
   abbreviated speaker names. A work without such a heading (the sonnets and
   the poems) has no speakers and gives no roles.
 * The body is cut into blocks at blank lines. Stage directions `[...]` (also
-  over several lines, and the typo `{...]`) are removed; a `[` never closed
-  drops the rest of its block, and a `]` never opened (a direction the etext
-  closed early) drops its block up to it. Blocks headed `ACT ...`,
+  over several lines, nested, and the typo `{...]`) are removed; a `[` never
+  closed drops the rest of its block, and a `]` never opened (a direction
+  the etext closed early) drops its block up to it. Blocks headed `ACT ...`,
   `SCENE ...`, `INDUCTION` are dropped and end the current speech; a
   `PROLOGUE` or `EPILOGUE` heading is also its speaker's label (its speech:
-  the rest of its block and the unlabelled blocks after it). Lines starting
-  with `Enter`, `Exit`, `Exeunt`, `Re-enter`, `Spoken by` (directions without
-  brackets) are dropped.
+  the rest of its block and the unlabelled blocks after it; a line repeating
+  the play's title, Troilus' `TROILUS AND CRESSIDA`, is skipped). A block
+  opening with `Enter`, `Exit`, `Exeunt`, `Re-enter`, `Spoken by` (a
+  direction without brackets, on lines of its own) is dropped; such a word
+  opening a verse line inside a block is text. `THE END`, `@@@` and song
+  markers are dropped.
 * A speaker line is a short name (at most 5 words, at most 40 characters,
   an optional ordinal `1`/`1.`, e.g. `Kent.`, `MRS. PAGE.`, `1 Clown.`,
   `THESEUS`) alone on the first line of a block; the speech is the rest of
@@ -37,10 +40,16 @@ Parsing (`parse_play`), per file:
   `Kent.`) directly over a speech, so a label used once (`Doct.`, `ALL`) is a
   speaker while a verse line opening a block (`Farewell.`) is not. `NAME.
   text` on one line is a speaker and speech when `NAME` is an accepted
-  speaker of the play. Joint speakers (`Alb. and Corn.`, `PRINCE & POINS.`,
-  `GREY, SCROOP.`: two or more names, each an accepted speaker or in the
-  label case) are attributed to no role: their speech is dropped; verse with
-  a comma (`Go seek the traitor Gloster,`) is not a joint label.
+  speaker of the play. A label heading two or more blocks, in the label
+  case, that follows a line with no blank line between (1 Henry IV's
+  `GLEND.`) starts a speech when lines or an unlabelled block follow it.
+  Unlabelled text after a heading is the speech of the one person of an
+  `[Enter NAME.]` block before it, if a speaker (Pericles' Act I Gower).
+  Joint speakers (`Alb. and Corn.`, `PRINCE & POINS.`, `GREY, SCROOP.`: two
+  or more names, each an accepted speaker or in the label case;
+  `VARRO. CLAUDIUS.`: accepted speakers' labels in a row) are attributed to
+  no role: their speech is dropped; verse with a comma (`Go seek the traitor
+  Gloster,`) is not a joint label.
 * Names are upper-cased, dots removed, ordinals spelled (`1 CLOWN` ->
   `FIRST CLOWN`). Abbreviations are unified within a play: a name A becomes
   B when B is the only *full* name of the play (a speaker name or the name

@@ -18,14 +18,17 @@ Parsing (`parse_play`), per file:
   abbreviated speaker names. A work without such a heading (the sonnets and
   the poems) has no speakers and gives no roles.
 * The body is cut into blocks at blank lines. Stage directions `[...]` (also
-  over several lines, and the typo `{...]`) are removed; a `[` never closed
-  drops the rest of its block, and a `]` never opened (a direction the etext
-  closed early) drops its block up to it. Blocks headed `ACT ...`,
+  over several lines, nested, and the typo `{...]`) are removed; a `[` never
+  closed drops the rest of its block, and a `]` never opened (a direction
+  the etext closed early) drops its block up to it. Blocks headed `ACT ...`,
   `SCENE ...`, `INDUCTION` are dropped and end the current speech; a
   `PROLOGUE` or `EPILOGUE` heading is also its speaker's label (its speech:
-  the rest of its block and the unlabelled blocks after it). Lines starting
-  with `Enter`, `Exit`, `Exeunt`, `Re-enter`, `Spoken by` (directions without
-  brackets) are dropped.
+  the rest of its block and the unlabelled blocks after it; a line repeating
+  the play's title, Troilus' `TROILUS AND CRESSIDA`, is skipped). A block
+  opening with `Enter`, `Exit`, `Exeunt`, `Re-enter`, `Spoken by` (a
+  direction without brackets, on lines of its own) is dropped; such a word
+  opening a verse line inside a block is text. `THE END`, `@@@` and song
+  markers are dropped.
 * A speaker line is a short name (at most 5 words, at most 40 characters,
   an optional ordinal `1`/`1.`, e.g. `Kent.`, `MRS. PAGE.`, `1 Clown.`,
   `THESEUS`) alone on the first line of a block; the speech is the rest of
@@ -37,10 +40,16 @@ Parsing (`parse_play`), per file:
   `Kent.`) directly over a speech, so a label used once (`Doct.`, `ALL`) is a
   speaker while a verse line opening a block (`Farewell.`) is not. `NAME.
   text` on one line is a speaker and speech when `NAME` is an accepted
-  speaker of the play. Joint speakers (`Alb. and Corn.`, `PRINCE & POINS.`,
-  `GREY, SCROOP.`: two or more names, each an accepted speaker or in the
-  label case) are attributed to no role: their speech is dropped; verse with
-  a comma (`Go seek the traitor Gloster,`) is not a joint label.
+  speaker of the play. A label heading two or more blocks, in the label
+  case, that follows a line with no blank line between (1 Henry IV's
+  `GLEND.`) starts a speech when lines or an unlabelled block follow it.
+  Unlabelled text after a heading is the speech of the one person of an
+  `[Enter NAME.]` block before it, if a speaker (Pericles' Act I Gower).
+  Joint speakers (`Alb. and Corn.`, `PRINCE & POINS.`, `GREY, SCROOP.`: two
+  or more names, each an accepted speaker or in the label case;
+  `VARRO. CLAUDIUS.`: accepted speakers' labels in a row) are attributed to
+  no role: their speech is dropped; verse with a comma (`Go seek the traitor
+  Gloster,`) is not a joint label.
 * Names are upper-cased, dots removed, ordinals spelled (`1 CLOWN` ->
   `FIRST CLOWN`). Abbreviations are unified within a play: a name A becomes
   B when B is the only *full* name of the play (a speaker name or the name
@@ -53,8 +62,10 @@ Parsing (`parse_play`), per file:
 * Lines are stripped and runs of whitespace collapsed to one space.
 
 Outputs (`build`; the SQLite by default, LEAF JSON with `formats`), written
-under temporary names and renamed into place when all are complete, so a
-killed or failed build leaves the earlier files; clients `PLAY_CHARACTER`
+under temporary names (with the mode a plain write gives, 0666 less the
+umask) and renamed into place when all are complete, so a killed or failed
+build leaves the earlier files; the `--leaf_*` flags are refused unless
+`leaf` is in `--formats`; clients `PLAY_CHARACTER`
 with non-alphanumerics replaced by `_` (LEAF's `play_and_character`); plays
 with fewer than two roles and roles with two or fewer lines are dropped
 (LEAF):
@@ -80,7 +91,7 @@ input gives the same bytes.
 """
 
 import collections
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 import contextlib
 import dataclasses
 import errno
@@ -89,10 +100,10 @@ import json
 import os
 import random
 import re
+import secrets
 import sqlite3
 import statistics
 import sys
-import tempfile
 from typing import Optional
 
 SQLITE_NAME = 'shakespeare.sqlite'
@@ -132,11 +143,21 @@ _HEADING_RE = re.compile(
 _SPOKEN_HEADING_RE = re.compile(
     r'^(THE )?(PROLOGUE|EPILOGUE|Prologue|Epilogue)\.?\s*$'
 )
+_BRACKET_RE = re.compile(r'[\[\]{}]')
+_LABEL_LIST_RE = re.compile(r'(?<=\.)\s+')
 _CONNECTOR_RE = re.compile(r'\s*(?:,|&|\band\b|\bAND\b|(?<=\.)\s)\s*')
 _FUNCTION_WORDS = frozenset({'THE', 'AND', 'TO', 'OF', 'HIS', 'HER', 'WITH'})
-_STAGE_LINE_RE = re.compile(
-    r'^(Enter|Exit|Exeunt|Re-enter|Spoken by)\b|^(SONG|Song|[IVX]+)\.?$'
+# A direction without brackets is a block of its own (`Enter HOLOFERNES, ...`
+# over a blank line): the whole block. A verse line opening with the same
+# word inside a speech (`Enter the city, clip your wives,`) is text.
+_STAGE_BLOCK_RE = re.compile(
+    r"^(Enter|Exit|Exeunt|Re-enter|Spoken by)(?![\w'])"
 )
+# Lines dropped wherever they stand: song markers, the etexts' `THE END` and
+# `@@@` marks.
+_STAGE_LINE_RE = re.compile(r'^(SONG|Song|[IVX]+)\.?$|^THE END\.?$|^@+$')
+# `[Enter GOWER.]`: one person enters (Pericles' Act I chorus has no label).
+_ENTRANCE_RE = re.compile(r'^\[\s*Enter\s+([^\[\],;&]+?)\.?\s*\]$')
 _WORD = r"[A-Za-z][A-Za-z'\-]*\.?"
 _NAME = rf"(?:\d\.?\s*)?[A-Z][A-Za-z'\-]*\.?(?:\s+{_WORD}){{0,4}}"
 _SPEAKER_RE = re.compile(rf'^({_NAME})\s*$')
@@ -144,7 +165,6 @@ _INLINE_RE = re.compile(rf'^({_NAME})\.\s+(\S.*)$')
 _JOINT_RE = re.compile(
     rf'^{_NAME}(?:\s*(?:,|&|\b(?i:and)\b)\s*(?:{_NAME})?)+\.?\s*$'
 )
-_DIRECTION_RE = re.compile(r'[\[{][^\]}]*[\]}]')
 _GUTENBERG_START_RE = re.compile(
     r'^\*{3}\s*START OF|^\*END\*THE SMALL PRINT', re.M
 )
@@ -256,24 +276,56 @@ def _blocks(lines: Sequence[str]) -> list[list[str]]:
   return blocks
 
 
+def _strip_brackets(text: str) -> str:
+  """`text` without its `[...]` directions, nested ones too (`[a [b] c]`).
+
+  A `]` never opened ends a direction opened in an earlier block: the text
+  up to it is dropped; a `[` never closed drops the rest of `text`. `{` is
+  the etexts' typo for `[` (`{...]`).
+  """
+  pieces = []
+  depth = 0
+  start = 0  # Of the text after the last direction.
+  opened_at = 0
+  for bracket in _BRACKET_RE.finditer(text):
+    i = bracket.start()
+    if bracket.group() in '[{':
+      if depth == 0:
+        pieces.append(text[start:i])
+        opened_at = len(pieces)
+        pieces.append(' ')
+      depth += 1
+    elif depth:
+      depth -= 1
+      start = i + 1
+    else:
+      pieces, start = [], i + 1
+  if depth:
+    return ''.join(pieces[:opened_at])
+  pieces.append(text[start:])
+  return ''.join(pieces)
+
+
 def _remove_directions(block: Sequence[str]) -> list[str]:
-  """Lines of `block` without `[...]` stage directions, empty lines dropped."""
-  text = _DIRECTION_RE.sub(' ', '\n'.join(block))
-  # The end of a direction opened in an earlier block (`vanish.]`).
-  close = text.find(']')
-  if close >= 0 and '[' not in text[:close]:
-    text = text[close + 1 :]
-  unclosed = min(
-      (i for i in (text.find('['), text.find('{')) if i >= 0), default=-1
-  )
-  if unclosed >= 0:
-    text = text[:unclosed]
+  """Lines of `block` without stage directions, empty lines dropped.
+
+  A block opening with an unbracketed direction (`Enter ...`) is dropped
+  whole.
+  """
   out = []
-  for line in text.split('\n'):
+  for line in _strip_brackets('\n'.join(block)).split('\n'):
     line = ' '.join(line.split())
     if line and not _STAGE_LINE_RE.match(line):
       out.append(line)
+  if out and _STAGE_BLOCK_RE.match(out[0]):
+    return []
   return out
+
+
+def _entrance(block: Sequence[str]) -> Optional[str]:
+  """The name in a block that is only `[Enter NAME.]`, else `None`."""
+  match = _ENTRANCE_RE.match(' '.join(' '.join(block).split()))
+  return match.group(1) if match else None
 
 
 def _persons_names(persons: Sequence[str]) -> set[str]:
@@ -368,6 +420,64 @@ def _play_label_case(labels: collections.Counter) -> Optional[str]:
   return cases.most_common(1)[0][0] if cases else None
 
 
+def _text_blocks(
+    raw_blocks: Iterable[Sequence[str]],
+) -> tuple[list[list[str]], list[Optional[str]]]:
+  """Blocks without directions (empty ones out), each with its entrant.
+
+  A block's entrant is the one person of an `[Enter NAME.]` block between
+  it and the text block before it (the last such), else `None`.
+  """
+  blocks, entrants = [], []
+  entrant = None
+  for raw in raw_blocks:
+    block = _remove_directions(raw)
+    if block:
+      blocks.append(block)
+      entrants.append(entrant)
+      entrant = None
+    else:
+      entrant = _entrance(raw) or entrant
+  return blocks, entrants
+
+
+def _split_glued(
+    blocks: Sequence[list[str]],
+    entrants: Sequence[Optional[str]],
+    is_glued: Callable[[str], bool],
+    is_label: Callable[[str], bool],
+) -> tuple[list[list[str]], list[Optional[str]]]:
+  """Blocks cut before speaker labels that follow a line with no blank line.
+
+  A line of a block after its first for which `is_glued` holds starts a new
+  block when lines follow it in its block (Coriolanus' `CITIZENS.`) or,
+  last in its block, when the next block is unlabelled text, its speech
+  (1 Henry IV's `GLEND.`); a name answering a question (`Who is it?` /
+  `Romeo.`) is followed by a label (`is_label`) and stays a line.
+  """
+  out_blocks, out_entrants = [], []
+  for i, block in enumerate(blocks):
+    start = 0
+    for j in range(1, len(block)):
+      if not is_glued(block[j]):
+        continue
+      last = j == len(block) - 1
+      if last and (i + 1 == len(blocks) or is_label(blocks[i + 1][0])):
+        continue
+      out_blocks.append(block[start:j])
+      out_entrants.append(entrants[i] if start == 0 else None)
+      start = j
+    out_blocks.append(block[start:])
+    out_entrants.append(entrants[i] if start == 0 else None)
+  return out_blocks, out_entrants
+
+
+def _repeats_title(line: str, title: str) -> bool:
+  """Whether `line` is the play's title or its last two or more words."""
+  words = line.upper().rstrip('.').split()
+  return len(words) >= 2 and title.upper().split()[-len(words) :] == words
+
+
 def parse_play(text: str) -> Optional[Play]:
   """Roles and speeches of one Gutenberg etext; `None` for a poem."""
   lines = strip_gutenberg(text).split('\n')
@@ -383,11 +493,7 @@ def parse_play(text: str) -> Optional[Play]:
   persons = [
       l.strip() for l in lines[nonblank[0] + 1 : body_start] if l.strip()
   ]
-  blocks = [
-      b
-      for b in (_remove_directions(b) for b in _blocks(lines[body_start:]))
-      if b
-  ]
+  blocks, entrants = _text_blocks(_blocks(lines[body_start:]))
 
   candidates = collections.Counter(
       b[0]
@@ -446,7 +552,13 @@ def parse_play(text: str) -> Optional[Play]:
   accepted = {normalize_name(line) for line in candidates if is_speaker(line)}
 
   def is_joint(line: str) -> bool:
-    if len(line) > 40 or not _JOINT_RE.match(line):
+    if len(line) > 40:
+      return False
+    # Labels one after the other (`VARRO. CLAUDIUS.`), each a speaker's.
+    labels = _LABEL_LIST_RE.split(line.strip())
+    if len(labels) > 1 and all(normalize_name(l) in accepted for l in labels):
+      return True
+    if not _JOINT_RE.match(line):
       return False
     parts = [
         p
@@ -460,10 +572,32 @@ def parse_play(text: str) -> Optional[Play]:
         for p in parts
     )
 
+  def is_label(head: str) -> bool:
+    inline = _INLINE_RE.match(head)
+    return bool(
+        _HEADING_RE.match(head)
+        or is_joint(head)
+        or (len(head) <= 40 and is_speaker(head))
+        or (inline and normalize_name(inline.group(1)) in accepted)
+    )
+
+  def is_glued(line: str) -> bool:
+    # A play's label heading other blocks, inside a block (no blank line
+    # before it): 1 Henry IV's `GLEND.` under Hotspur's last line.
+    return (
+        candidates[line] >= 2
+        and label_case(line) == shape
+        and len(line) <= 40
+        and is_speaker(line)
+    )
+
+  blocks, entrants = _split_glued(blocks, entrants, is_glued, is_label)
   speeches = []  # (raw speaker name, lines), in order.
   current = None
-  for block in blocks:
+  for block, entrant in zip(blocks, entrants):
     head = block[0]
+    if len(block) == 1 and _repeats_title(head, title):
+      continue  # Troilus' `TROILUS AND CRESSIDA` under its PROLOGUE.
     if _HEADING_RE.match(head):
       current = None
       spoken = _SPOKEN_HEADING_RE.match(head)
@@ -485,6 +619,12 @@ def parse_play(text: str) -> Optional[Play]:
       rest = [inline.group(2)] + block[1:]
     else:
       rest = block
+      if current is None and entrant is not None:
+        # Unlabelled text after a heading, where one person entered
+        # (`[Enter GOWER.]`): that person's, if a speaker of the play.
+        if normalize_name(entrant) in accepted:
+          current = [normalize_name(entrant), []]
+          speeches.append(current)
     if current is not None:
       current[1].extend(rest)
   aliases = _ALIASES.get(title, {})
@@ -631,6 +771,22 @@ def snippet_example(snippet: str) -> bytes:
   return _field(1, _field(1, entry))
 
 
+def _create_temp(directory: str, name: str) -> str:
+  """A new empty file `directory/.NAME.XXXXXXXX.tmp` with a normal mode.
+
+  Created as `open` creates files (0666 less the umask), not with
+  `tempfile.mkstemp`'s 0600, since the file is renamed into place as is.
+  """
+  while True:
+    tmp = os.path.join(directory, f'.{name}.{secrets.token_hex(4)}.tmp')
+    try:
+      fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    except FileExistsError:
+      continue
+    os.close(fd)
+    return tmp
+
+
 class _Outputs:
   """Files written under temporary names, renamed into place together."""
 
@@ -647,10 +803,7 @@ class _Outputs:
     ):
       with contextlib.suppress(OSError):
         os.remove(stale)
-    fd, tmp = tempfile.mkstemp(
-        prefix=f'.{os.path.basename(path)}.', suffix='.tmp', dir=directory
-    )
-    os.close(fd)
+    tmp = _create_temp(directory, os.path.basename(path))
     self._pending.append((tmp, path))
     return tmp
 
@@ -1037,6 +1190,21 @@ def report(result: BuildResult) -> str:
 # ------------------------------------------------------------------ binary
 
 _FLAGS = {}
+LEAF_FLAGS = ('leaf_seq_length', 'leaf_train_fraction', 'leaf_seed')
+
+
+def check_leaf_flags(formats: Sequence[str], given: Sequence[str]) -> None:
+  """Refuses LEAF-only flags (`given`) for a build that writes no LEAF JSON.
+
+  Raises:
+    TextError: A flag of `given` would be ignored: `leaf` not in `formats`.
+  """
+  if given and 'leaf' not in formats:
+    names = ', '.join(f'--{n}' for n in given)
+    raise TextError(
+        f'{names}: LEAF-only, but --formats={",".join(formats)} writes no '
+        'LEAF JSON (add leaf: --formats=sqlite,leaf)'
+    )
 
 
 def define_flags() -> None:
@@ -1055,7 +1223,7 @@ def define_flags() -> None:
   _FLAGS['formats'] = flags.DEFINE_list(
       'formats',
       list(DEFAULT_FORMATS),
-      'Outputs among sqlite,leaf (leaf: LEAF JSON, about 370 MB).',
+      'Outputs among sqlite,leaf (leaf: LEAF JSON, 371 MB).',
   )
   _FLAGS['leaf_seq_length'] = flags.DEFINE_integer(
       'leaf_seq_length', DEFAULT_LEAF_SEQ_LENGTH, 'LEAF window length.'
@@ -1080,6 +1248,10 @@ def main(argv) -> int:
     )
     return 2
   try:
+    check_leaf_flags(
+        _FLAGS['formats'].value,
+        [n for n in LEAF_FLAGS if _FLAGS[n].present],
+    )
     result = build(
         _FLAGS['output_dir'].value or '',
         text_dir=_FLAGS['text_dir'].value,

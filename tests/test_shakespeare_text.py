@@ -303,6 +303,35 @@ def test_prologues_epilogues_and_choruses_are_spoken_parts():
   assert _speaker_of(play, rosalind[0]) == {'ROSALIND'}
 
 
+def test_a_label_shaped_line_over_no_speech_is_no_speaker():
+  # `DUMB SHOW.`: written as Pericles' labels are and used once, but over a
+  # blank line and a direction, not a speech: Gower's chorus goes on.
+  lines = _lines('pericles_gut.txt')
+  i = lines.index('DUMB SHOW.')
+  assert lines.count('DUMB SHOW.') == 1 and st.label_case(lines[i]) == 'upper'
+  assert not lines[i + 1] and lines[i + 2].startswith('[Enter at one door')
+  j = lines.index("Good Helicane, that stay'd at home.")
+  assert lines[j - 2].endswith('and Cleon at another.]') and i < j
+  play = st.parse_play(_raw('pericles_gut.txt'))
+  assert 'DUMB SHOW' not in play.roles
+  assert _speaker_of(play, lines[j]) == {'GOWER'}
+  assert _speaker_of(play, lines[j + 1]) == {'GOWER'}
+
+
+def test_a_prologue_alone_speaks_the_blocks_after_it():
+  # Henry VIII's `THE PROLOGUE.` over a blank line: its speech is every
+  # unlabelled block up to the next heading.
+  lines = _lines('henry_viii_gut.txt')
+  i = lines.index('THE PROLOGUE.')
+  assert not lines[i + 1]
+  end = lines.index('ACT I.', i)
+  speech = tuple(l.strip() for l in lines[i + 2 : end] if l.strip())
+  assert speech[0] == 'I COME no more to make you laugh: things now'
+  assert len(speech) > 20 and not any('[' in l for l in speech)
+  play = st.parse_play(_raw('henry_viii_gut.txt'))
+  assert play.roles['PROLOGUE'][0] == speech
+
+
 def test_one_role_under_two_labels():
   henry = [l.strip() for l in _lines('henry_iv_part_1_gut.txt')]
   play = st.parse_play(_raw('henry_iv_part_1_gut.txt'))
@@ -328,6 +357,164 @@ def test_the_end_of_a_direction_from_an_earlier_block_is_dropped():
   everything = [l for s in play.roles.values() for x in s for l in x]
   assert not any(']' in l or '[' in l for l in everything)
   assert 'In country footing.' in everything
+
+
+def _glued(lines, label):
+  """Index of the one `label` line that follows a non-blank line."""
+  hits = [
+      i
+      for i, l in enumerate(lines)
+      if l.strip() == label and i and lines[i - 1].strip()
+  ]
+  assert len(hits) == 1, hits
+  return hits[0]
+
+
+@pytest.mark.parametrize(
+    'name, label, role, previous',
+    [
+        # Last line of Hotspur's block; its speech in the next block.
+        ('henry_iv_part_1_gut.txt', 'GLEND.', 'GLEND', 'HOT'),
+        # Inside a block, its speech under it.
+        ('coriolanus_gut.txt', 'CITIZENS.', 'CITIZENS', 'SICINIUS'),
+        ('loves_labours_lost_gut.txt', 'LONGAVILLE.', 'LONGAVILLE', 'BEROWNE'),
+    ],
+)
+def test_label_after_a_line_without_a_blank_line(name, label, role, previous):
+  lines = _lines(name)
+  i = _glued(lines, label)
+  j = i + 1 if lines[i + 1].strip() else i + 2  # Under it, or a block on.
+  speech = []
+  while lines[j].strip():
+    speech.append(' '.join(lines[j].split()))
+    j += 1
+  play = st.parse_play(_raw(name))
+  assert tuple(speech) in play.roles[role]
+  assert all(_speaker_of(play, l) == {role} for l in speech)
+  before = ' '.join(lines[i - 1].split())
+  assert previous in _speaker_of(play, before) or before == '@@@'
+  everything = [l for s in play.roles.values() for x in s for l in x]
+  assert label not in everything and '@@@' not in everything
+
+
+def test_a_name_answering_is_not_a_label():
+  romeo = _lines('romeo_and_juliet_gut.txt')
+  # `Who is it?` -- `Romeo.`: Balthasar's answer, a speaker's label after it.
+  i = next(
+      i
+      for i in range(1, len(romeo) - 2)
+      if romeo[i] == 'Romeo.' and romeo[i - 1] == 'Balthasar.'
+  )
+  assert romeo[i + 1] == '' and romeo[i + 2] == 'Friar.'
+  play = st.parse_play(_raw('romeo_and_juliet_gut.txt'))
+  assert ('Romeo.',) in play.roles['BALTHASAR']
+
+
+def test_troilus_prologue_under_its_title_line():
+  lines = _lines('troilus_and_cressida_gut.txt')
+  i = lines.index('PROLOGUE')
+  assert lines[i + 2] == 'TROILUS AND CRESSIDA'  # Not a joint label.
+  end = lines.index('ACT I.')
+  speech = tuple(l.strip() for l in lines[i + 4 : end] if l.strip())
+  assert speech[0] == 'In Troy, there lies the scene. From isles of Greece'
+  assert len(speech) == 31 and len('\n'.join(speech)) > 1280
+  play = st.parse_play(_raw('troilus_and_cressida_gut.txt'))
+  assert play.roles['PROLOGUE'] == (speech,)
+
+
+def test_pericles_act_one_chorus_of_the_one_who_entered():
+  lines = _lines('pericles_gut.txt')
+  act = lines.index('ACT I.')
+  assert lines[act + 2] == '[Enter GOWER.]'  # No label over the speech.
+  assert lines[act + 4] == '[Before the palace of Antioch.]'
+  end = lines.index('[Exit.]', act)
+  speech = tuple(lines[act + 6 : end - 1])
+  assert speech[0] == 'To sing a song that old was sung,' and all(speech)
+  assert len(speech) == 42
+  play = st.parse_play(_raw('pericles_gut.txt'))
+  assert play.roles['GOWER'][0] == speech
+
+
+@pytest.mark.parametrize(
+    'name, line, role',
+    [
+        ('antony_and_cleopatra_gut.txt', 'Enter the city, clip', 'ANTONY'),
+        ('henry_v_gut.txt', 'Enter our gates; dispose', 'GOVERNOR'),
+        (
+            'henry_vi_part_1_gut.txt',
+            "Enter, and cry, 'The Dauphin!'",
+            'REIGNIER',
+        ),
+        ('henry_vi_part_1_gut.txt', 'Enter, go in; the market', 'WATCH'),
+        ('henry_vi_part_2_gut.txt', 'Enter his chamber, view', 'KING'),
+        ('macbeth_gut.txt', 'Enter, sir, the castle.', 'SIWARD'),
+        ('merchant_of_venice_gut.txt', "Enter'd my house. Antonio,", 'PORTIA'),
+        ('troilus_and_cressida_gut.txt', 'Enter his thoughts, save', 'ULYSSES'),
+    ],
+)
+def test_verse_opening_with_enter_is_text(name, line, role):
+  lines = _lines(name)
+  (i,) = [i for i, l in enumerate(lines) if l.startswith(line)]
+  assert lines[i - 1].strip()  # Inside a block: verse, not a direction.
+  play = st.parse_play(_raw(name))
+  assert _speaker_of(play, ' '.join(lines[i].split())) == {role}
+
+
+def test_a_direction_block_without_brackets_is_dropped():
+  lines = _lines('pericles_gut.txt')
+  i = lines.index(
+      'Enter, from thence, Lysimachus and Lords; with the Gentlemen and'
+  )
+  assert lines[i + 1] == 'the two sailors.' and not lines[i + 2]
+  play = st.parse_play(_raw('pericles_gut.txt'))
+  assert not _speaker_of(play, 'the two sailors.')
+  lines = _lines('loves_labours_lost_gut.txt')
+  i = lines.index('Enter HOLOFERNES, SIR NATHANIEL, and DULL.')
+  assert not lines[i - 1] and not lines[i + 1]
+  play = st.parse_play(_raw('loves_labours_lost_gut.txt'))
+  assert not _speaker_of(play, lines[i])
+
+
+def test_nested_brackets_are_one_direction():
+  lines = _lines('cymbeline_gut.txt')
+  i = lines.index('PISANIO, [SOLDIERS, ATTENDANTS] and Roman captives. ')
+  block = lines[i - 1 : i + 3]
+  assert block[0].startswith('[Enter CYMBELINE, BELARIUS,')
+  assert block[-1].endswith('[Then exeunt omnes.]') and not lines[i + 3]
+  play = st.parse_play(_raw('cymbeline_gut.txt'))
+  everything = [l for s in play.roles.values() for x in s for l in x]
+  assert not any('Roman captives' in l or 'Gaoler' in l for l in everything)
+  assert st._strip_brackets('a [b [c] d] e [f') == 'a   e '  # pylint: disable=protected-access
+
+
+@pytest.mark.parametrize(
+    'name, role',
+    [
+        ('alls_well_that_ends_well_gut.txt', 'KING'),
+        ('julius_caesar_gut.txt', 'OCTAVIUS'),
+        ('othello_gut.txt', 'LODOVICO'),
+    ],
+)
+def test_the_end_is_no_line(name, role):
+  lines = _lines(name)
+  end = lines.index('THE END')
+  exeunt = max(i for i in range(end) if lines[i].strip())
+  assert lines[exeunt] == '[Exeunt.]'  # The last line of the last speech:
+  last = next(l for l in reversed(lines[:exeunt]) if l.strip())
+  play = st.parse_play(_raw(name))
+  assert play.roles[role][-1][-1] == ' '.join(last.split())
+  assert not _speaker_of(play, 'THE END')
+
+
+def test_labels_one_after_the_other_are_joint():
+  lines = _lines('julius_caesar_gut.txt')
+  assert lines.count('VARRO. CLAUDIUS.') == 2
+  i = lines.index('VARRO. CLAUDIUS.')
+  assert lines[i + 1] == 'Did we, my lord?'
+  play = st.parse_play(_raw('julius_caesar_gut.txt'))
+  assert {'VARRO', 'CLAUDIUS'} <= set(play.roles)
+  assert not _speaker_of(play, 'Did we, my lord?')
+  assert not [r for r in play.roles if ' ' in r and 'VARRO' in r]
 
 
 def test_last_gutenberg_start_marker_wins():
@@ -624,6 +811,22 @@ def test_builds_that_would_write_nothing_are_refused(text_dir, tmp_path):
   assert not _tree(str(tmp_path / 'b'))
 
 
+@pytest.mark.parametrize('umask', [0o022, 0o007])
+def test_outputs_have_the_mode_of_a_normal_write(text_dir, tmp_path, umask):
+  old = os.umask(umask)
+  try:
+    result = st.build(str(tmp_path), text_dir=text_dir, formats=st.FORMATS)
+    with open(tmp_path / 'plain', 'w') as f:  # As open() makes a file.
+      f.write('x')
+  finally:
+    os.umask(old)
+  assert len(result.files) == 3
+  plain = os.stat(tmp_path / 'plain').st_mode & 0o777
+  assert plain == 0o666 & ~umask  # 0o644, 0o660; mkstemp's is 0o600.
+  for path in result.files:
+    assert os.stat(path).st_mode & 0o777 == plain, path
+
+
 # ------------------------------------------------------------------ binary
 
 
@@ -678,6 +881,27 @@ def test_bad_flags_and_text_dir(tmp_path):
       timeout=120,
   )
   assert 'no *_gut.txt' in _one_error_line(code, stderr)
+
+
+def test_leaf_flags_without_leaf_are_refused(tmp_path):
+  code, stdout, stderr = binary.run_module(
+      'tasks.shakespeare_text',
+      [f'--output_dir={tmp_path}', '--leaf_seq_length=10000000'],
+      timeout=120,
+  )
+  line = _one_error_line(code, stderr)
+  assert line == (
+      'shakespeare_text: error: --leaf_seq_length: LEAF-only, but '
+      '--formats=sqlite writes no LEAF JSON (add leaf: '
+      '--formats=sqlite,leaf)'
+  )
+  assert not stdout and not os.listdir(tmp_path)
+  with pytest.raises(
+      st.TextError, match='^--leaf_train_fraction, --leaf_seed:'
+  ):
+    st.check_leaf_flags(['sqlite'], ['leaf_train_fraction', 'leaf_seed'])
+  st.check_leaf_flags(['sqlite', 'leaf'], ['leaf_seed'])  # Used: accepted.
+  st.check_leaf_flags(['sqlite'], [])
 
 
 def test_missing_package(tmp_path):

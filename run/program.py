@@ -54,6 +54,8 @@ import csv
 import dataclasses
 import datetime
 import json
+import re
+import shutil
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any, Optional
@@ -380,11 +382,41 @@ class ProgramError(RuntimeError):
   """The program cannot resume the state found in its output folder."""
 
 
-def _quiet_cancelled(loop, context) -> None:
-  """An event-loop exception handler that drops cancelled tasks' reports."""
-  if isinstance(context.get('exception'), asyncio.CancelledError):
-    return
-  loop.default_exception_handler(context)
+def _is_finalize_callback(context: Mapping[str, Any]) -> bool:
+  """Whether an event-loop error report comes from a TFF task's callback."""
+  callback = getattr(context.get('handle'), '_callback', None)
+  return getattr(callback, '__name__', None) == '_finalize_task'
+
+
+class BackgroundErrors:
+  """The errors of TFF's background tasks, kept for the program to raise.
+
+  `train_model`'s `TaskManager` and the `EvaluationManager` re-raise a
+  failed task's error (a program-state save on a full disk, an evaluation
+  that found the training diverged) in the task's done-callback, where the
+  event loop can only log it as an `Exception in callback ..._finalize_task`
+  traceback, and `train_model` goes on. Installed as the event loop's
+  exception handler, this keeps such errors instead and drops the reports of
+  cancelled tasks; `check()` raises the first kept error.
+  """
+
+  def __init__(self):
+    self.errors: list[BaseException] = []
+
+  def __call__(
+      self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]
+  ) -> None:
+    error = context.get('exception')
+    if isinstance(error, asyncio.CancelledError):
+      return
+    if error is not None and _is_finalize_callback(context):
+      self.errors.append(error)
+      return
+    loop.default_exception_handler(context)
+
+  def check(self) -> None:
+    if self.errors:
+      raise self.errors[0]
 
 
 async def end_background_tasks(timeout: float = 60.0) -> None:
@@ -395,16 +427,14 @@ async def end_background_tasks(timeout: float = 60.0) -> None:
   state saves, metric releases, evaluations) running; `asyncio.run` would
   cancel them, and each cancelled task's done-callback in TFF's task manager
   prints a `CancelledError` traceback. They are given `timeout` seconds to
-  finish (a started save completes); those still running are cancelled with
-  their reports silenced.
+  finish (a started save completes); those still running are cancelled (run
+  it under `BackgroundErrors`, which silences their reports).
   """
   current = asyncio.current_task()
   others = [t for t in asyncio.all_tasks() if t is not current]
   if not others:
     return
   _, pending = await asyncio.wait(others, timeout=timeout)
-  loop = asyncio.get_running_loop()
-  loop.set_exception_handler(_quiet_cancelled)
   for task in pending:
     task.cancel()
   if pending:
@@ -439,6 +469,35 @@ def check_config(output_dir: str, settings: Mapping[str, Any]) -> None:
         f'{output_dir} holds a program with other settings ({details}); '
         'use another output folder or remove that one to start over'
     )
+
+
+# What TFF's file writers name a file or folder until it is whole (then they
+# rename it): `<name>_temp` and four random digits.
+_TFF_TEMP_NAME = re.compile(r'.+_temp[0-9]{4}')
+
+
+def remove_temp_files(output_dir: str) -> list[str]:
+  """Removes the `<name>_tempNNNN` files and folders TFF's writers leave.
+
+  TFF writes a program state, a released model and a CSV file under a
+  temporary name and renames it when whole; a kill or a full disk in between
+  leaves the temporary one, which no later run reads or removes. Only such
+  names are removed (a saved program state is `program_state_N`).
+
+  Returns:
+    The paths removed.
+  """
+  removed = []
+  for folder, dirs, files in os.walk(output_dir):
+    for name in [d for d in dirs if _TFF_TEMP_NAME.fullmatch(d)]:
+      dirs.remove(name)
+      shutil.rmtree(os.path.join(folder, name), ignore_errors=True)
+      removed.append(os.path.join(folder, name))
+    for name in files:
+      if _TFF_TEMP_NAME.fullmatch(name):
+        os.remove(os.path.join(folder, name))
+        removed.append(os.path.join(folder, name))
+  return removed
 
 
 def save_config(output_dir: str, settings: Mapping[str, Any]) -> None:
@@ -506,7 +565,9 @@ class DivergenceCheck(tff.program.ReleaseManager):
       )
 
 
-_divergence_checks: list[DivergenceCheck] = []
+# What a training round's `select` checks first (`DivergenceCheck`s and the
+# program's `BackgroundErrors`): `train_model` stops at the next round.
+_divergence_checks: list[Any] = []
 
 
 def _release_managers(output_dir: str, name: str, csv_file: str):
@@ -565,7 +626,7 @@ def build_evaluation_manager(
 
 
 async def _train(
-    process, model_fn, train_source, eval_source, config, output_dir
+    process, model_fn, train_source, eval_source, config, output_dir, errors
 ):
   state_manager = run_dir.CheckpointManager(
       os.path.join(output_dir, 'program_state'), keep_total=3, keep_first=True
@@ -573,7 +634,7 @@ async def _train(
   metrics_manager = DivergenceCheck(
       _release_managers(output_dir, 'train', 'metrics.csv')
   )
-  _divergence_checks[:] = [metrics_manager]
+  _divergence_checks[:] = [errors, metrics_manager]
   evaluation_manager = None
   if eval_source is not None:
     evaluation_manager = build_evaluation_manager(
@@ -709,6 +770,7 @@ def run_program(
       check=lambda: check_config(output_dir, all_settings),
   ):
     save_config(output_dir, all_settings)
+    remove_temp_files(output_dir)  # Of a program killed while it wrote.
     train_source = ClientDataSource(train_spec)
     eval_source = (
         ClientDataSource(
@@ -720,6 +782,10 @@ def run_program(
     context = create_context(secure=secure)
 
     async def train_in_context():
+      errors = BackgroundErrors()
+      loop = asyncio.get_running_loop()
+      previous = loop.get_exception_handler()
+      loop.set_exception_handler(errors)
       # The context stack is per thread: install it where the program runs.
       with tff.framework.get_context_stack().install(context):
         try:
@@ -730,12 +796,18 @@ def run_program(
               eval_source,
               config,
               output_dir,
+              errors,
           )
         except Exception:
           await end_background_tasks()
           raise
+        finally:
+          loop.set_exception_handler(previous)
 
-    state, round_num = simulation.run_async(train_in_context())
+    try:
+      state, round_num = simulation.run_async(train_in_context())
+    finally:
+      remove_temp_files(output_dir)  # Of writes a failure interrupted.
     result = {
         'state': state,
         'round_num': round_num,
@@ -869,6 +941,11 @@ def main(argv: Sequence[str]) -> int:
       raise ValueError(
           f'--algorithm={values.algorithm} keeps per-client '
           'state: run it with python -m run.stateful_program'
+      )
+    if values.stacked_size_groups:
+      raise ValueError(
+          '--stacked_size_groups applies to --simulation_engine=stacked of '
+          'run.train only'
       )
     if values.algorithm == 'afl':  # Before the folder is looked at.
       raise ValueError(f'--algorithm=afl: {_CLIENT_INDEX_REFUSAL}')

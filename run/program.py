@@ -41,7 +41,10 @@ logic saves its state every round).
 
 Stateful clients (Ditto, Fed+) cannot run under `train_model`: they run as a
 program through `run.stateful_program`, which keeps their per-client state
-(see docs/programs.md).
+(see docs/programs.md). Both binaries are this module's one program loop
+(`run_program`, `binary_main`); `run.stateful_program` gives it its
+`ClientStates` part (a `ClientStatesPart`), which trains the rounds in place
+of `train_model` and adds the personal models to the per-client tables.
 """
 
 import os
@@ -53,10 +56,13 @@ import asyncio
 import csv
 import dataclasses
 import datetime
+import functools
 import json
+import re
+import shutil
 import sys
-from collections.abc import Mapping, Sequence
-from typing import Any, Optional
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Optional, Protocol
 
 from absl import flags
 from absl import logging
@@ -380,11 +386,41 @@ class ProgramError(RuntimeError):
   """The program cannot resume the state found in its output folder."""
 
 
-def _quiet_cancelled(loop, context) -> None:
-  """An event-loop exception handler that drops cancelled tasks' reports."""
-  if isinstance(context.get('exception'), asyncio.CancelledError):
-    return
-  loop.default_exception_handler(context)
+def _is_finalize_callback(context: Mapping[str, Any]) -> bool:
+  """Whether an event-loop error report comes from a TFF task's callback."""
+  callback = getattr(context.get('handle'), '_callback', None)
+  return getattr(callback, '__name__', None) == '_finalize_task'
+
+
+class BackgroundErrors:
+  """The errors of TFF's background tasks, kept for the program to raise.
+
+  `train_model`'s `TaskManager` and the `EvaluationManager` re-raise a
+  failed task's error (a program-state save on a full disk, an evaluation
+  that found the training diverged) in the task's done-callback, where the
+  event loop can only log it as an `Exception in callback ..._finalize_task`
+  traceback, and `train_model` goes on. Installed as the event loop's
+  exception handler, this keeps such errors instead and drops the reports of
+  cancelled tasks; `check()` raises the first kept error.
+  """
+
+  def __init__(self):
+    self.errors: list[BaseException] = []
+
+  def __call__(
+      self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]
+  ) -> None:
+    error = context.get('exception')
+    if isinstance(error, asyncio.CancelledError):
+      return
+    if error is not None and _is_finalize_callback(context):
+      self.errors.append(error)
+      return
+    loop.default_exception_handler(context)
+
+  def check(self) -> None:
+    if self.errors:
+      raise self.errors[0]
 
 
 async def end_background_tasks(timeout: float = 60.0) -> None:
@@ -395,16 +431,14 @@ async def end_background_tasks(timeout: float = 60.0) -> None:
   state saves, metric releases, evaluations) running; `asyncio.run` would
   cancel them, and each cancelled task's done-callback in TFF's task manager
   prints a `CancelledError` traceback. They are given `timeout` seconds to
-  finish (a started save completes); those still running are cancelled with
-  their reports silenced.
+  finish (a started save completes); those still running are cancelled (run
+  it under `BackgroundErrors`, which silences their reports).
   """
   current = asyncio.current_task()
   others = [t for t in asyncio.all_tasks() if t is not current]
   if not others:
     return
   _, pending = await asyncio.wait(others, timeout=timeout)
-  loop = asyncio.get_running_loop()
-  loop.set_exception_handler(_quiet_cancelled)
   for task in pending:
     task.cancel()
   if pending:
@@ -439,6 +473,35 @@ def check_config(output_dir: str, settings: Mapping[str, Any]) -> None:
         f'{output_dir} holds a program with other settings ({details}); '
         'use another output folder or remove that one to start over'
     )
+
+
+# What TFF's file writers name a file or folder until it is whole (then they
+# rename it): `<name>_temp` and four random digits.
+_TFF_TEMP_NAME = re.compile(r'.+_temp[0-9]{4}')
+
+
+def remove_temp_files(output_dir: str) -> list[str]:
+  """Removes the `<name>_tempNNNN` files and folders TFF's writers leave.
+
+  TFF writes a program state, a released model and a CSV file under a
+  temporary name and renames it when whole; a kill or a full disk in between
+  leaves the temporary one, which no later run reads or removes. Only such
+  names are removed (a saved program state is `program_state_N`).
+
+  Returns:
+    The paths removed.
+  """
+  removed = []
+  for folder, dirs, files in os.walk(output_dir):
+    for name in [d for d in dirs if _TFF_TEMP_NAME.fullmatch(d)]:
+      dirs.remove(name)
+      shutil.rmtree(os.path.join(folder, name), ignore_errors=True)
+      removed.append(os.path.join(folder, name))
+    for name in files:
+      if _TFF_TEMP_NAME.fullmatch(name):
+        os.remove(os.path.join(folder, name))
+        removed.append(os.path.join(folder, name))
+  return removed
 
 
 def save_config(output_dir: str, settings: Mapping[str, Any]) -> None:
@@ -506,7 +569,9 @@ class DivergenceCheck(tff.program.ReleaseManager):
       )
 
 
-_divergence_checks: list[DivergenceCheck] = []
+# What a training round's `select` checks first (`DivergenceCheck`s and the
+# program's `BackgroundErrors`): `train_model` stops at the next round.
+_divergence_checks: list[Any] = []
 
 
 def _release_managers(output_dir: str, name: str, csv_file: str):
@@ -564,16 +629,81 @@ def build_evaluation_manager(
   )
 
 
+@dataclasses.dataclass(frozen=True)
+class ProgramManagers:
+  """Where a program saves its state and releases its metrics and models.
+
+  Attributes:
+    state: The program state, `output_dir/program_state/` (the first and the
+      last two versions are kept).
+    metrics: The training metrics (`metrics.csv`, `tensorboard/train`),
+      withheld and raised by `check()` when a loss is not finite.
+    models: The training state every 10 rounds and at the end (`models/`).
+  """
+
+  state: run_dir.CheckpointManager
+  metrics: DivergenceCheck
+  models: tff.program.SavedModelFileReleaseManager
+
+
+def program_managers(output_dir: str) -> ProgramManagers:
+  """The program's state and release managers under `output_dir`."""
+  return ProgramManagers(
+      state=run_dir.CheckpointManager(
+          os.path.join(output_dir, 'program_state'),
+          keep_total=3,
+          keep_first=True,
+      ),
+      metrics=DivergenceCheck(
+          _release_managers(output_dir, 'train', 'metrics.csv')
+      ),
+      models=tff.program.SavedModelFileReleaseManager(
+          os.path.join(output_dir, 'models'), prefix=''
+      ),
+  )
+
+
+class ClientStatesPart(Protocol):
+  """The optional stateful part of a program (`run.stateful_program`'s).
+
+  `run_program` without one trains under `train_model`. With one (Ditto,
+  Fed+), the part keeps the clients' states and trains the rounds with its
+  own loop, and their personal models are evaluated with the global one.
+  """
+
+  outputs: str  # The folders and files the binary names when it ends.
+
+  def settings(self) -> dict[str, Any]:
+    """Its settings, saved with the program's (`program_config.json`)."""
+
+  def check(self, process, task: task_base.FederatedTask) -> None:
+    """Raises `TypeError` / `ValueError` if it cannot run `process`."""
+
+  async def train(
+      self,
+      process,
+      spec: DataSpec,
+      config: ProgramConfig,
+      output_dir: str,
+      managers: ProgramManagers,
+  ) -> tuple[Any, int]:
+    """Trains up to `config.total_rounds`; the final state and its round."""
+
+  def personal_per_client(
+      self, process, state, task: task_base.FederatedTask
+  ) -> Mapping[str, Any]:
+    """The per-client tables of the personal models (`personal/...`)."""
+
+  def result(self) -> dict[str, Any]:
+    """What `run_program` returns besides the state and tables."""
+
+  def error_message(self, error: Exception, output_dir: str) -> Optional[str]:
+    """The binary's one-line message for an error of the part, else None."""
+
+
 async def _train(
-    process, model_fn, train_source, eval_source, config, output_dir
+    process, model_fn, train_source, eval_source, config, output_dir, managers
 ):
-  state_manager = run_dir.CheckpointManager(
-      os.path.join(output_dir, 'program_state'), keep_total=3, keep_first=True
-  )
-  metrics_manager = DivergenceCheck(
-      _release_managers(output_dir, 'train', 'metrics.csv')
-  )
-  _divergence_checks[:] = [metrics_manager]
   evaluation_manager = None
   if eval_source is not None:
     evaluation_manager = build_evaluation_manager(
@@ -588,24 +718,55 @@ async def _train(
       train_data_source=train_source,
       train_per_round_clients=config.clients_per_round,
       train_total_rounds=config.total_rounds,
-      program_state_manager=state_manager,
-      model_output_manager=tff.program.SavedModelFileReleaseManager(
-          os.path.join(output_dir, 'models'), prefix=''
-      ),
-      train_metrics_manager=metrics_manager,
+      program_state_manager=managers.state,
+      model_output_manager=managers.models,
+      train_metrics_manager=managers.metrics,
       evaluation_manager=evaluation_manager,
       evaluation_periodicity=config.rounds_per_eval or config.total_rounds,
   )
-  for check in _divergence_checks:
-    check.check()
-  _divergence_checks.clear()
   # The state the program ended with, as a resumed program would load it.
   initial = await tff.program.materialize_value(process.initialize())
   structure = tff.learning.programs.ProgramState(
       initial, 0, 0, train_source.iterator()
   )
-  saved, version = await state_manager.load_latest(structure)
+  saved, version = await managers.state.load_latest(structure)
   return saved.state, version
+
+
+def _run_rounds(context, output_dir: str, train) -> tuple[Any, int]:
+  """Runs `train(managers)` in `context` on an event loop of its own.
+
+  TFF's background tasks' errors are raised by the program
+  (`BackgroundErrors`), a training round stops after a round whose loss is
+  not finite, the tasks still running after an error are ended, and the
+  temporary files of interrupted writes are removed.
+  """
+
+  async def train_in_context():
+    errors = BackgroundErrors()
+    loop = asyncio.get_running_loop()
+    previous = loop.get_exception_handler()
+    loop.set_exception_handler(errors)
+    managers = program_managers(output_dir)
+    _divergence_checks[:] = [errors, managers.metrics]
+    # The context stack is per thread: install it where the program runs.
+    with tff.framework.get_context_stack().install(context):
+      try:
+        state, round_num = await train(managers)
+        for check in _divergence_checks:
+          check.check()
+        return state, round_num
+      except Exception:
+        await end_background_tasks()
+        raise
+      finally:
+        _divergence_checks.clear()
+        loop.set_exception_handler(previous)
+
+  try:
+    return simulation.run_async(train_in_context())
+  finally:
+    remove_temp_files(output_dir)  # Of writes a failure interrupted.
 
 
 _CLIENT_INDEX_REFUSAL = (
@@ -633,7 +794,7 @@ def check_process(process) -> None:
 
 
 def run_program(
-    process: tff.learning.templates.LearningProcess,
+    process,
     *,
     task_name: str,
     task_kwargs: Mapping[str, Any],
@@ -645,12 +806,14 @@ def run_program(
     evaluate: bool = True,
     secure: bool = False,
     settings: Optional[Mapping[str, Any]] = None,
+    client_states: Optional[ClientStatesPart] = None,
 ) -> dict[str, Any]:
-  """Runs `process` under `tff.learning.programs.train_model`.
+  """Runs `process` as a program: under `train_model`, or with client states.
 
   Args:
     process: A `LearningProcess` built for the task's model (any of our
-      `build_*`, or TFF's own).
+      `build_*`, or TFF's own); with `client_states`, the process that part
+      runs (`run.stateful_program`: Ditto, Fed+).
     task_name: A `tasks.registry` task name.
     task_kwargs: Its `create_task` arguments (JSON-able: they are saved with
       the data iterator in the program state).
@@ -660,33 +823,44 @@ def run_program(
     seed: Seed of client selection and shuffles.
     client_epochs_per_round: Local epochs per round.
     client_sampling: `uniform` or `examples`.
-    evaluate: Run `EvaluationManager` evaluations on the test clients.
+    evaluate: Run `EvaluationManager` evaluations on the test clients
+      (without `client_states` only).
     secure: Run under TFF's test context (secure sums executed as sums).
     settings: Extra JSON-able settings saved to `program_config.json`;
       resuming with other values (besides `RESUMABLE_KEYS`) is refused.
+    client_states: The stateful part (`run.stateful_program.ClientStates`):
+      it trains the rounds, keeps the clients' states, and adds its personal
+      models to the per-client tables.
 
   Returns:
-    `{'state', 'round_num', 'final_summaries', 'per_client'}`: the final
-    training state as loaded from the program state, its round, and (with
-    `config.evaluate_per_client`) the per-client tables of the final model.
+    `{'state', 'round_num', 'final_summaries', 'per_client'}` and the
+    part's `result()`: the final training state as loaded from the program
+    state, its round, and (with `config.evaluate_per_client`) the per-client
+    tables of the final model (and personal models).
 
   Raises:
+    TypeError: If `process` cannot run as this program.
     ValueError: For impossible settings.
     ProgramError: If `output_dir` holds a program with other settings.
   """
   runtime.install_worker_cleanup()
-  check_process(process)
   task = _task_for(task_name, task_kwargs)
-  train_spec = DataSpec(
+  if client_states is None:
+    check_process(process)
+  else:
+    client_states.check(process, task)
+  spec = DataSpec(
       task=task_name,
       task_kwargs=dict(task_kwargs),
       split='train',
       seed=seed,
       epochs=client_epochs_per_round,
       sampling=client_sampling,
-      client_index=simulation.needs_client_index(process),
+      client_index=(
+          client_states is None and simulation.needs_client_index(process)
+      ),
   )
-  train_spec.validate()
+  spec.validate()
   config.validate(
       len(task.train_data.client_ids), len(task.test_data.client_ids)
   )
@@ -698,53 +872,62 @@ def run_program(
       'client_epochs_per_round': client_epochs_per_round,
       'client_sampling': client_sampling,
       'clients_per_round': config.clients_per_round,
-      'eval_clients': config.eval_clients,
-      'evaluate': evaluate,
       'total_rounds': config.total_rounds,
       'rounds_per_eval': config.rounds_per_eval,
+      **(
+          {'eval_clients': config.eval_clients, 'evaluate': evaluate}
+          if client_states is None
+          else client_states.settings()
+      ),
   }
   with run_dir.locked(
       output_dir,
-      'program',
+      'program' if client_states is None else STATEFUL_WRITER,
       check=lambda: check_config(output_dir, all_settings),
   ):
     save_config(output_dir, all_settings)
-    train_source = ClientDataSource(train_spec)
-    eval_source = (
-        ClientDataSource(
-            dataclasses.replace(train_spec, split='test', client_index=False)
-        )
-        if evaluate
-        else None
-    )
-    context = create_context(secure=secure)
-
-    async def train_in_context():
-      # The context stack is per thread: install it where the program runs.
-      with tff.framework.get_context_stack().install(context):
-        try:
-          return await _train(
-              process,
-              task.model_fn,
-              train_source,
-              eval_source,
-              config,
-              output_dir,
+    remove_temp_files(output_dir)  # Of a program killed while it wrote.
+    if client_states is None:
+      eval_source = (
+          ClientDataSource(
+              dataclasses.replace(spec, split='test', client_index=False)
           )
-        except Exception:
-          await end_background_tasks()
-          raise
-
-    state, round_num = simulation.run_async(train_in_context())
+          if evaluate
+          else None
+      )
+      train = functools.partial(
+          _train,
+          process,
+          task.model_fn,
+          ClientDataSource(spec),
+          eval_source,
+          config,
+          output_dir,
+      )
+    else:
+      train = functools.partial(
+          client_states.train, process, spec, config, output_dir
+      )
+    state, round_num = _run_rounds(
+        create_context(secure=secure), output_dir, train
+    )
     result = {
         'state': state,
         'round_num': round_num,
+        **(client_states.result() if client_states else {}),
         'final_summaries': None,
         'per_client': None,
     }
     if config.evaluate_per_client:
+      personal = (
+          client_states.personal_per_client(process, state, task)
+          if client_states
+          else None
+      )
       result.update(
-          write_per_client(process, state, task, output_dir, round_num)
+          write_per_client(
+              process, state, task, output_dir, round_num, extra=personal
+          )
       )
     return result
 
@@ -848,8 +1031,72 @@ def model_weights_arrays(process, state) -> list[np.ndarray]:
   return [np.asarray(w) for w in tf.nest.flatten(weights.trainable)]
 
 
-def main(argv: Sequence[str]) -> int:
-  """`python -m run.program`: the training binary's flags, as a program."""
+# The run_dir writer of programs with client states (run.stateful_program).
+STATEFUL_WRITER = 'stateful_program'
+_OUTPUTS = (
+    '(metrics.csv, evaluation.csv, clients/, summary.txt, tensorboard/, '
+    'program_state/, models/)'
+)
+
+
+def _check_flags(values: flags.FlagValues, client_states: bool) -> None:
+  """Raises `ValueError` for flags this program (with or without client
+  states) refuses, before the output folder is looked at."""
+  if values.straggler_fraction:
+    raise ValueError(
+        '--straggler_fraction is not supported by the program'
+        ' logic (use run.train)'
+    )
+  stateful_algorithm = algorithms.AlgorithmSpec(values.algorithm).is_stateful
+  if stateful_algorithm and not client_states:
+    raise ValueError(
+        f'--algorithm={values.algorithm} keeps per-client '
+        'state: run it with python -m run.stateful_program'
+    )
+  if client_states and not stateful_algorithm:
+    raise ValueError(
+        f'--algorithm={values.algorithm} keeps no client '
+        'state; run it with python -m run.program'
+    )
+  if values.stacked_size_groups:
+    raise ValueError(
+        '--stacked_size_groups applies to --simulation_engine=stacked of '
+        'run.train only'
+    )
+  if values.algorithm == 'afl':
+    raise ValueError(f'--algorithm=afl: {_CLIENT_INDEX_REFUSAL}')
+
+
+def _error_message(
+    error: Exception, out_dir: str, client_states: Optional[ClientStatesPart]
+) -> Optional[str]:
+  """The one-line message of a failed program run, else None."""
+  if isinstance(
+      error,
+      (ProgramError, task_base.TaskError, run_dir.RunDirError, ValueError),
+  ):
+    return str(error)
+  if client_states is not None:
+    message = client_states.error_message(error, out_dir)
+    if message is not None:
+      return message
+  return train.disk_full_message(error, out_dir)
+
+
+def binary_main(
+    argv: Sequence[str],
+    client_states_from_flags: Optional[Callable[[], ClientStatesPart]] = None,
+) -> int:
+  """The program binaries' `main`: the training binary's flags.
+
+  Args:
+    argv: The arguments left after the flags.
+    client_states_from_flags: Builds the stateful part from the flags
+      (`run.stateful_program`); None: `run.program`.
+
+  Returns:
+    The exit status: 0, 1 (a failed run) or 2 (bad input).
+  """
   if len(argv) > 1:
     print(
         f'program: error: unexpected arguments: {" ".join(argv[1:])}',
@@ -859,27 +1106,27 @@ def main(argv: Sequence[str]) -> int:
   logging.set_verbosity(logging.WARNING)
   runtime.install_worker_cleanup()
   values = flags.FLAGS
+  stateful_binary = client_states_from_flags is not None
   try:
-    if values.straggler_fraction:
-      raise ValueError(
-          '--straggler_fraction is not supported by the program'
-          ' logic (use run.train)'
+    _check_flags(values, stateful_binary)
+    task, process, sim_config, out_dir = train.prepare(
+        STATEFUL_WRITER if stateful_binary else 'program'
+    )[:4]
+    client_states = None
+    if stateful_binary:
+      client_states = client_states_from_flags()
+      config = ProgramConfig(
+          total_rounds=sim_config.total_rounds,
+          clients_per_round=sim_config.clients_per_round,
       )
-    if algorithms.AlgorithmSpec(values.algorithm).is_stateful:
-      raise ValueError(
-          f'--algorithm={values.algorithm} keeps per-client '
-          'state: run it with python -m run.stateful_program'
+    else:
+      check_process(process)
+      config = ProgramConfig(
+          total_rounds=sim_config.total_rounds,
+          clients_per_round=sim_config.clients_per_round,
+          rounds_per_eval=sim_config.rounds_per_eval,
+          eval_clients=_EVAL_CLIENTS.value,
       )
-    if values.algorithm == 'afl':  # Before the folder is looked at.
-      raise ValueError(f'--algorithm=afl: {_CLIENT_INDEX_REFUSAL}')
-    task, process, sim_config, out_dir = train.prepare('program')[:4]
-    check_process(process)
-    config = ProgramConfig(
-        total_rounds=sim_config.total_rounds,
-        clients_per_round=sim_config.clients_per_round,
-        rounds_per_eval=sim_config.rounds_per_eval,
-        eval_clients=_EVAL_CLIENTS.value,
-    )
     config.validate(
         len(task.train_data.client_ids), len(task.test_data.client_ids)
     )
@@ -906,12 +1153,10 @@ def main(argv: Sequence[str]) -> int:
             for k, v in train.hparams().items()
             if k not in ('progress', 'root_output_dir', 'data_dir')
         },
+        client_states=client_states,
     )
-  except (ProgramError, task_base.TaskError, run_dir.RunDirError) as e:
-    print(f'program: error: {e}', file=sys.stderr)
-    return 1
   except Exception as e:  # pylint: disable=broad-except
-    message = train.disk_full_message(e, out_dir)
+    message = _error_message(e, out_dir, client_states)
     if message is None:
       raise
     print(f'program: error: {message}', file=sys.stderr)
@@ -923,18 +1168,23 @@ def main(argv: Sequence[str]) -> int:
       f'({task.description}):'
   )
   print(simulation.summary_table(result['final_summaries']))
-  print(
-      f'\nOutputs: {out_dir}/ (metrics.csv, evaluation.csv, clients/, '
-      'summary.txt, tensorboard/, program_state/, models/)'
-  )
+  outputs = client_states.outputs if client_states else _OUTPUTS
+  print(f'\nOutputs: {out_dir}/ {outputs}')
   return 0
 
 
-def run_main() -> None:
-  """Console-script entry point."""
+def main(argv: Sequence[str]) -> int:
+  """`python -m run.program`: the training binary's flags, as a program."""
+  return binary_main(argv)
+
+
+def run_main(binary: Callable[[Sequence[str]], int] = main) -> None:
+  """Console-script entry point (of `binary`, this module's `main`)."""
   flags.adopt_module_key_flags(train)  # --help lists the training flags.
   console.run(
-      __name__, lambda argv: runtime.exit_now(main(argv)), prog='program'
+      binary.__module__,
+      lambda argv: runtime.exit_now(binary(argv)),
+      prog='program',
   )
 
 

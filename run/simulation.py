@@ -108,7 +108,12 @@ def run_async(coroutine):
   """
   try:
     asyncio.get_running_loop()
+    in_a_loop = True
   except RuntimeError:
+    in_a_loop = False
+  # Outside the `except` block: an error of the coroutine must not be chained
+  # to the `RuntimeError` above ("During handling of the above exception").
+  if not in_a_loop:
     return asyncio.run(coroutine)
   return asyncio.run_coroutine_threadsafe(
       coroutine, _background_loop()

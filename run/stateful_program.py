@@ -37,7 +37,7 @@ components:
   position in a `[k, ...]` tensor per weight, all zero elsewhere; the
   `federated_sum` of these is exact (x + 0 = x) and brings the cohort's new
   states to the server in selection order.
-* The loop (`run_stateful_program`), in a `NativeFederatedContext`: load the
+* The round loop (`ClientStates.train`), in place of `train_model`: load the
   latest program state from a `tff.program.FileProgramStateManager` and
   restore the store to the same round; each round select, run the round,
   write the returned states to the store (`put_many`), snapshot the store,
@@ -56,6 +56,12 @@ At the end the global model and every client's personal model are evaluated
 on every client (`clients/round_NNNNN.csv`, `clients/personal_...`,
 `summary.json`, `run.train`'s format).
 
+`ClientStates` holds all of this: it is the optional stateful part of
+`run.program`'s one program loop (`run.program.run_program` and
+`binary_main`: settings, folder lock, `NativeFederatedContext`, event loop,
+errors, per-client outputs, flags), which runs the round loop above instead
+of `train_model` when it is given one.
+
 Example:
 
   python -m run.stateful_program --task=synthetic --algorithm=ditto \
@@ -70,7 +76,6 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import collections
 import json
-import sys
 import zipfile
 from collections.abc import Mapping, Sequence
 from typing import Any, Optional
@@ -81,15 +86,10 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from run import algorithms
-from run import console
 from run import program
-from run import run_dir
 from run import simulation
-from run import train  # The training binary's flags, reused by main().
 from tasks import base as task_base
 from tff_algos import client_states as client_states_lib
-from tff_algos import runtime
 from tff_algos import stateful
 
 # pylint: enable=g-import-not-at-top,wrong-import-position
@@ -454,22 +454,14 @@ def _set_aside_client_states(output_dir: str, version: int) -> None:
     os.rename(os.path.join(folder, name), os.path.join(folder, kept))
 
 
-async def _train(process, source, store, config, output_dir):
-  state_manager = run_dir.CheckpointManager(
-      os.path.join(output_dir, 'program_state'), keep_total=3, keep_first=True
-  )
-  metrics_manager = program.DivergenceCheck(
-      program._release_managers(output_dir, 'train', 'metrics.csv')
-  )
-  model_manager = tff.program.SavedModelFileReleaseManager(
-      os.path.join(output_dir, 'models'), prefix=''
-  )
+async def _train_rounds(process, source, store, config, output_dir, managers):
+  """The loop of the module docstring; returns the final state and round."""
   round_fn = build_program_round(
       process, source.federated_type, config.clients_per_round
   )
   initial = process.initialize()
   while True:  # The newest program state whose client states load.
-    loaded, version = await state_manager.load_latest(
+    loaded, version = await managers.state.load_latest(
         _program_state(initial, 0, source.iterator())
     )
     if loaded is None:
@@ -482,11 +474,11 @@ async def _train(process, source, store, config, output_dir):
         raise
       reason = f'its client states: {type(e).__name__}: {e}'
       _set_aside_client_states(output_dir, version)
-      state_manager.set_aside(version, reason)
+      managers.state.set_aside(version, reason)
   if loaded is None:
     state, start, iterator = initial, 0, source.iterator()
     store.restore(0)  # Drops states of a program that never saved a round.
-    await state_manager.save(_program_state(state, 0, iterator), 0)
+    await managers.state.save(_program_state(state, 0, iterator), 0)
   else:
     state, start, iterator = (
         loaded['state'],
@@ -505,17 +497,17 @@ async def _train(process, source, store, config, output_dir):
         round_num=round_num,
     )
     store.snapshot(round_num)  # Before the program state: see the docstring.
-    await state_manager.save(
+    await managers.state.save(
         _program_state(state, round_num, iterator), round_num
     )
-    await metrics_manager.release(metrics, key=round_num)
-    metrics_manager.check()
+    await managers.metrics.release(metrics, key=round_num)
+    managers.metrics.check()
     if (
         round_num % MODEL_RELEASE_PERIOD == 0
         or round_num == config.total_rounds
     ):
-      await model_manager.release(state, key=round_num)
-  saved, version = await state_manager.load_latest(
+      await managers.models.release(state, key=round_num)
+  saved, version = await managers.state.load_latest(
       _program_state(initial, 0, source.iterator())
   )
   return saved['state'], version
@@ -539,6 +531,77 @@ def build_client_state_store(
   )
 
 
+class ClientStates:
+  """The stateful part of a program (`run.program.ClientStatesPart`).
+
+  It keeps the clients' states in a `ClientStateStore` of kind `memory` or
+  `disk` under `client_states/`, trains the rounds with this module's loop,
+  and evaluates every client's personal model after training.
+  """
+
+  outputs = (
+      '(metrics.csv, clients/, summary.txt, tensorboard/, program_state/, '
+      'client_states/, models/)'
+  )
+
+  def __init__(self, kind: str = 'memory'):
+    if kind not in ('memory', 'disk'):
+      raise ValueError(
+          f'unknown client-state store {kind!r}; choose memory or disk'
+      )
+    self._kind = kind
+    self._store: Optional[client_states_lib.ClientStateStore] = None
+
+  def settings(self) -> dict[str, Any]:
+    """The store's kind, saved with the program's settings."""
+    return {'client_state_store': self._kind}
+
+  def check(self, process, task: task_base.FederatedTask) -> None:
+    """Raises `TypeError` / `ValueError` if it cannot run `process`."""
+    if not stateful.is_stateful(process):
+      raise TypeError(
+          'process must be a stateful.StatefulClientsProcess (Ditto, Fed+); '
+          'run LearningProcesses with run.program.run_program'
+      )
+    if len(process.personal_model_names) > 1 and task.validation_data is None:
+      raise ValueError(
+          'a lambda grid is selected on validation data, and this task has '
+          'none; give it a validation split or a single lambda'
+      )
+
+  async def train(self, process, spec, config, output_dir, managers):
+    """Builds the store and trains; the final state and its round."""
+    self._store = build_client_state_store(process, output_dir, self._kind)
+    source = StatefulClientDataSource(spec, process, self._store)
+    return await _train_rounds(
+        process, source, self._store, config, output_dir, managers
+    )
+
+  def personal_per_client(
+      self, process, state, task: task_base.FederatedTask
+  ) -> Mapping[str, Any]:
+    """Every client's personal model on its data (`personal/...` tables)."""
+    return simulation.evaluate_personal_per_client(
+        process, state, task, self._store, include_train=True
+    )
+
+  def result(self) -> dict[str, Any]:
+    """`{'client_state_store': the store}`."""
+    return {'client_state_store': self._store}
+
+  def error_message(self, error: Exception, output_dir: str) -> Optional[str]:
+    """The binary's line for a store error or a damaged client-state file."""
+    if isinstance(error, client_states_lib.ClientStateError):
+      return str(error)
+    if isinstance(error, (zipfile.BadZipFile, EOFError)):
+      return (
+          f'a client-state file under {output_dir} is damaged '
+          f'({type(error).__name__}: {error}); restore it or remove that '
+          'folder to start over'
+      )
+    return None
+
+
 def run_stateful_program(
     process: stateful.StatefulClientsProcess,
     *,
@@ -553,6 +616,8 @@ def run_stateful_program(
     settings: Optional[Mapping[str, Any]] = None,
 ) -> dict[str, Any]:
   """Runs a stateful-client process as a TFF program (see module docstring).
+
+  `run.program.run_program` with this module's `ClientStates` part.
 
   Args:
     process: A `stateful.StatefulClientsProcess` (Ditto, Fed+) built for the
@@ -579,171 +644,30 @@ def run_stateful_program(
     ValueError: For impossible settings.
     program.ProgramError: If `output_dir` holds a program with other settings.
   """
-  runtime.install_worker_cleanup()
-  if not stateful.is_stateful(process):
-    raise TypeError(
-        'process must be a stateful.StatefulClientsProcess (Ditto, Fed+); '
-        'run LearningProcesses with run.program.run_program'
-    )
-  if client_state_store not in ('memory', 'disk'):
-    raise ValueError(
-        f'unknown client-state store {client_state_store!r}; '
-        'choose memory or disk'
-    )
-  task = program._task_for(task_name, task_kwargs)
-  if len(process.personal_model_names) > 1 and task.validation_data is None:
-    raise ValueError(
-        'a lambda grid is selected on validation data, and this task has '
-        'none; give it a validation split or a single lambda'
-    )
-  spec = program.DataSpec(
-      task=task_name,
-      task_kwargs=dict(task_kwargs),
-      split='train',
+  return program.run_program(
+      process,
+      task_name=task_name,
+      task_kwargs=task_kwargs,
+      config=config,
+      output_dir=output_dir,
       seed=seed,
-      epochs=client_epochs_per_round,
-      sampling=client_sampling,
+      client_epochs_per_round=client_epochs_per_round,
+      client_sampling=client_sampling,
+      settings=settings,
+      client_states=ClientStates(client_state_store),
   )
-  spec.validate()
-  config.validate(
-      len(task.train_data.client_ids), len(task.test_data.client_ids)
-  )
-  all_settings = {
-      **dict(settings or {}),
-      'task': task_name,
-      'task_kwargs': dict(task_kwargs),
-      'seed': seed,
-      'client_epochs_per_round': client_epochs_per_round,
-      'client_sampling': client_sampling,
-      'clients_per_round': config.clients_per_round,
-      'client_state_store': client_state_store,
-      'total_rounds': config.total_rounds,
-      'rounds_per_eval': config.rounds_per_eval,
-  }
-  with run_dir.locked(
-      output_dir,
-      'stateful_program',
-      check=lambda: program.check_config(output_dir, all_settings),
-  ):
-    program.save_config(output_dir, all_settings)
-    store = build_client_state_store(process, output_dir, client_state_store)
-    source = StatefulClientDataSource(spec, process, store)
-    context = program.create_context()
-
-    async def train_in_context():
-      with tff.framework.get_context_stack().install(context):
-        return await _train(process, source, store, config, output_dir)
-
-    state, round_num = simulation.run_async(train_in_context())
-    result = {
-        'state': state,
-        'round_num': round_num,
-        'client_state_store': store,
-        'final_summaries': None,
-        'per_client': None,
-    }
-    if config.evaluate_per_client:
-      personal = simulation.evaluate_personal_per_client(
-          process, state, task, store, include_train=True
-      )
-      result.update(
-          program.write_per_client(
-              process, state, task, output_dir, round_num, extra=personal
-          )
-      )
-    return result
 
 
 def main(argv: Sequence[str]) -> int:
   """`python -m run.stateful_program`: the training binary's flags."""
-  if len(argv) > 1:
-    print(
-        f'program: error: unexpected arguments: {" ".join(argv[1:])}',
-        file=sys.stderr,
-    )
-    return 2
-  logging.set_verbosity(logging.WARNING)
-  runtime.install_worker_cleanup()
-  values = flags.FLAGS
-  try:
-    if values.straggler_fraction:
-      raise ValueError(
-          '--straggler_fraction is not supported by the program'
-          ' logic (use run.train)'
-      )
-    if not algorithms.AlgorithmSpec(values.algorithm).is_stateful:
-      raise ValueError(
-          f'--algorithm={values.algorithm} keeps no client '
-          'state; run it with python -m run.program'
-      )
-    task, process, sim_config, out_dir = train.prepare('stateful_program')[:4]
-    config = program.ProgramConfig(
-        total_rounds=sim_config.total_rounds,
-        clients_per_round=sim_config.clients_per_round,
-    )
-    config.validate(
-        len(task.train_data.client_ids), len(task.test_data.client_ids)
-    )
-  except (ValueError, TypeError, OSError) as e:
-    print(f'program: error: {e}', file=sys.stderr)
-    return 2
-  except run_dir.RunDirError as e:  # The folder is busy or another's.
-    print(f'program: error: {e}', file=sys.stderr)
-    return 1
-  try:
-    result = run_stateful_program(
-        process,
-        task_name=values.task,
-        task_kwargs=train.task_kwargs(),
-        config=config,
-        output_dir=out_dir,
-        seed=sim_config.seed,
-        client_epochs_per_round=sim_config.client_epochs_per_round,
-        client_sampling=sim_config.client_sampling,
-        client_state_store=values.client_state_store,
-        settings={
-            k: v
-            for k, v in train.hparams().items()
-            if k not in ('progress', 'root_output_dir', 'data_dir')
-        },
-    )
-  except (
-      program.ProgramError,
-      task_base.TaskError,
-      run_dir.RunDirError,
-      client_states_lib.ClientStateError,
-      ValueError,
-  ) as e:
-    print(f'program: error: {e}', file=sys.stderr)
-    return 1
-  except (zipfile.BadZipFile, EOFError) as e:  # A damaged disk-store file.
-    print(
-        f'program: error: a client-state file under {out_dir} is damaged '
-        f'({type(e).__name__}: {e}); restore it or remove that folder to '
-        'start over',
-        file=sys.stderr,
-    )
-    return 1
-  finally:
-    runtime.kill_workers()
-  print(
-      f'Per-client metrics after round {result["round_num"]} '
-      f'({task.description}):'
+  return program.binary_main(
+      argv, lambda: ClientStates(flags.FLAGS.client_state_store)
   )
-  print(simulation.summary_table(result['final_summaries']))
-  print(
-      f'\nOutputs: {out_dir}/ (metrics.csv, clients/, summary.txt, '
-      'tensorboard/, program_state/, client_states/, models/)'
-  )
-  return 0
 
 
 def run_main() -> None:
   """Console-script entry point."""
-  flags.adopt_module_key_flags(train)  # --help lists the training flags.
-  console.run(
-      __name__, lambda argv: runtime.exit_now(main(argv)), prog='program'
-  )
+  program.run_main(main)
 
 
 if __name__ == '__main__':

@@ -20,6 +20,7 @@ from run import algorithms
 from run import program
 from run import simulation
 from tasks import registry
+from tests import binary
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TASK_KWARGS = {
@@ -230,3 +231,132 @@ def test_binary_bad_flag_is_one_line():
       'program: error: --straggler_fraction is not supported by'
       ' the program logic (use run.train)'
   ]
+
+
+# The binary on a small task: 8 clients of 30 examples, 3 a round.
+SMALL_BINARY = [
+    '--task=synthetic',
+    '--num_clients=8',
+    '--synthetic_size_law=constant',
+    '--clients_per_round=3',
+    '--client_batch_size=5',
+    '--progress=false',
+    '--experiment_name=run',
+]
+
+
+def temp_names(folder):
+  """The paths under `folder` with TFF's temporary names (`*_tempNNNN`)."""
+  return sorted(
+      os.path.relpath(os.path.join(d, n), folder)
+      for d, dirs, files in os.walk(folder)
+      for n in dirs + files
+      if '_temp' in n
+  )
+
+
+def test_a_diverged_last_evaluation_is_one_line(tmp_path):
+  """2 rounds: the final evaluation meets the divergence before training
+  does; its error used to be logged from TFF's task callback first."""
+  code, stdout, stderr = binary.run_module(
+      'run.program',
+      SMALL_BINARY
+      + [
+          f'--root_output_dir={tmp_path}',
+          '--total_rounds=2',
+          '--client_learning_rate=1e38',
+      ],
+  )
+  assert code == 1, stderr
+  lines = binary.error_lines(stderr)
+  assert [l.split(':')[0] for l in lines[:2]] == ['task', 'algorithm']
+  assert lines[2:] == [
+      'program: error: training diverged at round 1 (train loss nan); lower '
+      'the learning rates. The program states of earlier rounds are kept.'
+  ], stderr
+  assert 'Per-client metrics' not in stdout
+  assert not temp_names(tmp_path)
+
+
+@pytest.mark.parametrize('size', ['64k', '200k'])
+def test_a_full_disk_is_one_line_and_leaves_no_temp_files(size, tmp_path):
+  """On a tmpfs of `size` (a mount namespace of its own: no root needed)."""
+  disk = tmp_path / 'disk'
+  disk.mkdir()
+  listing = tmp_path / 'listing'
+  script = (
+      'mount -t tmpfs -o size="$1" tmpfs "$2" || exit 99; shift 3; '
+      '"$@"; code=$?; find "$OUT" > "$LISTING"; exit $code'
+  )
+  args = [
+      sys.executable,
+      '-m',
+      'run.program',
+      f'--root_output_dir={disk}',
+      '--total_rounds=2',
+      '--client_learning_rate=0.05',
+  ] + SMALL_BINARY
+  proc = subprocess.run(
+      ['unshare', '-rm', 'sh', '-c', script, 'sh', size, str(disk), '--']
+      + args,
+      cwd=ROOT,
+      env={**os.environ, 'OUT': str(disk), 'LISTING': str(listing)},
+      check=False,
+      capture_output=True,
+      text=True,
+      timeout=400,
+      start_new_session=True,
+  )
+  assert proc.returncode == 1, proc.stderr
+  lines = binary.error_lines(proc.stderr)
+  assert [l.split(':')[0] for l in lines[:2]] == ['task', 'algorithm']
+  assert lines[2:] == [
+      f'program: error: disk full while writing in {disk}/run; the '
+      'checkpoints written before are kept: free some space and rerun the '
+      'same command to resume'
+  ], proc.stderr
+  found = listing.read_text().split()
+  assert f'{disk}/run/program_config.json' in found  # The run had started.
+  assert [p for p in found if '_temp' in p] == []
+
+
+def test_a_rerun_removes_temp_folders_of_a_killed_save(task, tmp_path):
+  """A kill during TFF's write leaves `<name>_tempNNNN`: the next run removes
+  those, and only those."""
+  process = algorithms.build_process(SPECS['fedavg'], task.model_fn)
+  run(process, tmp_path, 2, evaluate=False)
+  states = tmp_path / 'program_state'
+  left = states / 'program_state_3_temp4821' / 'variables'
+  left.mkdir(parents=True)
+  (left / 'variables.index').write_bytes(b'partial')
+  (tmp_path / 'metrics.csv_temp1234').write_text('round_num\n')
+  resumed = run(process, tmp_path, 3, evaluate=False)
+  assert resumed['round_num'] == 3
+  assert sorted(os.listdir(states)) == [
+      'program_state_0',
+      'program_state_2',
+      'program_state_3',
+  ]
+  assert not temp_names(tmp_path)
+  rounds = [int(r['round_num']) for r in read_rows(tmp_path / 'metrics.csv')]
+  assert rounds == [1, 2, 3]
+
+
+def test_stacked_size_groups_is_refused():
+  code, stderr = binary.call_main(
+      program.main, 'program', ['--stacked_size_groups']
+  )
+  assert code == 2
+  assert binary.error_lines(stderr) == [
+      'program: error: --stacked_size_groups applies to '
+      '--simulation_engine=stacked of run.train only'
+  ]
+
+
+def test_run_async_errors_are_not_chained_to_its_loop_probe():
+  async def fail():
+    raise ValueError('bad')
+
+  with pytest.raises(ValueError, match='bad') as raised:
+    simulation.run_async(fail())
+  assert raised.value.__context__ is None  # No "no running event loop".

@@ -25,6 +25,7 @@ from run import program
 from run import simulation
 from run import stateful_program
 from tasks import registry
+from tests import binary as binary_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TASK_KWARGS = {
@@ -286,6 +287,32 @@ def test_binary(tmp_path):
   assert lines == [
       'program: error: --algorithm=fedavg keeps no client '
       'state; run it with python -m run.program'
+  ]
+
+
+def test_a_rerun_removes_temp_folders_of_a_killed_save(processes, tmp_path):
+  """The shared program loop removes TFF's `<name>_tempNNNN` leftovers."""
+  process = processes['ditto']
+  run(process, tmp_path, 2)
+  left = tmp_path / 'program_state' / 'program_state_3_temp4821'
+  left.mkdir()
+  (left / 'saved_model.pb').write_bytes(b'partial')
+  resumed = run(process, tmp_path, 3)
+  assert resumed['round_num'] == 3
+  assert versions(tmp_path / 'program_state') == [0, 2, 3]
+  assert read_rounds(tmp_path / 'metrics.csv') == [1, 2, 3]
+
+
+def test_stacked_size_groups_is_refused():
+  code, stderr = binary_lib.call_main(
+      stateful_program.main,
+      'program',
+      ['--algorithm=ditto', '--stacked_size_groups'],
+  )
+  assert code == 2
+  assert binary_lib.error_lines(stderr) == [
+      'program: error: --stacked_size_groups applies to '
+      '--simulation_engine=stacked of run.train only'
   ]
 
 

@@ -109,7 +109,19 @@ _EXPERIMENT = flags.DEFINE_string(
     None,
     'Output sub-folder (default: <task>_<algorithm>_seed<seed>).',
 )
-_SEED = flags.DEFINE_integer('seed', 0, 'Seed of data, sampling, shuffles.')
+_SEED = flags.DEFINE_integer(
+    'seed',
+    0,
+    'Seed of sampling, shuffles and model initialisation; also of the data '
+    'unless --data_seed is given.',
+)
+_DATA_SEED = flags.DEFINE_integer(
+    'data_seed',
+    None,
+    'Seed of the data: generated data, the chosen clients and their splits '
+    '(unseen clients, per-client parts). Default: --seed. Runs that share '
+    'it share their clients whatever their --seed (the tail benchmark).',
+)
 _PROX = flags.DEFINE_float(
     'proximal_strength', 0.0, 'FedProx mu >= 0 (fedprox, term).'
 )
@@ -595,7 +607,10 @@ def task_kwargs() -> dict:
     raise UsageError(
         f'--client_batch_size must be >= 1, got {_BATCH_SIZE.value}'
     )
-  kwargs = {'seed': _SEED.value, 'batch_size': _BATCH_SIZE.value}
+  data_seed = _SEED.value if _DATA_SEED.value is None else _DATA_SEED.value
+  if data_seed < 0:
+    raise UsageError(f'--data_seed must be >= 0, got {data_seed}')
+  kwargs = {'seed': data_seed, 'batch_size': _BATCH_SIZE.value}
   if name not in registry.PRESET_TASKS:
     for flag in _PRESET_FLAGS:
       if flags.FLAGS[flag].present:
@@ -675,6 +690,8 @@ def task_kwargs() -> dict:
           max_examples_per_client=_MAX_EXAMPLES.value,
           rnn_units=_RNN_UNITS.value,
       )
+      if _DATA_SEED.value is not None:
+        kwargs['model_seed'] = _SEED.value
       return kwargs
     kwargs.update(
         data_dir=_DATA_DIR.value,

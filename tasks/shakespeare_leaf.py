@@ -435,6 +435,7 @@ def create_task(
     use_synthetic_data: bool = False,
     batch_size: int,
     seed: int = 0,
+    model_seed: Optional[int] = None,
     max_clients: Optional[int] = None,
     max_examples_per_client: Optional[int] = None,
     rnn_units: Optional[int] = None,
@@ -448,7 +449,10 @@ def create_task(
       `~/.tff`). Never downloads.
     use_synthetic_data: Use seeded random role texts instead (offline).
     batch_size: Local training mini-batch size.
-    seed: Seed of the model initialisers, the role sample and the splits.
+    seed: Seed of the role sample and the splits (the data seed), and of the
+      model initialisers unless `model_seed` is given.
+    model_seed: Seed of the model initialisers (None: `seed`), so that runs
+      on the same roles can vary their initialisation.
     max_clients: Scale-down: keep at most this many roles (a seeded subset
       of the eligible ones, before the preset's split).
     max_examples_per_client: Scale-down: keep each role's first this many
@@ -474,7 +478,9 @@ def create_task(
         'max_examples_per_client must be >= 1 or None, got '
         f'{max_examples_per_client}'
     )
-  model_fn = create_model_fn(spec, units=rnn_units, seed=seed)
+  model_fn = create_model_fn(
+      spec, units=rnn_units, seed=seed if model_seed is None else model_seed
+  )
   preprocess_train, preprocess_eval = make_preprocess_fns(
       batch_size, eval_batch_size
   )

@@ -258,7 +258,8 @@ def create_task(
     batch_size: Local mini-batch size (thesis: 10).
     test_clients_fraction: If > 0, this fraction of the clients (seeded)
       become unseen test clients evaluated on all their data, and the others
-      train (the Delta-FL protocol); the per-client splits are then unused.
+      train (the Delta-FL protocol) on all their examples but the
+      validation part: `test_fraction` then applies to no one.
 
   Returns:
     A `FederatedTask` whose test data are the clients' own held-out splits,
@@ -304,7 +305,14 @@ def create_task(
     # Subsets are built from the arrays: a TFF TestClientData subset made
     # through `serializable_dataset_fn` retraces (and embeds every client's
     # data) once per client.
-    train = {cid: train[cid] for cid in train_ids}
+    # The training clients keep every example (but a validation part): their
+    # per-client test split has no use when the test clients are others.
+    train = {
+        cid: tuple(
+            np.concatenate([a, b]) for a, b in zip(train[cid], test[cid])
+        )
+        for cid in train_ids
+    }
     val = {cid: val[cid] for cid in train_ids if cid in val}
     test = {cid: everything[cid] for cid in test_ids}
     protocol = f'{len(test_ids)} unseen test clients'

@@ -135,7 +135,11 @@ def test_validation(kwargs):
 
 
 def test_unseen_test_clients_are_disjoint_and_complete():
-  """Unseen test clients hold all their data; training clients their split."""
+  """Unseen test clients hold all their data, and so do training clients.
+
+  (The training clients' own test split used to be dropped: 20% of their
+  examples gone, so a 0.6 / 0.2 / 0.2 holdout was 48 / 16 / 16% of them.)
+  """
   task = synthetic.create_task(
       num_clients=10, seed=0, test_clients_fraction=0.5
   )
@@ -153,7 +157,27 @@ def test_unseen_test_clients_are_disjoint_and_complete():
         count(full.train_data, cid) + count(full.test_data, cid)
     )
   for cid in sorted(train_ids):
-    assert count(task.train_data, cid) == count(full.train_data, cid)
+    assert count(task.train_data, cid) == (
+        count(full.train_data, cid) + count(full.test_data, cid)
+    )
+  with_val = synthetic.create_task(
+      num_clients=10, seed=0, test_clients_fraction=0.5,
+      validation_fraction=0.1,
+  )
+  full_val = synthetic.create_task(
+      num_clients=10, seed=0, validation_fraction=0.1
+  )
+  for cid in sorted(train_ids):
+    assert count(with_val.train_data, cid) + count(
+        with_val.validation_data, cid
+    ) == sum(
+        count(d, cid)
+        for d in (
+            full_val.train_data,
+            full_val.test_data,
+            full_val.validation_data,
+        )
+    )
 
 
 def test_select_clients_keeps_its_source_alive():

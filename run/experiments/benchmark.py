@@ -4,46 +4,57 @@ r"""The tail benchmark: every algorithm on the same clients under one budget.
 What each algorithm does for the worst clients: FedAvg, FedProx (Li et al.,
 MLSys 2020), q-FedAvg (Li et al., ICLR 2020), TERM (Li et al., ICLR 2021),
 AFL (Mohri et al., ICML 2019), Delta-FL (Pillutla et al., 2022), Ditto (Li
-et al., ICML 2021) and FedAvg+, FedGeoMed+, FedCoMed+ (Kundu et al., Fed+)
-are run through the training binary (`run.train`) on one task with the same
-rounds, clients per round, local epochs, batch size and learning rate, each
-on the fastest engine that gives the TFF path's weights.
+et al., ICML 2021), FedAvg+, FedGeoMed+, FedCoMed+ (Kundu et al., Fed+), and
+the two baselines every personalization benchmark has (TFF's Motley; Ditto's
+section 5): local training and FedAvg + fine-tuning (`tasks.personalization`).
+Each federated run goes through the training binary (`run.train`) with the
+same rounds, clients per round, local epochs and batch size, on the fastest
+engine that gives the TFF path's weights.
 
   tff-hetero-benchmark --setting=synthetic --jobs=2 \
+      --records_dir=docs/results/runs/synthetic \
       --output_md=docs/results/benchmark_synthetic.md
-  tff-hetero-benchmark --setting=shakespeare --jobs=2 \
-      --output_md=docs/results/benchmark_shakespeare.md
   tff-hetero-benchmark --setting=custom --rounds=50 -- \
       --task=leaf --leaf_dir=/data/femnist --leaf_model=cnn
 
-Two phases, each a set of training runs (a run: one algorithm, one knob
-value, one seed):
+Populations. One data seed (`--data_seed`), the same in every run, fixes the
+clients, which of them are training and which unseen, and every client's
+training / validation / held-out parts; the run seeds vary only client
+sampling, shuffles and initialisation. So no unseen client is ever a
+training client of a selection run.
 
-1. Selection. Each algorithm's own knob (FedProx mu, q, TERM's t, AFL's
-   mixture step, Delta-FL's theta, Ditto's lambda, Fed+'s sigma) takes each
-   value of a small declared grid, on `--selection_seeds` (disjoint from the
-   reported seeds). These runs train on the training clients' training part
-   and are evaluated on a validation part of the same clients only
-   (`run.train --holdout=validation`, `tasks.holdout`): held-out test and
-   unseen clients are not even loaded. The value with the highest
-   validation 10th-percentile accuracy across clients (personal models for
-   Ditto and Fed+), averaged over the selection seeds, wins; ties go to the
-   higher mean accuracy, then to the grid's first value (`select`).
-2. Report. Each algorithm with its chosen value on `--seeds`, evaluated on
-   (a) the training clients' held-out data (personal models for Ditto and
-   Fed+, the global model for the others) and (b) the unseen clients, when
-   the task has them (global models). Per algorithm: mean and
-   example-weighted accuracy, 10th percentile, worst and best 10%, variance
-   across clients, mean (std) over seeds; paired per-seed differences
-   against FedAvg with the seeds where the algorithm is better; the
-   smallest paired difference these seeds can tell from zero (`paired`);
-   each run's wall time; two pictures (per-client accuracy CDFs, paired
-   differences).
+1. Selection, on the training clients' validation part only (`run.train
+   --holdout=validation`: the held-out part and the unseen clients are built,
+   then dropped before training). Each algorithm's client learning rate is
+   tuned jointly with its own knob (FedProx mu, q, TERM's t, AFL's mixture
+   step, Delta-FL's theta, Ditto's lambda, Fed+'s sigma) over a log-spaced
+   grid (`--grid=knob:v1,v2,...`), by successive halving over the selection
+   seeds: every configuration runs on the first seed, the best third
+   continues on the next, and so on. The criterion is the validation
+   worst-10% accuracy as a superquantile (continuous), then the
+   superquantile of the loss (`benchmark_stats.criterion`; personal models
+   for Ditto and Fed+). A choice at an edge of its grid extends the grid
+   past it (`--max_extensions`, within the knob's valid range); a choice
+   still at an edge is marked. The baselines' fine-tuning learning rate and
+   epochs are chosen the same way on FedAvg's selection runs.
+2. Report, on `--seeds`: each algorithm at its chosen configuration,
+   evaluated on (a) the training clients' held-out part (personal models for
+   Ditto, Fed+ and the baselines), (b) the unseen clients (global models),
+   and (c) the unseen clients fine-tuned on the first half of their examples
+   and evaluated on the rest (FedAvg's global model on the same halves, the
+   two baselines). Per algorithm: the tail statistics of
+   `benchmark_stats.client_stats`, mean (std) over seeds; paired per-seed
+   differences against FedAvg with their 95% half-width; each statistic's
+   resolution (one example, one client); examples processed and wall time
+   per run; the selection's compute beside the report's.
 
-Runs already finished are not run again; an interrupted run resumes from its
-checkpoint (the training binary's own resume), so the same command
-continues a stopped benchmark. A signal ends the running runs and their TFF
-workers (as `run.experiments.reproduce`).
+Every run leaves a compact record (`--records_dir`: its arguments, per-client
+accuracy, loss and examples for every split, examples processed, wall time):
+a run whose record exists with its arguments is not run again, so the same
+command continues a stopped benchmark on any machine that has the records,
+and `--from_records` rebuilds the page from them alone. Runs execute in
+`--jobs` long-lived worker processes (`run_pool`). A signal ends the running
+runs and their TFF workers (as `run.experiments.reproduce`).
 """
 
 import concurrent.futures
@@ -54,8 +65,9 @@ import os
 import shlex
 import signal
 import sys
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Optional
 
 if not (3, 9) <= sys.version_info[:2] <= (3, 11):
@@ -69,7 +81,10 @@ import numpy as np
 from run import atomic
 from run import console
 from run import run_dir
+from run.experiments import benchmark_page
+from run.experiments import benchmark_stats as stats
 from run.experiments import reproduce
+from run.experiments import run_pool
 
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
@@ -78,9 +93,12 @@ from run.experiments import reproduce
 # TFF path's weights (tests/test_stacked.py, tests/test_batched.py).
 STACKED = ('fedavg', 'fedprox', 'qffl', 'qfedsgd', 'term', 'afl', 'deltafl')
 PERSONAL = ('ditto', 'fedavg_plus', 'fedgeomed_plus', 'fedcomed_plus')
-CRITERION = 'p10'  # Of per-client validation accuracy; then 'mean'.
-COLUMNS = ('mean', 'weighted_mean', 'p10', 'worst10', 'best10', 'variance')
-HIGHER_IS_BETTER = {c: c != 'variance' for c in COLUMNS}
+# The baselines: fine-tuning of FedAvg's runs from their final or initial
+# model (`run.fine_tune`).
+BASELINES = {'fedavg_ft': 'final', 'local': 'initial'}
+COLUMNS = stats.COLUMNS
+HIGHER_IS_BETTER = stats.HIGHER_IS_BETTER
+KEEP = 1 / 3  # Successive halving: the share of configurations that go on.
 # Flags the benchmark sets itself; task flags after `--` may not.
 _CONTROLLED = (
     'algorithm',
@@ -92,6 +110,7 @@ _CONTROLLED = (
     'client_batch_size',
     'client_learning_rate',
     'seed',
+    'data_seed',
     'simulation_engine',
     'root_output_dir',
     'experiment_name',
@@ -106,10 +125,12 @@ class Method:
   """One algorithm of the benchmark.
 
   Attributes:
-    name: Its `--algorithm` value.
+    name: Its `--algorithm` value (a baseline: its name in `BASELINES`).
     label: Its name in tables.
-    knob: The flag tuned on validation data (None: nothing to tune).
-    grid: The knob's declared values.
+    knob: The flag tuned with the learning rate (None: the rate alone).
+    grid: The knob's declared values (log-spaced).
+    low: The knob's valid range: values must be > low ...
+    high: ... and <= high (None: unbounded); extensions stay inside.
     flags: Further fixed flags.
   """
 
@@ -117,11 +138,17 @@ class Method:
   label: str
   knob: Optional[str] = None
   grid: tuple[float, ...] = ()
+  low: Optional[float] = 0.0
+  high: Optional[float] = None
   flags: tuple[str, ...] = ()
 
   @property
   def personal(self) -> bool:
-    return self.name in PERSONAL
+    return self.name in PERSONAL or self.name in BASELINES
+
+  @property
+  def baseline(self) -> bool:
+    return self.name in BASELINES
 
   @property
   def engine(self) -> str:
@@ -136,15 +163,16 @@ class Method:
 
 @dataclasses.dataclass(frozen=True)
 class Budget:
-  """What every algorithm gets: the same for all."""
+  """What every algorithm gets: the same for all (its own learning rate)."""
 
   rounds: int
   clients_per_round: int
   local_epochs: int
   batch_size: int
-  learning_rate: float
+  learning_rate: float  # The centre of the learning-rate grid.
+  fine_tune_epochs: int = 5  # The baselines' epochs: 1..this, selected.
 
-  def flags(self) -> list[str]:
+  def flags(self, learning_rate: float) -> list[str]:
     return [
         f'--total_rounds={self.rounds}',
         f'--rounds_per_eval={self.rounds}',
@@ -152,34 +180,46 @@ class Budget:
         f'--clients_per_round={self.clients_per_round}',
         f'--client_epochs_per_round={self.local_epochs}',
         f'--client_batch_size={self.batch_size}',
-        f'--client_learning_rate={self.learning_rate:g}',
+        f'--client_learning_rate={learning_rate:g}',
     ]
 
 
-def methods(learning_rate: float) -> tuple[Method, ...]:
-  """The algorithms and their declared grids.
+def log_grid(centre: float, steps: Sequence[float]) -> tuple[float, ...]:
+  """`centre * s` for each step, to 2 significant digits."""
+  return tuple(float(f'{centre * s:.2g}') for s in steps)
 
-  Fed+'s sigma is declared through kappa = 1 / (1 + lr sigma), the quantity
-  its paper advises (kappa in [0.9, 0.999]): kappa in {0.99, 0.95, 0.9}.
+
+LR_STEPS = (1 / 3, 1.0, 3.0)
+# The baselines' fine-tuning rates: fine-tuning costs a per-client pass per
+# epoch and rate (`tasks.personalization`), so two rates.
+FT_LR_STEPS = (1 / 3, 1.0)
+
+
+def methods() -> tuple[Method, ...]:
+  """The algorithms, their knobs' grids (5 log-spaced values) and ranges.
+
+  Fed+'s sigma is declared directly (its paper advises kappa = 1 / (1 + lr
+  sigma) in [0.9, 0.999]; with the learning rate tuned too, a sigma grid is
+  the simpler one to state).
   """
-  sigmas = tuple(
-      float(f'{(1 / kappa - 1) / learning_rate:.4g}')
-      for kappa in (0.99, 0.95, 0.9)
-  )
-  fedplus = dict(knob='fedplus_sigma', grid=sigmas)
+  half_decades = (0.01, 0.03, 0.1, 0.3, 1.0)
+  fedplus = dict(knob='fedplus_sigma', grid=half_decades)
   return (
       Method('fedavg', 'FedAvg'),
-      Method('fedprox', 'FedProx', 'proximal_strength', (0.001, 0.01, 0.1)),
-      Method('qffl', 'q-FedAvg', 'q', (0.001, 0.1, 1.0)),
-      Method('term', 'TERM', 'tilt', (0.1, 1.0, 5.0)),
-      Method('afl', 'AFL', 'afl_lambda_lr', (0.01, 0.1, 1.0)),
-      Method('deltafl', 'Delta-FL', 'theta', (0.8, 0.5, 0.1)),
-      Method('ditto', 'Ditto', 'ditto_lambda', (0.1, 1.0, 2.0)),
+      Method('fedprox', 'FedProx', 'proximal_strength', half_decades),
+      Method('qffl', 'q-FedAvg', 'q', half_decades),
+      Method('term', 'TERM', 'tilt', (0.3, 1.0, 3.0, 10.0, 30.0)),
+      Method('afl', 'AFL', 'afl_lambda_lr', (0.001, 0.003, 0.01, 0.03, 0.1)),
+      Method(
+          'deltafl', 'Delta-FL', 'theta', (0.05, 0.1, 0.2, 0.4, 0.8), high=1.0
+      ),
+      Method('ditto', 'Ditto', 'ditto_lambda', half_decades),
       Method('fedavg_plus', 'FedAvg+', **fedplus),
       Method('fedgeomed_plus', 'FedGeoMed+', **fedplus),
       Method('fedcomed_plus', 'FedCoMed+', **fedplus),
+      Method('fedavg_ft', 'FedAvg + fine-tuning'),
+      Method('local', 'Local training'),
   )
-
 
 @dataclasses.dataclass(frozen=True)
 class Setting:
@@ -213,7 +253,8 @@ SETTINGS = {
         ),
         'Synthetic(1,1) with 100 devices (the thesis: 30 to 100), 50 training '
         'and 50 unseen; 100 rounds of 10 devices, one epoch, batch 10, '
-        'lr 0.1 (the thesis runs thousands of rounds)',
+        'learning rates around 0.1 (the thesis: 0.01 to 0.1, thousands of '
+        'rounds)',
     ),
     # The Delta-FL Shakespeare preset (roles with >= 100 windows, half
     # training, half unseen; H = 20, one-hot, GRU), scaled to this CPU as
@@ -276,13 +317,32 @@ def define_flags() -> None:
       'algorithms',
       [],
       'Algorithms to run (default all; FedAvg is always run: the '
-      'baseline of the paired differences).',
+      'baseline of the paired differences and of fedavg_ft and local).',
   )
   flags.DEFINE_list('seeds', ['0', '1', '2', '3', '4'], 'Reported seeds.')
   flags.DEFINE_list(
       'selection_seeds',
       ['100', '101'],
-      'Seeds of the selection runs (disjoint from --seeds).',
+      'Seeds of the selection runs (disjoint from --seeds), one rung of the '
+      'successive halving each.',
+  )
+  flags.DEFINE_integer(
+      'data_seed',
+      0,
+      'Seed of the data (clients, unseen clients, per-client parts): the '
+      'same for every run.',
+  )
+  flags.DEFINE_multi_string(
+      'grid',
+      [],
+      'A knob\'s grid, e.g. --grid=tilt:0.1,1,10 (repeatable); the knobs '
+      'learning_rate (all algorithms) and fine_tune_learning_rate (the '
+      'baselines) too.',
+  )
+  flags.DEFINE_integer(
+      'max_extensions',
+      2,
+      'How many times a choice at an edge of its grid extends it.',
   )
   flags.DEFINE_integer('rounds', None, "Override the setting's rounds.")
   flags.DEFINE_integer(
@@ -293,12 +353,31 @@ def define_flags() -> None:
   )
   flags.DEFINE_integer('batch_size', None, "Override the setting's batch.")
   flags.DEFINE_float(
-      'learning_rate', None, "Override the setting's learning rate."
+      'learning_rate',
+      None,
+      "Override the setting's learning rate (the centre of the grid).",
+  )
+  flags.DEFINE_integer(
+      'fine_tune_epochs',
+      None,
+      "Override the setting's most fine-tuning epochs of the baselines.",
   )
   flags.DEFINE_string(
       'output_dir',
       None,
       'Where the runs and results go (default output/benchmark/<setting>).',
+  )
+  flags.DEFINE_string(
+      'records_dir',
+      None,
+      "Where each run's compact record goes (default <output_dir>/records); "
+      'the published pages keep theirs in docs/results/runs/<setting>.',
+  )
+  flags.DEFINE_boolean(
+      'from_records',
+      False,
+      'Build the page from --records_dir alone; run nothing (an error names '
+      'the first missing record).',
   )
   flags.DEFINE_string(
       'output_md',
@@ -319,380 +398,709 @@ class UsageError(ValueError):
   """Bad flags: one line, exit 2."""
 
 
-# ------------------------------------------------------------ statistics
+class MissingRecord(RuntimeError):
+  """`--from_records` and a run has no record."""
 
 
-def select(
-    grid: tuple[float, ...], scores: dict[float, list[tuple[float, float]]]
-) -> float:
-  """The grid value with the best mean (criterion, tie-break) over seeds.
-
-  Args:
-    grid: The declared values, in order (ties go to the first).
-    scores: Value -> one `(p10, mean)` validation pair per selection seed.
-
-  Returns:
-    The chosen value.
-  """
-  best, best_key = None, None
-  for value in grid:
-    pairs = np.asarray(scores[value], dtype=float)
-    # Rounded: means that differ only by float rounding are ties.
-    key = (
-        round(float(pairs[:, 0].mean()), 9),
-        round(float(pairs[:, 1].mean()), 9),
-    )
-    if best_key is None or key > best_key:
-      best, best_key = value, key
-  return best
-
-
-# Two-sided 97.5% quantiles of Student's t, by degrees of freedom.
-_T975 = {
-    1: 12.706,
-    2: 4.303,
-    3: 3.182,
-    4: 2.776,
-    5: 2.571,
-    6: 2.447,
-    7: 2.365,
-    8: 2.306,
-    9: 2.262,
-    10: 2.228,
-}
-
-
-def t975(dof: int) -> float:
-  """Student's t 97.5% quantile (NaN for no degree of freedom)."""
-  if dof < 1:
-    return math.nan
-  if dof in _T975:
-    return _T975[dof]
-  z = 1.959964  # Cornish-Fisher expansion: within 0.001 beyond 10.
-  return (
-      z
-      + (z**3 + z) / (4 * dof)
-      + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * dof**2)
-      + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * dof**3)
-  )
-
-
-PairedStats = tuple[float, float, int, int, float]
-
-
-def paired(
-    values: Sequence[float],
-    baseline: Sequence[float],
-    higher_is_better: bool = True,
-) -> PairedStats:
-  """Paired per-seed differences `values - baseline`.
-
-  Returns:
-    `(mean, std, wins, n, detectable)`: the mean and sample std (ddof 1) of
-    the differences, the seeds where `values` is better, the number of
-    seeds, and the smallest mean difference these seeds can tell from zero
-    (the 95% half-width t(n-1) std / sqrt(n)).
-  """
-  d = np.asarray(values, dtype=float) - np.asarray(baseline, dtype=float)
-  n = len(d)
-  std = float(d.std(ddof=1)) if n > 1 else math.nan
-  wins = int(np.sum(d > 0) if higher_is_better else np.sum(d < 0))
-  return float(d.mean()), std, wins, n, t975(n - 1) * std / math.sqrt(n)
+def warn(text: str) -> None:
+  print(f'benchmark: warning: {text}', file=sys.stderr, flush=True)
 
 
 # ------------------------------------------------------------------ runs
 
 
-def run_name(phase: str, method: Method, value, seed: int) -> str:
-  knob = '' if method.knob is None else f'_{method.knob}{value:g}'
-  return f'{phase}_{method.name}{knob}_seed{seed}'
+@dataclasses.dataclass(frozen=True)
+class Config:
+  """One configuration of a method: its knob value and learning rate."""
+
+  value: Optional[float]
+  lr: float
+
+  def describe(self, method: Method) -> str:
+    knob = '' if method.knob is None else f'{method.knob}={self.value:g}, '
+    return f'{knob}lr={self.lr:g}'
+
+
+def run_name(phase: str, method: Method, config: Config, seed: int) -> str:
+  knob = '' if method.knob is None else f'_{method.knob}{config.value:g}'
+  return f'{phase}_{method.name}{knob}_lr{config.lr:g}_seed{seed}'
 
 
 def run_args(
-    setting_flags: list[str],
+    setting_flags: Sequence[str],
     budget: Budget,
     method: Method,
-    value,
+    config: Config,
     seed: int,
     *,
     phase: str,
     root: str,
+    data_seed: int,
 ) -> list[str]:
   """The `run.train` flags of one run."""
   return (
       list(setting_flags)
-      + budget.flags()
-      + method.knob_flags(value)
+      + budget.flags(config.lr)
+      + method.knob_flags(config.value)
       + [
           f'--simulation_engine={method.engine}',
           f'--holdout={"validation" if phase == "select" else "test"}',
           '--eval_train_clients=false',
           f'--seed={seed}',
+          f'--data_seed={data_seed}',
           f'--root_output_dir={root}',
-          f'--experiment_name={run_name(phase, method, value, seed)}',
+          f'--experiment_name={run_name(phase, method, config, seed)}',
       ]
   )
 
 
-RECORD = 'benchmark_run.json'  # A finished run's command and wall time.
+RECORD = 'benchmark_run.json'  # In a run folder: its command and wall time.
+WALL = 'benchmark_wall.json'  # Wall time of a run's unfinished invocations.
 
 
-def finished_run(path: str, rounds: int, args: list[str]) -> Optional[dict]:
-  """A finished run's summary.json with its wall time, or None.
+def _flag(args: Sequence[str], name: str) -> str:
+  return next(a.split('=', 1)[1] for a in args if a.startswith(f'--{name}='))
 
-  Finished means: all `rounds` summarised, and the benchmark's record of the
-  run written after it (the same `args`). A run of the folder finished with
-  other arguments is an error, not a result to reuse.
 
-  Raises:
-    RuntimeError: The folder holds a finished run of other settings.
-  """
+def _read_json(path: str, what: str) -> Optional[Any]:
+  """A JSON file's content; None (with a warning if damaged) otherwise."""
   try:
-    with open(os.path.join(path, 'summary.json')) as f:
-      summary = json.load(f)
-    with open(os.path.join(path, RECORD)) as f:
-      record = json.load(f)
-  except (OSError, ValueError):
+    with open(path) as f:
+      return json.load(f)
+  except FileNotFoundError:
     return None
-  if summary.get('round_num') != rounds or not isinstance(record, dict):
+  except (OSError, ValueError) as e:
+    warn(f'{path}: unreadable {what} ({type(e).__name__}); doing it again')
     return None
-  if record.get('args') != list(args):
-    raise RuntimeError(
-        f'{path} holds a finished run of other settings; use another '
-        '--output_dir (or remove that folder)'
-    )
-  summary['wall_s'] = float(record.get('wall_s', math.nan))
-  summary['run_dir'] = path
-  return summary
 
 
-def execute(args: list[str], rounds: int) -> dict:
-  """One run: its summary, from disk if finished, else by running it."""
-  root = next(a.split('=', 1)[1] for a in args if a.startswith('--root_'))
-  name = next(a.split('=', 1)[1] for a in args if a.startswith('--experim'))
-  path = os.path.join(root, name)
-  done = finished_run(path, rounds, args)
-  if done is not None:
-    return done
-  start = time.time()
-  summary = reproduce.run_one(args, lambda s: None)
-  wall = time.time() - start
-  atomic.write_text(
-      os.path.join(path, RECORD),
-      json.dumps({'wall_s': round(wall, 1), 'args': list(args)}, indent=1),
-  )
-  summary['wall_s'] = wall
-  return summary
-
-
-def accuracy_key(method: Method, split: str = 'test') -> str:
-  """The summary holding the accuracy that a method is judged by."""
-  if split == 'test' and method.personal:
-    return 'personal/test/accuracy'
-  return f'{split}/accuracy'
-
-
-def per_client_accuracy(run_path: str, method: Method, split: str):
-  """`(accuracy, num_examples)` per client of a run's last evaluation."""
+def _client_rows(run_path: str, personal: bool) -> dict[str, dict[str, list]]:
+  """Per-client accuracy, loss, examples of a run's last evaluation."""
   folder = os.path.join(run_path, 'clients')
-  prefix = (
-      'personal_round_' if split == 'test' and method.personal else ('round_')
-  )
-  names = sorted(n for n in os.listdir(folder) if n.startswith(prefix))
-  want = 'personal/test' if prefix == 'personal_round_' else split
-  acc, num = [], []
-  with open(os.path.join(folder, names[-1])) as f:
-    header = f.readline().strip().split(',')
-    col = {name: i for i, name in enumerate(header)}
-    for line in f:
-      row = line.strip().split(',')
-      if row[col['split']] == want:
-        acc.append(float(row[col['accuracy']]))
-        num.append(float(row[col['num_examples']]))
-  return np.asarray(acc), np.asarray(num)
-
-
-# ---------------------------------------------------------------- report
-
-
-def _pct(column: str) -> float:
-  return 1.0 if column == 'variance' else 100.0
-
-
-def _fmt(mean: float, std: float, column: str) -> str:
-  scale = _pct(column)
-  digits = 0 if column == 'variance' else 1
-  return f'{scale * mean:.{digits}f} ({scale * std:.{digits}f})'
-
-
-def results_table(results, methods_run, split: str) -> str:
-  """Mean (std) over seeds of each column, one row per method."""
-  head = '| algorithm | ' + ' | '.join(COLUMNS) + ' | wall s/run |'
-  lines = [head, '|---|' + '---:|' * (len(COLUMNS) + 1)]
-  for method in methods_run:
-    runs = results[method.name]
-    key = accuracy_key(method, split)
-    if any(key not in r['summaries'] for r in runs):
-      continue
-    cells = []
-    for column in COLUMNS:
-      v = np.array([r['summaries'][key][column] for r in runs], dtype=float)
-      cells.append(_fmt(v.mean(), v.std(ddof=1) if len(v) > 1 else 0, column))
-    wall = np.array([r['wall_s'] for r in runs], dtype=float)
-    label = method.label + (' (personal)' if key.startswith('personal') else '')
-    lines.append(
-        f'| {label} | ' + ' | '.join(cells) + f' | {np.nanmean(wall):.0f} |'
-    )
-  return '\n'.join(lines)
-
-
-def paired_rows(results, methods_run, split: str) -> list[tuple[Any, ...]]:
-  """`(method, column, mean, std, wins, n, detectable)` against FedAvg."""
-  base = results['fedavg']
-  rows = []
-  for method in methods_run:
-    if method.name == 'fedavg':
-      continue
-    key = accuracy_key(method, split)
-    if split != 'test' and method.personal:
-      key = f'{split}/accuracy'
-    runs = results[method.name]
-    if any(key not in r['summaries'] for r in runs):
-      continue
-    for column in ('mean', 'p10', 'worst10', 'variance'):
-      values = [r['summaries'][key][column] for r in runs]
-      reference = [b['summaries'][f'{split}/accuracy'][column] for b in base]
-      rows.append(
-          (method, column, *paired(values, reference, HIGHER_IS_BETTER[column]))
-      )
-  return rows
-
-
-def paired_table(rows: Sequence[tuple[Any, ...]]) -> str:
-  """The paired differences as a Markdown table, one row per method."""
-  lines = [
-      '| algorithm minus FedAvg | mean | p10 | worst10 | variance |',
-      '|---|---:|---:|---:|---:|',
-  ]
-  by_method = {}
-  for method, column, mean, std, wins, n, detect in rows:
-    scale = _pct(column)
-    digits = 0 if column == 'variance' else 1
-    by_method.setdefault(method.label, []).append(
-        f'{scale * mean:+.{digits}f} ({scale * std:.{digits}f}), '
-        f'{wins}/{n}; +-{scale * detect:.{digits}f}'
-    )
-  for label, cells in by_method.items():
-    lines.append(f'| {label} | ' + ' | '.join(cells) + ' |')
-  return '\n'.join(lines)
-
-
-def findings(rows: Sequence[tuple[Any, ...]], split_name: str) -> list[str]:
-  """One sentence per method on the tail (p10) and the mean."""
-  out = []
-  by = {}
-  for method, column, mean, std, wins, n, detect in rows:
-    by.setdefault(method.label, {})[column] = (mean, std, wins, n, detect)
-  for label, cols in by.items():
-    parts = []
-    for column, name in (('p10', '10th percentile'), ('mean', 'mean')):
-      mean, std, wins, n, detect = cols[column]
-      sign = 'higher' if mean > 0 else 'lower' if mean < 0 else 'equal'
-      clear = abs(mean) > detect if not math.isnan(detect) else False
-      parts.append(
-          f'{name} {100 * mean:+.1f} points ({sign} on average, better on '
-          f'{wins} of {n} seeds; '
-          + ('outside' if clear else 'inside')
-          + f' the +-{100 * detect:.1f} that {n} seeds can resolve)'
-      )
-    out.append(f'* {label} vs FedAvg, {split_name}: ' + '; '.join(parts) + '.')
+  out = {}
+  for prefix in ('round_',) + (('personal_round_',) if personal else ()):
+    names = sorted(n for n in os.listdir(folder) if n.startswith(prefix))
+    with open(os.path.join(folder, names[-1])) as f:
+      header = f.readline().strip().split(',')
+      col = {name: i for i, name in enumerate(header)}
+      for line in f:
+        row = line.strip().split(',')
+        split = out.setdefault(
+            row[col['split']],
+            {'accuracy': [], 'loss': [], 'num_examples': [], 'client_id': []},
+        )
+        for key in ('accuracy', 'loss', 'num_examples'):
+          split[key].append(float(row[col[key]]))
+        split['client_id'].append(row[col['client_id']])
   return out
 
 
-def write_pictures(results, methods_run, rows, png_cdf, png_diff, splits):
-  """Per-client accuracy CDFs and the paired differences, as PNG files."""
-  import matplotlib  # pylint: disable=g-import-not-at-top
+def _examples(run_path: str) -> int:
+  """Training examples the run processed: metrics.csv's sum over rounds."""
+  total = 0.0
+  with open(os.path.join(run_path, 'metrics.csv')) as f:
+    header = f.readline().strip().split(',')
+    col = header.index('train/num_examples')
+    for line in f:
+      cell = line.strip().split(',')[col]
+      total += float(cell) if cell else 0.0
+  return int(total)
 
-  matplotlib.use('Agg')
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 
-  fig, axes = plt.subplots(1, len(splits), figsize=(6.5 * len(splits), 4.8))
-  axes = np.atleast_1d(axes)
-  for ax, (split, title) in zip(axes, splits):
-    for method in methods_run:
-      if split != 'test' and method.personal:
-        label = method.label + ' (global)'
-      elif method.personal:
-        label = method.label + ' (personal)'
-      else:
-        label = method.label
-      acc = np.concatenate(
-          [
-              per_client_accuracy(r['run_dir'], method, split)[0]
-              for r in results[method.name]
-          ]
+def _rounded(tree):
+  """Per-client values to 6 decimals: records stay a few KB."""
+  if isinstance(tree, dict):
+    return {k: _rounded(v) for k, v in tree.items()}
+  if isinstance(tree, list):
+    return [_rounded(v) for v in tree]
+  if isinstance(tree, float):
+    return round(tree, 6)
+  return tree
+
+
+def _diverged(error: run_pool.RunFailed) -> bool:
+  return 'diverged' in str(error)
+
+
+class Runs:
+  """Runs and fine-tunings, from records when they exist, else in workers."""
+
+  def __init__(
+      self, records_dir: str, log_dir: str, jobs: int, from_records: bool
+  ):
+    self.records_dir = records_dir
+    self.log_dir = log_dir
+    self.jobs = jobs
+    self.from_records = from_records
+    self._local = threading.local()
+    self._workers: list[run_pool.RunWorker] = []
+    self._idle: list[run_pool.RunWorker] = []
+    self._lock = threading.Lock()
+    self.commands: list[str] = []
+    self.wall = {'select': 0.0, 'final': 0.0}
+
+  def _worker(self) -> run_pool.RunWorker:
+    """This thread's worker: taken from the idle ones (or a new one) for
+    the thread's current group; `release` gives it back."""
+    worker = getattr(self._local, 'worker', None)
+    if worker is None:
+      with self._lock:
+        if self._idle:
+          worker = self._idle.pop()
+        else:
+          log = os.path.join(self.log_dir, f'worker_{len(self._workers)}.log')
+          worker = run_pool.RunWorker(os.path.abspath(log))
+          self._workers.append(worker)
+      self._local.worker = worker
+    return worker
+
+  def release(self) -> None:
+    """Gives this thread's worker back (its builds stay warm for others)."""
+    worker = getattr(self._local, 'worker', None)
+    if worker is not None:
+      self._local.worker = None
+      with self._lock:
+        self._idle.append(worker)
+
+  def close(self) -> None:
+    for worker in self._workers:
+      worker.close()
+
+  def check(self, args: list[str]) -> Optional[str]:
+    """The training binary's error line for these flags, or None."""
+    try:
+      return self._worker().check(args)
+    finally:
+      self.release()
+
+  def _record_path(self, name: str) -> str:
+    return os.path.join(self.records_dir, f'{name}.json')
+
+  def _load_record(self, name: str, args: list[str]) -> Optional[dict]:
+    path = self._record_path(name)
+    record = _read_json(path, 'record')
+    if record is None:
+      return None
+    if not isinstance(record, dict) or 'splits' not in record:
+      warn(f'{path}: a record of the wrong shape; doing it again')
+      return None
+    if record.get('args') != list(args):
+      raise RuntimeError(
+          f'{path} records the run with other arguments; use another '
+          '--records_dir (or remove that record)'
       )
-      xs = np.sort(acc) * 100
-      ax.step(
-          xs,
-          np.arange(1, len(xs) + 1) / len(xs),
-          where='post',
-          label=label,
-          linewidth=1.2,
-      )
-    ax.set_xlabel('per-client accuracy (%)')
-    ax.set_ylabel('fraction of clients (all reported seeds)')
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc='upper left')
-  fig.tight_layout()
-  _save(fig, png_cdf)
-  plt.close(fig)
+    return record
 
-  labels = []
-  fig, axes = plt.subplots(1, 2, figsize=(11, 0.45 * len(methods_run) + 1.5))
-  for ax, column in zip(axes, ('mean', 'p10')):
-    ys, labels = [], []
-    for method in methods_run:
-      if method.name == 'fedavg':
-        continue
-      key = accuracy_key(method, 'test')
-      d = (
-          np.array(
-              [
-                  r['summaries'][key][column]
-                  - b['summaries']['test/accuracy'][column]
-                  for r, b in zip(results[method.name], results['fedavg'])
-              ]
+  def run(self, args: list[str], rounds: int, personal: bool) -> dict:
+    """One training run's record: from `--records_dir`, else run it."""
+    name = _flag(args, 'experiment_name')
+    phase = name.split('_', 1)[0]
+    with self._lock:
+      self.commands.append('python -m run.train ' + shlex.join(args))
+    record = self._load_record(name, args)
+    if record is None and self.from_records:
+      raise MissingRecord(f'no record {self._record_path(name)}')
+    if record is None:
+      record = self._run(args, rounds, personal)
+      atomic.write_text(self._record_path(name), json.dumps(record))
+    with self._lock:
+      self.wall[phase] += record['wall_s']
+    return record
+
+  def _finished(self, path: str, rounds: int, args: list[str]):
+    """A finished run folder's wall time, or None (then it is run)."""
+    summary = _read_json(os.path.join(path, 'summary.json'), 'summary.json')
+    mark = _read_json(os.path.join(path, RECORD), RECORD)
+    if summary is None or mark is None:
+      return None
+    if not (
+        isinstance(summary, dict)
+        and isinstance(summary.get('summaries'), dict)
+        and summary.get('round_num') == rounds
+        and isinstance(mark, dict)
+    ):
+      warn(
+          f'{path}: summary.json or {RECORD} of the wrong shape; running '
+          'it again'
+      )
+      return None
+    if mark.get('args') != list(args):
+      raise RuntimeError(
+          f'{path} holds a finished run of other settings; use another '
+          '--output_dir (or remove that folder)'
+      )
+    return float(mark.get('wall_s', math.nan))
+
+  def _run(self, args: list[str], rounds: int, personal: bool) -> dict:
+    path = os.path.join(_flag(args, 'root_output_dir'), _flag(args, 'experiment_name'))
+    wall = self._finished(path, rounds, args)
+    if wall is None:
+      earlier = _read_json(os.path.join(path, WALL), WALL) or {}
+      before = float(earlier.get('wall_s', 0.0)) if isinstance(
+          earlier, dict
+      ) else 0.0
+      start = time.time()
+      try:
+        self._worker().run(args)
+      except run_pool.RunFailed as e:
+        if not _diverged(e) or _flag(args, 'holdout') != 'validation':
+          raise
+        # A selection run that diverged: the worst score, not an error.
+        return {
+            'args': list(args),
+            'splits': {},
+            'diverged': str(e),
+            'examples': 0,
+            'wall_s': round(before + time.time() - start, 1),
+        }
+      except BaseException:
+        if os.path.isdir(path):  # Its time so far counts when it resumes.
+          atomic.write_text(
+              os.path.join(path, WALL),
+              json.dumps({'wall_s': before + time.time() - start}),
           )
-          * 100
+        raise
+      wall = before + time.time() - start
+      atomic.write_text(
+          os.path.join(path, RECORD),
+          json.dumps({'wall_s': round(wall, 1), 'args': list(args)}),
       )
-      y = len(labels)
-      ax.plot(d, np.full(len(d), y), 'o', alpha=0.5, markersize=4)
-      ax.errorbar(
-          d.mean(),
-          y,
-          xerr=d.std(ddof=1) if len(d) > 1 else 0,
-          fmt='ks',
-          markersize=5,
-          capsize=3,
+    summary = _read_json(os.path.join(path, 'summary.json'), 'summary.json')
+    return {
+        'args': list(args),
+        'task': (summary or {}).get('task', ''),
+        'splits': _rounded(_client_rows(path, personal)),
+        'examples': _examples(path),
+        'wall_s': round(wall, 1),
+    }
+
+  def fine_tune(
+      self, args: list[str], learning_rates, max_epochs: int, batch_size: int
+  ) -> dict:
+    """The baselines' fine-tuning of a finished FedAvg run (its record).
+
+    Returns:
+      `{'grid': {start: {split: {lr: [stats per epoch]}}}, 'splits': {start:
+      {split: {lr: [per-client arrays per epoch]}}}, 'wall_s'}`.
+    """
+    name = _flag(args, 'experiment_name') + '_ft'
+    options = dict(
+        learning_rates=[float(r) for r in learning_rates],
+        max_epochs=max_epochs,
+        batch_size=batch_size,
+    )
+    key = list(args) + [json.dumps(options, sort_keys=True)]
+    phase = name.split('_', 1)[0]
+    record = self._load_record(name, key)
+    if record is None and self.from_records:
+      raise MissingRecord(f'no record {self._record_path(name)}')
+    if record is None:
+      start = time.time()
+      self._worker().fine_tune(args, **options)
+      path = os.path.join(
+          _flag(args, 'root_output_dir'), _flag(args, 'experiment_name')
       )
-      labels.append(method.label)
-      ys.append(y)
-    ax.axvline(0, color='grey', linewidth=1)
-    ax.set_yticks(ys)
-    ax.set_yticklabels(labels)
-    ax.set_xlabel(f'{column} accuracy minus FedAvg (points), held-out data')
-    ax.grid(alpha=0.3, axis='x')
-  axes[0].set_title('per seed (dots), mean +- std (squares)')
-  fig.tight_layout()
-  _save(fig, png_diff)
-  plt.close(fig)
-  del rows
+      with open(os.path.join(path, 'fine_tuning.json')) as f:
+        result = json.load(f)
+      record = {
+          'args': key,
+          'splits': _rounded(
+              {begin: result[begin] for begin in BASELINES.values()}
+          ),
+          'train_examples': result['train_examples'],
+          'wall_s': round(time.time() - start, 1),
+      }
+      atomic.write_text(self._record_path(name), json.dumps(record))
+    with self._lock:
+      self.wall[phase] += record['wall_s']
+    return record
 
 
-def _save(fig, path: str) -> None:
-  atomic.save_figure(fig, path, dpi=100, format='png')
+DIVERGED = {
+    'mean': 0.0,
+    'weighted_mean': 0.0,
+    'p10': 0.0,
+    'worst10': -math.inf,
+    'loss_sq10': math.inf,
+    'variance': math.nan,
+}
+
+
+def run_stats(record: dict, split: str) -> dict[str, float]:
+  if record.get('diverged'):
+    return dict(DIVERGED)
+  cols = record['splits'][split]
+  return stats.client_stats(cols['accuracy'], cols['loss'], cols['num_examples'])
+
+
+def fine_tuned(record: dict, begin: str, split: str, lr: float, epochs: int):
+  """Per-client arrays after `epochs` of fine-tuning at `lr` from `begin`."""
+  return record['splits'][begin][split][f'{lr:g}'][epochs]
+
+
+def fine_tuned_stats(record, begin, split, lr, epochs) -> dict[str, float]:
+  cols = fine_tuned(record, begin, split, lr, epochs)
+  return stats.client_stats(cols['accuracy'], cols['loss'], cols['num_examples'])
+
+
+# ------------------------------------------------------------- selection
+
+
+@dataclasses.dataclass
+class Choice:
+  """A method's selection: what it tried, on which seeds, what won."""
+
+  method: Method
+  tried: dict[Config, dict[int, dict[str, float]]]
+  best: Optional[Config] = None
+  edges: tuple[str, ...] = ()  # Knobs whose chosen value is at an edge.
+  rungs: list[int] = dataclasses.field(default_factory=list)
+  extensions: int = 0
+
+  def ranked(self, seeds: Sequence[int]) -> list[Config]:
+    """The configurations run on all `seeds`, best first (grid order ties)."""
+    full = [c for c, by in self.tried.items() if all(s in by for s in seeds)]
+    return sorted(
+        full,
+        key=lambda c: stats.criterion([self.tried[c][s] for s in seeds]),
+    )
+
+
+def _values(choice: Choice, knob: str) -> list[float]:
+  return sorted(
+      {c.value if knob == 'value' else c.lr for c in choice.tried}
+  )
+
+
+def _edge_moves(choice: Choice, lr_low: float) -> list[tuple[str, Config]]:
+  """New configurations one step past the chosen values at grid edges."""
+  method, best, moves = choice.method, choice.best, []
+  for knob in (('value',) if method.knob else ()) + ('lr',):
+    values = _values(choice, knob)
+    current = best.value if knob == 'value' else best.lr
+    for edge, at in (('low', values[0]), ('high', values[-1])):
+      if current != at:
+        continue
+      low, high = (
+          (method.low, method.high) if knob == 'value' else (lr_low, None)
+      )
+      new = stats.next_value(values, edge, low=low, high=high)
+      if new is not None:
+        config = (
+            Config(new, best.lr) if knob == 'value' else Config(best.value, new)
+        )
+        moves.append((knob, config))
+  return moves
+
+
+def _edges(choice: Choice) -> tuple[str, ...]:
+  out = []
+  for knob in (('value',) if choice.method.knob else ()) + ('lr',):
+    values = _values(choice, knob)
+    current = choice.best.value if knob == 'value' else choice.best.lr
+    if len(values) > 1 and current in (values[0], values[-1]):
+      out.append(choice.method.knob if knob == 'value' else 'learning_rate')
+  return tuple(out)
+
+
+class Benchmark:
+  """The selection and report phases of one setting."""
+
+  def __init__(
+      self,
+      runs,
+      task_flags,
+      budget,
+      methods_run,
+      grids,
+      data_seed,
+      root,
+      max_extensions: int = 2,
+  ):
+    self.max_extensions = max_extensions
+    self.runs = runs
+    self.task_flags = task_flags
+    self.budget = budget
+    self.methods = methods_run
+    self.grids = grids
+    self.data_seed = data_seed
+    self.root = root
+
+  def _args(self, method, config, seed, phase):
+    return run_args(
+        self.task_flags,
+        self.budget,
+        method,
+        config,
+        seed,
+        phase=phase,
+        root=self.root,
+        data_seed=self.data_seed,
+    )
+
+  def _execute(self, groups, progress):
+    """Runs groups of `(key, args, personal, describe)`, each group in turn
+    in one worker (one configuration's seeds share its builds)."""
+    out = {}
+    pool = concurrent.futures.ThreadPoolExecutor(self.runs.jobs)
+
+    def one(group):
+      done = []
+      try:
+        for key, args, personal, describe in group:
+          record = self.runs.run(args, self.budget.rounds, personal)
+          done.append((key, record, describe))
+          progress(describe(record))
+      finally:
+        self.runs.release()
+      return done
+
+    try:
+      futures = [pool.submit(one, g) for g in groups]
+      for future in futures:
+        for key, record, _ in future.result():
+          out[key] = record
+    except reproduce.Stopped as e:
+      e.ended = reproduce.end_children(e.signum)
+      raise
+    except BaseException:
+      reproduce.end_children(signal.SIGTERM)
+      raise
+    finally:
+      pool.shutdown(wait=True, cancel_futures=True)
+    return out
+
+  def _parallel(self, fn, items) -> list:
+    """`[fn(item) ...]` in the pool's threads, each with a worker."""
+
+    def one(item):
+      try:
+        return fn(item)
+      finally:
+        self.runs.release()
+
+    pool = concurrent.futures.ThreadPoolExecutor(self.runs.jobs)
+    try:
+      futures = [pool.submit(one, item) for item in items]
+      return [f.result() for f in futures]
+    except reproduce.Stopped as e:
+      e.ended = reproduce.end_children(e.signum)
+      raise
+    except BaseException:
+      reproduce.end_children(signal.SIGTERM)
+      raise
+    finally:
+      pool.shutdown(wait=True, cancel_futures=True)
+
+  def _fine_tune(
+      self, method, config, seeds, phase, progress, lrs, max_epochs
+  ) -> dict:
+    """The baselines' fine-tuning of FedAvg's runs: seed -> record."""
+
+    def one(seed):
+      record = self.runs.fine_tune(
+          self._args(method, config, seed, phase),
+          lrs,
+          max_epochs,
+          self.budget.batch_size,
+      )
+      progress(
+          f'{phase} fine-tuning of FedAvg {config.describe(method)} seed '
+          f'{seed} ({record["wall_s"]:.0f} s)'
+      )
+      return record
+
+    return dict(zip(seeds, self._parallel(one, list(seeds))))
+
+  def _jobs(self, method, configs, seeds, phase):
+    groups = []
+    split = 'personal/test' if method.name in PERSONAL else 'test'
+    for config in configs:
+      group = []
+      for seed in seeds:
+        args = self._args(method, config, seed, phase)
+
+        def describe(r, m=method, c=config, sd=seed, sp=split, ph=phase):
+          if r.get('diverged'):
+            return f'{ph} {m.label} {c.describe(m)} seed {sd}: diverged'
+          s = run_stats(r, sp)
+          where = 'validation' if ph == 'select' else 'held-out'
+          return (
+              f'{ph} {m.label} {c.describe(m)} seed {sd}: {where} worst10 '
+              f'{100 * s["worst10"]:.1f}%, mean {100 * s["mean"]:.1f}% '
+              f'({r["wall_s"]:.0f} s)'
+          )
+
+        group.append(
+            (
+                (method.name, config, seed),
+                args,
+                method.name in PERSONAL,
+                describe,
+            )
+        )
+      groups.append(group)
+    return groups
+
+  def select(self, sel_seeds, progress) -> dict[str, Choice]:
+    """Successive halving over the seeds, then the edge extensions."""
+    choices, candidates = {}, {}
+    for method in self.methods:
+      if method.baseline:
+        continue
+      values = self.grids.get(method.knob, method.grid) if method.knob else (
+          None,
+      )
+      lrs = self.grids['learning_rate']
+      choices[method.name] = Choice(method, {})
+      candidates[method.name] = [Config(v, lr) for v in values for lr in lrs]
+    for rung, seed in enumerate(sel_seeds):
+      groups = []
+      for name, configs in candidates.items():
+        choices[name].rungs.append(len(configs))
+        groups += self._jobs(choices[name].method, configs, [seed], 'select')
+      self._collect(choices, self._execute(groups, progress))
+      for name, choice in choices.items():
+        ranked = choice.ranked(sel_seeds[: rung + 1])
+        candidates[name] = stats.top_fraction(ranked, KEEP)
+        choice.best = ranked[0]
+    lr_low = 0.0
+    for _ in range(self.max_extensions):
+      groups, moved = [], {}
+      for name, choice in choices.items():
+        moves = [c for _, c in _edge_moves(choice, lr_low) if c not in choice.tried]
+        if moves:
+          moved[name] = moves
+          groups += self._jobs(choice.method, moves, sel_seeds, 'select')
+      if not groups:
+        break
+      self._collect(choices, self._execute(groups, progress))
+      for name in moved:
+        choice = choices[name]
+        choice.extensions += 1
+        choice.best = choice.ranked(sel_seeds)[0]
+    for choice in choices.values():
+      choice.edges = _edges(choice)
+    return choices
+
+  def _collect(self, choices, records):
+    for (name, config, seed), record in records.items():
+      method = choices[name].method
+      split = 'personal/test' if method.name in PERSONAL else 'test'
+      choices[name].tried.setdefault(config, {})[seed] = run_stats(
+          record, split
+      )
+
+  def select_fine_tuning(self, fedavg: Choice, sel_seeds, progress):
+    """The baselines' (learning rate, epochs) on FedAvg's selection runs."""
+    lrs = self.grids['fine_tune_learning_rate']
+    records = self._fine_tune(
+        fedavg.method,
+        fedavg.best,
+        sel_seeds,
+        'select',
+        progress,
+        lrs,
+        self.budget.fine_tune_epochs,
+    )
+    out = {}
+    for name, begin in BASELINES.items():
+      tried = {}
+      for lr in lrs:
+        for epochs in range(1, self.budget.fine_tune_epochs + 1):
+          tried[Config(epochs, lr)] = {
+              seed: fine_tuned_stats(r, begin, 'validation', lr, epochs)
+              for seed, r in records.items()
+          }
+      method = Method(name, '', 'fine_tune_epochs', low=0.0)
+      choice = Choice(method, tried, rungs=[len(tried)])
+      choice.best = choice.ranked(sel_seeds)[0]
+      edges = []
+      if choice.best.value == self.budget.fine_tune_epochs:
+        edges.append('fine_tune_epochs')
+      if len(lrs) > 1 and choice.best.lr in (min(lrs), max(lrs)):
+        edges.append('fine_tune_learning_rate')
+      choice.edges = tuple(edges)
+      out[name] = choice
+    return out
+
+  def report(self, choices, ft_choices, seeds, progress):
+    """Each method at its choice on the reported seeds: name -> per seed
+    `{split: per-client arrays}` plus examples and wall time."""
+    groups = []
+    for method in self.methods:
+      if method.baseline:
+        continue
+      groups += self._jobs(
+          method, [choices[method.name].best], seeds, 'final'
+      )
+    records = self._execute(groups, progress)
+    results = {}
+    for method in self.methods:
+      if method.baseline:
+        continue
+      best = choices[method.name].best
+      runs = []
+      for seed in seeds:
+        record = records[(method.name, best, seed)]
+        splits = dict(record['splits'])
+        if method.name in PERSONAL:
+          splits['test'] = splits.pop('personal/test')
+        runs.append(
+            {
+                'splits': splits,
+                'examples': record['examples'],
+                'wall_s': record['wall_s'],
+                'args': record['args'],
+                'task': record.get('task', ''),
+            }
+        )
+      results[method.name] = runs
+    if not ft_choices:
+      return results
+    fedavg = choices['fedavg']
+    # Only the chosen rates and epochs: the report needs nothing else.
+    chosen = [ft_choices[n].best for n in ft_choices]
+    lrs = sorted({c.lr for c in chosen})
+    fine_tunings = self._fine_tune(
+        fedavg.method,
+        fedavg.best,
+        seeds,
+        'final',
+        progress,
+        lrs,
+        max(c.value for c in chosen),
+    )
+    for seed_index, seed in enumerate(seeds):
+      ft = fine_tunings[seed]
+      base = results['fedavg'][seed_index]
+      if 'unseen' in ft['splits']['final']:
+        base['splits']['unseen_half'] = fine_tuned(
+            ft, 'final', 'unseen', lrs[0], 0
+        )
+      for name in ft_choices:
+        if not any(m.name == name for m in self.methods):
+          continue
+        best = ft_choices[name].best
+        begin = BASELINES[name]
+        splits = {
+            'test': fine_tuned(ft, begin, 'test', best.lr, best.value),
+        }
+        if 'unseen' in ft['splits'][begin]:
+          splits['unseen_half'] = fine_tuned(
+              ft, begin, 'unseen', best.lr, best.value
+          )
+        tuned = int(best.value * ft['train_examples']['test'])
+        results.setdefault(name, []).append(
+            {
+                'splits': splits,
+                'examples': tuned
+                + (base['examples'] if begin == 'final' else 0),
+                'wall_s': (base['wall_s'] if begin == 'final' else 0.0)
+                + ft['wall_s'],
+            }
+        )
+    return results
 
 
 # ------------------------------------------------------------------ main
@@ -716,29 +1124,73 @@ def _ints(name: str, values: list[str]) -> list[int]:
 
 def _budget(setting: Setting) -> Budget:
   b = setting.budget
+
+  def pick(flag, default):
+    value = getattr(FLAGS, flag)
+    return default if value is None else value
+
   budget = Budget(
-      rounds=b.rounds if FLAGS.rounds is None else FLAGS.rounds,
-      clients_per_round=(
-          b.clients_per_round
-          if FLAGS.clients_per_round is None
-          else FLAGS.clients_per_round
-      ),
-      local_epochs=(
-          b.local_epochs if FLAGS.local_epochs is None else FLAGS.local_epochs
-      ),
-      batch_size=b.batch_size if FLAGS.batch_size is None else FLAGS.batch_size,
-      learning_rate=(
-          b.learning_rate
-          if FLAGS.learning_rate is None
-          else FLAGS.learning_rate
-      ),
+      rounds=pick('rounds', b.rounds),
+      clients_per_round=pick('clients_per_round', b.clients_per_round),
+      local_epochs=pick('local_epochs', b.local_epochs),
+      batch_size=pick('batch_size', b.batch_size),
+      learning_rate=pick('learning_rate', b.learning_rate),
+      fine_tune_epochs=pick('fine_tune_epochs', b.fine_tune_epochs),
   )
-  for name in ('rounds', 'clients_per_round', 'local_epochs', 'batch_size'):
+  for name in (
+      'rounds',
+      'clients_per_round',
+      'local_epochs',
+      'batch_size',
+      'fine_tune_epochs',
+  ):
     if getattr(budget, name) < 1:
       raise UsageError(f'--{name} must be >= 1, got {getattr(budget, name)}')
   if not (math.isfinite(budget.learning_rate) and budget.learning_rate > 0):
     raise UsageError(f'--learning_rate must be > 0, got {budget.learning_rate}')
   return budget
+
+
+def _grids(budget: Budget, methods_run: Sequence[Method]) -> dict:
+  """The grids: declared, then `--grid` overrides (checked)."""
+  grids = {
+      'learning_rate': log_grid(budget.learning_rate, LR_STEPS),
+      'fine_tune_learning_rate': log_grid(budget.learning_rate, FT_LR_STEPS),
+  }
+  ranges = {'learning_rate': (0.0, None), 'fine_tune_learning_rate': (0.0, None)}
+  for m in methods():
+    if m.knob:
+      grids.setdefault(m.knob, m.grid)
+      ranges[m.knob] = (m.low, m.high)
+  for item in FLAGS.grid:
+    knob, _, text = item.partition(':')
+    if knob not in ranges:
+      raise UsageError(
+          f'--grid={item}: unknown knob {knob!r}; choose among '
+          f'{", ".join(sorted(ranges))}'
+      )
+    try:
+      values = tuple(float(v) for v in text.split(','))
+    except ValueError:
+      raise UsageError(
+          f'--grid={item}: values must be numbers, as knob:v1,v2,...'
+      ) from None
+    low, high = ranges[knob]
+    bad = [
+        v
+        for v in values
+        if not math.isfinite(v)
+        or (low is not None and v <= low)
+        or (high is not None and v > high)
+    ]
+    if bad or len(set(values)) != len(values):
+      where = f'> {low:g}' + (f' and <= {high:g}' if high is not None else '')
+      raise UsageError(
+          f'--grid={item}: values must be distinct, finite and {where}'
+      )
+    grids[knob] = tuple(sorted(values))
+  del methods_run
+  return grids
 
 
 def _task_flags(setting: Setting, extra: list[str]) -> list[str]:
@@ -763,8 +1215,8 @@ def _task_flags(setting: Setting, extra: list[str]) -> list[str]:
   return flags_
 
 
-def _methods(budget: Budget) -> list[Method]:
-  every = methods(budget.learning_rate)
+def _methods() -> list[Method]:
+  every = methods()
   names = [m.name for m in every]
   wanted = list(FLAGS.algorithms)
   unknown = [a for a in wanted if a not in names]
@@ -798,253 +1250,16 @@ def _shakespeare_data(output_dir: str) -> str:
 
 
 class _Progress:
-  """One line per finished run: `[k/n] phase method value seed: ...`."""
+  """One line per finished run: `[k] phase method config seed: ...`."""
 
-  def __init__(self, total: int):
-    self.total, self.done = total, 0
+  def __init__(self):
+    self.done = 0
+    self._lock = threading.Lock()
 
   def __call__(self, text: str) -> None:
-    self.done += 1
-    print(f'[{self.done}/{self.total}] {text}', file=sys.stderr, flush=True)
-
-
-def _run_all(jobs, budget, progress):
-  """Runs `(key, args, describe)` jobs; returns key -> summary."""
-  out = {}
-  pool = concurrent.futures.ThreadPoolExecutor(FLAGS.jobs)
-  try:
-    futures = [
-        (key, describe, pool.submit(execute, args, budget.rounds))
-        for key, args, describe in jobs
-    ]
-    for key, describe, future in futures:
-      summary = future.result()
-      out[key] = summary
-      progress(describe(summary))
-  except reproduce.Stopped as e:
-    # End the running runs first: the pool's threads wait for them.
-    e.ended = reproduce.end_children(e.signum)
-    raise
-  except RuntimeError:
-    reproduce.end_children(signal.SIGTERM)
-    raise
-  finally:
-    pool.shutdown(wait=True, cancel_futures=True)
-  return out
-
-
-def benchmark(
-    setting, budget, task_flags, methods_run, seeds, sel_seeds, root, commands
-):
-  """Selection then report runs; returns `(choices, scores, results)`."""
-  jobs = []
-  for method in methods_run:
-    if method.knob is None:
-      continue
-    for value in method.grid:
-      for seed in sel_seeds:
-        args = run_args(
-            task_flags, budget, method, value, seed, phase='select', root=root
-        )
-        commands.append('python -m run.train ' + shlex.join(args))
-        key = accuracy_key(method)
-
-        def describe(s, m=method, v=value, sd=seed, k=key):
-          acc = s['summaries'][k]
-          return (
-              f'select {m.label} {m.knob}={v:g} seed {sd}: validation p10 '
-              f'{100 * acc["p10"]:.1f}%, mean {100 * acc["mean"]:.1f}% '
-              f'({s["wall_s"]:.0f} s)'
-          )
-
-        jobs.append(((method.name, value, seed), args, describe))
-  final_jobs = len(methods_run) * len(seeds)
-  progress = _Progress(len(jobs) + final_jobs)
-  selected = _run_all(jobs, budget, progress)
-  choices, scores = {}, {}
-  for method in methods_run:
-    if method.knob is None:
-      choices[method.name] = None
-      continue
-    key = accuracy_key(method)
-    scores[method.name] = {
-        v: [
-            (
-                selected[(method.name, v, s)]['summaries'][key][CRITERION],
-                selected[(method.name, v, s)]['summaries'][key]['mean'],
-            )
-            for s in sel_seeds
-        ]
-        for v in method.grid
-    }
-    choices[method.name] = select(method.grid, scores[method.name])
-  jobs = []
-  for method in methods_run:
-    for seed in seeds:
-      value = choices[method.name]
-      args = run_args(
-          task_flags, budget, method, value, seed, phase='final', root=root
-      )
-      commands.append('python -m run.train ' + shlex.join(args))
-      key = accuracy_key(method)
-
-      def describe_final(s, m=method, v=value, sd=seed, k=key):
-        acc = s['summaries'][k]
-        knob = '' if m.knob is None else f' {m.knob}={v:g}'
-        return (
-            f'report {m.label}{knob} seed {sd}: held-out p10 '
-            f'{100 * acc["p10"]:.1f}%, mean {100 * acc["mean"]:.1f}% '
-            f'({s["wall_s"]:.0f} s)'
-        )
-
-      jobs.append(((method.name, seed), args, describe_final))
-  reported = _run_all(jobs, budget, progress)
-  results = {
-      m.name: [reported[(m.name, s)] for s in seeds] for m in methods_run
-  }
-  return choices, scores, results
-
-
-def selection_table(methods_run, scores, choices) -> str:
-  """Each knob's grid with its validation scores and the chosen value."""
-  lines = [
-      '| algorithm | knob | value: validation p10 / mean (%), mean over '
-      'selection seeds | chosen |',
-      '|---|---|---|---:|',
-  ]
-  for method in methods_run:
-    if method.knob is None:
-      continue
-    cells = []
-    for v in method.grid:
-      pairs = np.asarray(scores[method.name][v], dtype=float) * 100
-      cells.append(
-          f'{v:g}: {pairs[:, 0].mean():.1f} / {pairs[:, 1].mean():.1f}'
-      )
-    lines.append(
-        f'| {method.label} | {method.knob} | {"; ".join(cells)} | '
-        f'{choices[method.name]:g} |'
-    )
-  return '\n'.join(lines)
-
-
-def page(
-    setting,
-    budget,
-    task_flags,
-    methods_run,
-    seeds,
-    sel_seeds,
-    choices,
-    scores,
-    results,
-    commands,
-    pngs,
-    argv,
-) -> str:
-  """The results page (Markdown)."""
-  has_unseen = all(
-      'unseen/accuracy' in r['summaries'] for r in results['fedavg']
-  )
-  task_line = results['fedavg'][0].get('task', '')
-  n_test = sum(
-      per_client_accuracy(
-          results['fedavg'][0]['run_dir'], methods_run[0], 'test'
-      )[1]
-  )
-  m_test = len(
-      per_client_accuracy(
-          results['fedavg'][0]['run_dir'], methods_run[0], 'test'
-      )[0]
-  )
-  rows_test = paired_rows(results, methods_run, 'test')
-  text = [
-      f'# Tail benchmark: {setting.name}',
-      '',
-      '```',
-      'python -m run.experiments.benchmark ' + shlex.join(argv[1:]),
-      '```',
-      '',
-      f'**Task.** {task_line}.',
-      '',
-      f'**Budget, the same for every algorithm.** {budget.rounds} rounds, '
-      f'{budget.clients_per_round} clients per round, {budget.local_epochs} '
-      f'local epoch(s), batch {budget.batch_size}, client learning rate '
-      f'{budget.learning_rate:g}; task flags `{" ".join(task_flags)}`. '
-      f'Scale: {setting.scale}. Engines: stacked for '
-      + ', '.join(m.label for m in methods_run if m.engine == 'stacked')
-      + '; batched for '
-      + (
-          ', '.join(m.label for m in methods_run if m.engine == 'batched')
-          or 'none'
-      )
-      + " (both equal to the TFF path's weights, tested).",
-      '',
-      f'**Selection** on validation data of the training clients only '
-      f'(`--holdout=validation`: held-out and unseen clients not loaded), '
-      f'selection seeds {sel_seeds}, criterion: validation 10th-percentile '
-      'accuracy across clients (personal models for Ditto and Fed+), mean '
-      'over the selection seeds; ties: the mean accuracy, then the grid '
-      'order.',
-      '',
-      selection_table(methods_run, scores, choices),
-      '',
-      f"**(a) Training clients' held-out data** ({m_test} clients, "
-      f'{int(n_test)} examples in seed {seeds[0]}), reported seeds {seeds}: '
-      'accuracy in %, variance in %^2 across clients, mean (std) over '
-      'seeds; Ditto and Fed+ with their personal models.',
-      '',
-      results_table(results, methods_run, 'test'),
-      '',
-  ]
-  if has_unseen:
-    text += [
-        '**(b) Unseen clients** (global models for all):',
-        '',
-        results_table(results, methods_run, 'unseen'),
-        '',
-    ]
-  text += [
-      '**Paired differences against FedAvg, held-out data** (per-seed '
-      'difference, mean (std) in points; then the seeds where the algorithm '
-      'is better (lower, for the variance) out of the seeds; then +- the '
-      'smallest mean difference these seeds can tell from zero, the 95% '
-      'half-width t(n-1) std / sqrt(n)):',
-      '',
-      paired_table(rows_test),
-      '',
-  ]
-  if has_unseen:
-    text += [
-        '**Paired differences against FedAvg, unseen clients** (global '
-        'models):',
-        '',
-        paired_table(paired_rows(results, methods_run, 'unseen')),
-        '',
-    ]
-  text += [
-      f'Test-size resolution: one held-out example moves the weighted mean '
-      f'by {100 / max(n_test, 1):.2f} points, one client the unweighted mean '
-      f'by up to {100 / max(m_test, 1):.1f} points.',
-      '',
-      '**Findings (generated from the numbers above).**',
-      '',
-      *findings(rows_test, 'held-out data'),
-      '',
-      f'![per-client accuracy CDFs]({os.path.basename(pngs[0])})',
-      '',
-      f'![paired differences]({os.path.basename(pngs[1])})',
-      '',
-      "<details><summary>Every run's command</summary>",
-      '',
-      '```',
-      *commands,
-      '```',
-      '',
-      '</details>',
-      '',
-  ]
-  return '\n'.join(text)
+    with self._lock:
+      self.done += 1
+      print(f'[{self.done}] {text}', file=sys.stderr, flush=True)
 
 
 def main(argv) -> int:
@@ -1053,7 +1268,8 @@ def main(argv) -> int:
     setting = SETTINGS[FLAGS.setting]
     budget = _budget(setting)
     task_flags = _task_flags(setting, list(argv[1:]))
-    methods_run = _methods(budget)
+    methods_run = _methods()
+    grids = _grids(budget, methods_run)
     seeds = _ints('seeds', FLAGS.seeds)
     sel_seeds = _ints('selection_seeds', FLAGS.selection_seeds)
     if set(seeds) & set(sel_seeds):
@@ -1063,95 +1279,120 @@ def main(argv) -> int:
       )
     if FLAGS.jobs < 1:
       raise UsageError(f'--jobs must be >= 1, got {FLAGS.jobs}')
+    if FLAGS.data_seed < 0:
+      raise UsageError(f'--data_seed must be >= 0, got {FLAGS.data_seed}')
+    if FLAGS.max_extensions < 0:
+      raise UsageError(
+          f'--max_extensions must be >= 0, got {FLAGS.max_extensions}'
+      )
     output_dir = FLAGS.output_dir or os.path.join(
         'output', 'benchmark', setting.name
     )
     output_md = FLAGS.output_md or os.path.join(output_dir, 'benchmark.md')
+    records_dir = FLAGS.records_dir or os.path.join(output_dir, 'records')
     run_dir.check_output_dir(output_dir, flag='--output_dir')
+    run_dir.check_output_dir(records_dir, flag='--records_dir')
     reproduce.check_output_md(output_md)
-    if setting.shakespeare_data and not argv[1:]:
+    if setting.shakespeare_data and not argv[1:] and not FLAGS.from_records:
       task_flags = task_flags + [f'--data_dir={_shakespeare_data(output_dir)}']
   except (UsageError, run_dir.OutputDirError) as e:
     print(f'benchmark: error: {e}', file=sys.stderr)
     return 2
+  os.makedirs(records_dir, exist_ok=True)
+  os.makedirs(output_dir, exist_ok=True)
   root = os.path.join(output_dir, 'runs')
-  commands = []
+  runs = Runs(records_dir, output_dir, FLAGS.jobs, FLAGS.from_records)
+  bench = Benchmark(
+      runs,
+      task_flags,
+      budget,
+      methods_run,
+      grids,
+      FLAGS.data_seed,
+      root,
+      FLAGS.max_extensions,
+  )
+  progress = _Progress()
   previous = {
       s: signal.signal(s, _raise_stopped)
       for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
   }
   try:
-    choices, scores, results = benchmark(
-        setting,
-        budget,
-        task_flags,
-        methods_run,
-        seeds,
-        sel_seeds,
-        root,
-        commands,
-    )
+    if not FLAGS.from_records:  # Task flags checked before any run.
+      probe = bench._args(  # pylint: disable=protected-access
+          methods_run[0], Config(None, budget.learning_rate), 0, 'select'
+      )
+      error = runs.check(probe)
+      if error:
+        print(f'benchmark: error: {error.split("error: ", 1)[-1]}', file=sys.stderr)
+        return 2
+    choices = bench.select(sel_seeds, progress)
+    ft_choices = {}
+    if any(m.baseline for m in methods_run):
+      ft_choices = bench.select_fine_tuning(
+          choices['fedavg'], sel_seeds, progress
+      )
+    results = bench.report(choices, ft_choices, seeds, progress)
   except reproduce.Stopped as e:
     ended = getattr(e, 'ended', 0)
     print(
-        f'benchmark: interrupted ({e}): ended {ended} running training '
-        f'run{"" if ended == 1 else "s"} and their TFF workers; rerun the '
+        f'benchmark: interrupted ({e}): ended {ended} running worker'
+        f'{"" if ended == 1 else "s"} and their TFF workers; rerun the '
         'same command to resume (finished runs are kept)',
         file=sys.stderr,
         flush=True,
     )
     return 130 if e.signum == signal.SIGINT else 128 + e.signum
-  except RuntimeError as e:
+  except (RuntimeError, MissingRecord) as e:
     print(f'benchmark: error: {str(e).splitlines()[-1]}', file=sys.stderr)
     return 1
   finally:
     for signum, handler in previous.items():
       signal.signal(signum, handler)
+    runs.close()
   stem = os.path.splitext(output_md)[0]
   pngs = (f'{stem}_cdf.png', f'{stem}_differences.png')
-  splits = [('test', "training clients' held-out data")]
-  if all('unseen/accuracy' in r['summaries'] for r in results['fedavg']):
-    splits.append(('unseen', 'unseen clients'))
-  write_pictures(results, methods_run, None, pngs[0], pngs[1], splits)
-  text = page(
-      setting,
-      budget,
-      task_flags,
-      methods_run,
-      seeds,
-      sel_seeds,
-      choices,
-      scores,
-      results,
-      commands,
-      pngs,
-      sys.argv,
+  report = benchmark_page.Report(
+      setting=setting,
+      budget=budget,
+      task_flags=task_flags,
+      methods=methods_run,
+      seeds=seeds,
+      sel_seeds=sel_seeds,
+      grids=grids,
+      choices=choices,
+      ft_choices=ft_choices,
+      results=results,
+      commands=runs.commands,
+      wall=runs.wall,
+      data_seed=FLAGS.data_seed,
+      keep=KEEP,
+      argv=sys.argv,
+      overrides=_overrides(),
   )
-  atomic.write_text(output_md, text)
+  benchmark_page.write_pictures(report, *pngs)
+  atomic.write_text(output_md, benchmark_page.page(report, pngs))
   atomic.write_text(
       os.path.join(output_dir, 'results.json'),
-      json.dumps(
-          {
-              'choices': choices,
-              'selection': {
-                  m: {f'{v:g}': p for v, p in s.items()}
-                  for m, s in scores.items()
-              },
-              'reported': {
-                  m: [
-                      {k: r['summaries'][k] for k in r['summaries']}
-                      | {'wall_s': r['wall_s'], 'run_dir': r['run_dir']}
-                      for r in runs
-                  ]
-                  for m, runs in results.items()
-              },
-          },
-          indent=1,
-          default=float,
-      ),
+      json.dumps(benchmark_page.results_json(report), indent=1, default=float),
   )
   print(f'benchmark: wrote {output_md}, {pngs[0]}, {pngs[1]}')
   return 0
+
+
+def _overrides() -> list[str]:
+  return [
+      f'--{name}={getattr(FLAGS, name)}'
+      for name in (
+          'rounds',
+          'clients_per_round',
+          'local_epochs',
+          'batch_size',
+          'learning_rate',
+          'fine_tune_epochs',
+      )
+      if getattr(FLAGS, name) is not None
+  ]
 
 
 def _raise_stopped(signum, frame):

@@ -1,0 +1,428 @@
+# Copyright 2026 The tff-hetero Authors. Licensed under the Apache License 2.0.
+"""The tail benchmark's page, pictures and results file, from its records.
+
+Everything here reads the per-client arrays of the runs' records
+(`run.experiments.benchmark.Runs`), so the page is the same whether the runs
+ran now or were read back (`--from_records`).
+"""
+
+import dataclasses
+import math
+import os
+import shlex
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from run import atomic
+from run.experiments import benchmark_stats as stats
+
+PAIRED_COLUMNS = ('mean', 'p10', 'worst10', 'loss_sq10', 'variance')
+# (split key, title, which methods have it).
+SPLITS = (
+    ('test', "(a) Training clients' held-out data"),
+    ('unseen', '(b) Unseen clients, global models'),
+    ('unseen_half', '(c) Unseen clients, second half of their examples'),
+)
+
+
+@dataclasses.dataclass
+class Report:
+  """What the page shows; see `run.experiments.benchmark.main`."""
+
+  setting: Any
+  budget: Any
+  task_flags: Sequence[str]
+  methods: Sequence[Any]
+  seeds: Sequence[int]
+  sel_seeds: Sequence[int]
+  grids: dict[str, tuple[float, ...]]
+  choices: dict[str, Any]
+  ft_choices: dict[str, Any]
+  results: dict[str, list[dict[str, Any]]]
+  commands: Sequence[str]
+  wall: dict[str, float]
+  data_seed: int
+  keep: float
+  argv: Sequence[str]
+  overrides: Sequence[str]
+
+  def rows(self, split: str):
+    """`(method, label, per-seed stats)` of the methods that have `split`."""
+    out = []
+    for method in self.methods:
+      runs = self.results.get(method.name, [])
+      if not runs or any(split not in r['splits'] for r in runs):
+        continue
+      label = method.label
+      if split == 'test' and method.personal and not method.baseline:
+        label += ' (personal)'
+      if split == 'unseen_half' and method.name == 'fedavg':
+        label += ' (global)'
+      per_seed = [_stats(r['splits'][split]) for r in runs]
+      out.append((method, label, per_seed))
+    return out
+
+
+def _stats(cols) -> dict[str, float]:
+  return stats.client_stats(cols['accuracy'], cols['loss'], cols['num_examples'])
+
+
+def _scale(column: str) -> float:
+  return 1.0 if column in ('variance', 'loss_sq10') else 100.0
+
+
+def _digits(column: str) -> int:
+  return {'variance': 0, 'loss_sq10': 3}.get(column, 1)
+
+
+def _cell(mean: float, std: float, column: str) -> str:
+  s, d = _scale(column), _digits(column)
+  spread = 'n/a' if math.isnan(std) else f'{s * std:.{d}f}'
+  return f'{s * mean:.{d}f} ({spread})'
+
+
+def results_table(report: Report, split: str) -> str:
+  """Mean (std over seeds, ddof 1) of each statistic, one row per method."""
+  head = (
+      '| algorithm | '
+      + ' | '.join(stats.COLUMNS)
+      + ' | examples/run | wall s/run |'
+  )
+  lines = [head, '|---|' + '---:|' * (len(stats.COLUMNS) + 2)]
+  for method, label, per_seed in report.rows(split):
+    cells = [
+        _cell(*stats.mean_std([s[c] for s in per_seed]), c)
+        for c in stats.COLUMNS
+    ]
+    runs = report.results[method.name]
+    examples = np.mean([r['examples'] for r in runs])
+    wall = np.mean([r['wall_s'] for r in runs])
+    lines.append(
+        f'| {label} | '
+        + ' | '.join(cells)
+        + f' | {examples:,.0f} | {wall:.0f} |'
+    )
+  return '\n'.join(lines)
+
+
+def paired_rows(report: Report, split: str) -> list[tuple[Any, ...]]:
+  """`(method, column, mean, std, wins, n, half_width)` against FedAvg.
+
+  Seed by seed: the i-th reported seed of a method minus FedAvg's i-th.
+  """
+  rows = report.rows(split)
+  base = next((r for r in rows if r[0].name == 'fedavg'), None)
+  if base is None:
+    return []
+  out = []
+  for method, _, per_seed in rows:
+    if method.name == 'fedavg':
+      continue
+    for column in PAIRED_COLUMNS:
+      values = [s[column] for s in per_seed]
+      reference = [s[column] for s in base[2]]
+      out.append(
+          (
+              method,
+              column,
+              *stats.paired(
+                  values, reference, stats.HIGHER_IS_BETTER[column]
+              ),
+          )
+      )
+  return out
+
+
+def paired_table(rows: Sequence[tuple[Any, ...]]) -> str:
+  lines = [
+      '| algorithm minus FedAvg | ' + ' | '.join(PAIRED_COLUMNS) + ' |',
+      '|---|' + '---:|' * len(PAIRED_COLUMNS),
+  ]
+  by_method = {}
+  for method, column, mean, std, wins, n, half in rows:
+    s, d = _scale(column), _digits(column)
+    spread = 'n/a' if math.isnan(std) else f'{s * std:.{d}f}'
+    width = 'n/a' if math.isnan(half) else f'{s * half:.{d}f}'
+    by_method.setdefault(method.label, []).append(
+        f'{s * mean:+.{d}f} ({spread}), {wins}/{n}; +-{width}'
+    )
+  for label, cells in by_method.items():
+    lines.append(f'| {label} | ' + ' | '.join(cells) + ' |')
+  return '\n'.join(lines)
+
+
+def resolution_line(report: Report, split: str) -> str:
+  runs = report.results['fedavg']
+  cols = runs[0]['splits'][split]
+  r = stats.resolution(cols['num_examples'])
+  return (
+      f'Resolution ({len(cols["num_examples"])} clients, seed '
+      f'{report.seeds[0]}): one example moves a client\'s accuracy by '
+      f'{r["example_median"]:.1f} points (median client) and up to '
+      f'{r["example_max"]:.1f} (smallest client); one client moves the mean '
+      f'by up to {r["client_mean"]:.1f} points and worst10 by up to '
+      f'{r["client_worst10"]:.1f}. p10 and worst10 interpolate between '
+      'clients, so they move by less than one client\'s step; compare the '
+      'paired half-widths with these steps.'
+  )
+
+
+def findings(rows: Sequence[tuple[Any, ...]], split_name: str) -> list[str]:
+  """One sentence per method on worst10 and the mean, with its verdict."""
+  by = {}
+  for method, column, *numbers in rows:
+    by.setdefault(method.label, {})[column] = numbers
+  out = []
+  for label, cols in by.items():
+    parts = []
+    for column, name in (('worst10', 'worst-10% accuracy'), ('mean', 'mean')):
+      mean, std, wins, n, half = cols[column]
+      parts.append(
+          f'{name} {100 * mean:+.1f} points (better on {wins} of {n} seeds; '
+          f'{stats.verdict(mean, std, half)})'
+      )
+    out.append(f'* {label} vs FedAvg, {split_name}: ' + '; '.join(parts) + '.')
+  return out
+
+
+def selection_table(report: Report) -> str:
+  lines = [
+      '| algorithm | knob grid tried | learning rates tried | configurations '
+      'per rung | chosen | validation worst10 / loss sq10 |',
+      '|---|---|---|---|---|---:|',
+  ]
+  for method in report.methods:
+    choice = report.choices.get(method.name) or report.ft_choices.get(
+        method.name
+    )
+    if choice is None:
+      continue
+    best = choice.best
+    seeds = list(choice.tried[best])
+    worst = np.mean([choice.tried[best][s]['worst10'] for s in seeds])
+    loss = np.mean([choice.tried[best][s]['loss_sq10'] for s in seeds])
+    knob = choice.method.knob
+    values = sorted({c.value for c in choice.tried}) if knob else []
+    lrs = sorted({c.lr for c in choice.tried})
+    chosen = (f'{knob}={best.value:g}, ' if knob else '') + f'lr={best.lr:g}'
+    if choice.edges:
+      chosen += ' **(at an edge: ' + ', '.join(choice.edges) + ')**'
+    grid = ', '.join(f'{v:g}' for v in values) if knob else '-'
+    if knob and choice.extensions:
+      grid += f' ({choice.extensions} extension(s))'
+    lines.append(
+        f'| {method.label} | {(knob + ": ") if knob else ""}{grid} | '
+        + ', '.join(f'{v:g}' for v in lrs)
+        + f' | {" / ".join(map(str, choice.rungs))} | {chosen} | '
+        f'{100 * worst:.1f}% / {loss:.3f} |'
+    )
+  return '\n'.join(lines)
+
+
+def page(report: Report, pngs: Sequence[str]) -> str:
+  """The results page (Markdown)."""
+  b = report.budget
+  fedavg0 = report.results['fedavg'][0]
+  task_line = fedavg0.get('task', '')
+  scale = report.setting.scale
+  if report.overrides:
+    scale += (
+        ' (the setting\'s defaults; this run overrides '
+        + ' '.join(report.overrides)
+        + ')'
+    )
+  text = [
+      f'# Tail benchmark: {report.setting.name}',
+      '',
+      '```',
+      'python -m run.experiments.benchmark ' + shlex.join(report.argv[1:]),
+      '```',
+      '',
+  ]
+  if task_line:
+    text += [f'**Task.** {task_line}.', '']
+  text += [
+      f'**Populations.** Data seed {report.data_seed} in every run: the same '
+      'training clients, unseen clients and per-client training / '
+      'validation / held-out parts in selection and report; the run seeds '
+      'vary client sampling, shuffles and initialisation only.',
+      '',
+      f'**Budget, the same for every algorithm.** {b.rounds} rounds, '
+      f'{b.clients_per_round} clients per round, {b.local_epochs} local '
+      f'epoch(s), batch {b.batch_size}; each algorithm at its own client '
+      f'learning rate (below); task flags `{" ".join(report.task_flags)}`. '
+      f'Scale: {scale}. Examples processed per run are in the tables: '
+      'algorithms whose clients do more than local training (AFL\'s '
+      'gradient at the broadcast model, Ditto\'s personal passes, Fed+\'s '
+      'local steps) process what their paper\'s client step needs; '
+      'fine-tuning counts its epochs over the clients\' training parts.',
+      '',
+      f'**Selection** on the training clients\' validation part only '
+      f'(`--holdout=validation`: the held-out part and the unseen clients are '
+      f'built, then dropped before training), selection seeds '
+      f'{list(report.sel_seeds)}. Each algorithm\'s knob and client learning '
+      'rate are tuned jointly by successive halving over the seeds: every '
+      'configuration runs on the first seed, the best '
+      f'{"third" if abs(report.keep - 1 / 3) < 1e-9 else report.keep} goes on '
+      'to the next (configurations per rung below). Criterion: the '
+      'validation worst-10% accuracy as a superquantile (continuous), then '
+      'the superquantile of the loss, mean over the seeds a configuration '
+      'ran (personal models for Ditto, Fed+ and the baselines). A choice at '
+      'an edge of its grid extends it one step (up to the allowed '
+      'extensions, within the knob\'s range), run on every selection seed; '
+      'a choice still at an edge is **marked**. The baselines\' fine-tuning '
+      'learning rate and epochs (0 to '
+      f'{b.fine_tune_epochs}) are chosen the same way on FedAvg\'s chosen '
+      'selection runs: local training from its initial model, FedAvg + '
+      'fine-tuning from its final one.',
+      '',
+      selection_table(report),
+      '',
+      f'**Compute.** Selection: {report.wall["select"] / 60:.1f} min of runs '
+      f'(wall time summed over runs); report: '
+      f'{report.wall["final"] / 60:.1f} min.',
+      '',
+  ]
+  for split, title in SPLITS:
+    rows = report.rows(split)
+    if len(rows) < 2:
+      continue
+    note = {
+        'test': 'Ditto, Fed+ and the baselines with their personal models',
+        'unseen': 'global models for all',
+        'unseen_half': (
+            'each unseen client fine-tunes on the first half of its examples, '
+            'in stored order, and is evaluated on the rest; FedAvg\'s global '
+            'model on the same halves'
+        ),
+    }[split]
+    text += [
+        f'**{title}** ({note}), reported seeds {list(report.seeds)}: accuracy '
+        'statistics in %, loss sq10 in nats, variance in %^2 across clients; '
+        'mean (std over seeds, ddof 1).',
+        '',
+        results_table(report, split),
+        '',
+        f'Paired differences against FedAvg, {title[4:].lower()} (per-seed '
+        'difference, mean (std) in points; the seeds where the algorithm is '
+        'better (lower, for loss and variance); +- the 95% half-width '
+        't(n-1) std / sqrt(n)):',
+        '',
+        paired_table(paired_rows(report, split)),
+        '',
+        resolution_line(report, split),
+        '',
+    ]
+  text += [
+      '**Findings (generated from the numbers above).**',
+      '',
+      *findings(paired_rows(report, 'test'), 'held-out data'),
+      '',
+      f'![per-client accuracy CDFs]({os.path.basename(pngs[0])})',
+      '',
+      f'![paired differences]({os.path.basename(pngs[1])})',
+      '',
+      "<details><summary>Every run's command</summary>",
+      '',
+      '```',
+      *sorted(set(report.commands)),
+      '```',
+      '',
+      '</details>',
+      '',
+  ]
+  return '\n'.join(text)
+
+
+def results_json(report: Report) -> dict[str, Any]:
+  """The choices and every reported statistic, for scripts."""
+
+  def choice_json(choice):
+    return {
+        'chosen': dataclasses.asdict(choice.best),
+        'edges': list(choice.edges),
+        'tried': [
+            {'config': dataclasses.asdict(c), 'seeds': by}
+            for c, by in choice.tried.items()
+        ],
+    }
+
+  return {
+      'choices': {n: choice_json(c) for n, c in report.choices.items()},
+      'fine_tuning': {n: choice_json(c) for n, c in report.ft_choices.items()},
+      'reported': {
+          m.name: [
+              {split: _stats(cols) for split, cols in r['splits'].items()}
+              | {'examples': r['examples'], 'wall_s': r['wall_s']}
+              for r in report.results.get(m.name, [])
+          ]
+          for m in report.methods
+      },
+  }
+
+
+def write_pictures(report: Report, png_cdf: str, png_diff: str) -> None:
+  """Per-client accuracy CDFs and the paired differences, as PNG files."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+
+  splits = [(s, t) for s, t in SPLITS if len(report.rows(s)) >= 2]
+  fig, axes = plt.subplots(1, len(splits), figsize=(6.5 * len(splits), 4.8))
+  axes = np.atleast_1d(axes)
+  for ax, (split, title) in zip(axes, splits):
+    for method, label, _ in report.rows(split):
+      acc = np.concatenate(
+          [r['splits'][split]['accuracy'] for r in report.results[method.name]]
+      )
+      xs = np.sort(acc) * 100
+      ax.step(
+          xs,
+          np.arange(1, len(xs) + 1) / len(xs),
+          where='post',
+          label=label,
+          linewidth=1.2,
+      )
+    ax.set_xlabel('per-client accuracy (%)')
+    ax.set_ylabel('fraction of clients (all reported seeds)')
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc='upper left')
+  fig.tight_layout()
+  atomic.save_figure(fig, png_cdf, dpi=100, format='png')
+  plt.close(fig)
+
+  rows = paired_rows(report, 'test')
+  labels = list(dict.fromkeys(r[0].label for r in rows))
+  fig, axes = plt.subplots(1, 2, figsize=(11, 0.45 * len(labels) + 1.5))
+  fedavg = next(p for m, _, p in report.rows('test') if m.name == 'fedavg')
+  for ax, column in zip(axes, ('mean', 'worst10')):
+    ys = []
+    others = [r for r in report.rows('test') if r[0].name != 'fedavg']
+    for y, (_, _, per_seed) in enumerate(others):
+      d = 100 * (
+          np.array([s[column] for s in per_seed])
+          - np.array([s[column] for s in fedavg])
+      )
+      ax.plot(d, np.full(len(d), y), 'o', alpha=0.5, markersize=4)
+      ax.errorbar(
+          d.mean(),
+          y,
+          xerr=d.std(ddof=1) if len(d) > 1 else 0,
+          fmt='ks',
+          markersize=5,
+          capsize=3,
+      )
+      ys.append(y)
+    ax.axvline(0, color='grey', linewidth=1)
+    ax.set_yticks(ys)
+    ax.set_yticklabels(labels)
+    ax.set_xlabel(f'{column} accuracy minus FedAvg (points), held-out data')
+    ax.grid(alpha=0.3, axis='x')
+  axes[0].set_title('per seed (dots), mean +- std (squares)')
+  fig.tight_layout()
+  atomic.save_figure(fig, png_diff, dpi=100, format='png')
+  plt.close(fig)

@@ -1,0 +1,215 @@
+# Copyright 2026 The tff-hetero Authors. Licensed under the Apache License 2.0.
+"""The tail benchmark's statistics: per-client tails, selection, pairing.
+
+Everything here is NumPy on per-client arrays (accuracy, loss, examples per
+client), so the page can be recomputed from the runs' records alone.
+
+Per-client tail statistics (`client_stats`), chosen because they move with
+the model, not by lattice steps of one client's one example:
+
+* `mean`, `weighted_mean`: accuracy averaged over clients, or over examples;
+* `p10`: the 10th percentile of accuracy across clients, interpolated
+  linearly between order statistics (`numpy.percentile`);
+* `worst10`: the mean accuracy of the worst 10% of clients as a
+  superquantile: 1 - S(0.1) of the per-client error, the boundary client
+  counted fractionally (`tasks.tail_metrics.superquantile`), so it moves
+  continuously with every client near the tail;
+* `loss_sq10`: S(0.1) of the per-client loss (lower is better): continuous
+  even where accuracies tie;
+* `variance`: of accuracy across clients, in %^2 (lower is better).
+
+Selection (`criterion`) ranks on the validation `worst10`, then `loss_sq10`
+(which breaks the ties a lattice of accuracies leaves), each averaged over
+the seeds a configuration has run.
+"""
+
+import math
+from collections.abc import Sequence
+from typing import Optional
+
+import numpy as np
+
+from tasks import tail_metrics
+
+TAIL = 0.1
+COLUMNS = ('mean', 'weighted_mean', 'p10', 'worst10', 'loss_sq10', 'variance')
+HIGHER_IS_BETTER = {
+    'mean': True,
+    'weighted_mean': True,
+    'p10': True,
+    'worst10': True,
+    'loss_sq10': False,
+    'variance': False,
+}
+
+
+def client_stats(accuracy, loss, num_examples) -> dict[str, float]:
+  """The tail statistics of one evaluation (see the module docstring)."""
+  acc = np.asarray(accuracy, dtype=float)
+  loss = np.asarray(loss, dtype=float)
+  num = np.asarray(num_examples, dtype=float)
+  if acc.size == 0 or not acc.shape == loss.shape == num.shape:
+    raise ValueError(
+        f'per-client arrays must be non-empty and alike, got {acc.shape}, '
+        f'{loss.shape}, {num.shape}'
+    )
+  return {
+      'num_clients': float(acc.size),
+      'mean': float(acc.mean()),
+      'weighted_mean': float((acc * num).sum() / max(num.sum(), 1.0)),
+      'p10': float(np.percentile(acc, 100 * TAIL)),
+      'worst10': 1.0 - tail_metrics.superquantile(1.0 - acc, TAIL),
+      'loss_sq10': tail_metrics.superquantile(loss, TAIL),
+      'variance': float(1e4 * acc.var()),
+  }
+
+
+def criterion(stats: Sequence[dict[str, float]]) -> tuple[float, float]:
+  """A configuration's selection key over its seeds' stats (lower wins)."""
+  worst = float(np.mean([s['worst10'] for s in stats]))
+  loss = float(np.mean([s['loss_sq10'] for s in stats]))
+  # Rounded to 9 decimals: means that differ only by float rounding tie
+  # (but for the rare pair that straddles a rounding boundary).
+  return round(-worst, 9), round(loss, 9)
+
+
+def resolution(num_examples: Sequence[float]) -> dict[str, float]:
+  """How far one example or one client can move each statistic (points).
+
+  Returns:
+    `example_median`, `example_max`: one example's move of one client's
+    accuracy, 100 / n, for the median and the smallest client; `client_mean`:
+    one client's move of the mean, 100 / m; `client_worst10`: one client's
+    move of the worst-10% mean, 100 / (0.1 m) (more when 0.1 m < 1).
+  """
+  n = np.asarray(num_examples, dtype=float)
+  m = max(n.size, 1)
+  return {
+      'example_median': 100.0 / max(float(np.median(n)), 1.0),
+      'example_max': 100.0 / max(float(n.min()), 1.0),
+      'client_mean': 100.0 / m,
+      'client_worst10': 100.0 / max(TAIL * m, 1.0),
+  }
+
+
+# Two-sided 97.5% quantiles of Student's t, by degrees of freedom.
+_T975 = {
+    1: 12.706,
+    2: 4.303,
+    3: 3.182,
+    4: 2.776,
+    5: 2.571,
+    6: 2.447,
+    7: 2.365,
+    8: 2.306,
+    9: 2.262,
+    10: 2.228,
+}
+
+
+def t975(dof: int) -> float:
+  """Student's t 97.5% quantile (NaN for no degree of freedom)."""
+  if dof < 1:
+    return math.nan
+  if dof in _T975:
+    return _T975[dof]
+  z = 1.959964  # Cornish-Fisher expansion: within 0.001 beyond 10.
+  return (
+      z
+      + (z**3 + z) / (4 * dof)
+      + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * dof**2)
+      + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * dof**3)
+  )
+
+
+PairedStats = tuple[float, float, int, int, float]
+
+
+def paired(
+    values: Sequence[float],
+    baseline: Sequence[float],
+    higher_is_better: bool = True,
+) -> PairedStats:
+  """Paired per-seed differences `values - baseline`, seed by seed.
+
+  Returns:
+    `(mean, std, wins, n, half_width)`: the mean and sample std (ddof 1) of
+    the differences, the seeds where `values` is better, the number of
+    seeds, and the 95% half-width t(n-1) std / sqrt(n) (NaN for one seed).
+  """
+  values = np.asarray(values, dtype=float)
+  baseline = np.asarray(baseline, dtype=float)
+  if values.ndim != 1 or values.shape != baseline.shape or not values.size:
+    raise ValueError(
+        'paired needs two equally long, non-empty per-seed lists, got '
+        f'{values.shape} and {baseline.shape}'
+    )
+  d = values - baseline
+  n = len(d)
+  std = float(d.std(ddof=1)) if n > 1 else math.nan
+  wins = int(np.sum(d > 0) if higher_is_better else np.sum(d < 0))
+  return float(d.mean()), std, wins, n, t975(n - 1) * std / math.sqrt(n)
+
+
+def mean_std(values: Sequence[float]) -> tuple[float, float]:
+  """Mean and sample std (ddof 1; NaN for one value) over seeds."""
+  v = np.asarray(values, dtype=float)
+  return float(v.mean()), float(v.std(ddof=1)) if v.size > 1 else math.nan
+
+
+def verdict(mean: float, std: float, half_width: float) -> str:
+  """Whether a paired difference is resolved by the seeds, in words."""
+  if math.isnan(half_width):
+    return 'one seed: no spread to judge by'
+  # A difference of lattice values (k / n accuracies) equal on every seed
+  # has a std of float rounding, not of the seeds.
+  if std <= 1e-9 * max(1.0, abs(mean)):
+    return (
+        'identical on every seed: no spread, not resolved'
+        if mean == 0.0
+        else 'the same difference on every seed (a lattice step?), not '
+        'called resolved'
+    )
+  if abs(mean) > half_width:
+    return 'resolved (outside the 95% half-width)'
+  return 'not resolved (inside the 95% half-width)'
+
+
+def top_fraction(ranked: Sequence, keep: float) -> list:
+  """The first ceil(keep * len) of `ranked` (at least one)."""
+  if not ranked:
+    return []
+  # The slack keeps ceil(0.28 * 25) == 7 although 0.28 * 25 > 7 in floats.
+  return list(ranked[: max(1, math.ceil(keep * len(ranked) - 1e-9))])
+
+
+def next_value(
+    values: Sequence[float],
+    edge: str,
+    *,
+    low: Optional[float],
+    high: Optional[float],
+) -> Optional[float]:
+  """The next value past an edge of a log-spaced grid, or None.
+
+  One more step of the grid's outermost ratio, rounded to 2 significant
+  digits; None when it would leave `[low, high]` (or not move).
+  """
+  if edge not in ('low', 'high'):
+    raise ValueError(f"edge must be 'low' or 'high', got {edge!r}")
+  v = sorted(float(x) for x in values)
+  if len(v) < 2 or v[0] <= 0:
+    return None
+  if edge == 'high':
+    step = v[-1] / v[-2]
+    new = float(f'{v[-1] * step:.2g}')
+    if high is not None and new > high:
+      new = high if v[-1] < high else None
+  else:
+    step = v[1] / v[0]
+    new = float(f'{v[0] / step:.2g}')
+    if low is not None and new <= low:
+      return None
+  if new is None or v[0] <= new <= v[-1]:
+    return None
+  return new

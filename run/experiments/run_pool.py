@@ -1,0 +1,376 @@
+# Copyright 2026 The tff-hetero Authors. Licensed under the Apache License 2.0.
+"""Training runs in long-lived worker processes, with their builds reused.
+
+A run of the training binary (`run.train`) on a small task spends most of
+its time before its first round: importing TensorFlow and TFF (about 7 s
+here), building the task, tracing the TFF process and the engine's round
+graph. The tail benchmark runs hundreds of such runs that differ only in a
+seed, a knob or a learning rate. A `RunWorker` is one child process that
+imports the binary once and runs `run.train.main` for each run it is given,
+in the process, with four builds kept between runs (`_Builds`):
+
+* the task (`tasks.registry.create_task`, then `tasks.holdout.with_holdout`),
+  keyed by their arguments: the same data seed gives the same task;
+* the TFF process (`run.algorithms.build_process`) and the engine
+  (`run.engines.build_*_engine`), keyed by the algorithm's options and the
+  task: every seed of one configuration reuses them (the round graph takes
+  the weights, the state and each round's client seeds as inputs);
+* the per-client evaluation computation, keyed by the task's model.
+
+A run gives the same summary in a worker as in its own process
+(`tests/test_run_pool.py` checks it, across seeds and configurations). Each
+run still writes its own folder, resumes from its own checkpoints and ends its
+TFF workers, exactly as `python -m run.train` would. A worker is a process
+group of its own (`start_new_session`): the driver's `reproduce.end_children`
+ends it, and the TFF workers under it, on a signal.
+
+The protocol is one JSON line each way per request, on the worker's stdin
+and on a copy of its original stdout (the binary's own printing goes to
+stderr, which the driver sends to a log file).
+"""
+
+import collections
+import contextlib
+import io
+import json
+import os
+import subprocess
+import sys
+import traceback
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any, Optional
+
+from run.experiments import reproduce
+
+# Builds kept per kind (least recently used out): one configuration's runs
+# are sent to the worker one after another, so a few suffice.
+_CACHE_SIZE = 4
+
+
+class RunFailed(RuntimeError):
+  """A run ended with a non-zero exit; the message is its error line."""
+
+  def __init__(self, message: str, code: int):
+    super().__init__(message)
+    self.code = code
+
+
+class RunWorker:
+  """A child process that runs `run.train` runs; used from one thread."""
+
+  def __init__(self, log_path: Optional[str] = None):
+    self._log_path = log_path
+    self._proc: Optional[subprocess.Popen] = None
+
+  def _start(self) -> subprocess.Popen:
+    if self._proc is not None and self._proc.poll() is None:
+      return self._proc
+    log = open(  # pylint: disable=consider-using-with
+        self._log_path or os.devnull, 'a'
+    )
+    with reproduce._lock:  # pylint: disable=protected-access
+      if reproduce._stopping:  # pylint: disable=protected-access
+        log.close()
+        raise reproduce.NotStarted()
+      self._proc = subprocess.Popen(  # pylint: disable=consider-using-with
+          [sys.executable, '-m', 'run.experiments.run_pool'],
+          stdin=subprocess.PIPE,
+          stdout=subprocess.PIPE,
+          stderr=log,
+          text=True,
+          start_new_session=True,
+      )
+      reproduce._children.add(self._proc)  # pylint: disable=protected-access
+    log.close()
+    return self._proc
+
+  def _request(self, request: dict) -> dict:
+    proc = self._start()
+    try:
+      proc.stdin.write(json.dumps(request) + '\n')
+      proc.stdin.flush()
+      line = proc.stdout.readline()
+    except (BrokenPipeError, OSError):
+      line = ''
+    if not line:
+      code = proc.wait()
+      self._forget(proc)
+      if reproduce._stopping:  # pylint: disable=protected-access
+        raise reproduce.NotStarted()
+      raise RunFailed(
+          f'the run worker ended (exit {code}); its log: '
+          f'{self._log_path or "not kept"}',
+          code or 1,
+      )
+    return json.loads(line)
+
+  def _forget(self, proc: subprocess.Popen) -> None:
+    with reproduce._lock:  # pylint: disable=protected-access
+      reproduce._children.discard(proc)  # pylint: disable=protected-access
+    if self._proc is proc:
+      self._proc = None
+
+  def run(self, args: Sequence[str]) -> None:
+    """Runs `python -m run.train --progress=false ARGS` in the worker.
+
+    Raises:
+      RunFailed: The run's exit code was not 0 (its last error line).
+      reproduce.NotStarted: The driver is ending.
+    """
+    reply = self._request({'run': list(args)})
+    if reply['code'] != 0:
+      raise RunFailed(reply['error'], reply['code'])
+
+  def fine_tune(self, args: Sequence[str], **options) -> None:
+    """`run.fine_tune.fine_tune_run(**options)` of the finished run `args`.
+
+    Raises:
+      RunFailed: It failed (its error line).
+    """
+    reply = self._request({'fine_tune': list(args), 'options': options})
+    if reply['code'] != 0:
+      raise RunFailed(reply['error'], reply['code'])
+
+  def check(self, args: Sequence[str]) -> Optional[str]:
+    """The binary's error line for `args` without running it, or None.
+
+    Parses the flags and checks the task's (`run.train.task_kwargs`), so an
+    unknown or misspelt task flag is reported before any run starts.
+    """
+    reply = self._request({'check': list(args)})
+    return reply['error'] or None
+
+  def close(self) -> None:
+    proc = self._proc
+    if proc is None:
+      return
+    with contextlib.suppress(OSError, ValueError):
+      proc.stdin.close()
+    try:
+      proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+      proc.kill()
+      proc.wait()
+    self._forget(proc)
+
+
+# ------------------------------------------------------------ worker side
+
+
+class _Builds:
+  """Memoized builders, patched into the modules `run.train` calls."""
+
+  def __init__(self):
+    self._caches: dict[str, collections.OrderedDict] = {}
+
+  def memoize(
+      self,
+      module: Any,
+      name: str,
+      key_fn: Callable[..., Optional[Hashable]],
+  ) -> None:
+    """Replaces `module.name` by a cached call (uncached if key is None)."""
+    original = getattr(module, name)
+    cache = self._caches.setdefault(
+        f'{module.__name__}.{name}', collections.OrderedDict()
+    )
+
+    def cached(*args, **kwargs):
+      key = key_fn(*args, **kwargs)
+      if key is None:
+        return original(*args, **kwargs)
+      if key in cache:
+        cache.move_to_end(key)
+        return cache[key]
+      value = original(*args, **kwargs)
+      cache[key] = value
+      while len(cache) > _CACHE_SIZE:
+        old = cache.popitem(last=False)[1]
+        close = getattr(old, 'close', None)
+        if callable(close):
+          close()
+      return value
+
+    setattr(module, name, cached)
+
+
+class _Same:
+  """A cache-key part that is its object (by identity), kept alive by it."""
+
+  __slots__ = ('obj',)
+
+  def __init__(self, obj: Any):
+    self.obj = obj
+
+  def __hash__(self) -> int:
+    return id(self.obj)
+
+  def __eq__(self, other: Any) -> bool:
+    return isinstance(other, _Same) and other.obj is self.obj
+
+
+def _frozen(value: Any) -> Optional[Hashable]:
+  """A hashable image of call arguments, or None if they have none."""
+  if isinstance(value, dict):
+    value = sorted(value.items())
+  if isinstance(value, (list, tuple)):
+    items = tuple(_frozen(v) for v in value)
+    if any(f is None and v is not None for f, v in zip(items, value)):
+      return None
+    return items
+  try:
+    hash(value)
+  except TypeError:
+    return None
+  return value
+
+
+def _install_builds() -> None:
+  """Patches the builders `run.train.prepare` and the simulation call."""
+  # pylint: disable=g-import-not-at-top
+  from run import algorithms
+  from run import engines
+  from tasks import evaluation
+  from tasks import holdout
+  from tasks import registry
+  # pylint: enable=g-import-not-at-top
+
+  builds = _Builds()
+
+  def task_key(name, **kwargs):
+    key = _frozen(kwargs)
+    return None if key is None else (name, key)
+
+  builds.memoize(registry, 'create_task', task_key)
+  builds.memoize(
+      holdout,
+      'with_holdout',
+      lambda task, **kwargs: (_Same(task), _frozen(kwargs)),
+  )
+  builds.memoize(
+      algorithms,
+      'build_process',
+      lambda spec, model_fn, **kwargs: (
+          spec,
+          _Same(model_fn),
+          _frozen({k: repr(v) for k, v in kwargs.items()}),
+      ),
+  )
+  for name in ('build_stacked_engine', 'build_batched_engine'):
+    builds.memoize(
+        engines,
+        name,
+        lambda spec, task, **kwargs: (spec, _Same(task), _frozen(kwargs)),
+    )
+  builds.memoize(
+      evaluation,
+      'build_per_client_evaluation',
+      lambda model_fn, *a, **k: (_Same(model_fn), _frozen(a), _frozen(k)),
+  )
+
+
+class _Tail(io.TextIOBase):
+  """A text stream that passes writes on and keeps the last lines."""
+
+  def __init__(self, stream):
+    super().__init__()
+    self._stream = stream
+    self._lines = collections.deque(maxlen=20)
+    self._partial = ''
+
+  def write(self, text: str) -> int:
+    self._stream.write(text)
+    lines = (self._partial + text).split('\n')
+    self._partial = lines.pop()
+    self._lines.extend(lines)
+    return len(text)
+
+  def flush(self) -> None:
+    self._stream.flush()
+
+  def fileno(self) -> int:  # TFF hands sys.stderr to its worker's Popen.
+    return self._stream.fileno()
+
+  def isatty(self) -> bool:
+    return False
+
+  def error_line(self) -> str:
+    lines = [l for l in list(self._lines) + [self._partial] if l.strip()]
+    errors = [l for l in lines if ': error: ' in l]
+    return (errors or lines or ['(no output)'])[-1].strip()
+
+
+def serve() -> int:
+  """The worker: one request per stdin line, one reply per line."""
+  proto = os.fdopen(os.dup(1), 'w')
+  os.dup2(2, 1)  # The binary's printing goes to the log, not the protocol.
+  sys.stdout = os.fdopen(1, 'w', buffering=1)
+  os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
+  # pylint: disable=g-import-not-at-top
+  from absl import flags
+  from run import fine_tune
+  from run import train
+  from tff_algos import runtime
+  # pylint: enable=g-import-not-at-top
+
+  flags_ = flags.FLAGS
+  _install_builds()
+  # The TFF worker a run starts serves the next run too (a run ends its
+  # workers; here the worker's exit does, `runtime.exit_now`).
+  runtime.kill_workers = lambda *args, **kwargs: 0
+  real_stderr = sys.stderr
+  for line in sys.stdin:
+    request = json.loads(line)
+    kind = next(k for k in ('run', 'check', 'fine_tune') if k in request)
+    args = request[kind]
+    tail = _Tail(real_stderr)
+    sys.stderr = tail
+    code = 0
+    try:
+      flags_.unparse_flags()
+      try:
+        flags_(['train', '--progress=false', *args])
+      except flags.Error as e:
+        print(f'train: error: {e}', file=sys.stderr)
+        code = 2
+      if code == 0 and kind == 'check':
+        try:
+          train.check_task_flags()
+          train.task_kwargs()
+        except (ValueError, TypeError, OSError) as e:
+          print(f'train: error: {e}', file=sys.stderr)
+          code = 2
+      elif code == 0 and kind == 'fine_tune':
+        try:
+          fine_tune.fine_tune_run(**request['options'])
+        except (ValueError, TypeError, OSError) as e:
+          print(f'fine_tune: error: {e}', file=sys.stderr)
+          code = 1
+      elif code == 0:
+        code = train.main(['train'])
+    except Exception as e:  # pylint: disable=broad-except
+      # A bug in the binary: report it, then end this worker (a fresh one
+      # takes the next run) rather than run on in an unknown state.
+      traceback.print_exc()
+      line = f'{type(e).__name__}: {e}'.splitlines()[0]
+      proto.write(json.dumps({'code': 1, 'error': line}) + '\n')
+      proto.flush()
+      return 1
+    finally:
+      sys.stderr = real_stderr
+    reply = {'code': code, 'error': tail.error_line() if code else ''}
+    proto.write(json.dumps(reply) + '\n')
+    proto.flush()
+  return 0
+
+
+if __name__ == '__main__':
+  _code = 1
+  try:
+    _code = serve()
+  finally:
+    # pylint: disable=g-import-not-at-top
+    from tff_algos import runtime
+    # pylint: enable=g-import-not-at-top
+
+    runtime.exit_now(_code)

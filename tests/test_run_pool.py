@@ -1,0 +1,101 @@
+# Copyright 2026 The tff-hetero Authors. Licensed under the Apache License 2.0.
+"""Tests of `run.experiments.run_pool`: runs in a worker equal runs alone.
+
+A worker keeps the task, the TFF process, the engine and the evaluation
+computation between runs; a run must not see that: its summary equals the
+summary of the same flags run in a fresh `python -m run.train`, whether the
+builds it reuses came from another seed or another configuration.
+"""
+
+import json
+import os
+
+import pytest
+
+from run.experiments import run_pool
+from tests import binary
+
+_BASE = [
+    '--task=synthetic',
+    '--num_clients=12',
+    '--test_clients_fraction=0.25',
+    '--total_rounds=3',
+    '--rounds_per_eval=3',
+    '--rounds_per_checkpoint=3',
+    '--clients_per_round=3',
+    '--client_batch_size=10',
+    '--holdout=validation',
+    '--eval_train_clients=false',
+    '--data_seed=4',
+]
+
+
+def _summary(root, name):
+  with open(os.path.join(root, name, 'summary.json')) as f:
+    return json.load(f)['summaries']
+
+
+def test_runs_in_a_worker_equal_runs_alone(tmp_path):
+  pooled, alone = str(tmp_path / 'pooled'), str(tmp_path / 'alone')
+  # Seed 1 builds what seed 2 reuses; the prox run reuses the task only.
+  runs = [
+      ('fedavg_s1', ['--algorithm=fedavg', '--seed=1']),
+      ('fedavg_s2', ['--algorithm=fedavg', '--seed=2']),
+      ('prox_s2', ['--algorithm=fedprox', '--proximal_strength=0.1', '--seed=2']),
+  ]
+  worker = run_pool.RunWorker(str(tmp_path / 'worker.log'))
+  try:
+    for name, extra in runs:
+      worker.run(
+          _BASE
+          + extra
+          + [
+              '--simulation_engine=stacked',
+              '--client_learning_rate=0.1',
+              f'--root_output_dir={pooled}',
+              f'--experiment_name={name}',
+          ]
+      )
+  finally:
+    worker.close()
+  for name, extra in runs[1:3]:
+    code, _, stderr = binary.run_train(
+        _BASE
+        + extra
+        + [
+            '--simulation_engine=stacked',
+            '--client_learning_rate=0.1',
+            f'--experiment_name={name}',
+        ],
+        alone,
+    )
+    assert code == 0, stderr
+    assert _summary(pooled, name) == _summary(alone, name), name
+  # Different seeds do differ (the test would pass vacuously otherwise).
+  assert _summary(pooled, 'fedavg_s1') != _summary(pooled, 'fedavg_s2')
+
+
+def test_errors_are_one_line_and_the_worker_goes_on(tmp_path):
+  worker = run_pool.RunWorker(str(tmp_path / 'worker.log'))
+  try:
+    assert worker.check(_BASE + ['--bogus=1']) == (
+        "train: error: Unknown command line flag 'bogus'"
+    )
+    assert 'must be' in worker.check(_BASE + ['--synthetic_alpha=-1'])
+    assert worker.check(_BASE + ['--algorithm=fedavg']) is None
+    with pytest.raises(run_pool.RunFailed) as failed:
+      worker.run(_BASE + ['--algorithm=nope', f'--root_output_dir={tmp_path}'])
+    assert failed.value.code == 2
+    assert str(failed.value).startswith('train: error: ')
+    assert 'nope' in str(failed.value)
+    worker.run(
+        _BASE
+        + [
+            '--algorithm=fedavg',
+            f'--root_output_dir={tmp_path}',
+            '--experiment_name=after',
+        ]
+    )
+    assert _summary(str(tmp_path), 'after')['test/accuracy']['num_clients'] == 9
+  finally:
+    worker.close()

@@ -166,32 +166,19 @@ class AlgorithmSpec:
   option_values: tuple[tuple[str, Any], ...] = ()
 
   def __init__(self, name: str, options: Any = None, **settings: Any):
-    known = {f.name for f in dataclasses.fields(AlgorithmSpec)}
+    run_wide = {f.name for f in dataclasses.fields(AlgorithmSpec)}
     values = dict(settings.pop('option_values', ()))
-    values.update({k: settings.pop(k) for k in list(settings) if k not in known})
-    unknown = set(values) - set(registry.all_options())
+    values.update(
+        {k: settings.pop(k) for k in list(settings) if k not in run_wide}
+    )
+    unknown = sorted(set(values) - set(registry.all_options()))
     if unknown:
-      raise TypeError(f'AlgorithmSpec got unknown options: {sorted(unknown)}')
+      raise TypeError(f'AlgorithmSpec got unknown options: {unknown}')
     for field in dataclasses.fields(AlgorithmSpec):
-      object.__setattr__(self, field.name, settings.get(field.name, field.default))
+      value = settings.get(field.name, field.default)
+      object.__setattr__(self, field.name, value)
+    options, values = _make_options(name, options, values)
     object.__setattr__(self, 'name', name)
-    entry = registry.ALGORITHMS.get(name)
-    if entry is not None and values and options is not None:
-      values = {**_values_of(options), **values}
-      options = None
-    if entry is not None and options is None:
-      own = options_lib.fields_of(entry.options)
-      foreign = {
-          k: v
-          for k, v in values.items()
-          if k not in own and v != registry.default_of(k)
-      }
-      if not foreign:
-        try:
-          options = entry.options(**{k: v for k, v in values.items() if k in own})
-          values = {}
-        except TypeError:
-          options = None
     object.__setattr__(self, 'options', options)
     object.__setattr__(self, 'option_values', tuple(sorted(values.items())))
 
@@ -412,8 +399,28 @@ class AlgorithmSpec:
     return ''.join(f', {p}' for p in parts)
 
 
-def _values_of(options: Any) -> dict[str, Any]:
-  return {f.name: getattr(options, f.name) for f in dataclasses.fields(options)}
+def _make_options(
+    name: str, options: Any, values: dict[str, Any]
+) -> tuple[Any, dict[str, Any]]:
+  """`(options object, values left)` of algorithm `name`.
+
+  `options` (None: the defaults) updated with option `values`; values that
+  it cannot take (another algorithm's option, not at its default; an
+  unknown algorithm) are left for `AlgorithmSpec.validate` to refuse.
+  """
+  entry = registry.ALGORITHMS.get(name)
+  if entry is None:
+    return options, values
+  if not values:
+    return (entry.options() if options is None else options), {}
+  if options is not None:
+    values = {**dataclasses.asdict(options), **values}
+  own = options_lib.fields_of(entry.options)
+  if any(
+      k not in own and v != registry.default_of(k) for k, v in values.items()
+  ):
+    return None, values
+  return entry.options(**{k: v for k, v in values.items() if k in own}), {}
 
 
 def model_aggregator(

@@ -43,8 +43,9 @@ its `tff_algos.registry` entry's `definition`, given to
 `BatchedAlgorithm.from_definition`); the engine has no per-algorithm code,
 and the stacked engine runs the same definitions. Supported algorithms:
 every one registered with the batched engine. FedAvg and FedProx
-(`tff_algos.fed_prox`), q-FedAvg and q-FedSGD (`tff_algos.q_ffl`, Li et al., "Fair Resource Allocation in
-Federated Learning", ICLR 2020, arXiv:1905.10497), Delta-FL with the exact
+(`tff_algos.fed_prox`), q-FedAvg and q-FedSGD (`tff_algos.q_ffl`, Li et al.,
+"Fair Resource Allocation in Federated Learning", ICLR 2020,
+arXiv:1905.10497), Delta-FL with the exact
 quantile (`tff_algos.delta_fl`, Pillutla et al., "Federated Learning with
 Superquantile Aggregation for Heterogeneous Data", arXiv:2112.09429), TERM
 (`tff_algos.term`, Li et al., "Tilted Empirical Risk Minimization", ICLR

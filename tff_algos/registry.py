@@ -7,16 +7,21 @@ module and one line here (or `register(entry)` from outside the package).
 What runs an algorithm (a command line, the engines, a benchmark) reads its
 options, engines, statefulness and tuned knob from here.
 
-| name | options | engines | clients keep state | tuned knob |
-|------|---------|---------|--------------------|------------|
-| fedavg | - | tff, batched, stacked | no | - |
-| fedprox | `proximal_strength` | tff, batched, stacked | no | proximal_strength |
-| qffl, qfedsgd | `q`, `q_lipschitz` | tff, batched, stacked | no | q |
-| term | `tilt`, `proximal_strength` | tff, batched, stacked | no | tilt |
-| afl | `afl_lambda_lr` | tff, batched, stacked | no | afl_lambda_lr |
-| deltafl | `theta`, `thetas`, `secure_quantile`, ... | tff, batched, stacked | no | theta |
-| ditto | `ditto_lambda`, `ditto_lambda_grid`, ... | tff, batched | yes | ditto_lambda |
-| fedavg_plus, fedgeomed_plus, fedcomed_plus | `fedplus_sigma`, ... | tff, batched | yes | fedplus_sigma |
+* fedavg: no options; tff, batched, stacked; no tuned knob.
+* fedprox: `proximal_strength` (tuned).
+* qffl, qfedsgd: `q` (tuned), `q_lipschitz`.
+* term: `tilt` (tuned), `proximal_strength`.
+* afl: `afl_lambda_lr` (tuned).
+* deltafl: `theta` (tuned), `thetas`, `secure_quantile`, `strict_filter`,
+  `uniform_weights`, `weight_decay`, `quantile_*`.
+* ditto (clients keep state; tff, batched): `ditto_lambda` (tuned),
+  `ditto_lambda_grid`, `ditto_personal_steps`, `ditto_personal_lr`,
+  `ditto_clip_norm`.
+* fedavg_plus, fedgeomed_plus, fedcomed_plus (clients keep state; tff,
+  batched): `fedplus_sigma` (tuned), `fedplus_delta`, `fedplus_lambda`,
+  `fedplus_local_steps`, `fedplus_iterations`.
+
+The others run on the tff, batched and stacked engines.
 """
 
 import dataclasses

@@ -50,7 +50,7 @@ def check_engine(name: str, spec: algorithms.AlgorithmSpec) -> None:
           batched_algorithm(spec, check=False).definition()
       )
     except stacked.StackedEngineError as e:
-      raise ValueError(_engine_wording(str(e))) from None
+      raise stacked.StackedEngineError(_engine_wording(str(e))) from None
   if name not in entry.engines:
     raise ValueError(
         f'--simulation_engine={name} supports --algorithm='

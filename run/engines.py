@@ -17,6 +17,8 @@ import tensorflow_federated as tff
 from run import algorithms
 from tasks import base as task_base
 from tff_algos import batched
+from tff_algos import options as options_lib
+from tff_algos import registry
 from tff_algos import stacked
 
 ENGINE_NAMES = ('tff', 'batched', 'stacked')
@@ -27,41 +29,70 @@ LOOP_IMPLEMENTATIONS = {
 
 
 def check_engine(name: str, spec: algorithms.AlgorithmSpec) -> None:
-  """Raises `ValueError` for an unknown engine or an unsupported algorithm."""
+  """Raises `ValueError` for an unknown engine or an unsupported algorithm.
+
+  What an engine runs is the algorithm's registry entry (`engines`), its
+  options' `check_engine` and, for the stacked engine, its definition.
+  """
   if name not in ENGINE_NAMES:
     raise ValueError(
         f'unknown --simulation_engine={name!r}; choose one of: '
         f'{", ".join(ENGINE_NAMES)}'
     )
-  if name == 'batched':
-    batched_algorithm(spec)
-  if name == 'stacked':
+  if name == 'tff':
+    return
+  spec.validate()
+  entry = spec.entry
+  if name == 'stacked' and 'batched' in entry.engines:
+    # The definition says why (e.g. client work of its own).
     try:
-      algorithm = batched_algorithm(spec)
-    except ValueError as e:
-      raise ValueError(str(e).replace('=batched', '=stacked')) from None
-    stacked.check_definition(algorithm.definition())
+      stacked.check_definition(
+          batched_algorithm(spec, check=False).definition()
+      )
+    except stacked.StackedEngineError as e:
+      raise stacked.StackedEngineError(_engine_wording(str(e))) from None
+  if name not in entry.engines:
+    raise ValueError(
+        f'--simulation_engine={name} supports --algorithm='
+        f'{", ".join(registry.engine_names(name))}, not {spec.name}'
+    )
+  try:
+    spec.options.check_engine(name)
+  except options_lib.OptionError as e:
+    raise ValueError(
+        _engine_wording(str(algorithms.flag_wording(e)))
+    ) from None
+
+
+def _engine_wording(text: str) -> str:
+  """A library message about an engine in this binary's flag wording."""
+  for engine in ENGINE_NAMES:
+    text = text.replace(f'the {engine} engine', f'--simulation_engine={engine}')
+  return text
 
 
 def batched_algorithm(
-    spec: algorithms.AlgorithmSpec, *, num_clients: int = 1
+    spec: algorithms.AlgorithmSpec,
+    *,
+    num_clients: int = 1,
+    check: bool = True,
 ) -> batched.BatchedAlgorithm:
   """The `BatchedAlgorithm` of an algorithm spec (same optimizers).
 
-  `num_clients` is the population (AFL's mixture size; any value checks).
+  Its definition is the algorithm's registry `definition` with the spec's
+  options; `num_clients` is the population (AFL's mixture size; any value
+  checks).
   """
-  client_opt = algorithms.build_optimizer(
-      spec.client_optimizer, spec.client_learning_rate
-  )
-  server_opt = algorithms.build_optimizer(
-      spec.server_optimizer, spec.server_learning_rate, spec.server_momentum
-  )
-  return batched.algorithm_from_spec(
-      spec,
-      client_optimizer=client_opt,
-      server_optimizer=server_opt,
-      client_weighting=algorithms.WEIGHTINGS[spec.client_weighting],
-      options=algorithms.definition_options(spec, num_clients=num_clients),
+  if check:
+    spec.validate()
+  context = algorithms.context(spec, num_clients=num_clients)
+  entry, options = spec.entry, spec.options
+  return batched.BatchedAlgorithm.from_definition(
+      spec.name,
+      lambda: entry.definition(options, context),
+      client_optimizer=context.client_optimizer,
+      server_optimizer=context.server_optimizer,
+      client_weighting=context.client_weighting,
   )
 
 

@@ -29,8 +29,8 @@ def mechanism(
         'proportional to examples has no privacy amplification analysis here'
     )
   steps = 0
-  if spec.name == 'deltafl' and spec.quantile_noise_stddev:
-    steps = spec.quantile_iterations
+  if spec.quantile_noise_stddev:  # Delta-FL's private quantile's steps.
+    steps = getattr(spec.options, 'quantile_iterations', 0)
   return accounting.DpMechanism(
       noise_multiplier=(
           spec.noise_multiplier

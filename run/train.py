@@ -16,7 +16,8 @@ import errno
 import math
 import os
 import sys
-from typing import Optional
+import typing
+from typing import Any, Optional
 
 if not (3, 9) <= sys.version_info[:2] <= (3, 11):
   sys.exit(
@@ -42,6 +43,8 @@ from tasks import holdout
 from tasks import registry
 from tasks import synthetic
 from tff_algos import attacks
+from tff_algos import options as options_lib
+from tff_algos import registry as algorithm_registry
 from tff_algos import runtime
 
 # pylint: enable=g-import-not-at-top,wrong-import-position
@@ -52,7 +55,7 @@ _TASK = flags.DEFINE_string(
 _ALGORITHM = flags.DEFINE_string(
     'algorithm',
     'fedavg',
-    f'Algorithm: one of {", ".join(algorithms.ALGORITHM_NAMES)}.',
+    f'Algorithm: one of {", ".join(algorithm_registry.names())}.',
 )
 _TOTAL_ROUNDS = flags.DEFINE_integer('total_rounds', 100, 'Training rounds.')
 _CLIENTS_PER_ROUND = flags.DEFINE_integer(
@@ -122,123 +125,50 @@ _DATA_SEED = flags.DEFINE_integer(
     '(unseen clients, per-client parts). Default: --seed. Runs that share '
     'it share their clients whatever their --seed (the tail benchmark).',
 )
-_PROX = flags.DEFINE_float(
-    'proximal_strength', 0.0, 'FedProx mu >= 0 (fedprox, term).'
-)
-_Q = flags.DEFINE_float(
-    'q', 0.0, 'q-FFL fairness q >= 0 (qffl, qfedsgd; 0 is FedAvg/FedSGD).'
-)
-_Q_LIPSCHITZ = flags.DEFINE_float(
-    'q_lipschitz',
-    0.0,
-    'q-FFL Lipschitz constant L (0: 1 / --client_learning_rate, as the paper).',
-)
-_TILT = flags.DEFINE_float(
-    'tilt', 0.0, 'TERM tilt t (term; > 0 fairness, < 0 robustness).'
-)
-_AFL_LAMBDA_LR = flags.DEFINE_float(
-    'afl_lambda_lr',
-    0.0,
-    'AFL mixture step gamma_lambda >= 0 (afl; gamma_w is '
-    '--client_learning_rate). Run AFL with --clients_per_round equal to the '
-    'number of clients, as the paper.',
-)
-_THETA = flags.DEFINE_float(
-    'theta', 1.0, 'Delta-FL conformity level in (0, 1] (deltafl; 1 is FedAvg).'
-)
-_THETAS = flags.DEFINE_list(
-    'thetas',
-    [],
-    'Delta-FL family: train one model per conformity level in '
-    'one run on the same sampled clients, e.g. --thetas=1,0.8,0.5,0.1 '
-    '(deltafl; replaces --theta; metrics are prefixed theta_<t>/).',
-)
-_SECURE_QUANTILE = flags.DEFINE_string(
-    'secure_quantile',
-    'none',
-    'Delta-FL quantile through secure sums only: none (exact; the server sees '
-    "the losses), mm, bisection or private. Secure modes run under TFF's "
-    'test execution context, the only one that executes secure sums.',
-)
-_STRICT = flags.DEFINE_boolean(
-    'strict_filter',
-    False,
-    'Delta-FL: keep loss > eta (Algorithm 3) instead of >= (Algorithm 2).',
-)
-_UNIFORM_WEIGHTS = flags.DEFINE_boolean(
-    'uniform_weights',
-    False,
-    'Delta-FL: weigh clients uniformly (the workshop variant).',
-)
-_WEIGHT_DECAY = flags.DEFINE_float(
-    'weight_decay', 0.0, 'Delta-FL local weight decay lambda (workshop).'
-)
-_Q_UPPER = flags.DEFINE_float(
-    'quantile_upper_bound',
-    20.0,
-    'Secure quantiles: losses are clipped to [0, this].',
-)
-_Q_TOL = flags.DEFINE_float(
-    'quantile_tolerance', 1e-4, 'Bisection quantile: final bracket width.'
-)
-_Q_ITERS = flags.DEFINE_integer(
-    'quantile_iterations', 50, 'MM / private quantile: iterations per round.'
-)
-_DITTO_LAMBDA = flags.DEFINE_float(
-    'ditto_lambda',
-    None,
-    "Ditto: fixed lambda >= 0 of the personal models' "
-    'pull toward the global model (0: local models).',
-)
-_DITTO_GRID = flags.DEFINE_list(
-    'ditto_lambda_grid',
-    [],
-    'Ditto: lambdas selected per client on its '
-    'validation data (one personal model each), e.g. 0.1,1,2; needs a '
-    'validation split (--synthetic_validation_fraction).',
-)
-_DITTO_STEPS = flags.DEFINE_integer(
-    'ditto_personal_steps',
-    0,
-    'Ditto: personal mini-batch steps s per round '
-    "(0: one pass over the round's local stream, as the global update).",
-)
-_DITTO_LR = flags.DEFINE_float(
-    'ditto_personal_lr',
-    0.0,
-    'Ditto: personal learning rate (0: --client_learning_rate).',
-)
-_DITTO_CLIP = flags.DEFINE_float(
-    'ditto_clip_norm',
-    0.0,
-    'Ditto + robust aggregation: clip each global '
-    'update to this l2 norm before the mean (0: plain mean).',
-)
-_FEDPLUS_SIGMA = flags.DEFINE_float(
-    'fedplus_sigma',
-    None,
-    'Fed+: sigma >= 0; kappa = 1/(1 + lr sigma) (the '
-    'paper advises kappa in [0.9, 0.999]).',
-)
-_FEDPLUS_DELTA = flags.DEFINE_float(
-    'fedplus_delta', None, 'Fed+: smoothing delta >= 0 (default 0.1).'
-)
-_FEDPLUS_LAMBDA = flags.DEFINE_float(
-    'fedplus_lambda',
-    None,
-    'Fed+: local initialisation lambda in [0, 1] (default 0).',
-)
-_FEDPLUS_STEPS = flags.DEFINE_integer(
-    'fedplus_local_steps',
-    0,
-    'Fed+: exactly E mini-batch steps per round '
-    "(0: E_k = the batches of the client's stream, epochs x batches).",
-)
-_FEDPLUS_ITERS = flags.DEFINE_integer(
-    'fedplus_iterations',
-    20,
-    'Fed+: fixed-point iterations of the geomed / comed aggregate.',
-)
+
+
+def _option_type(name: str) -> Any:
+  """The declared type of option `name` (Optional[X] gives X)."""
+  owner = algorithm_registry.get(algorithm_registry.owners(name)[0]).options
+  hint = typing.get_type_hints(owner)[name]
+  args = [a for a in typing.get_args(hint) if a is not type(None)]
+  if typing.get_origin(hint) is typing.Union and len(args) == 1:
+    return args[0]
+  return typing.get_origin(hint) or hint
+
+
+_DEFINE = {
+    float: flags.DEFINE_float,
+    int: flags.DEFINE_integer,
+    bool: flags.DEFINE_boolean,
+    str: flags.DEFINE_string,
+    tuple: flags.DEFINE_list,
+}
+# One flag per algorithm option (`tff_algos.registry`), by option name.
+_OPTION_FLAGS: dict[str, flags.FlagHolder] = {}
+
+
+def define_algorithm_flags() -> None:
+  """Defines a flag per option of the registered algorithms (new ones only).
+
+  Its default, help and the algorithms it applies to come from the option's
+  declaration; values are checked by the algorithm's options
+  (`AlgorithmSpec.validate`).
+  """
+  for name, field in algorithm_registry.all_options().items():
+    if name in _OPTION_FLAGS:
+      continue
+    kind = _option_type(name)
+    default = list(field.default) if kind is tuple else field.default
+    owners = ', '.join(algorithm_registry.owners(name))
+    _OPTION_FLAGS[name] = _DEFINE[kind](
+        name, default, f'{field.metadata["help"]} [{owners}]'
+    )
+
+
+# The algorithms' options, each a flag (before the run-wide flags below).
+define_algorithm_flags()
+
 _STATE_STORE = flags.DEFINE_string(
     'client_state_store',
     'memory',
@@ -319,7 +249,7 @@ _AGGREGATOR = flags.DEFINE_string(
     'aggregator',
     'mean',
     f'Model aggregator: {", ".join(algorithms.AGGREGATORS)} (not mean: '
-    f'{", ".join(algorithms.ROBUST_ALGORITHMS)}).',
+    f'{", ".join(algorithms.robust_algorithms())}).',
 )
 _GM_PASSES = flags.DEFINE_integer(
     'gm_passes', None, 'geometric_median: Weiszfeld passes (default 3).'
@@ -390,11 +320,13 @@ _ENGINE = flags.DEFINE_string(
     'simulation_engine',
     'tff',
     "tff: rounds through TFF's runtime (process.next); batched: each round "
-    'in one TensorFlow call (fedavg, fedprox, qffl, deltafl, term; same '
+    'in one TensorFlow call '
+    f'({", ".join(algorithm_registry.engine_names("batched"))}; same '
     "result, simulation only); stacked: as batched with the round's clients "
-    'trained together (same algorithms; SGD/Adagrad client optimizer; '
-    '(x, y) tasks such as synthetic and emnist; same result, simulation '
-    'only; see docs/performance.md).',
+    'trained together '
+    f'({", ".join(algorithm_registry.engine_names("stacked"))}; SGD/Adagrad '
+    'client optimizer; (x, y) tasks such as synthetic and emnist; same '
+    'result, simulation only; see docs/performance.md).',
 )
 _SIZE_GROUPS = flags.DEFINE_boolean(
     'stacked_size_groups',
@@ -744,6 +676,17 @@ def _parse_floats(flag: str, values: list[str]) -> tuple[float, ...]:
     ) from None
 
 
+def algorithm_option_values() -> dict[str, Any]:
+  """The algorithm option flags' values by option name (lists parsed)."""
+  values = {}
+  for name, holder in _OPTION_FLAGS.items():
+    value = holder.value
+    if isinstance(value, list):
+      value = _parse_floats(name, value)
+    values[name] = value
+  return values
+
+
 def prepare(writer: str = 'train'):
   """Validates the flags and builds `(task, process, config, out_dir)`.
 
@@ -762,20 +705,6 @@ def prepare(writer: str = 'train'):
       server_learning_rate=_SERVER_LR.value,
       server_momentum=_SERVER_MOMENTUM.value,
       client_weighting=_WEIGHTING.value,
-      proximal_strength=_PROX.value,
-      q=_Q.value,
-      q_lipschitz=_Q_LIPSCHITZ.value,
-      tilt=_TILT.value,
-      afl_lambda_lr=_AFL_LAMBDA_LR.value,
-      theta=_THETA.value,
-      thetas=_parse_floats('thetas', _THETAS.value),
-      secure_quantile=_SECURE_QUANTILE.value,
-      strict_filter=_STRICT.value,
-      uniform_weights=_UNIFORM_WEIGHTS.value,
-      weight_decay=_WEIGHT_DECAY.value,
-      quantile_upper_bound=_Q_UPPER.value,
-      quantile_tolerance=_Q_TOL.value,
-      quantile_iterations=_Q_ITERS.value,
       aggregator=_AGGREGATOR.value,
       gm_passes=_GM_PASSES.value,
       trim_fraction=_TRIM_FRACTION.value,
@@ -785,18 +714,6 @@ def prepare(writer: str = 'train'):
       clip_target_quantile=_CLIP_QUANTILE.value,
       attack=_ATTACK.value,
       attack_scale=_ATTACK_SCALE.value,
-      ditto_lambda=_DITTO_LAMBDA.value,
-      ditto_lambda_grid=tuple(
-          _parse_floats('ditto_lambda_grid', _DITTO_GRID.value)
-      ),
-      ditto_personal_steps=_DITTO_STEPS.value,
-      ditto_personal_lr=_DITTO_LR.value,
-      ditto_clip_norm=_DITTO_CLIP.value,
-      fedplus_sigma=_FEDPLUS_SIGMA.value,
-      fedplus_delta=_FEDPLUS_DELTA.value,
-      fedplus_lambda=_FEDPLUS_LAMBDA.value,
-      fedplus_local_steps=_FEDPLUS_STEPS.value,
-      fedplus_iterations=_FEDPLUS_ITERS.value,
       noise_multiplier=_NOISE.value,
       clip=_CLIP.value,
       adaptive_clip=_ADAPTIVE_CLIP.value,
@@ -807,6 +724,7 @@ def prepare(writer: str = 'train'):
       dp2_rmsprop_learning_rate=_DP2_RMS_LR.value,
       dp2_beta=_DP2_BETA.value,
       dp2_epsilon=_DP2_EPSILON.value,
+      **algorithm_option_values(),
   )
   spec.validate()
   if spec.aggregator == 'krum':
@@ -861,15 +779,13 @@ def prepare(writer: str = 'train'):
   if _ENGINE.value in ('batched', 'stacked') and (
       spec.aggregator != 'mean'
       or spec.uses_dp
-      or spec.thetas
       or _ATTACK.value != 'none'
-      or spec.ditto_clip_norm
       or spec.server_optimizer == 'dp2'
   ):
     raise UsageError(
         f'--simulation_engine={_ENGINE.value} runs plain mean aggregation of '
-        'one model; drop --aggregator, --clip, --ditto_clip_norm, --attack, '
-        '--thetas and dp2, or use --simulation_engine=tff'
+        'one model; drop --aggregator, --clip, --attack and dp2, or use '
+        '--simulation_engine=tff'
     )
   config = simulation.SimulationConfig(
       total_rounds=_TOTAL_ROUNDS.value,
@@ -924,11 +840,14 @@ def prepare(writer: str = 'train'):
         workers=_WORKERS.value,
         max_concurrent_computation_calls=_MAX_CALLS.value,
     )
-  if len(spec.ditto_lambdas) > 1 and task.validation_data is None:
+  reason = spec.options.validation_data_reason()
+  if reason and task.validation_data is None:
+    reason = algorithms.flag_wording(
+        options_lib.OptionError(reason, *_OPTION_FLAGS)
+    )
     raise UsageError(
-        "--ditto_lambda_grid selects lambda on each client's "
-        'validation data, and this task has none; pass '
-        '--synthetic_validation_fraction or a fixed --ditto_lambda'
+        f'{reason}, and this task has none; pass '
+        '--synthetic_validation_fraction'
     )
   process = algorithms.build_process(
       spec,

@@ -77,7 +77,7 @@ def test_describe_reports_kappa():
   assert 'kappa=0.990099' in spec.describe()
   assert algorithms.AlgorithmSpec(
       name='ditto', ditto_lambda_grid=(0.1, 1.0)
-  ).ditto_lambdas == (0.1, 1.0)
+  ).options.lambdas == (0.1, 1.0)
 
 
 def test_binary_runs_fed_plus_with_disk_store_and_refuses_bad_input(tmp_path):

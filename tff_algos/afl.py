@@ -14,7 +14,7 @@ with full local gradients at the broadcast model (the thesis runs it
 
 AFL needs to know which client sent which loss. Each client's data is
 therefore a pair `OrderedDict(data=<batches>, client_index=<one int32>)`,
-the index of the client in `range(num_clients)`; `run.simulation` builds
+the index of the client in `range(num_clients)`; the simulation loop builds
 these pairs. The mixture lambda lives in the client work's server state and
 is reported in the metrics. When only some clients take part in a round,
 only their coordinates get the ascent step before the projection, and the
@@ -23,6 +23,7 @@ descent step averages the participants' gradients with weights lambda_k.
 
 import collections
 from collections.abc import Callable
+import dataclasses
 from typing import Optional
 
 import numpy as np
@@ -32,6 +33,7 @@ import tensorflow_federated as tff
 from tff_algos import client_work as client_work_lib
 from tff_algos import composition
 from tff_algos import definition as definition_lib
+from tff_algos import options as options_lib
 
 ModelFn = Callable[[], tff.learning.models.VariableModel]
 CLIENT_INDEX_KEY = 'client_index'
@@ -325,3 +327,53 @@ def client_data_with_index(dataset: tf.data.Dataset, index: int):
   return collections.OrderedDict(
       data=dataset, client_index=tf.data.Dataset.from_tensors(np.int32(index))
   )
+
+
+@dataclasses.dataclass(frozen=True)
+class AflOptions(options_lib.Options):
+  """AFL's options (gamma_w is the client learning rate)."""
+
+  afl_lambda_lr: float = options_lib.option(
+      0.0,
+      'AFL mixture step gamma_lambda >= 0 (gamma_w is the client learning '
+      'rate). Run AFL with every client in each round, as the paper.',
+      low=0.0,
+  )
+
+  def describe(self, settings: options_lib.RunSettings) -> str:
+    return (
+        f', gamma_w={settings.client_learning_rate:g}, '
+        f'gamma_lambda={self.afl_lambda_lr:g}'
+    )
+
+
+def _definition(options: AflOptions, context: options_lib.Context):
+  return engine_definition(
+      num_clients=context.num_clients,
+      model_learning_rate=context.client_learning_rate,
+      mixture_learning_rate=options.afl_lambda_lr,
+  )
+
+
+def _build(options: AflOptions, model_fn, context: options_lib.Context):
+  return build_afl(
+      model_fn,
+      num_clients=context.num_clients,
+      model_learning_rate=context.client_learning_rate,
+      mixture_learning_rate=options.afl_lambda_lr,
+  )
+
+
+ALGORITHM = options_lib.Algorithm(
+    name='afl',
+    options=AflOptions,
+    definition=_definition,
+    builder=_build,
+    tuned=options_lib.TunedOption(
+        'afl_lambda_lr',
+        grid=(0.001, 0.01, 0.1, 1.0, 10.0),
+        low=1e-6,
+        high=100.0,
+    ),
+    example=dict(afl_lambda_lr=0.01),
+)

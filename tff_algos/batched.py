@@ -19,8 +19,8 @@ in tests/test_batched.py):
 * the data: each client's local stream is the task's own `preprocess_train`
   applied, inside the graph, to the client's raw examples, with the same
   epochs, shuffle seed and straggler truncation as
-  `run.simulation.client_datasets` (a seeded tf.data shuffle depends only on
-  its seed and input, so the batches are identical);
+  the simulation loop's client datasets (a seeded tf.data shuffle depends
+  only on its seed and input, so the batches are identical);
 * the server: the weighted mean (`tff.aggregators.MeanFactory`), or the
   sums of q-FFL, then the algorithm's server optimizer, rejecting a
   non-finite update as `build_apply_optimizer_finalizer` does;
@@ -38,12 +38,14 @@ Raw client examples are read once per client and cached (`ClientArrays`), so
 a round costs O(selected clients), never O(population).
 
 Every algorithm runs from its one definition of the round math
-(`tff_algos.definition.AlgorithmDefinition`, made by the algorithm's module
-and listed in `DEFINITIONS`); the engine has no per-algorithm code, and the
-stacked engine runs the same definitions. Supported algorithms: every one
-`run.train` offers. FedAvg and FedProx (`tff_algos.fed_prox`), q-FedAvg and
-q-FedSGD (`tff_algos.q_ffl`, Li et al., "Fair Resource Allocation in
-Federated Learning", ICLR 2020, arXiv:1905.10497), Delta-FL with the exact
+(`tff_algos.definition.AlgorithmDefinition`, made by the algorithm's module:
+its `tff_algos.registry` entry's `definition`, given to
+`BatchedAlgorithm.from_definition`); the engine has no per-algorithm code,
+and the stacked engine runs the same definitions. Supported algorithms:
+every one registered with the batched engine. FedAvg and FedProx
+(`tff_algos.fed_prox`), q-FedAvg and q-FedSGD (`tff_algos.q_ffl`, Li et al.,
+"Fair Resource Allocation in Federated Learning", ICLR 2020,
+arXiv:1905.10497), Delta-FL with the exact
 quantile (`tff_algos.delta_fl`, Pillutla et al., "Federated Learning with
 Superquantile Aggregation for Heterogeneous Data", arXiv:2112.09429), TERM
 (`tff_algos.term`, Li et al., "Tilted Empirical Risk Minimization", ICLR
@@ -78,9 +80,10 @@ from tff_algos import term as term_lib
 
 ModelFn = Callable[[], tff.learning.models.VariableModel]
 
-# Each algorithm's one definition of its round math (in its own module), from
-# a `BatchedAlgorithm`'s hyperparameters. Adding an algorithm to both engines
-# is adding its definition here.
+# The built-in algorithms' definitions from a `BatchedAlgorithm` made by
+# keyword (its hyperparameter fields and `options`), for code that builds
+# the engine directly. Runs from the registry give the definition itself
+# (`BatchedAlgorithm.from_definition`); a new algorithm needs no line here.
 DEFINITIONS: Mapping[
     str, Callable[['BatchedAlgorithm'], definition_lib.AlgorithmDefinition]
 ] = {
@@ -150,6 +153,8 @@ class BatchedAlgorithm:
       (`learning_rate`, `sigma`, `delta`, `lam`, `local_steps`,
       `aggregation_iterations`) and AFL (`num_clients`,
       `model_learning_rate`, `mixture_learning_rate`).
+    definition_fn: Makes the algorithm's definition (then the fields from
+      `proximal_strength` to `options` are unused): `from_definition`.
   """
 
   name: str
@@ -167,10 +172,42 @@ class BatchedAlgorithm:
   weight_decay: float = 0.0
   tilt: float = 0.0
   options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  definition_fn: Optional[
+      Callable[[], definition_lib.AlgorithmDefinition]
+  ] = None
+
+  @classmethod
+  def from_definition(
+      cls,
+      name: str,
+      definition_fn: Callable[[], definition_lib.AlgorithmDefinition],
+      *,
+      client_optimizer: tff.learning.optimizers.Optimizer,
+      server_optimizer: Optional[tff.learning.optimizers.Optimizer] = None,
+      client_weighting: tff.learning.ClientWeighting = (
+          tff.learning.ClientWeighting.NUM_EXAMPLES
+      ),
+  ) -> 'BatchedAlgorithm':
+    """The algorithm whose round math `definition_fn` makes.
+
+    As an algorithm's `tff_algos.registry` entry gives it (its `definition`
+    with its options); the server optimizer is dropped when the definition
+    has none of its own.
+    """
+    algorithm = cls(
+        name,
+        client_optimizer,
+        server_optimizer,
+        client_weighting,
+        definition_fn=definition_fn,
+    )
+    if not algorithm.definition().server_optimizer:
+      algorithm = dataclasses.replace(algorithm, server_optimizer=None)
+    return algorithm
 
   def validate(self) -> None:
     """Raises `TypeError`/`ValueError` for an unsupported configuration."""
-    if self.name not in DEFINITIONS:
+    if self.definition_fn is None and self.name not in DEFINITIONS:
       raise ValueError(
           f'the batched engine supports {", ".join(DEFINITIONS)}, not '
           f'{self.name!r}'
@@ -212,7 +249,10 @@ class BatchedAlgorithm:
     self.definition()  # The definition's own checks (TypeError/ValueError).
 
   def definition(self) -> definition_lib.AlgorithmDefinition:
-    """The algorithm's round math (`DEFINITIONS`), with these settings."""
+    """The algorithm's round math (`definition_fn`, else `DEFINITIONS`
+    with these settings)."""
+    if self.definition_fn is not None:
+      return self.definition_fn()
     return DEFINITIONS[self.name](self)
 
   @property
@@ -806,44 +846,6 @@ def weights_and_state_feed(
     )
   feed.update(zip(state_phs, flat_state))
   return feed
-
-
-def algorithm_from_spec(
-    spec, *, client_optimizer, server_optimizer, client_weighting, options=None
-) -> BatchedAlgorithm:
-  """The `BatchedAlgorithm` of a `run.algorithms.AlgorithmSpec`-like object.
-
-  `options` are the algorithm's own definition options
-  (`run.algorithms.definition_options`).
-  """
-  if spec.name not in ALGORITHMS:
-    raise ValueError(
-        f'--simulation_engine=batched supports --algorithm='
-        f'{", ".join(ALGORITHMS)}, not {spec.name}'
-    )
-  if getattr(spec, 'secure_quantile', 'none') != 'none':
-    raise ValueError(
-        '--simulation_engine=batched runs Delta-FL with the '
-        'exact quantile only (--secure_quantile=none)'
-    )
-  algorithm = BatchedAlgorithm(
-      name=spec.name,
-      client_optimizer=client_optimizer,
-      server_optimizer=server_optimizer,
-      client_weighting=client_weighting,
-      proximal_strength=spec.proximal_strength,
-      q=spec.q,
-      lipschitz_constant=spec.lipschitz_constant,
-      theta=spec.theta,
-      strict_filter=spec.strict_filter,
-      uniform_weights=spec.uniform_weights,
-      weight_decay=spec.weight_decay,
-      tilt=spec.tilt,
-      options=dict(options or {}),
-  )
-  if not algorithm.definition().server_optimizer:
-    algorithm = dataclasses.replace(algorithm, server_optimizer=None)
-  return algorithm
 
 
 def metrics_as_mapping(metrics: Mapping[str, Any]) -> dict[str, Any]:

@@ -37,6 +37,7 @@ then gives the exact top set. Both are exposed (`strict_filter`).
 import collections
 import collections.abc
 from collections.abc import Callable, Sequence
+import dataclasses
 from typing import Any, Optional
 
 import numpy as np
@@ -46,6 +47,7 @@ import tensorflow_federated as tff
 from tff_algos import client_work as client_work_lib
 from tff_algos import composition
 from tff_algos import definition as definition_lib
+from tff_algos import options as options_lib
 from tff_algos import quantiles
 
 ModelFn = Callable[[], tff.learning.models.VariableModel]
@@ -529,3 +531,235 @@ def engine_definition(
       metrics=metrics,
       weight_decay=weight_decay,
   )
+
+
+SECURE_QUANTILES = ('none', 'mm', 'bisection', 'private')
+
+
+@dataclasses.dataclass(frozen=True)
+class DeltaFlOptions(options_lib.Options):
+  """Delta-FL's options."""
+
+  theta: float = options_lib.option(
+      1.0,
+      'Delta-FL conformity level in (0, 1] (1 is FedAvg).',
+      low=0.0,
+      high=1.0,
+      low_open=True,
+  )
+  thetas: tuple[float, ...] = options_lib.option(
+      (),
+      'Delta-FL family: one model per conformity level in one run on the '
+      'same sampled clients, e.g. 1,0.8,0.5,0.1 (replaces theta; metrics '
+      'are prefixed theta_<t>/).',
+      low=0.0,
+      high=1.0,
+      low_open=True,
+  )
+  secure_quantile: str = options_lib.option(
+      'none',
+      'Delta-FL quantile through secure sums only: none (exact; the server '
+      "sees the losses), mm, bisection or private. Secure modes run under "
+      "TFF's test execution context, the only one that executes secure sums.",
+      choices=SECURE_QUANTILES,
+  )
+  strict_filter: bool = options_lib.option(
+      False,
+      'Delta-FL: keep loss > eta (Algorithm 3) instead of >= (Algorithm 2).',
+  )
+  uniform_weights: bool = options_lib.option(
+      False, 'Delta-FL: weigh clients uniformly (the workshop variant).'
+  )
+  weight_decay: float = options_lib.option(
+      0.0, 'Delta-FL local weight decay lambda (workshop).', low=0.0
+  )
+  quantile_upper_bound: float = options_lib.option(
+      20.0,
+      'Secure quantiles: losses are clipped to [0, this].',
+      low=0.0,
+      low_open=True,
+  )
+  quantile_tolerance: float = options_lib.option(
+      1e-4,
+      'Bisection quantile: final bracket width.',
+      low=0.0,
+      low_open=True,
+  )
+  quantile_iterations: int = options_lib.option(
+      50, 'MM / private quantile: iterations per round.', low=1
+  )
+
+  def check(self) -> None:
+    if self.thetas:
+      if self.theta != 1.0:
+        raise options_lib.OptionError(
+            'give either theta (one model) or thetas (a family), not both',
+            'theta',
+            'thetas',
+        )
+      if len(set(self.thetas)) != len(self.thetas):
+        raise options_lib.OptionError(
+            f'thetas must be distinct, got {list(self.thetas)}', 'thetas'
+        )
+    if not self.quantile_tolerance < self.quantile_upper_bound:
+      raise options_lib.OptionError(
+          'quantile_tolerance must be in (0, quantile_upper_bound), got '
+          f'{self.quantile_tolerance}',
+          'quantile_tolerance',
+          'quantile_upper_bound',
+      )
+
+  def check_run(self, settings: options_lib.RunSettings) -> None:
+    if not settings.uses_dp:
+      return
+    if self.thetas:
+      raise options_lib.OptionError(
+          'DP aggregation (clip) applies to one Delta-FL model (theta), not '
+          'a family (thetas)',
+          'clip',
+          'theta',
+          'thetas',
+      )
+    if not self.uniform_weights:
+      raise options_lib.OptionError(
+          'DP needs uniform client weighting: pass uniform_weights with '
+          'deltafl',
+          'uniform_weights',
+      )
+    if self.secure_quantile != 'private' or not settings.quantile_noise_stddev:
+      raise options_lib.OptionError(
+          'DP with deltafl needs a private quantile: pass '
+          'secure_quantile=private and quantile_noise_stddev > 0',
+          'secure_quantile',
+          'quantile_noise_stddev',
+      )
+
+  def check_engine(self, engine: str) -> None:
+    if engine == 'tff':
+      return
+    if self.secure_quantile != 'none':
+      raise options_lib.OptionError(
+          f'the {engine} engine runs Delta-FL with the exact quantile only '
+          '(secure_quantile=none)',
+          'secure_quantile',
+      )
+    if self.thetas:
+      raise options_lib.OptionError(
+          f'the {engine} engine runs one model: drop thetas', 'thetas'
+      )
+
+  @property
+  def secure_intrinsics(self) -> bool:
+    return self.secure_quantile != 'none'
+
+  def describe(self, settings: options_lib.RunSettings) -> str:
+    del settings
+    levels = (
+        f', thetas={",".join(f"{t:g}" for t in self.thetas)}'
+        if self.thetas
+        else f', theta={self.theta:g}'
+    )
+    return (
+        f'{levels}, quantile={self.secure_quantile}'
+        f'{", strict >" if self.strict_filter else ", >="}'
+    )
+
+  def quantile_estimator(
+      self, clients_per_round: int = 0, noise_stddev: float = 0.0
+  ):
+    """The quantile estimator of level 1 - theta these options name."""
+    level = 1.0 - self.theta
+    if self.secure_quantile == 'none':
+      return quantiles.build_estimator('exact', level=level)
+    if self.secure_quantile == 'mm':
+      return quantiles.build_estimator(
+          'mm',
+          level=level,
+          num_iterations=self.quantile_iterations,
+          lower=0.0,
+          upper=self.quantile_upper_bound,
+      )
+    if self.secure_quantile == 'bisection':
+      return quantiles.build_estimator(
+          'bisection',
+          level=level,
+          lower=0.0,
+          upper=self.quantile_upper_bound,
+          tolerance=self.quantile_tolerance,
+      )
+    noise = {}
+    if noise_stddev:
+      noise = dict(
+          noise_stddev=noise_stddev,
+          expected_num_clients=float(max(clients_per_round, 1)),
+      )
+    return quantiles.build_estimator(
+        'private',
+        level=level,
+        initial_estimate=1.0,
+        num_steps=self.quantile_iterations,
+        **noise,
+    )
+
+
+def _definition(options: DeltaFlOptions, context: options_lib.Context):
+  del context
+  return engine_definition(
+      theta=options.theta,
+      strict_filter=options.strict_filter,
+      uniform_weights=options.uniform_weights,
+      weight_decay=options.weight_decay,
+  )
+
+
+def _build(options: DeltaFlOptions, model_fn, context: options_lib.Context):
+  common = dict(
+      strict_filter=options.strict_filter,
+      uniform_weights=options.uniform_weights,
+      weight_decay=options.weight_decay,
+      loop_implementation=context.loop_implementation,
+  )
+  k = context.clients_per_round
+  if options.thetas:
+    return build_delta_fl_family(
+        model_fn,
+        context.client_optimizer,
+        context.server_optimizer,
+        thetas=options.thetas,
+        quantile_estimator_fn=lambda t: dataclasses.replace(
+            options, theta=t, thetas=()
+        ).quantile_estimator(k, context.quantile_noise_stddev),
+        **context.aggregation(k),
+        **common,
+    )
+  return build_delta_fl(
+      model_fn,
+      context.client_optimizer,
+      context.server_optimizer,
+      theta=options.theta,
+      quantile_estimator=options.quantile_estimator(
+          k, context.quantile_noise_stddev
+      ),
+      # The DP mean's expected number of kept clients.
+      **context.aggregation(max(1.0, options.theta * k)),
+      **common,
+  )
+
+
+ALGORITHM = options_lib.Algorithm(
+    name='deltafl',
+    options=DeltaFlOptions,
+    definition=_definition,
+    builder=_build,
+    tuned=options_lib.TunedOption(
+        'theta',
+        grid=(0.0625, 0.125, 0.25, 0.5, 1.0),
+        low=0.01,
+        high=1.0,
+        extend_high=False,
+    ),
+    aggregators=True,
+    dp=True,
+    own_weighting=True,
+    example=dict(theta=0.5),
+)

@@ -23,7 +23,7 @@ robust aggregator" (thesis section 5.3.4).
 lambda is fixed, or selected per client on its validation data (thesis section
 5.3 "Setup", spec 6.6): with a grid (lambda_1..lambda_G) every client keeps G
 personal models, one per lambda, trained side by side, and is evaluated with
-the one of lowest validation loss (`run.simulation` does the selection).
+the one of lowest validation loss (the simulation loop does the selection).
 
 Decisions where the thesis is silent (docs/algorithms.md): v_k^0 = w^0; the
 personal steps use the same local stream as the global ones (E epochs of the
@@ -36,6 +36,7 @@ clients and lambdas; Fed+ reports its `non_finite_clients` likewise).
 
 import collections
 from collections.abc import Callable, Sequence
+import dataclasses
 from typing import Optional, Union
 
 import numpy as np
@@ -46,6 +47,7 @@ from tensorflow_federated.python.learning import loop_builder
 from tff_algos import attacks
 from tff_algos import client_work as client_work_lib
 from tff_algos import definition as definition_lib
+from tff_algos import options as options_lib
 from tff_algos import stateful
 
 ModelFn = Callable[[], tff.learning.models.VariableModel]
@@ -446,3 +448,151 @@ def build_ditto(
       personal_model_names=[f'lambda={v:g}' for v in lambdas],
       personal_model_values=lambdas,
   )
+
+
+@dataclasses.dataclass(frozen=True)
+class DittoOptions(options_lib.Options):
+  """Ditto's options."""
+
+  ditto_lambda: Optional[float] = options_lib.option(
+      None,
+      "Ditto: fixed lambda >= 0 of the personal models' pull toward the "
+      'global model (0: local models).',
+      low=0.0,
+  )
+  ditto_lambda_grid: tuple[float, ...] = options_lib.option(
+      (),
+      'Ditto: lambdas selected per client on its validation data (one '
+      'personal model each), e.g. 0.1,1,2; needs a validation split.',
+      low=0.0,
+  )
+  ditto_personal_steps: int = options_lib.option(
+      0,
+      'Ditto: personal mini-batch steps s per round (0: one pass over the '
+      "round's local stream, as the global update).",
+      low=0,
+  )
+  ditto_personal_lr: float = options_lib.option(
+      0.0, 'Ditto: personal learning rate (0: the client learning rate).',
+      low=0.0,
+  )
+  ditto_clip_norm: float = options_lib.option(
+      0.0,
+      'Ditto + robust aggregation: clip each global update to this l2 norm '
+      'before the mean (0: plain mean).',
+      low=0.0,
+  )
+
+  @property
+  def lambdas(self) -> tuple[float, ...]:
+    """The lambda grid (one value: fixed)."""
+    return self.ditto_lambda_grid or (
+        (self.ditto_lambda,) if self.ditto_lambda is not None else ()
+    )
+
+  def check(self) -> None:
+    if self.ditto_lambda is not None and self.ditto_lambda_grid:
+      raise options_lib.OptionError(
+          'give ditto_lambda or ditto_lambda_grid, not both',
+          'ditto_lambda',
+          'ditto_lambda_grid',
+      )
+    if not self.lambdas:
+      raise options_lib.OptionError(
+          'ditto needs ditto_lambda (fixed) or ditto_lambda_grid (selected '
+          'per client on validation data)',
+          'ditto_lambda',
+          'ditto_lambda_grid',
+      )
+    try:
+      check_lambdas(list(self.lambdas))
+    except (TypeError, ValueError) as e:
+      raise options_lib.OptionError(
+          f'ditto_lambda_grid: {e}', 'ditto_lambda_grid'
+      ) from None
+
+  def check_run(self, settings: options_lib.RunSettings) -> None:
+    if self.ditto_clip_norm and settings.uses_dp:
+      raise options_lib.OptionError(
+          'give ditto_clip_norm or DP (clip), not both',
+          'ditto_clip_norm',
+          'clip',
+      )
+    if self.ditto_clip_norm and settings.aggregator != 'mean':
+      raise options_lib.OptionError(
+          'give ditto_clip_norm or aggregator, not both',
+          'ditto_clip_norm',
+          'aggregator',
+      )
+
+  def check_engine(self, engine: str) -> None:
+    if engine != 'tff' and self.ditto_clip_norm:
+      raise options_lib.OptionError(
+          f'the {engine} engine runs plain mean aggregation: drop '
+          'ditto_clip_norm',
+          'ditto_clip_norm',
+      )
+
+  def validation_data_reason(self) -> Optional[str]:
+    if len(self.lambdas) <= 1:
+      return None
+    return (
+        "ditto_lambda_grid selects lambda on each client's validation data "
+        '(or give a fixed ditto_lambda)'
+    )
+
+  def describe(self, settings: options_lib.RunSettings) -> str:
+    del settings
+    return f', lambda={",".join(f"{v:g}" for v in self.lambdas)}' + (
+        f', clip={self.ditto_clip_norm:g}' if self.ditto_clip_norm else ''
+    )
+
+  def personal_optimizer(self, context: options_lib.Context):
+    """The personal models' optimizer (None: the client optimizer)."""
+    if not self.ditto_personal_lr:
+      return None
+    return context.optimizer_fn(self.ditto_personal_lr)
+
+
+def _definition(options: DittoOptions, context: options_lib.Context):
+  return engine_definition(
+      client_optimizer=context.client_optimizer,
+      client_weighting=context.client_weighting,
+      lam=list(options.lambdas),
+      personal_optimizer=options.personal_optimizer(context),
+      personal_steps=options.ditto_personal_steps,
+  )
+
+
+def _build(options: DittoOptions, model_fn, context: options_lib.Context):
+  aggregation = context.aggregation(context.clients_per_round)
+  if options.ditto_clip_norm:
+    aggregation['model_aggregator'] = tff.aggregators.clipping_factory(
+        options.ditto_clip_norm, tff.aggregators.MeanFactory()
+    )
+  return build_ditto(
+      model_fn,
+      context.client_optimizer,
+      context.server_optimizer,
+      lam=list(options.lambdas),
+      personal_optimizer_fn=options.personal_optimizer(context),
+      personal_steps=options.ditto_personal_steps,
+      client_weighting=context.client_weighting,
+      **aggregation,
+  )
+
+
+ALGORITHM = options_lib.Algorithm(
+    name='ditto',
+    options=DittoOptions,
+    definition=_definition,
+    builder=_build,
+    engines=('tff', 'batched'),
+    stateful=True,
+    tuned=options_lib.TunedOption(
+        'ditto_lambda', grid=(0.03, 0.1, 0.3, 1.0, 3.0), low=1e-3, high=100.0
+    ),
+    aggregators=True,
+    dp=True,
+    example=dict(ditto_lambda=0.1),
+)

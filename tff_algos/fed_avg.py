@@ -11,11 +11,13 @@ both share one tested local-training function.
 """
 
 from collections.abc import Callable
+import dataclasses
 from typing import Optional
 
 import tensorflow_federated as tff
 
 from tff_algos import fed_prox
+from tff_algos import options as options_lib
 
 ModelFn = Callable[[], tff.learning.models.VariableModel]
 
@@ -63,3 +65,38 @@ def build_fed_avg(
       loop_implementation=loop_implementation,
       update_attack=update_attack,
   )
+
+
+@dataclasses.dataclass(frozen=True)
+class FedAvgOptions(options_lib.Options):
+  """FedAvg has no options of its own."""
+
+
+def _definition(options: FedAvgOptions, context: options_lib.Context):
+  del options
+  return fed_prox.engine_definition(
+      client_weighting=context.client_weighting, name='fedavg'
+  )
+
+
+def _build(options: FedAvgOptions, model_fn, context: options_lib.Context):
+  del options
+  return build_fed_avg(
+      model_fn,
+      context.client_optimizer,
+      context.server_optimizer,
+      client_weighting=context.client_weighting,
+      loop_implementation=context.loop_implementation,
+      **context.aggregation(context.clients_per_round),
+  )
+
+
+ALGORITHM = options_lib.Algorithm(
+    name='fedavg',
+    options=FedAvgOptions,
+    definition=_definition,
+    builder=_build,
+    aggregators=True,
+    dp=True,
+    drops_stragglers=True,
+)

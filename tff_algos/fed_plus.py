@@ -39,6 +39,7 @@ batches; fewer for stragglers), or exactly `local_steps` mini-batch steps
 
 import collections
 from collections.abc import Callable
+import dataclasses
 from typing import Optional
 
 import numpy as np
@@ -48,6 +49,7 @@ import tensorflow_federated as tff
 from tensorflow_federated.python.learning import loop_builder
 from tff_algos import client_work as client_work_lib
 from tff_algos import definition as definition_lib
+from tff_algos import options as options_lib
 from tff_algos import stateful
 
 ModelFn = Callable[[], tff.learning.models.VariableModel]
@@ -516,3 +518,115 @@ def build_fed_geo_med_plus(model_fn: ModelFn, **kwargs):
 def build_fed_co_med_plus(model_fn: ModelFn, **kwargs):
   """FedCoMed+ (Psi = sigma delta ||.||_1, delta-coordinate-wise median)."""
   return build_fed_plus(model_fn, psi='comed', **kwargs)
+
+
+@dataclasses.dataclass(frozen=True)
+class FedPlusOptions(options_lib.Options):
+  """The Fed+ family's options (eta is the client learning rate)."""
+
+  fedplus_sigma: Optional[float] = options_lib.option(
+      None,
+      'Fed+: sigma >= 0; kappa = 1/(1 + lr sigma) (the paper advises kappa '
+      'in [0.9, 0.999]).',
+      low=0.0,
+  )
+  fedplus_delta: Optional[float] = options_lib.option(
+      None, 'Fed+: smoothing delta >= 0 (default 0.1).', low=0.0
+  )
+  fedplus_lambda: Optional[float] = options_lib.option(
+      None,
+      'Fed+: local initialisation lambda in [0, 1] (default 0).',
+      low=0.0,
+      high=1.0,
+  )
+  fedplus_local_steps: int = options_lib.option(
+      0,
+      'Fed+: exactly E mini-batch steps per round (0: E_k = the batches of '
+      "the client's stream, epochs x batches).",
+      low=0,
+  )
+  fedplus_iterations: int = options_lib.option(
+      20, 'Fed+: fixed-point iterations of the geomed / comed aggregate.',
+      low=1,
+  )
+
+  def check(self) -> None:
+    if self.fedplus_sigma is None:
+      raise options_lib.OptionError(
+          'Fed+ needs fedplus_sigma (the paper advises kappa = 1/(1 + lr '
+          'sigma) in [0.9, 0.999])',
+          'fedplus_sigma',
+      )
+
+  def check_run(self, settings: options_lib.RunSettings) -> None:
+    if settings.client_optimizer != 'sgd':
+      raise options_lib.OptionError(
+          'Fed+ takes plain local steps of size client_learning_rate; '
+          'client_optimizer must be sgd',
+          'client_learning_rate',
+          'client_optimizer',
+      )
+    if (
+        settings.server_optimizer != 'sgd'
+        or settings.server_learning_rate != 1.0
+        or settings.server_momentum
+    ):
+      raise options_lib.OptionError(
+          'Fed+ has no server optimizer (its aggregate is the '
+          'Psi-regularised median/mean); leave server_optimizer, '
+          'server_learning_rate and server_momentum at their defaults',
+          'server_optimizer',
+          'server_learning_rate',
+          'server_momentum',
+      )
+
+  def describe(self, settings: options_lib.RunSettings) -> str:
+    sigma = self.fedplus_sigma or 0.0
+    kappa = 1.0 / (1.0 + settings.client_learning_rate * sigma)
+    return (
+        f', sigma={sigma:g} (kappa={kappa:.6g}), delta='
+        f'{self.fedplus_delta if self.fedplus_delta is not None else 0.1:g}'
+        f', lambda={self.fedplus_lambda or 0.0:g}'
+    )
+
+  def arguments(self, context: options_lib.Context) -> dict:
+    """The keyword arguments of `engine_definition` and `build_fed_plus`."""
+    return dict(
+        learning_rate=context.client_learning_rate,
+        sigma=self.fedplus_sigma,
+        delta=0.1 if self.fedplus_delta is None else self.fedplus_delta,
+        lam=self.fedplus_lambda or 0.0,
+        local_steps=self.fedplus_local_steps,
+        aggregation_iterations=self.fedplus_iterations,
+    )
+
+
+def _entry(name: str, psi: str) -> options_lib.Algorithm:
+  def definition(options: FedPlusOptions, context: options_lib.Context):
+    return engine_definition(psi=psi, **options.arguments(context))
+
+  def build(options: FedPlusOptions, model_fn, context: options_lib.Context):
+    return build_fed_plus(model_fn, psi=psi, **options.arguments(context))
+
+  return options_lib.Algorithm(
+      name=name,
+      options=FedPlusOptions,
+      definition=definition,
+      builder=build,
+      engines=('tff', 'batched'),
+      stateful=True,
+      tuned=options_lib.TunedOption(
+          'fedplus_sigma',
+          grid=(0.03, 0.1, 0.3, 1.0, 3.0),
+          low=1e-3,
+          high=100.0,
+      ),
+      example=dict(fedplus_sigma=1.0),
+  )
+
+
+ALGORITHMS = (
+    _entry('fedavg_plus', 'avg'),
+    _entry('fedgeomed_plus', 'geomed'),
+    _entry('fedcomed_plus', 'comed'),
+)

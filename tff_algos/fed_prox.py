@@ -20,6 +20,7 @@ straggler's partial work; FedAvg drops stragglers.
 """
 
 from collections.abc import Callable
+import dataclasses
 from typing import Optional
 
 from absl import logging
@@ -29,6 +30,7 @@ import tensorflow_federated as tff
 from tff_algos import client_work as client_work_lib
 from tff_algos import composition
 from tff_algos import definition as definition_lib
+from tff_algos import options as options_lib
 
 ModelFn = Callable[[], tff.learning.models.VariableModel]
 
@@ -154,3 +156,51 @@ def engine_definition(
       client_result=client_work_lib.weighted_delta_result(client_weighting),
       proximal_strength=proximal_strength,
   )
+
+
+@dataclasses.dataclass(frozen=True)
+class FedProxOptions(options_lib.Options):
+  """FedProx's options."""
+
+  proximal_strength: float = options_lib.option(
+      0.0, 'FedProx mu >= 0: the proximal term mu/2 ||w - w_t||^2.', low=0.0
+  )
+
+  def describe(self, settings: options_lib.RunSettings) -> str:
+    del settings
+    return f', mu={self.proximal_strength:g}'
+
+
+def _definition(options: FedProxOptions, context: options_lib.Context):
+  return engine_definition(
+      client_weighting=context.client_weighting,
+      proximal_strength=options.proximal_strength,
+  )
+
+
+def _build(options: FedProxOptions, model_fn, context: options_lib.Context):
+  return build_fed_prox(
+      model_fn,
+      context.client_optimizer,
+      context.server_optimizer,
+      proximal_strength=options.proximal_strength,
+      client_weighting=context.client_weighting,
+      loop_implementation=context.loop_implementation,
+      **context.aggregation(context.clients_per_round),
+  )
+
+
+ALGORITHM = options_lib.Algorithm(
+    name='fedprox',
+    options=FedProxOptions,
+    definition=_definition,
+    builder=_build,
+    tuned=options_lib.TunedOption(
+        'proximal_strength',
+        grid=(0.001, 0.01, 0.1, 1.0, 10.0),
+        low=1e-6,
+        high=1e3,
+    ),
+    aggregators=True,
+    dp=True,
+)

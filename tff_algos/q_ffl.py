@@ -30,6 +30,7 @@ of h is 0 leaves the model unchanged.
 
 import collections
 from collections.abc import Callable
+import dataclasses
 from typing import Optional
 
 import numpy as np
@@ -38,6 +39,7 @@ import tensorflow_federated as tff
 
 from tff_algos import client_work as client_work_lib
 from tff_algos import definition as definition_lib
+from tff_algos import options as options_lib
 
 ModelFn = Callable[[], tff.learning.models.VariableModel]
 LOSS_FLOOR = 1e-8
@@ -389,3 +391,84 @@ def engine_definition(
       server_optimizer=False,
       local_work=None if local_solver else client_work_lib.full_gradient_work,
   )
+
+
+@dataclasses.dataclass(frozen=True)
+class QfflOptions(options_lib.Options):
+  """q-FFL's options (q-FedAvg and q-FedSGD)."""
+
+  q: float = options_lib.option(
+      0.0, 'q-FFL fairness q >= 0 (0 is FedAvg/FedSGD).', low=0.0
+  )
+  q_lipschitz: float = options_lib.option(
+      0.0,
+      'q-FFL Lipschitz constant L (0: 1 / client_learning_rate, as the '
+      'paper).',
+      low=0.0,
+  )
+
+  def lipschitz_constant(self, client_learning_rate: float) -> float:
+    """L: given, or 1 / client learning rate as in the papers."""
+    return self.q_lipschitz or 1.0 / client_learning_rate
+
+  def describe(self, settings: options_lib.RunSettings) -> str:
+    lipschitz = self.lipschitz_constant(settings.client_learning_rate)
+    return f', q={self.q:g}, L={lipschitz:g}'
+
+
+def _definition(local_solver: bool):
+  def definition(options: QfflOptions, context: options_lib.Context):
+    return engine_definition(
+        q=options.q,
+        lipschitz_constant=options.lipschitz_constant(
+            context.client_learning_rate
+        ),
+        local_solver=local_solver,
+    )
+
+  return definition
+
+
+def _build_qffl(options: QfflOptions, model_fn, context: options_lib.Context):
+  return build_q_fedavg(
+      model_fn,
+      context.client_optimizer,
+      q=options.q,
+      lipschitz_constant=options.lipschitz_constant(
+          context.client_learning_rate
+      ),
+      loop_implementation=context.loop_implementation,
+  )
+
+
+def _build_qfedsgd(
+    options: QfflOptions, model_fn, context: options_lib.Context
+):
+  return build_q_fedsgd(
+      model_fn,
+      q=options.q,
+      lipschitz_constant=options.lipschitz_constant(
+          context.client_learning_rate
+      ),
+  )
+
+
+_TUNED_Q = options_lib.TunedOption(
+    'q', grid=(0.001, 0.01, 0.1, 1.0, 10.0), low=1e-6, high=100.0
+)
+QFFL = options_lib.Algorithm(
+    name='qffl',
+    options=QfflOptions,
+    definition=_definition(local_solver=True),
+    builder=_build_qffl,
+    tuned=_TUNED_Q,
+    example=dict(q=1.0),
+)
+QFEDSGD = options_lib.Algorithm(
+    name='qfedsgd',
+    options=QfflOptions,
+    definition=_definition(local_solver=False),
+    builder=_build_qfedsgd,
+    tuned=_TUNED_Q,
+    example=dict(q=1.0),
+)

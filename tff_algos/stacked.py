@@ -35,7 +35,7 @@ the Keras `VariableModel` (metrics, variable assignments) at every step.
   weight 0 in its client's loss and metrics, and a step with no real example
   leaves that client's weights and optimizer state exactly unchanged
   (`tf.where` on the step's result). Real clients differ in size by 1,000x,
-  so with `group_by_size=True` (`run.train --stacked_size_groups`) a
+  so with `group_by_size=True` (the training binary's size-groups option) a
   round's clients run in size-ordered groups (`size_groups`) when that cuts
   the padded slots by a fifth or more: one vectorized loop per group, the
   grouping that minimises the modelled work of the padded steps. Each
@@ -394,7 +394,7 @@ def check_definition(definition) -> None:
     raise StackedEngineError(
         'the stacked engine runs local training or full gradients on '
         f'stacked weights; {definition.name} has its own client work: use '
-        '--simulation_engine=batched'
+        'the batched engine'
     )
 
 
@@ -1071,8 +1071,7 @@ class StackedEngine:
       raise StackedEngineError(
           "the task's preprocess_train is not of the form the stacked "
           'engine reproduces (per-example map, seeded shuffle with buffer '
-          f'{self._buffer}, batch, repeat): use --simulation_engine=tff or '
-          'batched'
+          f'{self._buffer}, batch, repeat): use the tff or batched engine'
       )
 
   def run_round(
@@ -1165,11 +1164,3 @@ class StackedEngine:
 
   def close(self) -> None:
     self._session.close()
-
-
-def algorithm_from_spec(spec, **kwargs) -> batched.BatchedAlgorithm:
-  """As `batched.algorithm_from_spec`, with the stacked engine's wording."""
-  try:
-    return batched.algorithm_from_spec(spec, **kwargs)
-  except ValueError as e:
-    raise ValueError(str(e).replace('=batched', '=stacked')) from None

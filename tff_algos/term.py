@@ -27,6 +27,7 @@ which leaves omega unchanged.
 
 import collections
 from collections.abc import Callable
+import dataclasses
 from typing import Optional
 
 import numpy as np
@@ -36,6 +37,7 @@ import tensorflow_federated as tff
 from tff_algos import client_work as client_work_lib
 from tff_algos import composition
 from tff_algos import definition as definition_lib
+from tff_algos import options as options_lib
 
 ModelFn = Callable[[], tff.learning.models.VariableModel]
 
@@ -265,3 +267,52 @@ def engine_definition(
       metrics=metrics,
       proximal_strength=proximal_strength,
   )
+
+
+@dataclasses.dataclass(frozen=True)
+class TermOptions(options_lib.Options):
+  """TERM's options."""
+
+  tilt: float = options_lib.option(
+      0.0, 'TERM tilt t (> 0 fairness, < 0 robustness).'
+  )
+  proximal_strength: float = options_lib.option(
+      0.0, 'FedProx mu >= 0: the proximal term mu/2 ||w - w_t||^2.', low=0.0
+  )
+
+  def describe(self, settings: options_lib.RunSettings) -> str:
+    del settings
+    return f', t={self.tilt:g}'
+
+
+def _definition(options: TermOptions, context: options_lib.Context):
+  del context
+  return engine_definition(
+      tilt=options.tilt, proximal_strength=options.proximal_strength
+  )
+
+
+def _build(options: TermOptions, model_fn, context: options_lib.Context):
+  return build_term(
+      model_fn,
+      context.client_optimizer,
+      context.server_optimizer,
+      tilt=options.tilt,
+      proximal_strength=options.proximal_strength,
+      loop_implementation=context.loop_implementation,
+      **context.aggregation(context.clients_per_round),
+  )
+
+
+ALGORITHM = options_lib.Algorithm(
+    name='term',
+    options=TermOptions,
+    definition=_definition,
+    builder=_build,
+    # The fairness direction (t > 0); t < 0 (robustness) is another study.
+    tuned=options_lib.TunedOption(
+        'tilt', grid=(0.01, 0.1, 1.0, 5.0, 10.0), low=1e-4, high=100.0
+    ),
+    aggregators=True,
+    example=dict(tilt=1.0),
+)

@@ -93,6 +93,7 @@ from tasks import shakespeare
 from tasks import shakespeare_leaf
 from tasks import synthetic
 from tff_algos import client_states
+from tff_algos import registry as algorithm_registry
 from tff_algos import runtime
 from tff_algos import stacked
 from tff_algos import stateful
@@ -109,7 +110,7 @@ MODELS = (
 )
 # The window models: their `tasks.shakespeare_leaf` preset.
 _PRESETS = {'shakespeare_gru': 'deltafl', 'shakespeare_lstm_leaf': 'fedprox'}
-ALGORITHMS = algorithms.ALGORITHM_NAMES
+ALGORITHMS = algorithm_registry.names()
 # --stacked_modes -> the system's suffix: vectorized (with the recurrent
 # kernels of tff_algos.stacked_rnn where the model has them), sequential,
 # and vectorized_map (vectorized, recurrent layers through vectorized_map).
@@ -512,15 +513,12 @@ def run_model(
   systems: dict[str, list[Any]] = {}  # name -> [kind, object, state]
   processes = {}
   for name in algorithm_names:
+    # Each algorithm's representative options (its registry `example`).
+    example = dict(algorithm_registry.get(name).example)
+    if 'ditto_lambda' in example:
+      example['ditto_lambda'] = ditto_lambda
     spec = algorithms.AlgorithmSpec(
-        name=name,
-        client_learning_rate=lr,
-        q=1.0 if name in ('qffl', 'qfedsgd') else 0.0,
-        theta=0.5 if name == 'deltafl' else 1.0,
-        tilt=1.0 if name == 'term' else 0.0,
-        ditto_lambda=ditto_lambda if name == 'ditto' else None,
-        fedplus_sigma=1.0 if name in algorithms.FED_PLUS_PSI else None,
-        afl_lambda_lr=0.01 if name == 'afl' else 0.0,
+        name, client_learning_rate=lr, **example
     )
     process = algorithms.build_process(
         spec, task.model_fn, num_clients=num_clients

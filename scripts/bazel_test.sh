@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs the test suite with Bazel (README, "Bazel"), offline, with the pinned
+# Runs the test suite with Bazel (docs/bazel.md), offline, with the pinned
 # .venv: sets up .venv if needed (scripts/bootstrap.sh), checks that the BUILD
 # files mirror the imports (tools/build_deps.py --check), runs `bazel test`,
 # checks that a target lacking a dep fails (tools/bazel/testdata), and that no

@@ -16,7 +16,7 @@ are the first-party import roots. Each package's BUILD file gets:
     module overrides that. Libraries in a package named `tests` are `testonly`.
 
 The rules come from //tools/bazel:defs.bzl, whose `py_test` runs the module
-with pytest under `bazel test` (see the README's "Bazel" section).
+with pytest under `bazel test` (see docs/bazel.md).
 
 `deps` mirror the module's first-party imports exactly, found with `ast`
 anywhere in the module (function-level lazy imports included): `import a.b`,
@@ -78,7 +78,7 @@ TESTS_NOTE = (
     ' pytest; its\n'
     "# deps are the module's imports plus the conftest libraries pytest"
     ' loads\n'
-    '# implicitly. `bazel test //...` runs them (README, "Bazel").\n'
+    '# implicitly. `bazel test //...` runs them (docs/bazel.md).\n'
 )
 
 ROOT_FILES_EXPORTED = ('pytest.ini', 'requirements*.txt')

@@ -467,8 +467,6 @@ def update_attack(
   return attacks.UpdateAttack(spec.attack, scale)
 
 
-
-
 def quantile_estimator(spec: AlgorithmSpec, clients_per_round: int = 0):
   """Delta-FL's quantile estimator of level 1 - theta named by the spec."""
   return spec.options.quantile_estimator(

@@ -59,9 +59,7 @@ def check_engine(name: str, spec: algorithms.AlgorithmSpec) -> None:
   try:
     spec.options.check_engine(name)
   except options_lib.OptionError as e:
-    raise ValueError(
-        _engine_wording(str(algorithms.flag_wording(e)))
-    ) from None
+    raise ValueError(_engine_wording(str(algorithms.flag_wording(e)))) from None
 
 
 def _engine_wording(text: str) -> str:

@@ -131,7 +131,7 @@ def _option_type(name: str) -> Any:
   """The declared type of option `name` (Optional[X] gives X)."""
   owner = algorithm_registry.get(algorithm_registry.owners(name)[0]).options
   hint = typing.get_type_hints(owner)[name]
-  args = [a for a in typing.get_args(hint) if a is not type(None)]
+  args = [a for a in typing.get_args(hint) if a is not type(None)]  # pylint: disable=unidiomatic-typecheck
   if typing.get_origin(hint) is typing.Union and len(args) == 1:
     return args[0]
   return typing.get_origin(hint) or hint

@@ -110,10 +110,12 @@ def test_partial_participation_matches_numpy_oracle(clients):
 
 def _engine(kind, clients, options):
   """The `kind` engine over `clients` (ids '0', '1', ...), AFL's definition."""
-  client_data = tff.simulation.datasets.TestClientData({
-      str(k): collections.OrderedDict(x=x, y=y)
-      for k, (x, y) in enumerate(clients)
-  })
+  client_data = tff.simulation.datasets.TestClientData(
+      {
+          str(k): collections.OrderedDict(x=x, y=y)
+          for k, (x, y) in enumerate(clients)
+      }
+  )
   preprocess, _ = synthetic.make_preprocess_fns(7)
   algorithm = batched.BatchedAlgorithm(
       'afl', tff.learning.optimizers.build_sgdm(0.1), options=options

@@ -41,9 +41,9 @@ def test_real_roles_and_bad_flags(tmp_path):
   biggest = f'--batch_size={bench_padding.MAX_BATCH_SIZE}'
   bad = {
       (): 'needs --data_dir',
-      (f'--data_dir={tmp_path / "missing"}',): "missing data file",
+      (f'--data_dir={tmp_path / "missing"}',): 'missing data file',
       (f'--data_dir={data}', '--presets=nope'): (
-          "--presets must name one or more of deltafl, qffl, fedprox, got "
+          '--presets must name one or more of deltafl, qffl, fedprox, got '
           "['nope']"
       ),
       (f'--data_dir={data}', '--presets='): (

@@ -1,4 +1,5 @@
 # Copyright 2026 The tff-hetero Authors. Licensed under the Apache License 2.0.
+# pylint: disable=protected-access
 """Tests of the tail benchmark (`run.experiments.benchmark`, `tasks.holdout`).
 
 The statistics are checked against independent computations (SciPy, plain
@@ -47,6 +48,7 @@ class _FakeRuns:
     pass
 
   def run(self, args, rounds, personal):
+    """A record whose accuracies are `score` of the run's flags."""
     del rounds
     self.calls.append(list(args))
     flag = {a.split('=', 1)[0][2:]: a.split('=', 1)[1] for a in args}
@@ -62,13 +64,20 @@ class _FakeRuns:
         'num_examples': [10.0] * len(acc),
         'client_id': [f'c{k}' for k in range(len(acc))],
     }
-    return {'args': list(args), 'splits': {split: cols}, 'examples': 7,
-            'wall_s': 1.0}
+    return {
+        'args': list(args),
+        'splits': {split: cols},
+        'examples': 7,
+        'wall_s': 1.0,
+    }
 
 
 def _bench(score, method_names, grids=None, rounds=3, max_ext=0):
   budget = bm.Budget(
-      rounds=rounds, clients_per_round=2, local_epochs=1, batch_size=5,
+      rounds=rounds,
+      clients_per_round=2,
+      local_epochs=1,
+      batch_size=5,
       learning_rate=0.1,
   )
   methods_run = [m for m in bm.methods() if m.name in method_names]
@@ -79,8 +88,9 @@ def _bench(score, method_names, grids=None, rounds=3, max_ext=0):
   }
   g.update(grids or {})
   runs = _FakeRuns(score)
-  return runs, bm.Benchmark(runs, ['--task=synthetic'], budget, methods_run,
-                            g, 3, 'root', max_ext)
+  return runs, bm.Benchmark(
+      runs, ['--task=synthetic'], budget, methods_run, g, 3, 'root', max_ext
+  )
 
 
 def _flags_of(calls, **want):
@@ -89,16 +99,23 @@ def _flags_of(calls, **want):
 
 def test_selection_runs_on_the_selection_seeds_and_halves():
   max_ext = 0
+
   # Higher accuracy for lr 0.1 and for a strength near 0.1: interior.
   def score(flag):
     lr, mu = float(flag['client_learning_rate']), float(
-        flag.get('proximal_strength', 0.1))
+        flag.get('proximal_strength', 0.1)
+    )
     base = 0.5 - abs(math.log10(lr / 0.1)) / 10 - abs(math.log10(mu / 0.1)) / 10
     return [base - 0.1, base, base + 0.1] * 4
+
   runs, bench = _bench(score, ('fedavg', 'fedprox'), max_ext=max_ext)
   choices = bench.select([100, 101], lambda _: None)
-  seeds = {int(a.split('=')[1]) for c in runs.calls for a in c
-           if a.startswith('--seed=')}
+  seeds = {
+      int(a.split('=')[1])
+      for c in runs.calls
+      for a in c
+      if a.startswith('--seed=')
+  }
   assert seeds == {100, 101}  # Never a reported seed.
   assert all('--holdout=validation' in c for c in runs.calls)
   assert all('--data_seed=3' in c for c in runs.calls)
@@ -113,18 +130,22 @@ def test_selection_runs_on_the_selection_seeds_and_halves():
   report = bench.report(choices, {}, [0, 1], lambda _: None)
   final = [c for c in runs.calls if '--holdout=test' in c]
   assert {a for c in final for a in c if a.startswith('--seed=')} == {
-      '--seed=0', '--seed=1'}
+      '--seed=0',
+      '--seed=1',
+  }
   assert set(report) == {'fedavg', 'fedprox'}
 
 
 def test_a_choice_at_an_edge_extends_the_grid_and_is_marked():
   max_ext = 2
+
   # Better the larger the strength: the grid's top edge wins every time.
   def score(flag):
     mu = float(flag.get('proximal_strength', 1))
     lr = float(flag['client_learning_rate'])
     base = 0.3 + 0.05 * math.log10(mu) - abs(math.log10(lr / 0.1)) / 10
     return [base] * 10
+
   runs, bench = _bench(score, ('fedprox',), max_ext=max_ext)
   choice = bench.select([100], lambda _: None)['fedprox']
   values = sorted({c.value for c in choice.tried})
@@ -138,12 +159,14 @@ def test_a_choice_at_an_edge_extends_the_grid_and_is_marked():
 
 def test_the_criterion_moves_where_p10_ties():
   max_ext = 0
+
   # Every configuration has 10% of clients at 0 accuracy: p10 and worst10
   # tie at 0; the superquantile of the loss still tells them apart.
   def score(flag):
     mu = float(flag.get('proximal_strength', 1))
     worst_loss = 2.0 if mu == 1.0 else 3.0
     return ([0.0] + [0.5] * 9, [worst_loss] + [0.5] * 9)
+
   _, bench = _bench(
       score, ('fedprox',), {'learning_rate': (0.1,)}, max_ext=max_ext
   )
@@ -156,25 +179,52 @@ def _report(per_seed, names=('fedavg', 'fedprox')):
   results = {}
   for name in names:
     results[name] = [
-        {'splits': {'test': {'accuracy': acc, 'loss': [1 - a for a in acc],
-                             'num_examples': [10] * len(acc)}},
-         'examples': 5, 'wall_s': 1.0}
+        {
+            'splits': {
+                'test': {
+                    'accuracy': acc,
+                    'loss': [1 - a for a in acc],
+                    'num_examples': [10] * len(acc),
+                }
+            },
+            'examples': 5,
+            'wall_s': 1.0,
+        }
         for acc in per_seed[name]
     ]
   return benchmark_page.Report(
-      setting=bm.SETTINGS['synthetic'], budget=None, task_flags=[],
-      methods=methods_run, seeds=list(range(len(per_seed['fedavg']))),
-      sel_seeds=[9], grids={}, choices={}, ft_choices={}, results=results,
-      commands=[], wall={'select': 0, 'final': 0}, data_seed=0, keep=1 / 3,
-      argv=['x'], overrides=[])
+      setting=bm.SETTINGS['synthetic'],
+      budget=None,
+      task_flags=[],
+      methods=methods_run,
+      seeds=list(range(len(per_seed['fedavg']))),
+      sel_seeds=[9],
+      grids={},
+      choices={},
+      ft_choices={},
+      results=results,
+      commands=[],
+      wall={'select': 0, 'final': 0},
+      data_seed=0,
+      keep=1 / 3,
+      argv=['x'],
+      overrides=[],
+  )
 
 
 def test_results_table_std_is_over_seeds_with_ddof_1():
   means = [0.2, 0.4, 0.9]
-  report = _report({'fedavg': [[m] * 10 for m in means],
-                    'fedprox': [[m] * 10 for m in means]})
-  row = next(l for l in benchmark_page.results_table(report, 'test')
-             .splitlines() if l.startswith('| FedAvg'))
+  report = _report(
+      {
+          'fedavg': [[m] * 10 for m in means],
+          'fedprox': [[m] * 10 for m in means],
+      }
+  )
+  row = next(
+      l
+      for l in benchmark_page.results_table(report, 'test').splitlines()
+      if l.startswith('| FedAvg')
+  )
   sd = math.sqrt(sum((m - 0.5) ** 2 for m in means) / 2)  # ddof 1.
   assert row.split('|')[2].strip() == f'50.0 ({100 * sd:.1f})'
 
@@ -187,7 +237,9 @@ def test_paired_rows_pair_seed_by_seed_and_lower_variance_wins():
   d = [0.8 - 0.9, 0.5 - 0.5, 0.6 - 0.5]  # Per seed, in seed order.
   mean, std, wins, n, _ = rows['mean']
   assert mean == pytest.approx(sum(d) / 3) and n == 3 and wins == 1
-  assert std == pytest.approx(math.sqrt(sum((x - sum(d) / 3) ** 2 for x in d) / 2))
+  assert std == pytest.approx(
+      math.sqrt(sum((x - sum(d) / 3) ** 2 for x in d) / 2)
+  )
   # Variance: FedAvg's seed 1 spreads 16 %^2*100, FedProx's 9: lower wins.
   var_mean, _, var_wins, _, _ = rows['variance']
   assert var_mean == pytest.approx((900 - 1600) / 3)
@@ -230,8 +282,12 @@ def test_every_method_gets_the_same_budget_and_selection_sees_no_test():
       continue
     config = bm.Config(method.grid[0] if method.grid else None, 0.5)
     common = dict(root='r', data_seed=4)
-    select = bm.run_args(task, budget, method, config, 7, phase='select', **common)
-    final = bm.run_args(task, budget, method, config, 0, phase='final', **common)
+    select = bm.run_args(
+        task, budget, method, config, 7, phase='select', **common
+    )
+    final = bm.run_args(
+        task, budget, method, config, 0, phase='final', **common
+    )
     assert '--holdout=validation' in select and '--holdout=test' in final
     assert '--data_seed=4' in select and '--data_seed=4' in final
     mine = {
@@ -280,6 +336,7 @@ def test_a_finished_run_is_reused_only_with_its_own_arguments(tmp_path, capfd):
 
 
 class _StoppedWorker:
+
   def __init__(self, path):
     self.path = path
 
@@ -290,8 +347,12 @@ class _StoppedWorker:
 
 
 def test_a_resumed_run_counts_every_invocation(tmp_path):
-  args = ['--task=synthetic', f'--root_output_dir={tmp_path}',
-          '--experiment_name=final_x', '--holdout=test']
+  args = [
+      '--task=synthetic',
+      f'--root_output_dir={tmp_path}',
+      '--experiment_name=final_x',
+      '--holdout=test',
+  ]
   runs = bm.Runs(str(tmp_path / 'rec'), str(tmp_path), 1, False)
   runs._local.worker = _StoppedWorker(str(tmp_path / 'final_x'))
   for _ in range(2):
@@ -308,8 +369,12 @@ def test_a_damaged_record_is_redone_with_a_warning(tmp_path, capfd):
   (tmp_path / 'final_x.json').write_text('[1, 2]')
   assert runs._load_record('final_x', ['a']) is None
   err = capfd.readouterr().err.strip().splitlines()
-  assert len(err) == 2 and all(e.startswith('benchmark: warning: ') for e in err)
-  (tmp_path / 'final_x.json').write_text(json.dumps({'args': ['b'], 'splits': {}}))
+  assert len(err) == 2 and all(
+      e.startswith('benchmark: warning: ') for e in err
+  )
+  (tmp_path / 'final_x.json').write_text(
+      json.dumps({'args': ['b'], 'splits': {}})
+  )
   with pytest.raises(RuntimeError, match='other arguments'):
     runs._load_record('final_x', ['a'])
 
@@ -533,7 +598,7 @@ def test_real_roles_end_to_end_resumed_and_a_cell_rerun(tmp_path):
       seen = []
       for line in proc.stderr:  # Stop it once its first run has finished.
         seen.append(line)
-        if line.startswith('[1/'):
+        if line.startswith('[1]'):
           proc.send_signal(signal.SIGTERM)
           break
       rest = proc.stderr.read()

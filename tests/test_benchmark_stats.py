@@ -312,7 +312,9 @@ def test_verdict_resolves_only_outside_the_half_width_with_spread():
 
 def test_verdict_of_a_lattice_difference_equal_on_every_seed():
   # k/8 accuracies subtract exactly: std 0, not resolved.
-  mean, std, _, _, half = bs.paired([5 / 8, 6 / 8, 7 / 8], [4 / 8, 5 / 8, 6 / 8])
+  mean, std, _, _, half = bs.paired(
+      [5 / 8, 6 / 8, 7 / 8], [4 / 8, 5 / 8, 6 / 8]
+  )
   assert (mean, std, half) == (0.125, 0.0, 0.0)
   assert not bs.verdict(mean, std, half).startswith('resolved')
   mean, std, _, _, half = bs.paired([0.5, 0.5], [0.5, 0.5])
@@ -382,7 +384,7 @@ def test_top_fraction_keeps_the_ceiling_in_order():
     assert bs.top_fraction(ranked[:n], 0.01) == ranked[:1]
     assert bs.top_fraction(ranked[:n], 0.0) == ranked[:1]  # At least one.
   assert bs.top_fraction(ranked[:7], 0.3) == ranked[:3]  # 2.1 -> 3.
-  assert bs.top_fraction([], 0.5) == []
+  assert not bs.top_fraction([], 0.5)
 
 
 def test_resolution_in_points():

@@ -99,8 +99,7 @@ def test_the_pages_exist():
 
 def test_every_relative_link_names_an_existing_file_and_heading():
   broken = {
-      page.relative_to(ROOT).as_posix(): broken_links(page)
-      for page in pages()
+      page.relative_to(ROOT).as_posix(): broken_links(page) for page in pages()
   }
   assert not {p: b for p, b in broken.items() if b}
 

@@ -97,18 +97,19 @@ def setup():
     y = np.argmax(x @ teacher + rng.normal(0, 3.0, (len(x), nc)), axis=1)
     y = y.astype(np.int32)
     test_rows = np.r_[: n_test // 2, n_train : n_train + n_new]
-    clients.append(
-        ((x[:n_train], y[:n_train]), (x[test_rows], y[test_rows]))
-    )
-  weights = tff.learning.models.ModelWeights(trainable=[w0, b0],
-                                             non_trainable=[])
+    clients.append(((x[:n_train], y[:n_train]), (x[test_rows], y[test_rows])))
+  weights = tff.learning.models.ModelWeights(
+      trainable=[w0, b0], non_trainable=[]
+  )
   return w0, b0, clients, weights
 
 
 def _pairs(clients):
   return [
-      (tf.data.Dataset.from_tensor_slices(tr),
-       tf.data.Dataset.from_tensor_slices(te))
+      (
+          tf.data.Dataset.from_tensor_slices(tr),
+          tf.data.Dataset.from_tensor_slices(te),
+      )
       for tr, te in clients
   ]
 
@@ -223,7 +224,13 @@ def test_fine_tune_directly_seeded_matches_numpy_oracle(setup, direct):
   for lr in LEARNING_RATES:
     want = [
         oracle_fine_tune(
-            w0, b0, tr, te, lr=lr, epochs=MAX_EPOCHS, batch_size=BATCH,
+            w0,
+            b0,
+            tr,
+            te,
+            lr=lr,
+            epochs=MAX_EPOCHS,
+            batch_size=BATCH,
             orders=_numpy_orders(len(tr[1]), k),
         )
         for k, (tr, te) in enumerate(clients)
@@ -245,8 +252,7 @@ def test_shuffle_seed_changes_the_fine_tuning(direct):
         direct[SEED][lr][0]['loss'], direct[None][lr][0]['loss']
     )
     assert np.any(
-        np.abs(direct[SEED][lr][1]['loss'] - direct[None][lr][1]['loss'])
-        > 1e-4
+        np.abs(direct[SEED][lr][1]['loss'] - direct[None][lr][1]['loss']) > 1e-4
     )
 
 
@@ -268,7 +274,13 @@ def test_federated_form_equals_direct_form(setup, direct, shuffle_seed):
     for lr in LEARNING_RATES:
       per_client = [
           oracle_fine_tune(
-              w0, b0, tr, te, lr=lr, epochs=MAX_EPOCHS, batch_size=BATCH,
+              w0,
+              b0,
+              tr,
+              te,
+              lr=lr,
+              epochs=MAX_EPOCHS,
+              batch_size=BATCH,
               orders=_tf_data_orders(len(tr[1])),
           )
           for tr, te in clients
@@ -289,10 +301,7 @@ def test_federated_form_equals_direct_form(setup, direct, shuffle_seed):
       ref_order = np.argsort(ref['num_examples'])
       _assert_metrics_close(
           got,
-          [
-              {k: ref[k][i] for k in ref}
-              for i in ref_order
-          ],
+          [{k: ref[k][i] for k in ref} for i in ref_order],
           where=f'shuffle_seed={shuffle_seed} lr={lr} epoch={epoch}',
       )
       # One client's metrics stay together: the rows' num_examples agree.

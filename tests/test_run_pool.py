@@ -41,7 +41,10 @@ def test_runs_in_a_worker_equal_runs_alone(tmp_path):
   runs = [
       ('fedavg_s1', ['--algorithm=fedavg', '--seed=1']),
       ('fedavg_s2', ['--algorithm=fedavg', '--seed=2']),
-      ('prox_s2', ['--algorithm=fedprox', '--proximal_strength=0.1', '--seed=2']),
+      (
+          'prox_s2',
+          ['--algorithm=fedprox', '--proximal_strength=0.1', '--seed=2'],
+      ),
   ]
   worker = run_pool.RunWorker(str(tmp_path / 'worker.log'))
   try:

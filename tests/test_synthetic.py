@@ -161,7 +161,9 @@ def test_unseen_test_clients_are_disjoint_and_complete():
         count(full.train_data, cid) + count(full.test_data, cid)
     )
   with_val = synthetic.create_task(
-      num_clients=10, seed=0, test_clients_fraction=0.5,
+      num_clients=10,
+      seed=0,
+      test_clients_fraction=0.5,
       validation_fraction=0.1,
   )
   full_val = synthetic.create_task(

@@ -54,9 +54,7 @@ def _server_sgd(options: ToyOptions):
 def _definition(options: ToyOptions, context: options_lib.Context):
   return definition_lib.AlgorithmDefinition(
       name=NAME,
-      client_result=client_work.weighted_delta_result(
-          context.client_weighting
-      ),
+      client_result=client_work.weighted_delta_result(context.client_weighting),
       fixed_server_optimizer=_server_sgd(options),
   )
 

@@ -172,9 +172,9 @@ class BatchedAlgorithm:
   weight_decay: float = 0.0
   tilt: float = 0.0
   options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-  definition_fn: Optional[
-      Callable[[], definition_lib.AlgorithmDefinition]
-  ] = None
+  definition_fn: Optional[Callable[[], definition_lib.AlgorithmDefinition]] = (
+      None
+  )
 
   @classmethod
   def from_definition(

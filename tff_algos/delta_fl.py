@@ -559,7 +559,7 @@ class DeltaFlOptions(options_lib.Options):
   secure_quantile: str = options_lib.option(
       'none',
       'Delta-FL quantile through secure sums only: none (exact; the server '
-      "sees the losses), mm, bisection or private. Secure modes run under "
+      'sees the losses), mm, bisection or private. Secure modes run under '
       "TFF's test execution context, the only one that executes secure sums.",
       choices=SECURE_QUANTILES,
   )

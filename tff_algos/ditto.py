@@ -473,7 +473,8 @@ class DittoOptions(options_lib.Options):
       low=0,
   )
   ditto_personal_lr: float = options_lib.option(
-      0.0, 'Ditto: personal learning rate (0: the client learning rate).',
+      0.0,
+      'Ditto: personal learning rate (0: the client learning rate).',
       low=0.0,
   )
   ditto_clip_norm: float = options_lib.option(

@@ -546,7 +546,8 @@ class FedPlusOptions(options_lib.Options):
       low=0,
   )
   fedplus_iterations: int = options_lib.option(
-      20, 'Fed+: fixed-point iterations of the geomed / comed aggregate.',
+      20,
+      'Fed+: fixed-point iterations of the geomed / comed aggregate.',
       low=1,
   )
 

@@ -59,7 +59,7 @@ def option(
   Returns:
     A `dataclasses.field` whose metadata holds the above.
   """
-  return dataclasses.field(
+  return dataclasses.field(  # pylint: disable=invalid-field-call
       default=default,
       metadata=dict(
           help=help,
@@ -219,9 +219,9 @@ class RunSettings:
   quantile_noise_stddev: float = 0.0
 
 
-def _no_aggregator(expected_clients: float):
+def _no_aggregator(expected_clients: float) -> None:
+  """No aggregator of the algorithm's own (the run-wide one applies)."""
   del expected_clients
-  return None
 
 
 @dataclasses.dataclass(frozen=True)

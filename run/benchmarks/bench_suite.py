@@ -517,9 +517,7 @@ def run_model(
     example = dict(algorithm_registry.get(name).example)
     if 'ditto_lambda' in example:
       example['ditto_lambda'] = ditto_lambda
-    spec = algorithms.AlgorithmSpec(
-        name, client_learning_rate=lr, **example
-    )
+    spec = algorithms.AlgorithmSpec(name, client_learning_rate=lr, **example)
     process = algorithms.build_process(
         spec, task.model_fn, num_clients=num_clients
     )

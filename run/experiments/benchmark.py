@@ -67,7 +67,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, Optional
 
 if not (3, 9) <= sys.version_info[:2] <= (3, 11):
@@ -76,7 +76,6 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from absl import flags
-import numpy as np
 
 from run import atomic
 from run import console
@@ -221,6 +220,7 @@ def methods() -> tuple[Method, ...]:
       Method('local', 'Local training'),
   )
 
+
 @dataclasses.dataclass(frozen=True)
 class Setting:
   """A named benchmark: task flags, budget and what the scale changes."""
@@ -335,7 +335,7 @@ def define_flags() -> None:
   flags.DEFINE_multi_string(
       'grid',
       [],
-      'A knob\'s grid, e.g. --grid=tilt:0.1,1,10 (repeatable); the knobs '
+      "A knob's grid, e.g. --grid=tilt:0.1,1,10 (repeatable); the knobs "
       'learning_rate (all algorithms) and fine_tune_learning_rate (the '
       'baselines) too.',
   )
@@ -632,13 +632,17 @@ class Runs:
     return float(mark.get('wall_s', math.nan))
 
   def _run(self, args: list[str], rounds: int, personal: bool) -> dict:
-    path = os.path.join(_flag(args, 'root_output_dir'), _flag(args, 'experiment_name'))
+    path = os.path.join(
+        _flag(args, 'root_output_dir'), _flag(args, 'experiment_name')
+    )
     wall = self._finished(path, rounds, args)
     if wall is None:
       earlier = _read_json(os.path.join(path, WALL), WALL) or {}
-      before = float(earlier.get('wall_s', 0.0)) if isinstance(
-          earlier, dict
-      ) else 0.0
+      before = (
+          float(earlier.get('wall_s', 0.0))
+          if isinstance(earlier, dict)
+          else 0.0
+      )
       start = time.time()
       try:
         self._worker().run(args)
@@ -730,7 +734,9 @@ def run_stats(record: dict, split: str) -> dict[str, float]:
   if record.get('diverged'):
     return dict(DIVERGED)
   cols = record['splits'][split]
-  return stats.client_stats(cols['accuracy'], cols['loss'], cols['num_examples'])
+  return stats.client_stats(
+      cols['accuracy'], cols['loss'], cols['num_examples']
+  )
 
 
 def fine_tuned(record: dict, begin: str, split: str, lr: float, epochs: int):
@@ -740,7 +746,9 @@ def fine_tuned(record: dict, begin: str, split: str, lr: float, epochs: int):
 
 def fine_tuned_stats(record, begin, split, lr, epochs) -> dict[str, float]:
   cols = fine_tuned(record, begin, split, lr, epochs)
-  return stats.client_stats(cols['accuracy'], cols['loss'], cols['num_examples'])
+  return stats.client_stats(
+      cols['accuracy'], cols['loss'], cols['num_examples']
+  )
 
 
 # ------------------------------------------------------------- selection
@@ -767,9 +775,7 @@ class Choice:
 
 
 def _values(choice: Choice, knob: str) -> list[float]:
-  return sorted(
-      {c.value if knob == 'value' else c.lr for c in choice.tried}
-  )
+  return sorted({c.value if knob == 'value' else c.lr for c in choice.tried})
 
 
 def _edge_moves(choice: Choice, lr_low: float) -> list[tuple[str, Config]]:
@@ -948,8 +954,8 @@ class Benchmark:
     for method in self.methods:
       if method.baseline:
         continue
-      values = self.grids.get(method.knob, method.grid) if method.knob else (
-          None,
+      values = (
+          self.grids.get(method.knob, method.grid) if method.knob else (None,)
       )
       lrs = self.grids['learning_rate']
       choices[method.name] = Choice(method, {})
@@ -968,7 +974,9 @@ class Benchmark:
     for _ in range(self.max_extensions):
       groups, moved = [], {}
       for name, choice in choices.items():
-        moves = [c for _, c in _edge_moves(choice, lr_low) if c not in choice.tried]
+        moves = [
+            c for _, c in _edge_moves(choice, lr_low) if c not in choice.tried
+        ]
         if moves:
           moved[name] = moves
           groups += self._jobs(choice.method, moves, sel_seeds, 'select')
@@ -1031,9 +1039,7 @@ class Benchmark:
     for method in self.methods:
       if method.baseline:
         continue
-      groups += self._jobs(
-          method, [choices[method.name].best], seeds, 'final'
-      )
+      groups += self._jobs(method, [choices[method.name].best], seeds, 'final')
     records = self._execute(groups, progress)
     results = {}
     for method in self.methods:
@@ -1157,7 +1163,10 @@ def _grids(budget: Budget, methods_run: Sequence[Method]) -> dict:
       'learning_rate': log_grid(budget.learning_rate, LR_STEPS),
       'fine_tune_learning_rate': log_grid(budget.learning_rate, FT_LR_STEPS),
   }
-  ranges = {'learning_rate': (0.0, None), 'fine_tune_learning_rate': (0.0, None)}
+  ranges = {
+      'learning_rate': (0.0, None),
+      'fine_tune_learning_rate': (0.0, None),
+  }
   for m in methods():
     if m.knob:
       grids.setdefault(m.knob, m.grid)
@@ -1324,7 +1333,10 @@ def main(argv) -> int:
       )
       error = runs.check(probe)
       if error:
-        print(f'benchmark: error: {error.split("error: ", 1)[-1]}', file=sys.stderr)
+        print(
+            f'benchmark: error: {error.split("error: ", 1)[-1]}',
+            file=sys.stderr,
+        )
         return 2
     choices = bench.select(sel_seeds, progress)
     ft_choices = {}

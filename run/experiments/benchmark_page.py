@@ -66,7 +66,9 @@ class Report:
 
 
 def _stats(cols) -> dict[str, float]:
-  return stats.client_stats(cols['accuracy'], cols['loss'], cols['num_examples'])
+  return stats.client_stats(
+      cols['accuracy'], cols['loss'], cols['num_examples']
+  )
 
 
 def _scale(column: str) -> float:
@@ -127,15 +129,14 @@ def paired_rows(report: Report, split: str) -> list[tuple[Any, ...]]:
           (
               method,
               column,
-              *stats.paired(
-                  values, reference, stats.HIGHER_IS_BETTER[column]
-              ),
+              *stats.paired(values, reference, stats.HIGHER_IS_BETTER[column]),
           )
       )
   return out
 
 
 def paired_table(rows: Sequence[tuple[Any, ...]]) -> str:
+  """The paired differences as a Markdown table, one row per method."""
   lines = [
       '| algorithm minus FedAvg | ' + ' | '.join(PAIRED_COLUMNS) + ' |',
       '|---|' + '---:|' * len(PAIRED_COLUMNS),
@@ -159,12 +160,12 @@ def resolution_line(report: Report, split: str) -> str:
   r = stats.resolution(cols['num_examples'])
   return (
       f'Resolution ({len(cols["num_examples"])} clients, seed '
-      f'{report.seeds[0]}): one example moves a client\'s accuracy by '
+      f"{report.seeds[0]}): one example moves a client's accuracy by "
       f'{r["example_median"]:.1f} points (median client) and up to '
       f'{r["example_max"]:.1f} (smallest client); one client moves the mean '
       f'by up to {r["client_mean"]:.1f} points and worst10 by up to '
       f'{r["client_worst10"]:.1f}. p10 and worst10 interpolate between '
-      'clients, so they move by less than one client\'s step; compare the '
+      "clients, so they move by less than one client's step; compare the "
       'paired half-widths with these steps.'
   )
 
@@ -188,6 +189,7 @@ def findings(rows: Sequence[tuple[Any, ...]], split_name: str) -> list[str]:
 
 
 def selection_table(report: Report) -> str:
+  """Each method's grids tried, its rungs and its choice (edges marked)."""
   lines = [
       '| algorithm | knob grid tried | learning rates tried | configurations '
       'per rung | chosen | validation worst10 / loss sq10 |',
@@ -229,7 +231,7 @@ def page(report: Report, pngs: Sequence[str]) -> str:
   scale = report.setting.scale
   if report.overrides:
     scale += (
-        ' (the setting\'s defaults; this run overrides '
+        " (the setting's defaults; this run overrides "
         + ' '.join(report.overrides)
         + ')'
     )
@@ -254,15 +256,15 @@ def page(report: Report, pngs: Sequence[str]) -> str:
       f'epoch(s), batch {b.batch_size}; each algorithm at its own client '
       f'learning rate (below); task flags `{" ".join(report.task_flags)}`. '
       f'Scale: {scale}. Examples processed per run are in the tables: '
-      'algorithms whose clients do more than local training (AFL\'s '
-      'gradient at the broadcast model, Ditto\'s personal passes, Fed+\'s '
-      'local steps) process what their paper\'s client step needs; '
-      'fine-tuning counts its epochs over the clients\' training parts.',
+      "algorithms whose clients do more than local training (AFL's "
+      "gradient at the broadcast model, Ditto's personal passes, Fed+'s "
+      "local steps) process what their paper's client step needs; "
+      "fine-tuning counts its epochs over the clients' training parts.",
       '',
-      f'**Selection** on the training clients\' validation part only '
+      f"**Selection** on the training clients' validation part only "
       f'(`--holdout=validation`: the held-out part and the unseen clients are '
       f'built, then dropped before training), selection seeds '
-      f'{list(report.sel_seeds)}. Each algorithm\'s knob and client learning '
+      f"{list(report.sel_seeds)}. Each algorithm's knob and client learning "
       'rate are tuned jointly by successive halving over the seeds: every '
       'configuration runs on the first seed, the best '
       f'{"third" if abs(report.keep - 1 / 3) < 1e-9 else report.keep} goes on '
@@ -271,10 +273,10 @@ def page(report: Report, pngs: Sequence[str]) -> str:
       'the superquantile of the loss, mean over the seeds a configuration '
       'ran (personal models for Ditto, Fed+ and the baselines). A choice at '
       'an edge of its grid extends it one step (up to the allowed '
-      'extensions, within the knob\'s range), run on every selection seed; '
-      'a choice still at an edge is **marked**. The baselines\' fine-tuning '
+      "extensions, within the knob's range), run on every selection seed; "
+      "a choice still at an edge is **marked**. The baselines' fine-tuning "
       'learning rate and epochs (0 to '
-      f'{b.fine_tune_epochs}) are chosen the same way on FedAvg\'s chosen '
+      f"{b.fine_tune_epochs}) are chosen the same way on FedAvg's chosen "
       'selection runs: local training from its initial model, FedAvg + '
       'fine-tuning from its final one.',
       '',
@@ -294,7 +296,7 @@ def page(report: Report, pngs: Sequence[str]) -> str:
         'unseen': 'global models for all',
         'unseen_half': (
             'each unseen client fine-tunes on the first half of its examples, '
-            'in stored order, and is evaluated on the rest; FedAvg\'s global '
+            "in stored order, and is evaluated on the rest; FedAvg's global "
             'model on the same halves'
         ),
     }[split]

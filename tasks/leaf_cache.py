@@ -179,7 +179,7 @@ def crc32_of(path: str) -> int:
   buffer = bytearray(_CHUNK)
   view = memoryview(buffer)
   with open(path, 'rb') as f:
-    while n := f.readinto(buffer):
+    while n := f.readinto(buffer):  # pytype: disable=attribute-error
       crc = zlib.crc32(view[:n], crc)
   return crc
 

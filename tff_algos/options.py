@@ -121,7 +121,7 @@ class Options:
 
   def validate(self) -> None:
     """Raises `OptionError` for a value out of range or a bad combination."""
-    for field in dataclasses.fields(self):
+    for field in dataclasses.fields(self):  # pytype: disable=wrong-arg-types
       check_value(field.name, getattr(self, field.name), field.metadata)
     self.check()
 
@@ -161,7 +161,7 @@ def given(options: Options) -> list[str]:
   """The options whose value differs from their default."""
   return [
       f.name
-      for f in dataclasses.fields(options)
+      for f in dataclasses.fields(options)  # pytype: disable=wrong-arg-types
       if getattr(options, f.name) != f.default
   ]
 

@@ -47,6 +47,11 @@ from run.experiments import reproduce
 _CACHE_SIZE = 4
 
 
+# The worker process's program (not a binary of its own: nothing to run by
+# hand).
+_WORKER_MAIN = 'from run.experiments import run_pool; run_pool.worker_main()'
+
+
 class RunFailed(RuntimeError):
   """A run ended with a non-zero exit; the message is its error line."""
 
@@ -73,7 +78,7 @@ class RunWorker:
         log.close()
         raise reproduce.NotStarted()
       self._proc = subprocess.Popen(  # pylint: disable=consider-using-with
-          [sys.executable, '-m', 'run.experiments.run_pool'],
+          [sys.executable, '-c', _WORKER_MAIN],
           stdin=subprocess.PIPE,
           stdout=subprocess.PIPE,
           stderr=log,
@@ -364,13 +369,14 @@ def serve() -> int:
   return 0
 
 
-if __name__ == '__main__':
-  _code = 1
+def worker_main() -> None:
+  """A worker process: `serve`, then end with its TFF workers."""
+  code = 1
   try:
-    _code = serve()
+    code = serve()
   finally:
     # pylint: disable=g-import-not-at-top
     from tff_algos import runtime
     # pylint: enable=g-import-not-at-top
 
-    runtime.exit_now(_code)
+    runtime.exit_now(code)

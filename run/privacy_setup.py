@@ -94,7 +94,9 @@ def prepare_dp(
           f'cannot reach epsilon={target_epsilon:g} at delta={delta:g} in '
           f'{config.total_rounds} rounds: {e}'
       ) from e
-    spec = dataclasses.replace(spec, noise_multiplier=z)
+    spec = dataclasses.replace(  # pytype: disable=wrong-keyword-args
+        spec, noise_multiplier=z
+    )
     spec.validate()
   if spec.noise_multiplier == 0:
     raise ValueError(

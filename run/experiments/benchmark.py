@@ -847,33 +847,17 @@ class Benchmark:
   def _execute(self, groups, progress):
     """Runs groups of `(key, args, personal, describe)`, each group in turn
     in one worker (one configuration's seeds share its builds)."""
-    out = {}
-    pool = concurrent.futures.ThreadPoolExecutor(self.runs.jobs)
 
     def one(group):
-      done = []
-      try:
-        for key, args, personal, describe in group:
-          record = self.runs.run(args, self.budget.rounds, personal)
-          done.append((key, record, describe))
-          progress(describe(record))
-      finally:
-        self.runs.release()
+      done = {}
+      for key, args, personal, describe in group:
+        done[key] = self.runs.run(args, self.budget.rounds, personal)
+        progress(describe(done[key]))
       return done
 
-    try:
-      futures = [pool.submit(one, g) for g in groups]
-      for future in futures:
-        for key, record, _ in future.result():
-          out[key] = record
-    except reproduce.Stopped as e:
-      e.ended = reproduce.end_children(e.signum)
-      raise
-    except BaseException:
-      reproduce.end_children(signal.SIGTERM)
-      raise
-    finally:
-      pool.shutdown(wait=True, cancel_futures=True)
+    out = {}
+    for done in self._parallel(one, groups):
+      out.update(done)
     return out
 
   def _parallel(self, fn, items) -> list:

@@ -32,6 +32,22 @@ def _model_types(model_fn: ModelFn):
   return weights_type, tff.SequenceType(element_type)
 
 
+def forward_all(
+    model: tff.learning.models.VariableModel, dataset: tf.data.Dataset
+) -> tf.Tensor:
+  """Runs the model over `dataset` (its metrics accumulate); the examples."""
+
+  def step(num_examples, batch):
+    output = model.forward_pass(batch, training=False)
+    if output.num_examples is None:
+      n = tf.shape(output.predictions, out_type=tf.int64)[0]
+    else:
+      n = tf.cast(output.num_examples, tf.int64)
+    return num_examples + n
+
+  return dataset.reduce(tf.constant(0, tf.int64), step)
+
+
 def evaluate_local(
     model: tff.learning.models.VariableModel, weights, dataset: tf.data.Dataset
 ) -> collections.OrderedDict:
@@ -42,16 +58,7 @@ def evaluate_local(
   """
   model_weights = tff.learning.models.ModelWeights.from_model(model)
   tf.nest.map_structure(lambda v, t: v.assign(t), model_weights, weights)
-
-  def step(num_examples, batch):
-    output = model.forward_pass(batch, training=False)
-    if output.num_examples is None:
-      n = tf.shape(output.predictions, out_type=tf.int64)[0]
-    else:
-      n = tf.cast(output.num_examples, tf.int64)
-    return num_examples + n
-
-  num_examples = dataset.reduce(tf.constant(0, tf.int64), step)
+  num_examples = forward_all(model, dataset)
   unfinalized = model.report_local_unfinalized_metrics()
   result = collections.OrderedDict()
   for name, finalizer in model.metric_finalizers().items():

@@ -37,6 +37,8 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tasks import evaluation
+
 ModelFn = Callable[[], tff.learning.models.VariableModel]
 SHUFFLE_BUFFER = 10_000
 
@@ -49,16 +51,7 @@ def strategy_name(learning_rate: float) -> str:
 def _unfinalized(model, dataset):
   """`(unfinalized metrics, num_examples)` of the model on `dataset`, fresh."""
   model.reset_metrics()
-
-  def step(num_examples, batch):
-    output = model.forward_pass(batch, training=False)
-    if output.num_examples is None:
-      n = tf.shape(output.predictions, out_type=tf.int64)[0]
-    else:
-      n = tf.cast(output.num_examples, tf.int64)
-    return num_examples + n
-
-  num_examples = dataset.reduce(tf.constant(0, tf.int64), step)
+  num_examples = evaluation.forward_all(model, dataset)
   return model.report_local_unfinalized_metrics(), num_examples
 
 

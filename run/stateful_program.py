@@ -88,6 +88,7 @@ import tensorflow_federated as tff
 
 from run import program
 from run import simulation
+from run import train
 from tasks import base as task_base
 from tff_algos import client_states as client_states_lib
 from tff_algos import stateful
@@ -667,6 +668,10 @@ def main(argv: Sequence[str]) -> int:
 
 def run_main() -> None:
   """Console-script entry point."""
+  # --help lists the flags this binary takes, all defined in run.program and
+  # run.train.
+  flags.adopt_module_key_flags(program)
+  flags.adopt_module_key_flags(train)
   program.run_main(main)
 
 

@@ -9,11 +9,13 @@ builds it reuses came from another seed or another configuration.
 
 import json
 import os
+import time
 
 import pytest
 
 from run.experiments import run_pool
 from tests import binary
+from tff_algos import runtime
 
 _BASE = [
     '--task=synthetic',
@@ -100,5 +102,15 @@ def test_errors_are_one_line_and_the_worker_goes_on(tmp_path):
         ]
     )
     assert _summary(str(tmp_path), 'after')['test/accuracy']['num_clients'] == 9
+    # The TFF worker the runs started serves on until the run worker ends.
+    tff_workers = runtime.worker_pids(worker._proc.pid)  # pylint: disable=protected-access
+    assert tff_workers
   finally:
     worker.close()
+  # ... and ends with it (it outlived every benchmark before).
+  deadline = time.monotonic() + 10
+  while time.monotonic() < deadline and set(tff_workers) & set(
+      runtime.worker_pids()
+  ):
+    time.sleep(0.2)
+  assert not set(tff_workers) & set(runtime.worker_pids())

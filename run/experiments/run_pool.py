@@ -312,17 +312,30 @@ def serve() -> int:
   sys.stdout = os.fdopen(1, 'w', buffering=1)
   os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
   # pylint: disable=g-import-not-at-top
-  from absl import flags
   from run import fine_tune
   from run import train
   from tff_algos import runtime
   # pylint: enable=g-import-not-at-top
 
-  flags_ = flags.FLAGS
   _install_builds()
   # The TFF worker a run starts serves the next run too (a run ends its
-  # workers; here the worker's exit does, `runtime.exit_now`).
+  # workers; here the worker's exit does, `runtime.exit_now`, with the real
+  # `kill_workers` put back).
+  kill_workers = runtime.kill_workers
   runtime.kill_workers = lambda *args, **kwargs: 0
+  try:
+    return _serve_requests(proto, train, fine_tune)
+  finally:
+    runtime.kill_workers = kill_workers
+
+
+def _serve_requests(proto, train, fine_tune) -> int:
+  """`serve`'s loop: runs each request; 1 after a bug in the binary."""
+  # pylint: disable=g-import-not-at-top
+  from absl import flags
+  # pylint: enable=g-import-not-at-top
+
+  flags_ = flags.FLAGS
   real_stderr = sys.stderr
   for line in sys.stdin:
     request = json.loads(line)

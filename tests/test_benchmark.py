@@ -8,6 +8,7 @@ loops); the end-to-end runs use real roles of the plays that the pinned
 """
 
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -29,6 +30,8 @@ from tasks import holdout
 from tasks import shakespeare_text
 from tasks import synthetic
 from tests import binary
+from tff_algos import options as options_lib
+from tff_algos import registry
 
 # ---------------------------------------------------- selection, fakes
 
@@ -271,6 +274,31 @@ def test_each_method_runs_on_the_engine_the_benchmark_names():
       ratios = [b / a for a, b in zip(method.grid, method.grid[1:])]
       assert min(ratios) > 1.5 and method.grid[0] > method.low
       assert method.high is None or method.grid[-1] <= method.high
+
+
+def test_knob_grids_come_from_the_registry(monkeypatch):
+  assert [m.grid for m in bm.methods() if m.name == 'term'] == [
+      registry.get('term').tuned.grid
+  ]
+  tuned = options_lib.TunedOption(
+      'tilt',
+      grid=(1.0, 2.0, 4.0, 8.0, 16.0),
+      low=0.5,
+      high=20.0,
+      extend_high=False,
+  )
+  monkeypatch.setitem(
+      registry.ALGORITHMS,
+      'term',
+      dataclasses.replace(registry.get('term'), tuned=tuned),
+  )
+  (term,) = [m for m in bm.methods() if m.name == 'term']
+  assert (term.knob, term.grid, term.low, term.high) == (
+      'tilt',
+      (1.0, 2.0, 4.0, 8.0, 16.0),
+      0.5,
+      16.0,
+  )
 
 
 def test_every_method_gets_the_same_budget_and_selection_sees_no_test():

@@ -150,8 +150,8 @@ def test_tuned_knob_has_a_log_grid_inside_its_valid_range(name):
 
 def test_delta_fl_theta_grid_stays_in_its_unit_interval():
   tuned = registry.get('deltafl').tuned
-  assert tuned.grid[-1] == tuned.high == 1.0
-  assert not tuned.extend_high and tuned.extend_low
+  assert 0 < tuned.low < tuned.grid[0] and tuned.grid[-1] < tuned.high == 1.0
+  assert tuned.extend_high and tuned.extend_low  # Up to theta = 1 (FedAvg).
   fields = options_lib.fields_of(registry.get('deltafl').options)
   with pytest.raises(options_lib.OptionError, match=r'theta must be in \(0,'):
     options_lib.check_value('theta', 1.5, fields['theta'].metadata)

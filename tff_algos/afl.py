@@ -371,7 +371,7 @@ ALGORITHM = options_lib.Algorithm(
     builder=_build,
     tuned=options_lib.TunedOption(
         'afl_lambda_lr',
-        grid=(0.001, 0.01, 0.1, 1.0, 10.0),
+        grid=(0.001, 0.003, 0.01, 0.03, 0.1),
         low=1e-6,
         high=100.0,
     ),

@@ -753,10 +753,9 @@ ALGORITHM = options_lib.Algorithm(
     builder=_build,
     tuned=options_lib.TunedOption(
         'theta',
-        grid=(0.0625, 0.125, 0.25, 0.5, 1.0),
+        grid=(0.05, 0.1, 0.2, 0.4, 0.8),
         low=0.01,
         high=1.0,
-        extend_high=False,
     ),
     aggregators=True,
     dp=True,

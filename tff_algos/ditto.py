@@ -591,7 +591,7 @@ ALGORITHM = options_lib.Algorithm(
     engines=('tff', 'batched'),
     stateful=True,
     tuned=options_lib.TunedOption(
-        'ditto_lambda', grid=(0.03, 0.1, 0.3, 1.0, 3.0), low=1e-3, high=100.0
+        'ditto_lambda', grid=(0.01, 0.03, 0.1, 0.3, 1.0), low=1e-3, high=100.0
     ),
     aggregators=True,
     dp=True,

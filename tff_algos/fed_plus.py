@@ -618,7 +618,7 @@ def _entry(name: str, psi: str) -> options_lib.Algorithm:
       stateful=True,
       tuned=options_lib.TunedOption(
           'fedplus_sigma',
-          grid=(0.03, 0.1, 0.3, 1.0, 3.0),
+          grid=(0.01, 0.03, 0.1, 0.3, 1.0),
           low=1e-3,
           high=100.0,
       ),

@@ -197,7 +197,7 @@ ALGORITHM = options_lib.Algorithm(
     builder=_build,
     tuned=options_lib.TunedOption(
         'proximal_strength',
-        grid=(0.001, 0.01, 0.1, 1.0, 10.0),
+        grid=(0.01, 0.03, 0.1, 0.3, 1.0),
         low=1e-6,
         high=1e3,
     ),

@@ -454,7 +454,7 @@ def _build_qfedsgd(
 
 
 _TUNED_Q = options_lib.TunedOption(
-    'q', grid=(0.001, 0.01, 0.1, 1.0, 10.0), low=1e-6, high=100.0
+    'q', grid=(0.01, 0.03, 0.1, 0.3, 1.0), low=1e-6, high=100.0
 )
 QFFL = options_lib.Algorithm(
     name='qffl',

@@ -311,7 +311,7 @@ ALGORITHM = options_lib.Algorithm(
     builder=_build,
     # The fairness direction (t > 0); t < 0 (robustness) is another study.
     tuned=options_lib.TunedOption(
-        'tilt', grid=(0.01, 0.1, 1.0, 5.0, 10.0), low=1e-4, high=100.0
+        'tilt', grid=(0.3, 1.0, 3.0, 10.0, 30.0), low=1e-4, high=100.0
     ),
     aggregators=True,
     example=dict(tilt=1.0),

@@ -84,14 +84,18 @@ from run.experiments import benchmark_page
 from run.experiments import benchmark_stats as stats
 from run.experiments import reproduce
 from run.experiments import run_pool
+from tff_algos import registry
 
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 # Algorithms the stacked engine runs (tests/test_benchmark.py checks this
 # against run.engines); the others run on the batched engine. Both give the
 # TFF path's weights (tests/test_stacked.py, tests/test_batched.py).
-STACKED = ('fedavg', 'fedprox', 'qffl', 'qfedsgd', 'term', 'afl', 'deltafl')
-PERSONAL = ('ditto', 'fedavg_plus', 'fedgeomed_plus', 'fedcomed_plus')
+STACKED = tuple(
+    n for n in registry.names() if 'stacked' in registry.get(n).engines
+)
+# Algorithms with a personal model per client (their clients keep state).
+PERSONAL = tuple(n for n in registry.names() if registry.get(n).stateful)
 # The baselines: fine-tuning of FedAvg's runs from their final or initial
 # model (`run.fine_tune`).
 BASELINES = {'fedavg_ft': 'final', 'local': 'initial'}
@@ -194,31 +198,47 @@ LR_STEPS = (1 / 3, 1.0, 3.0)
 FT_LR_STEPS = (1 / 3, 1.0)
 
 
-def methods() -> tuple[Method, ...]:
-  """The algorithms, their knobs' grids (5 log-spaced values) and ranges.
+# The algorithms in the tables, in order, with their labels.
+_LABELS = (
+    ('fedavg', 'FedAvg'),
+    ('fedprox', 'FedProx'),
+    ('qffl', 'q-FedAvg'),
+    ('term', 'TERM'),
+    ('afl', 'AFL'),
+    ('deltafl', 'Delta-FL'),
+    ('ditto', 'Ditto'),
+    ('fedavg_plus', 'FedAvg+'),
+    ('fedgeomed_plus', 'FedGeoMed+'),
+    ('fedcomed_plus', 'FedCoMed+'),
+)
 
-  Fed+'s sigma is declared directly (its paper advises kappa = 1 / (1 + lr
-  sigma) in [0.9, 0.999]; with the learning rate tuned too, a sigma grid is
-  the simpler one to state).
+
+def methods() -> tuple[Method, ...]:
+  """The algorithms with their tuned knobs, then the two baselines.
+
+  Each knob, its grid (5 log-spaced values) and its range come from the
+  algorithm's `TunedOption` in `tff_algos.registry`; a grid extends up to
+  `high` only where the option allows it (else its last value is the top).
   """
-  half_decades = (0.01, 0.03, 0.1, 0.3, 1.0)
-  fedplus = dict(knob='fedplus_sigma', grid=half_decades)
-  return (
-      Method('fedavg', 'FedAvg'),
-      Method('fedprox', 'FedProx', 'proximal_strength', half_decades),
-      Method('qffl', 'q-FedAvg', 'q', half_decades),
-      Method('term', 'TERM', 'tilt', (0.3, 1.0, 3.0, 10.0, 30.0)),
-      Method('afl', 'AFL', 'afl_lambda_lr', (0.001, 0.003, 0.01, 0.03, 0.1)),
-      Method(
-          'deltafl', 'Delta-FL', 'theta', (0.05, 0.1, 0.2, 0.4, 0.8), high=1.0
-      ),
-      Method('ditto', 'Ditto', 'ditto_lambda', half_decades),
-      Method('fedavg_plus', 'FedAvg+', **fedplus),
-      Method('fedgeomed_plus', 'FedGeoMed+', **fedplus),
-      Method('fedcomed_plus', 'FedCoMed+', **fedplus),
-      Method('fedavg_ft', 'FedAvg + fine-tuning'),
-      Method('local', 'Local training'),
-  )
+  out = []
+  for name, label in _LABELS:
+    tuned = registry.get(name).tuned
+    if tuned is None:
+      out.append(Method(name, label))
+      continue
+    out.append(
+        Method(
+            name,
+            label,
+            tuned.name,
+            tuple(tuned.grid),
+            low=tuned.low if tuned.extend_low else tuned.grid[0],
+            high=tuned.high if tuned.extend_high else tuned.grid[-1],
+        )
+    )
+  out.append(Method('fedavg_ft', 'FedAvg + fine-tuning'))
+  out.append(Method('local', 'Local training'))
+  return tuple(out)
 
 
 @dataclasses.dataclass(frozen=True)

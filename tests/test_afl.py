@@ -109,7 +109,8 @@ def test_partial_participation_matches_numpy_oracle(clients):
 
 
 def _engine(kind, clients, options):
-  """The `kind` engine over `clients` (ids '0', '1', ...), AFL's definition."""
+  """The `kind` engine over `clients` (ids '0', '1', ...), AFL's definition
+  with `build_afl`'s `options`."""
   client_data = tff.simulation.datasets.TestClientData(
       {
           str(k): collections.OrderedDict(x=x, y=y)
@@ -117,8 +118,12 @@ def _engine(kind, clients, options):
       }
   )
   preprocess, _ = synthetic.make_preprocess_fns(7)
-  algorithm = batched.BatchedAlgorithm(
-      'afl', tff.learning.optimizers.build_sgdm(0.1), options=options
+  algorithm = batched.BatchedAlgorithm.from_registry(
+      'afl',
+      client_optimizer=tff.learning.optimizers.build_sgdm(0.1),
+      client_learning_rate=options['model_learning_rate'],
+      num_clients=options['num_clients'],
+      afl_lambda_lr=options['mixture_learning_rate'],
   )
   model_fn = synthetic.create_softmax_regression_model_fn()
   if kind == 'batched':

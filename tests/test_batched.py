@@ -104,8 +104,11 @@ def test_fedavg_fedprox_equal_federated_path(task, mu):
   process = fed_prox.build_fed_prox(
       task.model_fn, sgd(), server, proximal_strength=mu
   )
-  algorithm = batched.BatchedAlgorithm(
-      'fedprox', sgd(), server, proximal_strength=mu
+  algorithm = batched.BatchedAlgorithm.from_registry(
+      'fedprox',
+      client_learning_rate=LR,
+      server_optimizer=server,
+      proximal_strength=mu,
   )
   tff_w, fast_w, tff_s, fast_s, tm, fm = run_both(
       task, process, algorithm, straggler_fraction=0.5
@@ -128,8 +131,8 @@ def test_q_ffl_equals_federated_path(task):
   process = q_ffl.build_q_fedavg(
       task.model_fn, sgd(), q=1.0, lipschitz_constant=1.0 / LR
   )
-  algorithm = batched.BatchedAlgorithm(
-      'qffl', sgd(), q=1.0, lipschitz_constant=1.0 / LR
+  algorithm = batched.BatchedAlgorithm.from_registry(
+      'qffl', client_learning_rate=LR, q=1.0, q_lipschitz=1.0 / LR
   )
   tff_w, fast_w, *_, tm, fm = run_both(task, process, algorithm)
   assert_same(tff_w, fast_w)
@@ -140,7 +143,9 @@ def test_q_ffl_equals_federated_path(task):
 
 def test_delta_fl_equals_federated_path(task):
   process = delta_fl.build_delta_fl(task.model_fn, sgd(), theta=0.5)
-  algorithm = batched.BatchedAlgorithm('deltafl', sgd(), theta=0.5)
+  algorithm = batched.BatchedAlgorithm.from_registry(
+      'deltafl', client_learning_rate=LR, theta=0.5
+  )
   tff_w, fast_w, *_, tm, fm = run_both(task, process, algorithm, epochs=1)
   assert_same(tff_w, fast_w)
   assert_same_metrics(
@@ -164,8 +169,12 @@ def test_term_equals_federated_path(task, tilt):
   process = term.build_term(
       task.model_fn, sgd(), server, tilt=tilt, proximal_strength=0.1
   )
-  algorithm = batched.BatchedAlgorithm(
-      'term', sgd(), server, tilt=tilt, proximal_strength=0.1
+  algorithm = batched.BatchedAlgorithm.from_registry(
+      'term',
+      client_learning_rate=LR,
+      server_optimizer=server,
+      tilt=tilt,
+      proximal_strength=0.1,
   )
   tff_w, fast_w, tff_s, fast_s, tm, fm = run_both(
       task, process, algorithm, straggler_fraction=0.5
@@ -248,10 +257,11 @@ def test_ditto_equals_federated_path(task, personal_steps):
   process = ditto.build_ditto(
       task.model_fn, sgd(), lam=[0.1, 1.0], personal_steps=personal_steps
   )
-  algorithm = batched.BatchedAlgorithm(
+  algorithm = batched.BatchedAlgorithm.from_registry(
       'ditto',
-      sgd(),
-      options=dict(lam=[0.1, 1.0], personal_steps=personal_steps),
+      client_learning_rate=LR,
+      ditto_lambda_grid=(0.1, 1.0),
+      ditto_personal_steps=personal_steps,
   )
   held = {}
   tff_state, fast_state, tff_m, fast_m = engine_runs.run_both(
@@ -281,7 +291,14 @@ def test_fed_plus_equals_federated_path(task, psi):
   name = {'avg': 'fedavg_plus', 'geomed': 'fedgeomed_plus'}.get(
       psi, 'fedcomed_plus'
   )
-  algorithm = batched.BatchedAlgorithm(name, sgd(), options=options)
+  algorithm = batched.BatchedAlgorithm.from_registry(
+      name,
+      client_learning_rate=LR,
+      fedplus_sigma=1.0,
+      fedplus_delta=0.1,
+      fedplus_lambda=0.0,
+      fedplus_iterations=5,
+  )
   held = {}
   tff_state, fast_state, tff_m, fast_m = engine_runs.run_both(
       task,
@@ -311,7 +328,13 @@ def test_afl_equals_federated_path(task):
       mixture_learning_rate=0.01,
   )
   process = afl.build_afl(task.model_fn, **options)
-  algorithm = batched.BatchedAlgorithm('afl', sgd(), options=options)
+  algorithm = batched.BatchedAlgorithm.from_registry(
+      'afl',
+      client_optimizer=sgd(),
+      client_learning_rate=0.5,
+      num_clients=len(task.train_data.client_ids),
+      afl_lambda_lr=0.01,
+  )
   tff_state, fast_state, tff_m, fast_m = engine_runs.run_both(
       task, process, _engine(task, algorithm), rounds=3, epochs=1
   )
@@ -333,8 +356,8 @@ def test_afl_equals_federated_path(task):
 
 def test_q_fedsgd_equals_federated_path(task):
   process = q_ffl.build_q_fedsgd(task.model_fn, q=1.0, lipschitz_constant=10.0)
-  algorithm = batched.BatchedAlgorithm(
-      'qfedsgd', sgd(), q=1.0, lipschitz_constant=10.0
+  algorithm = batched.BatchedAlgorithm.from_registry(
+      'qfedsgd', client_learning_rate=LR, q=1.0, q_lipschitz=10.0
   )
   tff_state, fast_state, tff_m, fast_m = engine_runs.run_both(
       task, process, _engine(task, algorithm), rounds=3, epochs=1
@@ -405,22 +428,33 @@ def test_client_arrays_read_each_client_once(task):
 
 
 def test_bad_arguments():
-  with pytest.raises(ValueError, match='supports'):
-    batched.BatchedAlgorithm('fedsgd', sgd()).validate()
-  with pytest.raises(TypeError, match='lam'):
-    batched.BatchedAlgorithm('ditto', sgd()).validate()
-  with pytest.raises(ValueError, match='sigma'):
-    batched.BatchedAlgorithm(
-        'fedavg_plus', sgd(), options=dict(learning_rate=0.1, sigma=-1.0)
-    ).validate()
+  registered = batched.BatchedAlgorithm.from_registry
+  with pytest.raises(ValueError, match="unknown algorithm 'fedsgd'"):
+    registered('fedsgd', client_learning_rate=LR)
+  with pytest.raises(ValueError, match='ditto needs ditto_lambda'):
+    registered('ditto', client_learning_rate=LR)
+  with pytest.raises(ValueError, match='fedplus_sigma must be >= 0'):
+    registered('fedavg_plus', client_learning_rate=LR, fedplus_sigma=-1.0)
+  with pytest.raises(ValueError, match='q applies to qffl and qfedsgd'):
+    registered('fedprox', client_learning_rate=LR, q=1.0)
+  with pytest.raises(TypeError, match='no algorithm has an option'):
+    registered('fedprox', client_learning_rate=LR, mu=1.0)
+  with pytest.raises(ValueError, match='exact quantile'):
+    registered('deltafl', client_learning_rate=LR, secure_quantile='mm')
   with pytest.raises(TypeError, match='client_optimizer'):
-    batched.BatchedAlgorithm('fedavg', tf.keras.optimizers.SGD()).validate()
-  with pytest.raises(ValueError, match='theta'):
-    batched.BatchedAlgorithm('deltafl', sgd(), theta=0.0).validate()
+    registered(
+        'fedavg',
+        client_optimizer=tf.keras.optimizers.SGD(),
+        client_learning_rate=LR,
+    )
+  with pytest.raises(ValueError, match='theta must be in'):
+    registered('deltafl', client_learning_rate=LR, theta=0.0)
   with pytest.raises(ValueError, match='simulation_engine'):
     engines.check_engine('fast', algorithms.AlgorithmSpec(name='fedavg'))
-  with pytest.raises(ValueError, match='tilt'):
-    batched.BatchedAlgorithm('term', sgd(), tilt=float('inf')).validate()
+  with pytest.raises(ValueError, match='tilt must be finite'):
+    registered('term', client_learning_rate=LR, tilt=float('inf'))
+  with pytest.raises(TypeError, match='definition_fn'):
+    batched.BatchedAlgorithm('fedavg', None, sgd()).validate()
   with pytest.raises(ValueError, match='exact quantile'):
     engines.check_engine(
         'batched',
@@ -433,7 +467,9 @@ def test_bad_arguments():
         lambda: None,
         lambda *a: None,
         object(),
-        batched.BatchedAlgorithm('fedavg', sgd()),
+        batched.BatchedAlgorithm.from_registry(
+            'fedavg', client_learning_rate=LR
+        ),
     )
 
 

@@ -14,6 +14,7 @@ from tff_algos import batched
 from tff_algos import composition
 from tff_algos import definition
 from tff_algos import fed_prox
+from tff_algos import registry
 from tff_algos import stacked
 from tests import engine_runs
 
@@ -73,7 +74,7 @@ def test_definition_options_are_checked():
     )
 
 
-def _name_constants(path, allowed_in=None):
+def _name_constants(path):
   """Algorithm-name string constants in `path`'s code (not in docstrings)."""
   with open(path) as f:
     tree = ast.parse(f.read())
@@ -82,12 +83,6 @@ def _name_constants(path, allowed_in=None):
     body = getattr(node, 'body', None)
     if isinstance(body, list) and body and isinstance(body[0], ast.Expr):
       skip.add(id(body[0].value))  # Docstrings.
-    if (
-        allowed_in
-        and isinstance(node, ast.AnnAssign)
-        and getattr(node.target, 'id', None) == allowed_in
-    ):
-      skip.update(id(n) for n in ast.walk(node))
   return [
       (node.lineno, node.value)
       for node in ast.walk(tree)
@@ -98,14 +93,24 @@ def _name_constants(path, allowed_in=None):
 
 
 def test_engines_do_not_branch_on_algorithm_names():
-  # The batched engine names the algorithms only in its DEFINITIONS table;
-  # the stacked engine nowhere.
-  assert not _name_constants(
-      os.path.join(ROOT, 'tff_algos', 'batched.py'), allowed_in='DEFINITIONS'
-  )
+  # Neither engine names an algorithm: they run the registry's definitions.
+  assert not _name_constants(os.path.join(ROOT, 'tff_algos', 'batched.py'))
   assert not _name_constants(os.path.join(ROOT, 'tff_algos', 'stacked.py'))
-  # Every algorithm the binary offers has a definition.
-  assert set(batched.DEFINITIONS) == NAMES
+
+
+def test_every_algorithm_builds_from_the_registry():
+  # Every algorithm the binary offers runs on the batched engine, built from
+  # its registry entry with its example options.
+  assert set(registry.engine_names('batched')) == NAMES
+  for name in sorted(NAMES):
+    algorithm = batched.BatchedAlgorithm.from_registry(
+        name,
+        client_learning_rate=0.1,
+        num_clients=4,
+        **registry.get(name).example,
+    )
+    assert algorithm.name == name
+    assert isinstance(algorithm.definition(), definition.AlgorithmDefinition)
 
 
 def test_branch_check_sees_a_name_comparison(tmp_path):
@@ -114,9 +119,8 @@ def test_branch_check_sees_a_name_comparison(tmp_path):
   assert _name_constants(str(path)) == [(2, 'qffl')]
 
 
-def _loss_weighted(alg):
+def _loss_weighted():
   """A new algorithm: deltas weighted by n_k F_k (F_k at the broadcast)."""
-  del alg
 
   def client_result(context, loss, count, delta, num_examples, non_finite):
     del context, num_examples
@@ -130,15 +134,14 @@ def _loss_weighted(alg):
   )
 
 
-def test_a_new_definition_runs_on_both_engines(monkeypatch):
+def test_a_new_definition_runs_on_both_engines():
   """Adding an algorithm is adding its definition; both engines agree."""
-  monkeypatch.setitem(batched.DEFINITIONS, 'loss_weighted', _loss_weighted)
   task = synthetic.create_task(
       num_clients=8, seed=2, batch_size=5, size_law='table_4_4'
   )
   sgd = tff.learning.optimizers.build_sgdm(learning_rate=0.1)
-  algorithm = batched.BatchedAlgorithm(
-      name='loss_weighted', client_optimizer=sgd
+  algorithm = batched.BatchedAlgorithm.from_definition(
+      'loss_weighted', _loss_weighted, client_optimizer=sgd
   )
   # Any process with this model and SGD server state gives the state type.
   process = fed_prox.build_fed_prox(task.model_fn, sgd, proximal_strength=0.0)

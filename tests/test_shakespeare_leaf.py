@@ -340,7 +340,9 @@ def test_gru_fedavg_engines_equal_federated_path(small_tasks, kind, vectorize):
   process = fed_prox.build_fed_prox(
       task.model_fn, sgd(0.5), sgd(1.0), proximal_strength=0.0
   )
-  algorithm = batched.BatchedAlgorithm('fedprox', sgd(0.5), sgd(1.0))
+  algorithm = batched.BatchedAlgorithm.from_registry(
+      'fedprox', client_learning_rate=0.5, server_optimizer=sgd(1.0)
+  )
   fast = engine(kind, task, algorithm, vectorize)
   if kind == 'stacked':  # Vectorized: the batched-matmul GRU.
     assert (fast.rnn_forward is not None) == vectorize
@@ -352,7 +354,9 @@ def test_gru_fedavg_engines_equal_federated_path(small_tasks, kind, vectorize):
 def test_gru_delta_fl_engines_equal_federated_path(small_tasks, kind):
   task = small_tasks['deltafl']
   process = delta_fl.build_delta_fl(task.model_fn, sgd(0.5), theta=0.5)
-  algorithm = batched.BatchedAlgorithm('deltafl', sgd(0.5), theta=0.5)
+  algorithm = batched.BatchedAlgorithm.from_registry(
+      'deltafl', client_learning_rate=0.5, theta=0.5
+  )
   out = engine_runs.run_both(
       task, process, engine(kind, task, algorithm), epochs=1
   )
@@ -369,8 +373,8 @@ def test_lstm_q_ffl_stacked_equals_federated_path(small_tasks):
   process = q_ffl.build_q_fedavg(
       task.model_fn, sgd(0.8), q=0.001, lipschitz_constant=1.0 / 0.8
   )
-  algorithm = batched.BatchedAlgorithm(
-      'qffl', sgd(0.8), q=0.001, lipschitz_constant=1.0 / 0.8
+  algorithm = batched.BatchedAlgorithm.from_registry(
+      'qffl', client_learning_rate=0.8, q=0.001, q_lipschitz=1.0 / 0.8
   )
   fast = engine('stacked', task, algorithm)
   assert fast.rnn_forward is not None  # The batched-matmul LSTM.

@@ -118,8 +118,12 @@ def rounding_sensitivity(task, mu, momentum):
     process = fed_prox.build_fed_prox(
         task.model_fn, client, server, proximal_strength=mu
     )
-    algorithm = batched.BatchedAlgorithm(
-        'fedprox', client, server, proximal_strength=mu
+    algorithm = batched.BatchedAlgorithm.from_registry(
+        'fedprox',
+        client_optimizer=client,
+        client_learning_rate=float(rate),
+        server_optimizer=server,
+        proximal_strength=mu,
     )
     state = engine_runs.run_engine(
         task,
@@ -148,8 +152,12 @@ def test_fedavg_fedprox_equal_federated_path(task, mu, momentum, vectorize):
   process = fed_prox.build_fed_prox(
       task.model_fn, sgd(momentum=momentum), server, proximal_strength=mu
   )
-  algorithm = batched.BatchedAlgorithm(
-      'fedprox', sgd(momentum=momentum), server, proximal_strength=mu
+  algorithm = batched.BatchedAlgorithm.from_registry(
+      'fedprox',
+      client_optimizer=sgd(momentum=momentum),
+      client_learning_rate=LR,
+      server_optimizer=server,
+      proximal_strength=mu,
   )
   out = run_both(
       task, process, algorithm, straggler_fraction=0.5, vectorize=vectorize
@@ -168,8 +176,8 @@ def test_q_ffl_equals_federated_path(task, epochs):
   process = q_ffl.build_q_fedavg(
       task.model_fn, sgd(), q=1.0, lipschitz_constant=1.0 / LR
   )
-  algorithm = batched.BatchedAlgorithm(
-      'qffl', sgd(), q=1.0, lipschitz_constant=1.0 / LR
+  algorithm = batched.BatchedAlgorithm.from_registry(
+      'qffl', client_learning_rate=LR, q=1.0, q_lipschitz=1.0 / LR
   )
   out = run_both(
       task, process, algorithm, epochs=epochs, straggler_fraction=0.5
@@ -185,8 +193,8 @@ def test_q_ffl_equals_federated_path(task, epochs):
 def test_q_fedsgd_equals_federated_path(task, vectorize):
   # The full gradient at the broadcast model, stragglers cutting the stream.
   process = q_ffl.build_q_fedsgd(task.model_fn, q=1.0, lipschitz_constant=10.0)
-  algorithm = batched.BatchedAlgorithm(
-      'qfedsgd', sgd(), q=1.0, lipschitz_constant=10.0
+  algorithm = batched.BatchedAlgorithm.from_registry(
+      'qfedsgd', client_learning_rate=LR, q=1.0, q_lipschitz=10.0
   )
   out = run_both(
       task,
@@ -212,7 +220,13 @@ def test_afl_equals_federated_path(task, vectorize):
       mixture_learning_rate=0.01,
   )
   process = afl.build_afl(task.model_fn, **options)
-  algorithm = batched.BatchedAlgorithm('afl', sgd(), options=options)
+  algorithm = batched.BatchedAlgorithm.from_registry(
+      'afl',
+      client_optimizer=sgd(),
+      client_learning_rate=0.5,
+      num_clients=len(task.train_data.client_ids),
+      afl_lambda_lr=0.01,
+  )
   tff_s, fast_s, tm, fm = run_both(
       task, process, algorithm, rounds=3, epochs=1, vectorize=vectorize
   )
@@ -236,8 +250,8 @@ def test_delta_fl_equals_federated_path(task):
   process = delta_fl.build_delta_fl(
       task.model_fn, sgd(), theta=0.5, weight_decay=0.01
   )
-  algorithm = batched.BatchedAlgorithm(
-      'deltafl', sgd(), theta=0.5, weight_decay=0.01
+  algorithm = batched.BatchedAlgorithm.from_registry(
+      'deltafl', client_learning_rate=LR, theta=0.5, weight_decay=0.01
   )
   out = run_both(task, process, algorithm, epochs=2)
   assert_same(
@@ -260,8 +274,12 @@ def test_term_equals_federated_path(task, tilt):
   process = term.build_term(
       task.model_fn, sgd(), server, tilt=tilt, proximal_strength=0.1
   )
-  algorithm = batched.BatchedAlgorithm(
-      'term', sgd(), server, tilt=tilt, proximal_strength=0.1
+  algorithm = batched.BatchedAlgorithm.from_registry(
+      'term',
+      client_learning_rate=LR,
+      server_optimizer=server,
+      tilt=tilt,
+      proximal_strength=0.1,
   )
   out = run_both(task, process, algorithm, straggler_fraction=0.5)
   assert_same(
@@ -330,8 +348,10 @@ def test_refuses_unsupported_configurations(task):
         task.model_fn,
         task.preprocess_train,
         task.train_data,
-        batched.BatchedAlgorithm(
-            'fedavg', tff.learning.optimizers.build_adam(0.1)
+        batched.BatchedAlgorithm.from_registry(
+            'fedavg',
+            client_optimizer=tff.learning.optimizers.build_adam(0.1),
+            client_learning_rate=0.1,
         ),
     )
   with pytest.raises(ValueError, match='stacked.*own client work.*batched'):
@@ -343,7 +363,9 @@ def test_refuses_unsupported_configurations(task):
         task.model_fn,
         task.preprocess_train,
         object(),
-        batched.BatchedAlgorithm('fedavg', sgd()),
+        batched.BatchedAlgorithm.from_registry(
+            'fedavg', client_learning_rate=LR
+        ),
     )
 
   def shuffled_twice(dataset, epochs, seed=None):
@@ -356,7 +378,9 @@ def test_refuses_unsupported_configurations(task):
         task.model_fn,
         shuffled_twice,
         task.train_data,
-        batched.BatchedAlgorithm('fedavg', sgd()),
+        batched.BatchedAlgorithm.from_registry(
+            'fedavg', client_learning_rate=LR
+        ),
     )
 
 
@@ -503,19 +527,29 @@ def test_size_groups_leave_every_client_result_unchanged(spread_task, name):
     process = fed_prox.build_fed_prox(
         spread_task.model_fn, client, server, proximal_strength=0.1
     )
-    algorithm = batched.BatchedAlgorithm(
-        'fedprox', client, server, proximal_strength=0.1
+    algorithm = batched.BatchedAlgorithm.from_registry(
+        'fedprox',
+        client_optimizer=client,
+        client_learning_rate=LR,
+        server_optimizer=server,
+        proximal_strength=0.1,
     )
   elif name == 'qffl':
     process = q_ffl.build_q_fedavg(
         spread_task.model_fn, client, q=1.0, lipschitz_constant=1.0 / LR
     )
-    algorithm = batched.BatchedAlgorithm(
-        'qffl', client, q=1.0, lipschitz_constant=1.0 / LR
+    algorithm = batched.BatchedAlgorithm.from_registry(
+        'qffl',
+        client_optimizer=client,
+        client_learning_rate=LR,
+        q=1.0,
+        q_lipschitz=1.0 / LR,
     )
   else:  # Filtered-out clients: whole groups may do no step.
     process = delta_fl.build_delta_fl(spread_task.model_fn, client, theta=0.5)
-    algorithm = batched.BatchedAlgorithm('deltafl', client, theta=0.5)
+    algorithm = batched.BatchedAlgorithm.from_registry(
+        'deltafl', client_optimizer=client, client_learning_rate=LR, theta=0.5
+    )
   runs = {}
   for grouped in (True, False):
     engine = stacked.StackedEngine(

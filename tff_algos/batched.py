@@ -39,10 +39,12 @@ a round costs O(selected clients), never O(population).
 
 Every algorithm runs from its one definition of the round math
 (`tff_algos.definition.AlgorithmDefinition`, made by the algorithm's module:
-its `tff_algos.registry` entry's `definition`, given to
-`BatchedAlgorithm.from_definition`); the engine has no per-algorithm code,
-and the stacked engine runs the same definitions. Supported algorithms:
-every one registered with the batched engine. FedAvg and FedProx
+its `tff_algos.registry` entry's `definition`, built by
+`BatchedAlgorithm.from_registry(name, client_learning_rate=..., **options)`;
+any other definition by `BatchedAlgorithm.from_definition`); the engine has
+no per-algorithm code and names no algorithm, and the stacked engine runs
+the same definitions. Supported algorithms: every one registered with the
+batched engine. FedAvg and FedProx
 (`tff_algos.fed_prox`), q-FedAvg and q-FedSGD (`tff_algos.q_ffl`, Li et al.,
 "Fair Resource Allocation in Federated Learning", ICLR 2020,
 arXiv:1905.10497), Delta-FL with the exact
@@ -67,113 +69,42 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_algos import afl
 from tff_algos import client_work as client_work_lib
 from tff_algos import definition as definition_lib
-from tff_algos import delta_fl
-from tff_algos import ditto
-from tff_algos import fed_plus
-from tff_algos import fed_prox
-from tff_algos import q_ffl
+from tff_algos import options as options_lib
+from tff_algos import registry
 from tff_algos import stateful
-from tff_algos import term as term_lib
 
 ModelFn = Callable[[], tff.learning.models.VariableModel]
 
-# The built-in algorithms' definitions from a `BatchedAlgorithm` made by
-# keyword (its hyperparameter fields and `options`), for code that builds
-# the engine directly. Runs from the registry give the definition itself
-# (`BatchedAlgorithm.from_definition`); a new algorithm needs no line here.
-DEFINITIONS: Mapping[
-    str, Callable[['BatchedAlgorithm'], definition_lib.AlgorithmDefinition]
-] = {
-    'fedavg': lambda a: fed_prox.engine_definition(
-        client_weighting=a.client_weighting,
-        proximal_strength=a.proximal_strength,
-        name='fedavg',
-    ),
-    'fedprox': lambda a: fed_prox.engine_definition(
-        client_weighting=a.client_weighting,
-        proximal_strength=a.proximal_strength,
-    ),
-    'qffl': lambda a: q_ffl.engine_definition(
-        q=a.q, lipschitz_constant=a.lipschitz_constant
-    ),
-    'qfedsgd': lambda a: q_ffl.engine_definition(
-        q=a.q, lipschitz_constant=a.lipschitz_constant, local_solver=False
-    ),
-    'deltafl': lambda a: delta_fl.engine_definition(
-        theta=a.theta,
-        strict_filter=a.strict_filter,
-        uniform_weights=a.uniform_weights,
-        weight_decay=a.weight_decay,
-    ),
-    'term': lambda a: term_lib.engine_definition(
-        tilt=a.tilt, proximal_strength=a.proximal_strength
-    ),
-    # Their options (`BatchedAlgorithm.options`) are the keyword arguments of
-    # their `engine_definition`.
-    'ditto': lambda a: ditto.engine_definition(
-        client_optimizer=a.client_optimizer,
-        client_weighting=a.client_weighting,
-        **a.options,
-    ),
-    'fedavg_plus': lambda a: fed_plus.engine_definition(psi='avg', **a.options),
-    'fedgeomed_plus': lambda a: fed_plus.engine_definition(
-        psi='geomed', **a.options
-    ),
-    'fedcomed_plus': lambda a: fed_plus.engine_definition(
-        psi='comed', **a.options
-    ),
-    'afl': lambda a: afl.engine_definition(**a.options),
-}
-ALGORITHMS = tuple(DEFINITIONS)
+
+def _sgd(learning_rate: float) -> tff.learning.optimizers.Optimizer:
+  return tff.learning.optimizers.build_sgdm(learning_rate=learning_rate)
 
 
 @dataclasses.dataclass(frozen=True)
 class BatchedAlgorithm:
-  """The algorithm a `BatchedEngine` runs, with its hyperparameters.
+  """The algorithm a `BatchedEngine` (or `StackedEngine`) runs.
+
+  Made from an algorithm's registry entry (`from_registry`) or from any
+  definition (`from_definition`).
 
   Attributes:
-    name: One of `ALGORITHMS`.
+    name: The algorithm's name.
+    definition_fn: Makes the algorithm's round math (its
+      `definition.AlgorithmDefinition`, with its options).
     client_optimizer: The client optimizer (as given to the builder).
     server_optimizer: The server optimizer (None: SGD with lr 1.0, the
-      builders' default). Unused by q-FFL.
-    client_weighting: FedAvg/FedProx weighting.
-    proximal_strength: FedProx's (and TERM's) mu.
-    q: q-FFL's q.
-    lipschitz_constant: q-FFL's L.
-    theta: Delta-FL's conformity level.
-    strict_filter: Delta-FL's `F_k > eta` rule.
-    uniform_weights: Delta-FL's workshop weighting.
-    weight_decay: Delta-FL's local weight decay.
-    tilt: TERM's t.
-    options: The keyword arguments of the `engine_definition` of Ditto
-      (`lam`, `personal_optimizer`, `personal_steps`), Fed+
-      (`learning_rate`, `sigma`, `delta`, `lam`, `local_steps`,
-      `aggregation_iterations`) and AFL (`num_clients`,
-      `model_learning_rate`, `mixture_learning_rate`).
-    definition_fn: Makes the algorithm's definition (then the fields from
-      `proximal_strength` to `options` are unused): `from_definition`.
+      builders' default; dropped when the definition has none).
+    client_weighting: The weighting of the mean of client updates.
   """
 
   name: str
+  definition_fn: Callable[[], definition_lib.AlgorithmDefinition]
   client_optimizer: tff.learning.optimizers.Optimizer
   server_optimizer: Optional[tff.learning.optimizers.Optimizer] = None
   client_weighting: tff.learning.ClientWeighting = (
       tff.learning.ClientWeighting.NUM_EXAMPLES
-  )
-  proximal_strength: float = 0.0
-  q: float = 0.0
-  lipschitz_constant: float = 1.0
-  theta: float = 1.0
-  strict_filter: bool = False
-  uniform_weights: bool = False
-  weight_decay: float = 0.0
-  tilt: float = 0.0
-  options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-  definition_fn: Optional[Callable[[], definition_lib.AlgorithmDefinition]] = (
-      None
   )
 
   @classmethod
@@ -196,21 +127,87 @@ class BatchedAlgorithm:
     """
     algorithm = cls(
         name,
+        definition_fn,
         client_optimizer,
         server_optimizer,
         client_weighting,
-        definition_fn=definition_fn,
     )
     if not algorithm.definition().server_optimizer:
       algorithm = dataclasses.replace(algorithm, server_optimizer=None)
     return algorithm
 
+  @classmethod
+  def from_registry(
+      cls,
+      name: str,
+      *,
+      client_learning_rate: float,
+      client_optimizer: Optional[tff.learning.optimizers.Optimizer] = None,
+      optimizer_fn: Callable[[float], tff.learning.optimizers.Optimizer] = _sgd,
+      server_optimizer: Optional[tff.learning.optimizers.Optimizer] = None,
+      client_weighting: tff.learning.ClientWeighting = (
+          tff.learning.ClientWeighting.NUM_EXAMPLES
+      ),
+      num_clients: int = 0,
+      **options: Any,
+  ) -> 'BatchedAlgorithm':
+    """The registered algorithm `name` with these options and settings.
+
+    For example `from_registry('fedprox', client_learning_rate=0.1,
+    proximal_strength=0.5)`.
+
+    Args:
+      name: A name of `tff_algos.registry`.
+      client_learning_rate: The client learning rate (the step of
+        algorithms with plain local steps, AFL's gamma_w, q-FFL's default L
+        = 1 / lr).
+      client_optimizer: The client optimizer (None:
+        `optimizer_fn(client_learning_rate)`).
+      optimizer_fn: The client optimizer's kind at a learning rate (SGD
+        unless given; Ditto's personal optimizer).
+      server_optimizer: As `from_definition`'s.
+      client_weighting: As `from_definition`'s.
+      num_clients: The population (AFL's mixture size).
+      **options: The algorithm's options by name (the fields of its
+        registry entry's options class, e.g. `fed_prox.FedProxOptions`).
+
+    Returns:
+      A validated `BatchedAlgorithm`.
+
+    Raises:
+      options.OptionError: An unknown algorithm, an option of another
+        algorithm, a value out of range, or options the batched and
+        stacked engines do not run.
+      TypeError, ValueError: An option no algorithm has, or a bad setting.
+    """
+    entry = registry.get(name)
+    values = registry.options_from_values(name, options)
+    values.check_engine('batched')
+    if client_optimizer is None:
+      client_optimizer = optimizer_fn(client_learning_rate)
+    context = options_lib.Context(
+        client_optimizer=client_optimizer,
+        client_learning_rate=client_learning_rate,
+        optimizer_fn=optimizer_fn,
+        server_optimizer=server_optimizer,
+        client_weighting=client_weighting,
+        num_clients=num_clients,
+    )
+    algorithm = cls.from_definition(
+        name,
+        lambda: entry.definition(values, context),
+        client_optimizer=client_optimizer,
+        server_optimizer=server_optimizer,
+        client_weighting=client_weighting,
+    )
+    algorithm.validate()
+    return algorithm
+
   def validate(self) -> None:
     """Raises `TypeError`/`ValueError` for an unsupported configuration."""
-    if self.definition_fn is None and self.name not in DEFINITIONS:
-      raise ValueError(
-          f'the batched engine supports {", ".join(DEFINITIONS)}, not '
-          f'{self.name!r}'
+    if not callable(self.definition_fn):
+      raise TypeError(
+          'definition_fn must be a callable returning an AlgorithmDefinition'
       )
     for label, opt in (
         ('client_optimizer', self.client_optimizer),
@@ -230,30 +227,11 @@ class BatchedAlgorithm:
           'client_weighting must be a tff.learning.ClientWeighting'
           f', got {self.client_weighting!r}'
       )
-    for label in ('proximal_strength', 'q', 'weight_decay'):
-      value = getattr(self, label)
-      if not (np.isfinite(value) and value >= 0):
-        raise ValueError(f'{label} must be a finite float >= 0, got {value}')
-    if not (
-        np.isfinite(self.lipschitz_constant) and self.lipschitz_constant > 0
-    ):
-      raise ValueError(
-          'lipschitz_constant must be > 0, got ' f'{self.lipschitz_constant}'
-      )
-    if not 0.0 < self.theta <= 1.0:
-      raise ValueError(f'theta must be in (0, 1], got {self.theta}')
-    if isinstance(self.tilt, bool) or not isinstance(self.tilt, (int, float)):
-      raise TypeError(f'tilt must be a float, got {type(self.tilt).__name__}')
-    if not np.isfinite(self.tilt):
-      raise ValueError(f'tilt must be finite, got {self.tilt}')
     self.definition()  # The definition's own checks (TypeError/ValueError).
 
   def definition(self) -> definition_lib.AlgorithmDefinition:
-    """The algorithm's round math (`definition_fn`, else `DEFINITIONS`
-    with these settings)."""
-    if self.definition_fn is not None:
-      return self.definition_fn()
-    return DEFINITIONS[self.name](self)
+    """The algorithm's round math (`definition_fn()`)."""
+    return self.definition_fn()
 
   @property
   def server(self) -> tff.learning.optimizers.Optimizer:

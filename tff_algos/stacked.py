@@ -80,7 +80,6 @@ from tff_algos import batched
 from tff_algos import client_work as client_work_lib
 from tff_algos import stacked_rnn
 
-ALGORITHMS = batched.ALGORITHMS
 SUPPORTED_METRICS = ('accuracy', 'loss', 'num_examples', 'num_batches')
 _CHECK_SEED = 20261122
 

@@ -1065,6 +1065,11 @@ def _check_flags(values: flags.FlagValues, client_states: bool) -> None:
     )
   if values.algorithm == 'afl':
     raise ValueError(f'--algorithm=afl: {_CLIENT_INDEX_REFUSAL}')
+  if values.client_state_dir:
+    raise ValueError(
+        '--client_state_dir applies to run.train only (the program keeps '
+        'the client states in <experiment>/client_states)'
+    )
 
 
 def _error_message(

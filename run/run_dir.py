@@ -101,6 +101,21 @@ def check_output_dir(path: str, *, flag: str = 'output folder') -> None:
   os.unlink(probe)
 
 
+def check_output_file(path: str, *, flag: str) -> None:
+  """Raises `OutputDirError` if the file `path` cannot be written there.
+
+  Checked before a binary's work, so that a run does not fail at its last
+  step; nothing is created (`check_output_dir` of the file's folder).
+
+  Args:
+    path: The file a binary writes at its end.
+    flag: What named it, for the message (e.g. `--output_json`).
+  """
+  if os.path.isdir(path):
+    raise OutputDirError(f'{flag}: {_printable(path)} is a folder, not a file')
+  check_output_dir(os.path.dirname(os.path.abspath(path)), flag=flag)
+
+
 def _read_record(lock_path: str) -> dict[str, Any]:
   try:
     with open(lock_path, encoding='utf-8') as f:

@@ -802,6 +802,8 @@ def prepare(writer: str = 'train'):
   )
   config.validate(num_clients=max(_CLIENTS_PER_ROUND.value, 1))
   out_dir = experiment_dir()
+  if _STATE_DIR.value:
+    run_dir.check_output_dir(_STATE_DIR.value, flag='--client_state_dir')
   kwargs = task_kwargs()
   if _DOWNLOAD.value and not _USE_SYNTHETIC.value:
     download.ensure(

@@ -1019,7 +1019,8 @@ def build(
     raise TextError(
         '--leaf_train_fraction must be in (0, 1), got ' f'{leaf_train_fraction}'
     )
-  _check_output_dir(output_dir)
+  if not output_dir:
+    raise TextError('--output_dir is required')
   plays = load_plays(text_dir)
   roles = role_speeches(plays)
   texts = role_texts(roles)
@@ -1031,6 +1032,7 @@ def build(
         'gives a role with two speeches (is it a folder of Gutenberg '
         'plays?); nothing written'
     )
+  _check_output_dir(output_dir)  # Creates it: only once there is text.
   plays_of = {role_id(p.title, s): p.title for p in plays for s in p.roles}
   files = []
   try:

@@ -76,6 +76,7 @@ import tensorflow_federated as tff
 from run import algorithms
 from run import atomic
 from run import console
+from run import run_dir
 from run import simulation
 from tasks import base as task_base
 from tasks import registry
@@ -710,6 +711,7 @@ def main(argv) -> int:
         parent = os.path.dirname(os.path.abspath(output_json))
         if not os.path.isdir(parent):
           raise UsageError(f'--output_json: folder {parent} does not exist')
+        run_dir.check_output_file(output_json, flag='--output_json')
     except (ValueError, TypeError) as e:
       print(f'bench: error: {e}', file=sys.stderr)
       return 2

@@ -64,6 +64,7 @@ from run import atomic
 from run.benchmarks import bench
 from run import console
 from run import contexts
+from run import run_dir
 from run import simulation
 from tasks import base as task_base
 from tasks import emnist
@@ -443,6 +444,14 @@ def main(argv) -> int:
         '--num_clients',
         file=sys.stderr,
     )
+    return 2
+  try:
+    if _STATE_DIR.value:
+      run_dir.check_output_dir(_STATE_DIR.value, flag='--state_dir')
+    if _OUTPUT.value:
+      run_dir.check_output_file(_OUTPUT.value, flag='--output_json')
+  except run_dir.OutputDirError as e:
+    print(f'bench_ditto_scale: error: {e}', file=sys.stderr)
     return 2
   try:
     contexts.set_context(max_concurrent_computation_calls=_CONCURRENT.value)

@@ -38,6 +38,7 @@ from run import atomic
 from run.benchmarks import bench
 from run import console
 from run import engines
+from run import run_dir
 from run import simulation
 from tff_algos import runtime
 from tff_algos import stragglers
@@ -233,6 +234,12 @@ def main(argv) -> int:
         file=sys.stderr,
     )
     return 2
+  if _OUTPUT.value:
+    try:
+      run_dir.check_output_file(_OUTPUT.value, flag='--output_json')
+    except run_dir.OutputDirError as e:
+      print(f'bench_scale: error: {e}', file=sys.stderr)
+      return 2
   results = {'load_start': os.getloadavg()}
   results.update(
       measure(

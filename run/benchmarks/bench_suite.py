@@ -86,6 +86,7 @@ from run import atomic
 from run.benchmarks import bench
 from run import console
 from run import engines
+from run import run_dir
 from run import simulation
 from tasks import base as task_base
 from tasks import emnist
@@ -786,6 +787,12 @@ def main(argv) -> int:
         file=sys.stderr,
     )
     return 2
+  if _OUTPUT.value:
+    try:
+      run_dir.check_output_file(_OUTPUT.value, flag='--output_json')
+    except run_dir.OutputDirError as e:
+      print(f'bench_suite: error: {e}', file=sys.stderr)
+      return 2
   runtime.install_worker_cleanup()
   log = lambda s: print(s, file=sys.stderr, flush=True)
   results = {'machine': bench.machine_info(), 'load_start': os.getloadavg()}

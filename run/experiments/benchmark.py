@@ -1245,10 +1245,18 @@ def _methods() -> list[Method]:
 
 def _shakespeare_data(output_dir: str) -> str:
   """The folder of shakespeare.sqlite, built from the plays if missing."""
+  from tasks import base  # pylint: disable=g-import-not-at-top
+  from tasks import data_files  # pylint: disable=g-import-not-at-top
   from tasks import shakespeare_text  # pylint: disable=g-import-not-at-top
 
   folder = FLAGS.data_dir or os.path.join(output_dir, 'data')
-  if not os.path.exists(os.path.join(folder, shakespeare_text.SQLITE_NAME)):
+  path = os.path.join(folder, shakespeare_text.SQLITE_NAME)
+  if os.path.exists(path):  # A damaged file: one line, before any run.
+    try:
+      data_files.sql_example_counts(path, ['train', 'test'])
+    except base.TaskError as e:
+      raise UsageError(str(e)) from None
+  else:
     print(
         f'benchmark: building {folder}/shakespeare.sqlite from the '
         'installed plays (a few seconds)',

@@ -35,6 +35,7 @@ import tensorflow_federated as tff
 
 from run import atomic
 from run import console
+from run import run_dir
 from tff_algos import ditto
 from tff_algos import runtime
 
@@ -172,8 +173,14 @@ def tff_sweep(xs, ys, *, rounds, personal_steps, grid=GRID):
   )
 
 
-def main(argv):
+def main(argv) -> int:
   del argv
+  if _OUTPUT.value:
+    try:
+      run_dir.check_output_file(_OUTPUT.value, flag='--output_md')
+    except run_dir.OutputDirError as e:
+      print(f'ditto_lambda_sweep: error: {e}', file=sys.stderr)
+      return 2
   runtime.install_worker_cleanup()
   sigma, n = _SIGMA.value, _N.value
   lines = [
@@ -261,6 +268,7 @@ def main(argv):
   if _OUTPUT.value:
     atomic.write_text(_OUTPUT.value, text)
   runtime.kill_workers()
+  return 0
 
 
 def run_main() -> None:

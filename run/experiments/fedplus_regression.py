@@ -38,6 +38,7 @@ import numpy as np
 
 from run import atomic
 from run import console
+from run import run_dir
 from tasks import fedplus_regression
 
 # pylint: enable=g-import-not-at-top,wrong-import-position
@@ -207,8 +208,14 @@ def test_mse(models, parties):
   return np.asarray(errors)
 
 
-def main(argv):
+def main(argv) -> int:
   del argv
+  if _OUTPUT.value:
+    try:
+      run_dir.check_output_file(_OUTPUT.value, flag='--output_md')
+    except run_dir.OutputDirError as e:
+      print(f'fedplus_regression: error: {e}', file=sys.stderr)
+      return 2
   if _BACKEND.value == 'tff':
     from tff_algos import runtime  # pylint: disable=g-import-not-at-top
 
@@ -280,6 +287,7 @@ def main(argv):
     from tff_algos import runtime  # pylint: disable=g-import-not-at-top
 
     runtime.kill_workers()
+  return 0
 
 
 def run_main() -> None:

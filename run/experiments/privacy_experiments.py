@@ -38,6 +38,7 @@ import numpy as np
 
 from run import atomic
 from run import console
+from run import run_dir
 from run.experiments import reproduce
 from privacy import accounting
 from privacy import adadps
@@ -370,6 +371,14 @@ def _run_dpfedavg_stoppably():
 def main(argv) -> int:
   """Runs the experiment; returns the exit status."""
   del argv
+  try:
+    if _OUTPUT.value:
+      run_dir.check_output_file(_OUTPUT.value, flag='--output')
+    if _EXPERIMENT.value == 'dpfedavg_synthetic':
+      run_dir.check_output_dir(_ROOT.value, flag='--root_output_dir')
+  except run_dir.OutputDirError as e:
+    print(f'privacy_experiments: error: {e}', file=sys.stderr)
+    return 2
   runtime.install_worker_cleanup()
   if _EXPERIMENT.value == 'adadps_toy':
     text = run_toy(['sgd', 'adas', 'dpsgd', 'adadps'])

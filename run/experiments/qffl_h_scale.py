@@ -56,6 +56,7 @@ import tensorflow_federated as tff
 
 from run import atomic
 from run import console
+from run import run_dir
 from run import simulation
 from tasks import base
 from tasks import shakespeare_leaf
@@ -375,6 +376,12 @@ def main(argv) -> int:
   except (ValueError, base.TaskError) as e:
     print(f'qffl_h_scale: error: {e}', file=sys.stderr)
     return 2
+  if _OUTPUT.value:
+    try:
+      run_dir.check_output_file(_OUTPUT.value, flag='--output_md')
+    except run_dir.OutputDirError as e:
+      print(f'qffl_h_scale: error: {e}', file=sys.stderr)
+      return 2
   lipschitz = 1.0 / _LR.value
   lines = []
   for scale in _SCALES.value:

@@ -761,11 +761,12 @@ def main(argv) -> int:
     return _error('--seeds is empty')
   if FLAGS.jobs < 1:
     return _error(f'--jobs must be >= 1, got {FLAGS.jobs}')
-  if FLAGS.output_md:
-    try:
+  try:
+    if FLAGS.output_md:
       check_output_md(FLAGS.output_md)
-    except run_dir.OutputDirError as e:
-      return _error(str(e))
+    run_dir.check_output_dir(FLAGS.root_output_dir, flag='--root_output_dir')
+  except run_dir.OutputDirError as e:
+    return _error(str(e))
   log = lambda s: print(s, file=sys.stderr, flush=True)
   root = os.path.join(FLAGS.root_output_dir, name)
   results, commands, jobs = {}, [], []

@@ -1,11 +1,18 @@
-"""Test-suite set-up: quiet TensorFlow, and no TFF worker outlives the suite."""
+"""Test-suite set-up: quiet TensorFlow, no TFF worker outlives the suite, and
+the rotation of the slow integration tests (`tests/rotation.py`)."""
 
 import os
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 
 # After the environment variable on purpose: it must precede any TF import.
-from tff_algos import runtime  # pylint: disable=g-import-not-at-top,wrong-import-position
+# pylint: disable=g-import-not-at-top,wrong-import-position
+import pytest
+
+from tests import rotation
+from tff_algos import runtime
+
+# pylint: enable=g-import-not-at-top,wrong-import-position
 
 runtime.install_worker_cleanup()
 
@@ -14,3 +21,44 @@ def pytest_sessionfinish(session, exitstatus):
   del session, exitstatus
   runtime.kill_workers()
   runtime.disarm_service_managers()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+  """Leaves out the listed slow tests outside today's shard (`rotation`)."""
+  setting = os.environ.get('TEST_ROTATION')
+  whole = config.args_source == pytest.Config.ArgsSource.TESTPATHS
+  if setting is None and not whole:
+    return  # Test paths given: run what was asked for.
+  try:
+    entries = rotation.read()
+    shard = rotation.choice(setting)
+  except (OSError, ValueError) as e:
+    raise pytest.UsageError(f'rotation: {e}') from None
+  if whole:
+    stale = rotation.unmatched((i.nodeid for i in items), entries)
+    if stale:
+      raise pytest.UsageError(
+          f'{rotation.LIST}: no test matches {", ".join(stale)}'
+      )
+  left_out = rotation.skipped((i.nodeid for i in items), entries, shard)
+  if not left_out:
+    _ROTATION_NOTE.append(f'rotation: every listed slow test runs ({setting})')
+    return
+  config.hook.pytest_deselected(
+      items=[i for i in items if i.nodeid in left_out]
+  )
+  items[:] = [i for i in items if i.nodeid not in left_out]
+  which = 'no shard' if shard < 0 else f'shard {shard} of {rotation.SHARDS}'
+  _ROTATION_NOTE.append(
+      f'rotation: {which}; {len(left_out)} listed slow integration tests '
+      'left out (tests/rotation.txt; TEST_ROTATION=all runs them)'
+  )
+
+
+_ROTATION_NOTE: list[str] = []
+
+
+def pytest_terminal_summary(terminalreporter):
+  for line in _ROTATION_NOTE:
+    terminalreporter.write_line(line)

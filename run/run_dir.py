@@ -116,6 +116,22 @@ def check_output_file(path: str, *, flag: str) -> None:
   check_output_dir(os.path.dirname(os.path.abspath(path)), flag=flag)
 
 
+def refuse_output_file(path: str, *, flag: str, prog: str) -> bool:
+  """`check_output_file` for a binary's `main`: True after its error line.
+
+  Prints one `prog: error: ...` line to stderr when the file `path` cannot
+  be written; an empty `path` (no output asked for) is fine.
+  """
+  if not path:
+    return False
+  try:
+    check_output_file(path, flag=flag)
+  except OutputDirError as e:
+    print(f'{prog}: error: {e}', file=sys.stderr)
+    return True
+  return False
+
+
 def _read_record(lock_path: str) -> dict[str, Any]:
   try:
     with open(lock_path, encoding='utf-8') as f:

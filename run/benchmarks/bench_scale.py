@@ -234,12 +234,10 @@ def main(argv) -> int:
         file=sys.stderr,
     )
     return 2
-  if _OUTPUT.value:
-    try:
-      run_dir.check_output_file(_OUTPUT.value, flag='--output_json')
-    except run_dir.OutputDirError as e:
-      print(f'bench_scale: error: {e}', file=sys.stderr)
-      return 2
+  if run_dir.refuse_output_file(
+      _OUTPUT.value, flag='--output_json', prog='bench_scale'
+  ):
+    return 2
   results = {'load_start': os.getloadavg()}
   results.update(
       measure(

@@ -787,12 +787,10 @@ def main(argv) -> int:
         file=sys.stderr,
     )
     return 2
-  if _OUTPUT.value:
-    try:
-      run_dir.check_output_file(_OUTPUT.value, flag='--output_json')
-    except run_dir.OutputDirError as e:
-      print(f'bench_suite: error: {e}', file=sys.stderr)
-      return 2
+  if run_dir.refuse_output_file(
+      _OUTPUT.value, flag='--output_json', prog='bench_suite'
+  ):
+    return 2
   runtime.install_worker_cleanup()
   log = lambda s: print(s, file=sys.stderr, flush=True)
   results = {'machine': bench.machine_info(), 'load_start': os.getloadavg()}

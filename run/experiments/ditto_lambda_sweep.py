@@ -175,12 +175,10 @@ def tff_sweep(xs, ys, *, rounds, personal_steps, grid=GRID):
 
 def main(argv) -> int:
   del argv
-  if _OUTPUT.value:
-    try:
-      run_dir.check_output_file(_OUTPUT.value, flag='--output_md')
-    except run_dir.OutputDirError as e:
-      print(f'ditto_lambda_sweep: error: {e}', file=sys.stderr)
-      return 2
+  if run_dir.refuse_output_file(
+      _OUTPUT.value, flag='--output_md', prog='ditto_lambda_sweep'
+  ):
+    return 2
   runtime.install_worker_cleanup()
   sigma, n = _SIGMA.value, _N.value
   lines = [

@@ -210,12 +210,10 @@ def test_mse(models, parties):
 
 def main(argv) -> int:
   del argv
-  if _OUTPUT.value:
-    try:
-      run_dir.check_output_file(_OUTPUT.value, flag='--output_md')
-    except run_dir.OutputDirError as e:
-      print(f'fedplus_regression: error: {e}', file=sys.stderr)
-      return 2
+  if run_dir.refuse_output_file(
+      _OUTPUT.value, flag='--output_md', prog='fedplus_regression'
+  ):
+    return 2
   if _BACKEND.value == 'tff':
     from tff_algos import runtime  # pylint: disable=g-import-not-at-top
 

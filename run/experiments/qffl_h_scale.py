@@ -376,12 +376,10 @@ def main(argv) -> int:
   except (ValueError, base.TaskError) as e:
     print(f'qffl_h_scale: error: {e}', file=sys.stderr)
     return 2
-  if _OUTPUT.value:
-    try:
-      run_dir.check_output_file(_OUTPUT.value, flag='--output_md')
-    except run_dir.OutputDirError as e:
-      print(f'qffl_h_scale: error: {e}', file=sys.stderr)
-      return 2
+  if run_dir.refuse_output_file(
+      _OUTPUT.value, flag='--output_md', prog='qffl_h_scale'
+  ):
+    return 2
   lipschitz = 1.0 / _LR.value
   lines = []
   for scale in _SCALES.value:

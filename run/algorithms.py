@@ -248,6 +248,16 @@ class AlgorithmSpec:
       raise ValueError(
           f'--server_sgd_momentum must be in [0, 1), got {self.server_momentum}'
       )
+    if entry.own_server_step and (
+        self.server_optimizer != 'sgd'
+        or self.server_learning_rate != 1.0
+        or self.server_momentum
+    ):
+      raise ValueError(
+          f'--algorithm={self.name} has no server optimizer (its server step:'
+          f' {entry.own_server_step}); leave --server_optimizer, '
+          '--server_learning_rate and --server_sgd_momentum at their defaults'
+      )
     if self.client_weighting not in WEIGHTINGS:
       raise ValueError(
           f'unknown --client_weighting={self.client_weighting!r}; choose one'

@@ -66,6 +66,20 @@ def flags_parser(prog: str) -> Callable[[Sequence[str]], list[str]]:
   return parse
 
 
+def unexpected_arguments(prog: str, argv: Sequence[str]) -> Optional[int]:
+  """2 after one `prog: error:` line if `argv` has arguments past its
+  program name (absl leaves them; a binary without positional arguments
+  would ignore them), else None."""
+  if len(argv) <= 1:
+    return None
+  print(
+      f'{prog}: error: unexpected arguments: {" ".join(argv[1:])} (flags '
+      'are --name=value)',
+      file=sys.stderr,
+  )
+  return 2
+
+
 def interrupted_message(prog: str) -> str:
   return (
       f'{prog}: interrupted; rerun the same command to resume from the '

@@ -6,8 +6,8 @@
 * `batched`: `tff_algos.batched.BatchedEngine`, the same round (same clients,
   batches, math and resulting state) in one TensorFlow call; simulation only.
 * `stacked`: `tff_algos.stacked.StackedEngine`, the round's clients trained
-  together on stacked weights (the algorithms whose client work is local
-  training).
+  together on stacked weights (the algorithms whose client work it has in
+  stacked form: `stacked.check_definition`).
 """
 
 from typing import Optional
@@ -138,8 +138,9 @@ def build_stacked_engine(
   """The stacked engine running `spec` on `task`.
 
   Args:
-    spec: The algorithm (those whose client work is local training: not
-      ditto, the Fed+ family or afl).
+    spec: The algorithm (those whose client work is local training, the
+      full gradient of afl and qfedsgd, or ditto's personal passes with
+      `ditto_personal_steps=0`: not the Fed+ family).
     task: The task whose model, preprocessing and clients it uses.
     shuffle: As `SimulationConfig.shuffle`.
     vectorize: Train the clients together (False: one after another through

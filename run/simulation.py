@@ -9,7 +9,9 @@
   checkpoint ends with the same model as an uninterrupted one.
 * Every `rounds_per_eval` rounds and at the end, the global model is evaluated
   on every test client (and, optionally, every training client) through the
-  federated per-client evaluation; the per-client values are written to
+  federated per-client evaluation, or, when the rounds run on a fast engine,
+  through the engines' (`tff_algos.engine_eval`, the same metrics a chunk of
+  clients per TensorFlow call); the per-client values are written to
   `clients/round_NNNNN.csv` and summarised (means, percentiles, worst/best
   10%, variance, superquantiles, angle, KL) into the metrics.
 * Outputs under `output_dir`: `config.json` (the run's hyperparameters),
@@ -43,12 +45,23 @@ from tasks import tail_metrics
 from tff_algos import attacks
 from tff_algos import client_states as client_states_lib
 from tff_algos import batched
+from tff_algos import engine_eval
 from tff_algos import runtime
+from tff_algos import stacked
 from tff_algos import stateful
 from tff_algos import stragglers as stragglers_lib
 
 SAMPLING_SCHEMES = ('uniform', 'examples', 'poisson')
 # Hyperparameters that may change when a run is resumed.
+# The parts of the round loop timed in `timing.json` (this invocation's
+# seconds): the rounds' training, the per-client evaluations, writing the
+# round metrics (CSV, TensorBoard) and the checkpoints. The rest of a run's
+# wall time is its start-up (data, building and tracing) and its end. Apart
+# from summary.json, which stays the same for the same run. Beside them,
+# `first_round`: the invocation's first round (> 1 when it resumed).
+SECONDS = ('training', 'evaluation', 'metrics', 'checkpoints')
+TIMING = 'timing.json'
+
 RESUMABLE_KEYS = frozenset(
     {
         'total_rounds',
@@ -483,9 +496,32 @@ def with_client_index(datasets, plans, index_of: Mapping[str, int]):
   ]
 
 
+def per_client_evaluation(
+    task: task_base.FederatedTask,
+    engine=None,
+    *,
+    log: Callable[[str], None] = lambda s: print(s, file=sys.stderr),
+):
+  """The per-client evaluation `evaluate_per_client` runs.
+
+  With a fast engine (`engine` not None) the engines' evaluation
+  (`tff_algos.engine_eval.EngineEvaluation`) where it runs the task's model
+  and preprocessing (else a line to `log` says why not); otherwise, and on
+  the TFF path, TFF's (`tasks.evaluation.build_per_client_evaluation`).
+  """
+  if engine is not None:
+    try:
+      return engine_eval.EngineEvaluation(
+          task.model_fn, task.preprocess_eval, task.train_data
+      )
+    except stacked.StackedEngineError as e:
+      log(f'per-client evaluation through TFF: {e}')
+  return evaluation.build_per_client_evaluation(task.model_fn)
+
+
 def evaluate_per_client(
     task: task_base.FederatedTask,
-    eval_computation: tff.Computation,
+    eval_computation,
     model_weights,
     *,
     include_train: bool,
@@ -494,7 +530,9 @@ def evaluate_per_client(
   """Per-client metrics: `{'test': {...}, 'train': {...}}` with client ids.
 
   With `task.unseen_data` (unseen clients beside the training clients'
-  held-out `test_data`), also `'unseen'`.
+  held-out `test_data`), also `'unseen'`. `eval_computation` is TFF's
+  (`tasks.evaluation.build_per_client_evaluation`) or an
+  `engine_eval.EngineEvaluation` (see `per_client_evaluation`).
   """
   splits = [('test', task.test_data)]
   if task.unseen_data is not None:
@@ -504,6 +542,11 @@ def evaluate_per_client(
   results = {}
   for split, data in splits:
     ids = list(data.client_ids)
+    if isinstance(eval_computation, engine_eval.EngineEvaluation):
+      values = dict(eval_computation.evaluate(model_weights, data, ids))
+      values['client_id'] = np.asarray(ids)
+      results[split] = values
+      continue
     # Datasets made a chunk at a time: a lazily loaded task (LEAF's cache)
     # then holds one chunk's examples in memory, not the whole split's.
     parts = [
@@ -693,16 +736,18 @@ def _run_simulation(
   num_examples = None
   if config.client_sampling == 'examples':
     num_examples = [counts.examples(cid) for cid in client_ids]
-  eval_computation = evaluation.build_per_client_evaluation(task.model_fn)
   index_of = (
       {cid: i for i, cid in enumerate(client_ids)}
       if needs_client_index(process)
       else None
   )
   task, corrupted, attack_seed = _set_up_attack(process, task, config, outputs)
+  eval_computation = per_client_evaluation(task, engine, log=log)
   progress_bar = _progress_bar(progress, start_round, config.total_rounds)
   history = []
   per_client, summaries = None, None
+  # This invocation's seconds in the round loop, by part (summary.json).
+  seconds = dict.fromkeys(SECONDS, 0.0)
 
   for round_num in range(start_round, config.total_rounds + 1):
     t0 = time.perf_counter()
@@ -756,12 +801,14 @@ def _run_simulation(
     else:
       metrics['skipped'] = 1
     metrics['round_seconds'] = time.perf_counter() - t0
+    seconds['training'] += metrics['round_seconds']
     if round_metrics_fn is not None:
       metrics.update(round_metrics_fn(round_num))
     is_last = round_num == config.total_rounds
     if is_last or (
         config.rounds_per_eval and round_num % config.rounds_per_eval == 0
     ):
+      t0 = time.perf_counter()
       per_client, summaries = _evaluate(
           process,
           state,
@@ -776,17 +823,22 @@ def _run_simulation(
       for name, summary in summaries.items():
         for key, value in summary.items():
           metrics[f'eval/{name}/{key}'] = value
+      seconds['evaluation'] += time.perf_counter() - t0
     _check_finite(metrics, round_num)
     history.append(metrics)
     if outputs:
+      t0 = time.perf_counter()
       outputs.release(metrics, round_num)
+      seconds['metrics'] += time.perf_counter() - t0
       if is_last or (
           config.rounds_per_checkpoint
           and round_num % config.rounds_per_checkpoint == 0
       ):
+        t0 = time.perf_counter()
         if store is not None:  # Before the server state: see client_states.
           store.snapshot(round_num)
         run_async(outputs.state_manager.save((state, round_num), round_num))
+        seconds['checkpoints'] += time.perf_counter() - t0
     if progress_bar is not None:
       progress_bar.set_postfix_str(_postfix(metrics), refresh=False)
       progress_bar.update(1)
@@ -794,6 +846,7 @@ def _run_simulation(
     progress_bar.close()
 
   if summaries is None:  # Resumed at or past the end: evaluate the model.
+    t0 = time.perf_counter()
     per_client, summaries = _evaluate(
         process,
         state,
@@ -805,10 +858,17 @@ def _run_simulation(
         corrupted,
         store,
     )
+    seconds['evaluation'] += time.perf_counter() - t0
   final_round = max(config.total_rounds, start_round - 1)
   extra = dict(summary_fn(final_round)) if summary_fn is not None else {}
   if outputs:
     _write_summary(outputs, summaries, final_round, task, extra)
+    atomic.write_json(
+        os.path.join(outputs.dir, TIMING),
+        {k: round(v, 3) for k, v in seconds.items()}
+        | {'first_round': start_round},
+        indent=2,
+    )
   result = {
       'extra': extra,
       'state': state,
@@ -816,6 +876,7 @@ def _run_simulation(
       'final_summaries': summaries,
       'per_client': per_client,
       'history': history,
+      'seconds': seconds,
   }
   if store is not None:
     result['client_state_store'] = store
@@ -900,7 +961,12 @@ def _evaluate(
     )
   if store is not None:
     personal = evaluate_personal_per_client(
-        process, state, task, store, include_train=config.eval_train_clients
+        process,
+        state,
+        task,
+        store,
+        include_train=config.eval_train_clients,
+        eval_computation=eval_computation,
     )
     if outputs:
       _write_client_csv(
@@ -968,6 +1034,7 @@ def evaluate_personal_per_client(
     *,
     include_train: bool,
     chunk_size: int = 100,
+    eval_computation=None,
 ) -> dict[str, dict[str, np.ndarray]]:
   """Each client's personal model on its data: `{'personal/test': ...}`.
 
@@ -976,12 +1043,29 @@ def evaluate_personal_per_client(
   chosen value is reported as the `lambda` metric (thesis section 5.3: each
   device selects lambda locally). Clients never selected have the initial
   personal model. At most `chunk_size` client states are in memory at once.
+  With an `engine_eval.EngineEvaluation` as `eval_computation` the models
+  are evaluated on the engine (the same metrics), else by the process.
   """
   num_models = len(process.personal_model_names)
   splits = [('test', task.test_data)]
   if include_train:
     splits.append(('train', task.train_data))
   results = {}
+
+  def evaluate(chunk, client_states, split):
+    if isinstance(eval_computation, engine_eval.EngineEvaluation):
+      data = {
+          'test': task.test_data,
+          'train': task.train_data,
+          'validation': task.validation_data,
+      }[split]
+      return eval_computation.evaluate_personal(
+          process.get_model_weights(state), client_states, data, chunk
+      )
+    return process.evaluate_personal(
+        state, client_states, [task.eval_dataset(cid, split) for cid in chunk]
+    )
+
   for split, data in splits:
     ids = list(data.client_ids)
     rows, chosen = [], []
@@ -989,17 +1073,11 @@ def evaluate_personal_per_client(
       chunk = ids[start : start + chunk_size]
       client_states = store.get_many(chunk)
       if num_models > 1:
-        val_rows = process.evaluate_personal(
-            state,
-            client_states,
-            [task.eval_dataset(cid, 'validation') for cid in chunk],
-        )
+        val_rows = evaluate(chunk, client_states, 'validation')
         best = select_personal_models([r['loss'] for r in val_rows])
       else:
         best = [0] * len(chunk)
-      test_rows = process.evaluate_personal(
-          state, client_states, [task.eval_dataset(cid, split) for cid in chunk]
-      )
+      test_rows = evaluate(chunk, client_states, split)
       rows.extend(
           {k: v[g] for k, v in r.items()} for r, g in zip(test_rows, best)
       )

@@ -295,7 +295,8 @@ _HOLDOUT = flags.DEFINE_enum(
     "Split the training clients' data (tasks/holdout.py): 'test' evaluates "
     'on their held-out split and the unseen clients, if any; '
     "'validation' evaluates on a validation split only (tuning: held-out "
-    "and unseen data are not loaded); 'none': the task's own splits.",
+    "and unseen data are built, then dropped before training); 'none': the "
+    "task's own splits.",
 )
 _HOLDOUT_VAL = flags.DEFINE_float(
     'holdout_validation_fraction',

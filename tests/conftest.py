@@ -17,17 +17,15 @@ from tff_algos import runtime
 runtime.install_worker_cleanup()
 
 
-def pytest_sessionfinish(session, exitstatus):
-  del session, exitstatus
-  runtime.kill_workers()
-  runtime.disarm_service_managers()
-
-
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
   """Leaves out the listed slow tests outside today's shard (`rotation`)."""
   setting = os.environ.get('TEST_ROTATION')
-  whole = config.args_source == pytest.Config.ArgsSource.TESTPATHS
+  workerinput = getattr(config, 'workerinput', None)  # An xdist worker's.
+  if workerinput is not None:
+    whole = workerinput[_WHOLE]
+  else:
+    whole = config.args_source == pytest.Config.ArgsSource.TESTPATHS
   if setting is None and not whole:
     return  # Test paths given: run what was asked for.
   try:
@@ -57,6 +55,34 @@ def pytest_collection_modifyitems(config, items):
 
 
 _ROTATION_NOTE: list[str] = []
+_WHOLE = 'tff_hetero_whole_suite'
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+  """xdist: tells each worker whether the run is the whole suite (a worker
+  is given the collected paths, so it cannot tell on its own)."""
+  node.workerinput[_WHOLE] = (
+      node.config.args_source == pytest.Config.ArgsSource.TESTPATHS
+  )
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+  """xdist: the rotation's note comes back from the workers, once."""
+  del error
+  for line in getattr(node, 'workeroutput', {}).get(_WHOLE, []):
+    if line not in _ROTATION_NOTE:
+      _ROTATION_NOTE.append(line)
+
+
+def pytest_sessionfinish(session, exitstatus):
+  del exitstatus
+  runtime.kill_workers()
+  runtime.disarm_service_managers()
+  workeroutput = getattr(session.config, 'workeroutput', None)
+  if workeroutput is not None:
+    workeroutput[_WHOLE] = list(_ROTATION_NOTE)
 
 
 def pytest_terminal_summary(terminalreporter):

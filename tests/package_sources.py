@@ -10,6 +10,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # requirements.txt entries a user of the package does not need.
 DEV_ONLY = {
     'pytest',
+    'pytest-xdist',
+    'execnet',
     'nbformat',
     'nbclient',
     'ipykernel',

@@ -237,3 +237,52 @@ def _write(directory: str, name: str, text: str, archive: bool) -> str:
     info.size = len(data)
     tar.addfile(info, io.BytesIO(data))
   return path
+
+
+# Words with the characters a Shakespeare parser must handle: punctuation,
+# non-ASCII, runs of spaces, stage directions.
+WORDS = [
+    'Thou',
+    'art',
+    'a',
+    'villain;',
+    'Good',
+    'my',
+    'lord,',
+    'é',
+    '*x*',
+    'ZOUNDS!',
+    'speak:',
+    '12',
+    "o'er",
+    '[Exit]',
+    '|bar|',
+    'Hie  thee',
+]
+
+
+def role_snippets(
+    rng: np.random.Generator, n_snippets: int, words_per_snippet: int
+) -> list[str]:
+  """`n_snippets` speeches of `words_per_snippet` random WORDS each."""
+  snippets = []
+  for _ in range(n_snippets):
+    words = rng.choice(WORDS, words_per_snippet)
+    # Newlines and runs of spaces, as speeches spanning several lines.
+    snippets.append(
+        '\n'.join(' '.join(words[i : i + 4]) for i in range(0, len(words), 4))
+    )
+  return snippets
+
+
+def write_small_roles(directory: str, seed: int = 7, roles: int = 6) -> str:
+  """`roles` Shakespeare roles of 2-5 training speeches and one test speech
+  of 20 random WORDS each, written to `directory`; returns it."""
+  rng = np.random.default_rng(seed)
+  train, test = {}, {}
+  for k in range(roles):
+    snippets = role_snippets(rng, int(rng.integers(3, 7)), 20)
+    train[f'PLAY_ROLE{k:02d}'] = snippets[:-1]
+    test[f'PLAY_ROLE{k:02d}'] = snippets[-1:]
+  write_shakespeare(directory, train, test)
+  return directory

@@ -135,14 +135,16 @@ def test_one_run_times_every_kind_of_algorithm_and_the_references(tmp_path):
       'qffl/stacked',
       'ditto/tff',
       'ditto/batched',
+      'ditto/stacked',
       'fedavg_plus/tff',
       'fedavg_plus/batched',
+      'fedavg_plus/stacked',
       'afl/tff',
       'afl/batched',
       'afl/stacked',
   }
-  # The stacked engine leaves out Ditto and Fed+ (client work of their own).
-  assert 'no ditto/stacked' in stderr and 'no fedavg_plus/stacked' in stderr
+  # Every algorithm runs on the stacked engine (none left out with a note).
+  assert 'softmax: no ' not in stderr
   for key, s in systems.items():
     assert s['examples_per_s'] > 0 and s['seconds_per_round'] > 0, key
     assert s['peak_rss_mb'] > 100, key  # TF alone holds more.
@@ -157,7 +159,9 @@ def test_one_run_times_every_kind_of_algorithm_and_the_references(tmp_path):
       'qffl/batched',
       'qffl/stacked',
       'ditto/batched',
+      'ditto/stacked',
       'fedavg_plus/batched',
+      'fedavg_plus/stacked',
       'afl/batched',
       'afl/stacked',
   }
@@ -175,6 +179,7 @@ def test_bad_flags_exit_2_with_one_line():
       [
           ['--ditto_lambda=-1'],
           ['--examples_per_client=0'],
+          ['--rnn_units=0'],
           ['--stacked_modes=fast'],
           ['--models=nope'],
       ],
@@ -183,3 +188,40 @@ def test_bad_flags_exit_2_with_one_line():
     assert code == 2, stderr
     lines = binary.error_lines(stderr)
     assert len(lines) == 1 and lines[0].startswith('bench_suite: error:')
+
+
+def test_the_recurrent_width_is_the_one_asked(tmp_path, monkeypatch):
+  out = tmp_path / 'suite.json'
+  code, _, stderr = binary.run_module(
+      'run.benchmarks.bench_suite',
+      [
+          '--models=shakespeare_gru',
+          '--algorithms=fedavg',
+          '--rnn_units=3',
+          '--examples_per_client=20',
+          '--rounds=1',
+          '--warmup_rounds=0',
+          '--clients_per_round=2',
+          '--num_clients=3',
+          '--stacked_modes=vectorized',
+          '--stacked_only',
+          f'--output_json={out}',
+      ],
+      timeout=600,
+  )
+  assert code == 0, stderr[-3000:]
+  result = json.loads(out.read_text())['models']['shakespeare_gru']
+  assert (
+      result['task'] == 'shakespeare_gru on generated data, 3 recurrent units'
+  )
+  assert {'fedavg/stacked', 'fedavg/bound'} <= set(result['systems'])
+  # The bound's and the engines' models alike.
+  units = bench_suite._UNITS  # pylint: disable=protected-access
+  monkeypatch.setitem(units, 'shakespeare_gru', 3)
+  net, _ = bench_suite.keras_model('shakespeare_gru')
+  task = bench_suite.build_task('shakespeare_gru', 3)
+  for weights in (
+      net.trainable_weights,
+      task.model_fn().trainable_variables,
+  ):
+    assert [w.shape[-1] for w in weights][:2] == [9, 9]

@@ -12,6 +12,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -22,6 +23,7 @@ import pytest
 
 from run import algorithms
 from run import engines
+from run import simulation
 from run.experiments import benchmark as bm
 from run.experiments import benchmark_page
 from run.experiments import reproduce
@@ -46,14 +48,36 @@ class _FakeRuns:
     self.score = score
     self.commands = []
     self.wall = {'select': 0.0, 'final': 0.0}
+    self.ft_calls = []
+    self.ft_score = None
+    self.names = []
 
   def release(self):
     pass
 
-  def run(self, args, rounds, personal):
+  def fine_tune(self, args, learning_rates, max_epochs, batch_size, tag=''):
+    """Fine-tuning whose accuracies are `ft_score(begin, lr, epochs)`."""
+    del batch_size
+    self.ft_calls.append((list(learning_rates), max_epochs, tag))
+    splits = {}
+    for begin in ('final', 'initial'):
+      splits[begin] = {'validation': {}}
+      for lr in learning_rates:
+        splits[begin]['validation'][f'{lr:g}'] = [
+            {
+                'accuracy': [self.ft_score(begin, lr, e)] * 10,
+                'loss': [1.0] * 10,
+                'num_examples': [10] * 10,
+            }
+            for e in range(max_epochs + 1)
+        ]
+    del args
+    return {'splits': splits, 'train_examples': {}, 'wall_s': 1.0}
+
+  def run(self, args, rounds, personal, name=None):
     """A record whose accuracies are `score` of the run's flags."""
-    del rounds
     self.calls.append(list(args))
+    self.names.append((name, rounds))
     flag = {a.split('=', 1)[0][2:]: a.split('=', 1)[1] for a in args}
     acc = self.score(flag)
     if isinstance(acc, tuple):  # (accuracies, losses)
@@ -72,22 +96,27 @@ class _FakeRuns:
         'splits': {split: cols},
         'examples': 7,
         'wall_s': 1.0,
+        'seconds': {'training': 0.5},
+        'timed_wall_s': 0.8,
+        'timed_examples': 6,
     }
 
 
-def _bench(score, method_names, grids=None, rounds=3, max_ext=0):
+def _bench(score, method_names, grids=None, rounds=3, max_ext=0, **budget_):
   budget = bm.Budget(
       rounds=rounds,
       clients_per_round=2,
       local_epochs=1,
       batch_size=5,
       learning_rate=0.1,
+      **budget_,
   )
   methods_run = [m for m in bm.methods() if m.name in method_names]
   g = {
       'learning_rate': (0.05, 0.1, 0.2),
       'fine_tune_learning_rate': (0.1,),
       'proximal_strength': (0.01, 0.1, 1.0),
+      'server_learning_rate': (0.5, 1.0, 2.0),
   }
   g.update(grids or {})
   runs = _FakeRuns(score)
@@ -137,6 +166,242 @@ def test_selection_runs_on_the_selection_seeds_and_halves():
       '--seed=1',
   }
   assert set(report) == {'fedavg', 'fedprox'}
+  # Where each reported run's time went reaches the page.
+  assert report['fedprox'][1]['seconds'] == {'training': 0.5}
+  assert report['fedprox'][1]['timed_wall_s'] == 0.8
+  assert report['fedprox'][1]['timed_examples'] == 6
+
+
+def test_a_first_rung_trains_every_configuration_briefly_then_the_best_go_on():
+  # On the first rung (1 of 3 rounds) lr 0.05 looks best and 0.2 worst; at
+  # the full rounds lr 0.2 is best: the first rung's ranking decides which
+  # configurations go on, the full runs which wins among them.
+  def score(flag):
+    lr, mu = float(flag['client_learning_rate']), float(
+        flag.get('proximal_strength', 0.1)
+    )
+    short = flag['total_rounds'] == '1'
+    base = 0.5 + (0.1 - lr if short else lr) - abs(math.log10(mu / 0.1)) / 10
+    return [base - 0.1, base, base + 0.1] * 4
+
+  runs, bench = _bench(score, ('fedavg', 'fedprox'), first_rung=1)
+  choices = bench.select([100, 101], lambda _: None)
+  prox = _flags_of(runs.calls, algorithm='fedprox')
+  short = _flags_of(prox, total_rounds=1)
+  assert len(_flags_of(short, seed=100)) == 9 and len(short) == 9
+  full = _flags_of(prox, total_rounds=3)
+  # The first rung's best third (mu 0.1 at lr 0.05 and 0.1, mu 0.01 or 1 at
+  # lr 0.05), in full on seed 100, then its best third on seed 101.
+  assert len(_flags_of(full, seed=100)) == 3
+  assert len(_flags_of(full, seed=101)) == 1
+  assert choices['fedprox'].rungs == [9, 3, 1]
+  assert not _flags_of(full, client_learning_rate=0.2)
+  assert choices['fedprox'].best == bm.Config(0.1, 0.1)
+  assert choices['fedprox'].early[bm.Config(0.1, 0.2)]['mean'] < (
+      choices['fedprox'].early[bm.Config(0.1, 0.05)]['mean']
+  )
+  # A first-rung run has its own record and shares its folder with the full
+  # run, which continues it; evaluations and checkpoints are the full run's.
+  names = dict(zip(map(tuple, runs.calls), runs.names))
+  for args in short:
+    name, rounds = names[tuple(args)]
+    folder = bm._flag(args, 'experiment_name')
+    assert rounds == 1 and name == folder + '_r1'
+    assert '--rounds_per_eval=3' in args
+    assert '--rounds_per_checkpoint=1' in args
+  for args in full:
+    assert names[tuple(args)] == (None, 3)
+  folders = {bm._flag(a, 'experiment_name') for a in full}
+  assert folders <= {bm._flag(a, 'experiment_name') for a in short} | {
+      bm._flag(a, 'experiment_name') for a in _flags_of(full, seed=101)
+  }
+
+
+def _server_lr_score(flag):
+  """Best at lr 0.1, strength 0.1 and a server rate of 2 (the grid's top):
+  on the first rung (1 round) and in full alike."""
+  lr, mu = float(flag['client_learning_rate']), float(
+      flag.get('proximal_strength', flag.get('q', 0.1))
+  )
+  slr = float(flag.get('server_learning_rate', 1.0))
+  base = 0.5 - abs(math.log10(lr / 0.1)) / 10 - abs(math.log10(mu / 0.1)) / 10
+  base += 0.05 * (slr == 2.0) + 0.08 * (slr == 4.0)
+  return [base - 0.1, base, base + 0.1] * 4
+
+
+@pytest.mark.parametrize('first_rung', [1, 0])
+def test_the_server_rate_is_tuned_along_a_line_through_the_best(first_rung):
+  runs, bench = _bench(
+      _server_lr_score,
+      ('fedavg', 'fedprox', 'qffl'),
+      grids={'q': (0.01, 0.1, 1.0)},
+      first_rung=first_rung,
+      tune_server_lr=True,
+      max_ext=1,
+  )
+  choices = bench.select([100, 101], lambda _: None)
+  first = _flags_of(runs.calls, seed=100)
+  if first_rung:
+    first = _flags_of(first, total_rounds=1)
+  prox = [
+      a
+      for a in _flags_of(first, algorithm='fedprox')
+      if '--server_learning_rate=4' not in a  # The extension's.
+  ]
+  # The 9 grid configurations at server rate 1 (no flag), then the best of
+  # them (strength 0.1, lr 0.1) at the grid's other server rates.
+  assert len(prox) == 11
+  assert sorted(
+      (bm._flag(a, 'server_learning_rate'), bm._flag(a, 'experiment_name'))
+      for a in prox
+      if any(x.startswith('--server_learning_rate=') for x in a)
+  ) == [
+      ('0.5', 'select_fedprox_proximal_strength0.1_lr0.1_slr0.5_seed100'),
+      ('2', 'select_fedprox_proximal_strength0.1_lr0.1_slr2_seed100'),
+  ]
+  assert choices['fedprox'].rungs[0] == 11
+  assert choices['fedavg'].rungs[0] == 5
+  # q-FedAvg has its own server step: never a server rate.
+  qffl = _flags_of(runs.calls, algorithm='qffl')
+  assert qffl and not any(
+      x.startswith('--server_learning_rate=') for a in qffl for x in a
+  )
+  assert choices['qffl'].best == bm.Config(0.1, 0.1)
+  # Server rate 2 wins, at the grid's edge: one extension (4) on both
+  # selection seeds at the full rounds, which wins and stays at the edge.
+  ext = _flags_of(runs.calls, algorithm='fedprox', server_learning_rate=4)
+  assert {bm._flag(a, 'seed') for a in ext} == {'100', '101'}
+  assert all(bm._flag(a, 'total_rounds') == '3' for a in ext)
+  assert choices['fedprox'].best == bm.Config(0.1, 0.1, 4.0)
+  assert choices['fedprox'].edges == ('server_learning_rate',)
+  assert choices['fedavg'].best == bm.Config(None, 0.1, 4.0)
+  report = benchmark_page.Report(
+      setting=bm.SETTINGS['custom'],
+      budget=bench.budget,
+      task_flags=[],
+      methods=bench.methods,
+      seeds=[0],
+      sel_seeds=[100, 101],
+      grids=bench.grids,
+      choices=choices,
+      ft_choices={},
+      results={},
+      commands=[],
+      wall={},
+      data_seed=3,
+      keep=bm.KEEP,
+      argv=[],
+      overrides=[],
+  )
+  page = benchmark_page.selection_table(report)
+  where = 'of the first rung' if first_rung else 'on the first seed'
+  assert benchmark_page.server_lr_sentence(report) == (
+      'The server learning rate of FedAvg, FedProx (the algorithms that '
+      "apply their aggregate with TFF's server SGD; the others have their own"
+      ' server step) is tuned along one line, not over the whole grid: each '
+      f"one's best configuration {where} runs again at the other server "
+      'rates of {0.5, 1, 2} on the same seed and rounds, and these join the '
+      'ranking (a choice at an edge extends as the others). '
+  )
+  row = next(l for l in page.splitlines() if l.startswith('| FedProx |'))
+  assert '| 0.05, 0.1, 0.2; server 0.5, 1, 2, 4 |' in row
+  assert 'lr=0.1, server lr=4 **(at an edge: server_learning_rate)**' in row
+  row = next(l for l in page.splitlines() if l.startswith('| q-FedAvg |'))
+  assert 'server' not in row
+
+
+def test_without_server_rate_tuning_no_run_sets_it():
+  runs, _ = _bench(_server_lr_score, ('fedavg', 'fedprox'), first_rung=1)
+  _.select([100, 101], lambda _: None)
+  assert runs.calls and not any(
+      x.startswith('--server_learning_rate=') for a in runs.calls for x in a
+  )
+
+
+def test_a_first_rung_and_an_eval_period_are_checked_and_stated():
+  budget = bm.Budget(
+      rounds=300,
+      clients_per_round=10,
+      local_epochs=1,
+      batch_size=16,
+      learning_rate=1.0,
+      first_rung=75,
+      eval_every=30,
+  )
+  assert budget.flags(1.0, 75)[:3] == [
+      '--total_rounds=75',
+      '--rounds_per_eval=30',
+      '--rounds_per_checkpoint=60',
+  ]
+  assert budget.flags(1.0)[0] == '--total_rounds=300'
+  # Synthetic's budget: no first rung, evaluation at the end only.
+  syn = bm.SETTINGS['synthetic'].budget
+  assert syn.flags(0.1)[:2] == ['--total_rounds=100', '--rounds_per_eval=100']
+
+
+def test_the_stacked_only_flags_stay_off_the_other_engines():
+  setting = bm.SETTINGS['shakespeare']
+  by = {m.name: m for m in bm.methods()}
+  for name, want in (('fedavg', True), ('ditto', False)):
+    args = bm.run_args(
+        setting.task_flags,
+        setting.budget,
+        by[name],
+        bm.Config(1.0 if by[name].knob else None, 1.0),
+        0,
+        phase='select',
+        root='r',
+        data_seed=0,
+    )
+    assert ('--stacked_size_groups' in args) == want, name
+
+
+def test_the_validation_curve_and_its_plateau_are_on_the_page(tmp_path):
+  curve = [
+      [30, 0.30, 0.2],
+      [60, 0.40, 0.3],
+      [240, 0.455, 0.35],
+      [270, 0.46, 0.36],
+      [300, 0.462, 0.36],
+  ]
+  assert benchmark_page.plateau_gain(curve) == pytest.approx(0.7)
+  assert benchmark_page.plateau_gain(curve[:1]) is None
+  rising = [[30, 0.30, 0.2], [240, 0.40, 0.3], [300, 0.45, 0.35]]
+  assert benchmark_page.plateau_gain(rising) == pytest.approx(5.0)
+
+  def score(flag):
+    del flag
+    return [0.4, 0.5, 0.6]
+
+  runs, bench = _bench(score, ('fedavg',))
+  real_run = runs.run
+
+  def with_curve(args, rounds, personal, name=None):
+    record = real_run(args, rounds, personal, name)
+    seed = int(bm._flag(args, 'seed'))
+    record['curve'] = {'test': rising if seed == 101 else curve}
+    return record
+
+  runs.run = with_curve
+  choices = bench.select([100, 101], lambda _: None)
+  report = dataclasses.replace(
+      _report({'fedavg': [[0.5]]}, names=('fedavg',)), choices=choices
+  )
+  text = '\n'.join(benchmark_page.curve_section(report))
+  assert '+0.7, +5.0 points' in text
+  assert 'not plateaued' in text
+  assert '| 300 | 46.2 / 36.0 | 45.0 / 35.0 |' in text
+  choices['fedavg'].curves[choices['fedavg'].best] = {100: curve}
+  text = '\n'.join(benchmark_page.curve_section(report, 'x/b_curve.png'))
+  assert 'under 1 point on every seed: plateaued' in text
+  assert "![FedAvg's validation curve](b_curve.png)" in text
+  png = tmp_path / 'curve.png'
+  assert benchmark_page.write_curve(report, str(png))
+  assert png.stat().st_size > 5_000
+  choices['fedavg'].curves.clear()  # No curve (Synthetic): no picture.
+  assert not benchmark_page.curve_section(report)
+  assert not benchmark_page.write_curve(report, str(tmp_path / 'none.png'))
+  assert not (tmp_path / 'none.png').exists()
 
 
 def test_a_choice_at_an_edge_extends_the_grid_and_is_marked():
@@ -177,6 +442,83 @@ def test_the_criterion_moves_where_p10_ties():
   assert choice.best.value == 1.0
 
 
+def _fine_tuning(ft_score, max_ext):
+  """The baselines' selection on FedAvg's run at lr 0.1, fine-tuning rates
+  0.1, 0.3, 1 and scores `ft_score(begin, lr, epochs)`: (runs, choices)."""
+  runs, bench = _bench(
+      lambda flag: [0.5] * 10,
+      ('fedavg',),
+      {'fine_tune_learning_rate': (0.1, 0.3, 1.0)},
+      max_ext=max_ext,
+  )
+  runs.ft_score = ft_score
+  fedavg = next(m for m in bm.methods() if m.name == 'fedavg')
+  choice = bm.Choice(fedavg, {}, best=bm.Config(None, 0.1))
+  return runs, bench.select_fine_tuning(choice, [100], lambda _: None)
+
+
+def test_fine_tuning_extends_its_rate_and_epochs_past_the_edges():
+  # The best fine-tuning is at lr 0.033 for 8 epochs, off the declared grid
+  # (rates 0.1, 0.3, 1; epochs 0 to 5) in both directions.
+  def ft_score(begin, lr, epochs):
+    del begin
+    return 0.5 - abs(math.log10(lr / 0.033)) / 10 - abs(epochs - 8) / 100
+
+  runs, got = _fine_tuning(ft_score, max_ext=2)
+  for name in ('fedavg_ft', 'local'):
+    assert got[name].best == bm.Config(8, 0.033), name
+    assert got[name].edges == ()
+    assert got[name].extensions == 2
+  assert runs.ft_calls == [
+      ([0.1, 0.3, 1.0], 5, ''),
+      ([0.033], 5, '_lr0.033_e5'),
+      ([0.1], 10, '_lr0.1_e10'),
+      ([0.011], 5, '_lr0.011_e5'),
+      ([0.033], 10, '_lr0.033_e10'),
+  ]
+  # Without extensions the choice stays at the edges, and says so.
+  runs, got = _fine_tuning(ft_score, max_ext=0)
+  assert got['fedavg_ft'].best == bm.Config(5, 0.1)
+  assert got['fedavg_ft'].edges == (
+      'fine_tune_epochs',
+      'fine_tune_learning_rate',
+  )
+  assert len(runs.ft_calls) == 1
+
+
+def test_no_fine_tuning_is_a_choice_and_not_an_edge():
+  # Fine-tuning only hurts FedAvg's model: 0 epochs wins, at any rate.
+  _, got = _fine_tuning(
+      lambda begin, lr, e: 0.6 - e / 100 if begin == 'final' else 0.1 + e / 100,
+      max_ext=2,
+  )
+  assert got['fedavg_ft'].best.value == 0
+  assert got['fedavg_ft'].edges == ()
+  assert got['local'].best.value == 20  # 5, then 10, then 20 epochs.
+  assert got['local'].edges == ('fine_tune_epochs',)
+
+
+def test_where_every_worst10_is_zero_accuracy_not_loss_decides():
+  # FedAvg on Synthetic: the worst 10% at 0 for every setting. The loss
+  # favours the timid setting (mu = 1); the worst 20% the one that gets a
+  # second client right.
+  def score(flag):
+    mu = float(flag.get('proximal_strength', 1))
+    if mu == 1.0:
+      return ([0.0, 0.1] + [0.5] * 8, [1.0] * 10)
+    return ([0.0, 0.3] + [0.5] * 8, [9.0] + [1.0] * 9)
+
+  _, bench = _bench(
+      score,
+      ('fedprox',),
+      {'learning_rate': (0.1,), 'proximal_strength': (0.1, 1.0, 10.0)},
+      max_ext=0,
+  )
+  choice = bench.select([100], lambda _: None)['fedprox']
+  assert choice.tried[choice.best][100]['worst10'] == 0.0
+  assert choice.best.value != 1.0
+
+
 def _report(per_seed, names=('fedavg', 'fedprox')):
   methods_run = [m for m in bm.methods() if m.name in names]
   results = {}
@@ -213,6 +555,51 @@ def _report(per_seed, names=('fedavg', 'fedprox')):
       argv=['x'],
       overrides=[],
   )
+
+
+def test_the_pictures_are_drawn_for_fedavg_alone(tmp_path):
+  # --algorithms=fedavg: nothing to compare; the CDF still shows FedAvg.
+  report = _report({'fedavg': [[0.2, 0.5, 0.9]] * 2}, names=('fedavg',))
+  cdf, diff = tmp_path / 'cdf.png', tmp_path / 'diff.png'
+  benchmark_page.write_pictures(report, str(cdf), str(diff))
+  assert cdf.stat().st_size > 1000 and diff.stat().st_size > 1000
+
+
+def test_where_the_time_goes_is_the_wall_time_against_its_timed_parts():
+  report = _report(
+      {'fedavg': [[0.5]] * 3, 'fedprox': [[0.5]] * 3},
+      names=('fedavg', 'fedprox'),
+  )
+  for wall, record in zip((100.0, 200.0, 120.0), report.results['fedavg']):
+    record['wall_s'] = wall
+    record['examples'] = 600
+    record['seconds'] = {
+        'training': 0.6 * wall,
+        'evaluation': 0.2 * wall,
+        'metrics': 0.05 * wall,
+        'checkpoints': 0.05 * wall,
+    }
+  rows = benchmark_page.time_rows(report)
+  assert [label for label, _ in rows] == ['FedAvg']  # FedProx: no parts.
+  row = rows[0][1]
+  assert row['wall_s'] == 120.0
+  assert row['start-up'] == pytest.approx(0.1)
+  assert row['training'] == pytest.approx(0.6)
+  assert row['examples/s'] == pytest.approx(600 / 72.0)  # Median seed.
+  text = '\n'.join(benchmark_page.time_table(report))
+  assert '| FedAvg | 120 | 10 | 60 | 20 | 5 | 5 | 8 |' in text
+  assert 'bound' not in text
+  # With bench_suite's bound: examples/s as its fraction.
+  report.bound = {'examples_per_s': 4.0, 'task': 'gru', 'file': 'b.json'}
+  assert benchmark_page.time_rows(report)[0][1]['of bound'] == pytest.approx(
+      600 / 72.0 / 4.0
+  )
+  text = '\n'.join(benchmark_page.time_table(report))
+  assert '| FedAvg | 120 | 10 | 60 | 20 | 5 | 5 | 8 | 2.08 |' in text
+  assert 'fedavg/bound` in `b.json` (gru): 4 examples/s' in text
+  for record in report.results['fedavg']:
+    del record['seconds']
+  assert not benchmark_page.time_table(report)
 
 
 def test_results_table_std_is_over_seeds_with_ddof_1():
@@ -260,7 +647,7 @@ def test_each_method_runs_on_the_engine_the_benchmark_names():
     spec = algorithms.AlgorithmSpec(name=method.name, **knob)
     spec.validate()
     engines.check_engine('batched', spec)
-    if method.name in bm.STACKED:
+    if method.name in bm.STACKED or method.name in bm.ON_BATCHED:
       engines.check_engine('stacked', spec)
     else:
       with pytest.raises(ValueError):
@@ -332,7 +719,7 @@ def test_every_method_gets_the_same_budget_and_selection_sees_no_test():
     }
     shared = mine if shared is None else shared
     assert mine == shared, method.name
-  assert '--total_rounds=60' in shared and '--clients_per_round=10' in shared
+  assert '--total_rounds=300' in shared and '--clients_per_round=10' in shared
   assert '--client_learning_rate=0.5' in shared
 
 
@@ -350,7 +737,9 @@ def test_a_finished_run_is_reused_only_with_its_own_arguments(tmp_path, capfd):
   assert runs._finished(str(run), 5, args) is None  # No mark: not finished.
   (run / bm.RECORD).write_text(json.dumps({'wall_s': 3.5, 'args': args}))
   assert runs._finished(str(run), 5, args) == 3.5
-  assert runs._finished(str(run), 6, args) is None  # Fewer rounds: resume.
+  capfd.readouterr()
+  assert runs._finished(str(run), 6, args) is None  # Fewer rounds: resume,
+  assert not capfd.readouterr().err  # and no warning (a first rung's).
   with pytest.raises(RuntimeError, match='finished run of other settings'):
     runs._finished(str(run), 5, args + ['--client_learning_rate=1'])
   capfd.readouterr()
@@ -372,6 +761,92 @@ class _StoppedWorker:
     os.makedirs(self.path, exist_ok=True)
     time.sleep(0.3)
     raise reproduce.NotStarted()
+
+
+def test_a_folder_past_the_rounds_asked_is_refused(tmp_path):
+  # A first rung asked of a folder its full run already finished would
+  # only evaluate the trained model: refused, naming the folder.
+  run = tmp_path / 'select_fedavg_lr1_seed100'
+  run.mkdir()
+  args = ['--task=synthetic', '--total_rounds=300']
+  runs = bm.Runs(str(tmp_path / 'rec'), str(tmp_path), 1, False)
+  (run / 'summary.json').write_text(
+      json.dumps({'round_num': 300, 'summaries': {}})
+  )
+  (run / bm.RECORD).write_text(json.dumps({'wall_s': 3.5, 'args': args}))
+  with pytest.raises(RuntimeError, match='300 rounds, past the 75'):
+    runs._finished(str(run), 75, args)
+  assert runs._finished(str(run), 300, args) == 3.5
+
+
+def test_a_record_keeps_each_split_curve_up_to_its_rounds(tmp_path):
+  (tmp_path / 'metrics.csv').write_text(
+      'round_num,train/num_examples,eval/test/accuracy/mean,'
+      'eval/test/accuracy/sq10,eval/personal/test/accuracy/mean\n'
+      '1,10,,,\n2,20,0.5,0.25,0.6\n3,30,,,\n4,40,0.7,0.5,\n'
+  )
+  assert bm._curve(str(tmp_path), 4) == {
+      'test': [[2, 0.5, 0.25], [4, 0.7, 0.5]],
+      'personal/test': [[2, 0.6, pytest.approx(float('nan'), nan_ok=True)]],
+  }
+  assert bm._curve(str(tmp_path), 3) == {
+      'test': [[2, 0.5, 0.25]],
+      'personal/test': [[2, 0.6, pytest.approx(float('nan'), nan_ok=True)]],
+  }
+  assert bm._examples(str(tmp_path), 4) == 100
+  assert bm._examples(str(tmp_path), 2) == 30
+
+
+def test_a_first_rung_run_continues_to_the_straight_runs_result(tmp_path):
+  def args(rounds, name):
+    return [
+        '--task=synthetic',
+        '--num_clients=12',
+        '--test_clients_fraction=0.5',
+        f'--total_rounds={rounds}',
+        '--rounds_per_eval=2',
+        '--rounds_per_checkpoint=2',
+        '--clients_per_round=3',
+        '--client_batch_size=5',
+        '--client_learning_rate=0.1',
+        '--algorithm=fedavg',
+        '--simulation_engine=stacked',
+        '--holdout=validation',
+        '--eval_train_clients=false',
+        '--seed=100',
+        '--data_seed=0',
+        f'--root_output_dir={tmp_path / "runs"}',
+        f'--experiment_name={name}',
+    ]
+
+  runs = bm.Runs(str(tmp_path / 'rec'), str(tmp_path), 1, False)
+  try:
+    early = runs.run(args(2, 'select_a'), 2, False, name='select_a_r2')
+    continued = runs.run(args(4, 'select_a'), 4, False)
+    straight = runs.run(args(4, 'select_b'), 4, False)
+  finally:
+    runs.close()
+  assert sorted(os.listdir(tmp_path / 'rec')) == [
+      'select_a.json',
+      'select_a_r2.json',
+      'select_b.json',
+  ]
+  assert early['curve']['test'] == straight['curve']['test'][:1]
+  assert continued['curve'] == straight['curve']
+  assert [r[0] for r in straight['curve']['test']] == [2, 4]
+  assert continued['splits'] == straight['splits']
+  assert continued['splits'] != early['splits']
+  assert continued['examples'] == straight['examples'] > early['examples'] > 0
+  for record in (early, continued, straight):  # Each invocation's parts.
+    assert set(record['seconds']) == {
+        'training',
+        'evaluation',
+        'metrics',
+        'checkpoints',
+    }
+    assert record['seconds']['training'] > 0
+  log = (tmp_path / 'worker_0.log').read_text()
+  assert log.count('resuming from the checkpoint of round 2') == 1, log
 
 
 def test_a_resumed_run_counts_every_invocation(tmp_path):
@@ -405,6 +880,20 @@ def test_a_damaged_record_is_redone_with_a_warning(tmp_path, capfd):
   )
   with pytest.raises(RuntimeError, match='other arguments'):
     runs._load_record('final_x', ['a'])
+
+
+def test_a_record_made_in_other_folders_is_the_same_run(tmp_path):
+  # Another machine, another --output_dir: the record still counts; any
+  # other difference does not.
+  runs = bm.Runs(str(tmp_path), str(tmp_path), 1, False)
+  made = ['--seed=1', '--root_output_dir=/a/runs', '--data_dir=/a/data']
+  (tmp_path / 'final_x.json').write_text(
+      json.dumps({'args': made, 'splits': {'test': {}}})
+  )
+  here = ['--seed=1', '--root_output_dir=/b/runs', '--data_dir=/b/data']
+  assert runs._load_record('final_x', here)['args'] == made
+  with pytest.raises(RuntimeError, match='other arguments'):
+    runs._load_record('final_x', ['--seed=2', '--root_output_dir=/a/runs'])
 
 
 # ------------------------------------------------------------- holdout
@@ -471,8 +960,27 @@ def test_holdout_refuses_bad_arguments():
 # ------------------------------------------------------------- binaries
 
 
+def test_the_bound_is_read_from_a_bench_suite_json_of_one_model(tmp_path):
+  suite = {'models': {'shakespeare_gru': {'task': 'gru', 'systems': {}}}}
+  systems = suite['models']['shakespeare_gru']['systems']
+  systems['fedavg/bound'] = {'examples_per_s': 2500.5}
+  systems['fedavg/stacked'] = {'examples_per_s': 900.0}
+  path = tmp_path / 'suite.json'
+  path.write_text(json.dumps(suite))
+  assert bm.read_bound(str(path)) == {
+      'examples_per_s': 2500.5,
+      'task': 'gru',
+      'file': 'suite.json',
+  }
+
+
 def test_bad_input_is_one_line_before_any_run(tmp_path):
   (tmp_path / 'file').write_text('x')
+  two = {
+      'models': {m: {'systems': {'fedavg/bound': {'examples_per_s': 1}}}}
+      for m in ('a', 'b')
+  }
+  (tmp_path / 'two.json').write_text(json.dumps(two))
   base = [f'--output_dir={tmp_path}/out', '--setting=synthetic']
   cases = [
       (['--seeds=a'], '--seeds must be integers'),
@@ -496,6 +1004,9 @@ def test_bad_input_is_one_line_before_any_run(tmp_path):
       (['--max_extensions=-1'], '--max_extensions must be >= 0'),
       (['--fine_tune_epochs=0'], '--fine_tune_epochs must be >= 1'),
       (['--', '--task=synthetic', '--bogus=1'], "flag 'bogus'"),
+      ([f'--bound_json={tmp_path}/none.json'], 'none.json: cannot read it'),
+      ([f'--bound_json={tmp_path}/file'], 'not a bench_suite --output_json'),
+      ([f'--bound_json={tmp_path}/two.json'], 'of one model with fedavg/'),
   ]
   results = binary.call_main_in_subprocess(
       'run.experiments.benchmark',
@@ -594,6 +1105,8 @@ def _roles_args(data, out):
       '--grid=learning_rate:1',
       '--max_extensions=0',
       '--rounds=2',
+      '--first_rung=0',
+      '--notune_server_lr',
       '--clients_per_round=3',
       '--seeds=0,1',
       '--selection_seeds=100',
@@ -658,8 +1171,10 @@ def test_real_roles_end_to_end_resumed_and_a_cell_rerun(tmp_path):
       '(b) Unseen clients',
       'Delta-FL',
       'minus FedAvg',
+      "Where a reported run's time goes",
   ):
     assert words in page
+  assert re.search(r'\n\| Delta-FL \| \d+ \|( \d+ \|){5} [\d,]+ \|\n', page)
   assert (out / 'benchmark_cdf.png').stat().st_size > 10_000
   assert (out / 'benchmark_differences.png').stat().st_size > 5_000
   # Any recorded cell, run again from the page's command, gives its numbers.
@@ -692,4 +1207,36 @@ def test_real_roles_end_to_end_resumed_and_a_cell_rerun(tmp_path):
       assert 'unseen' not in record['splits']
     elif path.name.startswith('final_'):
       unseen |= set(record['splits']['unseen']['client_id'])
+      # Straight runs: their one invocation trained every example.
+      assert list(record['seconds']) == list(simulation.SECONDS)
+      assert record['timed_examples'] == record['examples'] > 0
+      assert 0 < record['timed_wall_s'] <= record['wall_s']
   assert training and unseen and not training & unseen
+
+
+def _without_commands(page):
+  """A page's lines but its command and its runs' commands (paths differ)."""
+  lines = page.splitlines()
+  start = lines.index("<details><summary>Every run's command</summary>")
+  return lines[4:start]
+
+
+def test_the_published_synthetic_page_is_its_committed_records(tmp_path):
+  # docs/results/benchmark_synthetic.md, rebuilt from the records committed
+  # beside it with today's code, is the committed page (but the paths in
+  # its commands): the page's numbers come from its records and the code
+  # that draws it has not changed them since.
+  root = binary.ROOT
+  out = tmp_path / 'benchmark_synthetic.md'  # Its pictures' names.
+  _benchmark(
+      [
+          '--setting=synthetic',
+          '--from_records',
+          f'--records_dir={os.path.join(root, "docs/results/runs/synthetic")}',
+          f'--output_dir={tmp_path}',
+          f'--output_md={out}',
+      ]
+  )
+  with open(os.path.join(root, 'docs/results/benchmark_synthetic.md')) as f:
+    published = f.read()
+  assert _without_commands(out.read_text()) == _without_commands(published)

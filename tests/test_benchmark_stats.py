@@ -28,13 +28,13 @@ def _p10_by_hand(values):
   return s[lo] + float(h - lo) * (s[hi] - s[lo])
 
 
-def _tail_mean_by_hand(worst_first):
-  """Mean of the first 10% of clients, the boundary client fractionally.
+def _tail_mean_by_hand(worst_first, percent=10):
+  """Mean of the first `percent`% of clients, the boundary one fractionally.
 
-  E.g. 25 clients: 2.5 clients, the 2 first fully plus half of the 3rd.
-  Exact (fractions) but for the final conversion.
+  E.g. 25 clients at 10%: 2.5 clients, the 2 first fully plus half of the
+  3rd. Exact (fractions) but for the final conversion.
   """
-  k = Fraction(len(worst_first), 10)
+  k = Fraction(len(worst_first) * percent, 100)
   full = math.floor(k)
   total = sum(Fraction(x) for x in worst_first[:full])
   if k > full:
@@ -53,6 +53,9 @@ def _stats_by_hand(acc, loss, num):
       'worst10': _tail_mean_by_hand(sorted(acc)),
       'loss_sq10': _tail_mean_by_hand(sorted(loss, reverse=True)),
       'variance': 1e4 * sum((a - mean) ** 2 for a in acc) / m,
+      'worst20': _tail_mean_by_hand(sorted(acc), 20),
+      'worst30': _tail_mean_by_hand(sorted(acc), 30),
+      'worst50': _tail_mean_by_hand(sorted(acc), 50),
   }
 
 
@@ -155,8 +158,49 @@ def test_client_stats_refuse_bad_input():
 # ----------------------------------------------------------- criterion
 
 
-def _stats(worst10, loss_sq10):
-  return {'worst10': worst10, 'loss_sq10': loss_sq10}
+def _stats(worst10, loss_sq10, worst20=0.5, worst30=0.5, worst50=0.5, mean=0.5):
+  return {
+      'worst10': worst10,
+      'worst20': worst20,
+      'worst30': worst30,
+      'worst50': worst50,
+      'mean': mean,
+      'loss_sq10': loss_sq10,
+  }
+
+
+def test_where_worst10_ties_the_next_tail_decides_before_the_loss():
+  # A model that loses its worst 10% at every setting: worst10 is 0 for
+  # all; the worst 20% separate them, whatever the loss says.
+  timid = [_stats(0.0, 2.0, worst20=0.10)]
+  bold = [_stats(0.0, 9.0, worst20=0.25)]
+  assert bs.criterion(bold) < bs.criterion(timid)
+  # Each rung of the ladder decides only where those before it tie.
+  ladder = ('worst20', 'worst30', 'worst50', 'mean')
+  for i, key in enumerate(ladder):
+    tied = {k: 0.3 for k in ladder[:i]}
+    better = [_stats(0.0, 9.0, **tied, **{key: 0.4})]
+    worse = [_stats(0.0, 0.1, **tied, **{key: 0.35})]
+    assert bs.criterion(better) < bs.criterion(worse), key
+    # But never over a better rung before it.
+    if i:
+      earlier = ladder[i - 1]
+      above = [_stats(0.0, 9.0, **{**tied, earlier: 0.31, key: 0.0})]
+      assert bs.criterion(above) < bs.criterion(better), key
+  # And worst10, where it moves, decides over the whole ladder.
+  assert bs.criterion([_stats(0.01, 9.0, 0.0, 0.0, 0.0, 0.0)]) < (
+      bs.criterion([_stats(0.0, 0.1, 1.0, 1.0, 1.0, 1.0)])
+  )
+
+
+def test_the_ladder_is_computed_from_the_clients():
+  # 10 clients: worst 20% = the 2 worst, 30% = 3, 50% = 5.
+  acc = [0.0, 0.0, 0.2, 0.3, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0]
+  got = bs.client_stats(acc, [1.0] * 10, [5] * 10)
+  assert got['worst10'] == 0.0
+  assert got['worst20'] == pytest.approx(0.0)
+  assert got['worst30'] == pytest.approx(0.2 / 3)
+  assert got['worst50'] == pytest.approx(1.0 / 5)
 
 
 def test_criterion_ranks_worst10_then_loss_over_the_seeds():

@@ -96,7 +96,7 @@ def test_the_scan_sees_imports_mentions_and_flags(tmp_path):
 def test_table_lists_the_algorithms_with_their_engines_and_states():
   assert registry.names() == BUILT_IN
   assert algorithms.ALGORITHM_NAMES == BUILT_IN
-  assert registry.engine_names('stacked') == BUILT_IN[:7]
+  assert registry.engine_names('stacked') == BUILT_IN
   assert registry.engine_names('batched') == BUILT_IN
   stateful = [n for n, e in registry.ALGORITHMS.items() if e.stateful]
   assert stateful == ['ditto', 'fedavg_plus', 'fedgeomed_plus', 'fedcomed_plus']
@@ -226,11 +226,14 @@ def test_engines_follow_the_table():
   # The engine's own error type (callers skip what it cannot run).
   with pytest.raises(stacked.StackedEngineError) as info:
     engines.check_engine(
-        'stacked', algorithms.AlgorithmSpec('fedcomed_plus', fedplus_sigma=1.0)
+        'stacked',
+        algorithms.AlgorithmSpec(
+            'fedcomed_plus', fedplus_sigma=1.0, fedplus_local_steps=2
+        ),
     )
   assert str(info.value) == (
-      '--simulation_engine=stacked runs local training or full gradients on '
-      'stacked weights; fed_plus_comed has its own client work: use '
+      '--simulation_engine=stacked runs Fed+ local steps over one read of '
+      'the stream; fed_plus_comed with local_steps=2 runs on '
       '--simulation_engine=batched'
   )
   with pytest.raises(ValueError) as info:
@@ -254,3 +257,32 @@ def test_engines_follow_the_table():
   qffl = engines.batched_algorithm(algorithms.AlgorithmSpec('qffl', q=1.0))
   assert qffl.server_optimizer is None
   assert not qffl.definition().server_optimizer
+
+
+@pytest.mark.parametrize('name', registry.names())
+def test_own_server_step_is_declared_exactly_where_the_definition_has_one(
+    name,
+):
+  entry = registry.get(name)
+  spec = algorithms.AlgorithmSpec(name, **entry.example)
+  definition = engines.batched_algorithm(spec).definition()
+  own = not definition.server_optimizer or bool(
+      definition.fixed_server_optimizer
+  )
+  assert bool(entry.own_server_step) == own
+  for settings in (
+      dict(server_learning_rate=0.5),
+      dict(server_optimizer='adam'),
+      dict(server_momentum=0.9),
+  ):
+    spec = algorithms.AlgorithmSpec(name, **entry.example, **settings)
+    if not own:
+      spec.validate()
+      continue
+    with pytest.raises(ValueError) as info:
+      spec.validate()
+    assert str(info.value) == (
+        f'--algorithm={name} has no server optimizer (its server step: '
+        f'{entry.own_server_step}); leave --server_optimizer, '
+        '--server_learning_rate and --server_sgd_momentum at their defaults'
+    )

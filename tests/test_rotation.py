@@ -113,3 +113,39 @@ def test_the_whole_suite_runs_one_shard_of_the_listed_tests():
   assert f'rotation: shard {shard} of {rotation.SHARDS};' in out.stdout
   # Tests outside the list are all there.
   assert 'tests/test_rotation.py::test_every_listed_test_exists' in collected
+
+
+def test_the_rotation_holds_in_parallel_workers():
+  # scripts/test.sh runs the suite in xdist workers, which are handed the
+  # collected paths: the whole suite must still run one shard, and say so.
+  shard = 1
+  other = next(
+      e
+      for i, members in enumerate(rotation.deal(rotation.read()))
+      if i != shard
+      for e in members
+      if '::' in e.node
+  )
+  name = other.node.partition('::')[2]
+  env = dict(os.environ, TEST_ROTATION=str(shard))
+  out = subprocess.run(
+      [
+          sys.executable,
+          '-m',
+          'pytest',
+          '-q',
+          '-n',
+          '2',
+          '-k',
+          f'test_every_listed_test_exists or {name}',
+      ],
+      cwd=ROOT,
+      env=env,
+      capture_output=True,
+      text=True,
+      timeout=900,
+      check=False,
+  )
+  assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+  assert re.search(r'\b1 passed\b', out.stdout), out.stdout[-2000:]
+  assert f'rotation: shard {shard} of {rotation.SHARDS};' in out.stdout

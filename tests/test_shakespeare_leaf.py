@@ -25,35 +25,6 @@ LEAF_80 = (
     '\n !"&\'(),-.0123456789:;>?ABCDEFGHIJKLMNOPQRSTUVWXYZ[]'
     'abcdefghijklmnopqrstuvwxyz}'
 )
-WORDS = [
-    'Thou',
-    'art',
-    'a',
-    'villain;',
-    'Good',
-    'my',
-    'lord,',
-    'é',
-    '*x*',
-    'ZOUNDS!',
-    'speak:',
-    '12',
-    "o'er",
-    '[Exit]',
-    '|bar|',
-    'Hie  thee',
-]
-
-
-def role_snippets(rng, n_snippets, words_per_snippet):
-  snippets = []
-  for _ in range(n_snippets):
-    words = rng.choice(WORDS, words_per_snippet)
-    # Newlines and runs of spaces, as speeches spanning several lines.
-    snippets.append(
-        '\n'.join(' '.join(words[i : i + 4]) for i in range(0, len(words), 4))
-    )
-  return snippets
 
 
 @pytest.fixture(scope='module')
@@ -62,7 +33,7 @@ def data_dir(tmp_path_factory):
   rng = np.random.default_rng(5)
   train, test = {}, {}
   for k in range(12):
-    snippets = role_snippets(rng, int(rng.integers(4, 9)), 20)
+    snippets = sqlite_fixtures.role_snippets(rng, int(rng.integers(4, 9)), 20)
     cut = max(1, len(snippets) * 4 // 5)
     train[f'PLAY_ROLE{k:02d}'] = snippets[:cut]
     test[f'PLAY_ROLE{k:02d}'] = snippets[cut:]

@@ -140,6 +140,24 @@ def test_run_writes_outputs_and_resume_matches_uninterrupted(task, tmp_path):
   assert 'test/accuracy' in summary['summaries']
   assert 'p90' in (out / 'summary.txt').read_text()
   assert os.listdir(out / 'tensorboard')
+  # Where the round loop's time went (timing.json, apart from the results):
+  # training is the rounds' own seconds; two evaluations (rounds 3, 6),
+  # three checkpoints, six metric rows.
+  assert 'seconds' not in summary
+  seconds = json.loads((out / simulation.TIMING).read_text())
+  assert list(seconds) == [*simulation.SECONDS, 'first_round']
+  assert seconds.pop('first_round') == 1
+  assert seconds['training'] == pytest.approx(
+      sum(float(r['round_seconds']) for r in rows), abs=0.01
+  )
+  assert all(v > 0 for v in seconds.values()), seconds
+  assert seconds == {k: round(v, 3) for k, v in full['seconds'].items()}
+  # The resumed invocation timed its own three rounds only.
+  part = json.loads((tmp_path / 'part' / simulation.TIMING).read_text())
+  assert part['first_round'] == 4
+  assert part['training'] == pytest.approx(
+      sum(m['round_seconds'] for m in resumed['history']), abs=0.01
+  )
   # Resuming the finished run only evaluates.
   again = simulation.run_simulation(
       make_process(task),
@@ -150,6 +168,8 @@ def test_run_writes_outputs_and_resume_matches_uninterrupted(task, tmp_path):
       progress=False,
   )
   assert not again['history'] and again['round_num'] == 6
+  assert again['seconds']['training'] == 0.0
+  assert again['seconds']['evaluation'] > 0
 
 
 def test_resume_with_other_settings_is_refused(task, tmp_path):

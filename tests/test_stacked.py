@@ -18,6 +18,7 @@ from tasks import synthetic
 from tff_algos import afl
 from tff_algos import batched
 from tff_algos import composition
+from tff_algos import definition
 from tff_algos import delta_fl
 from tff_algos import fed_prox
 from tff_algos import q_ffl
@@ -354,9 +355,22 @@ def test_refuses_unsupported_configurations(task):
             client_learning_rate=0.1,
         ),
     )
-  with pytest.raises(ValueError, match='stacked.*own client work.*batched'):
+  with pytest.raises(
+      ValueError, match='stacked.*local_steps=2 runs on --simulation_engine='
+  ):
     engines.check_engine(
-        'stacked', algorithms.AlgorithmSpec(name='ditto', ditto_lambda=0.1)
+        'stacked',
+        algorithms.AlgorithmSpec(
+            name='fedavg_plus', fedplus_sigma=1.0, fedplus_local_steps=2
+        ),
+    )
+  with pytest.raises(ValueError, match='custom has its own client work'):
+    stacked.check_definition(
+        definition.AlgorithmDefinition(
+            name='custom',
+            client_result=lambda *args: args[3:5],
+            local_work=lambda *args: None,
+        )
     )
   with pytest.raises(TypeError, match='ClientData'):
     stacked.StackedEngine(
@@ -387,7 +401,11 @@ def test_refuses_unsupported_configurations(task):
 @pytest.mark.parametrize(
     'args',
     [
-        ['--algorithm=fedavg_plus', '--fedplus_sigma=1'],
+        [
+            '--algorithm=fedavg_plus',
+            '--fedplus_sigma=1',
+            '--fedplus_local_steps=2',
+        ],
         ['--algorithm=fedavg', '--client_optimizer=adam'],
     ],
 )

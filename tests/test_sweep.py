@@ -2,7 +2,8 @@
 """Every binary refuses bad input with one error line (issue 35's sweep).
 
 For each binary of setup.py's `BINARIES` (read from setup.py, so a new
-binary joins the sweep): an unknown flag; a wrong-typed value of each of
+binary joins the sweep): an unknown flag; a stray positional argument; a
+wrong-typed value of each of
 its integer and float flags; each of its output flags naming a path under a
 regular file and in an unwritable folder; each input flag naming a missing
 path and a folder of damaged files. Every case must exit non-zero with
@@ -231,7 +232,10 @@ def flag_cases(
 ) -> list[tuple[str, list[str]]]:
   """`(label, args)` of the binary's bad-input cases, `{x}` a scratch path."""
   base = BASE.get(module, [])
-  cases = [('unknown flag', base + ['--no_such_flag=1'])]
+  cases = [
+      ('unknown flag', base + ['--no_such_flag=1']),
+      ('a stray argument', base + ['stray']),
+  ]
   for name in number_flags:
     cases.append((f'--{name} not a number', base + [f'--{name}=abc']))
   for name in output_flags:
@@ -450,7 +454,10 @@ def _report_cases(paths) -> list[dict]:
   assert code == 0, stderr
   results = []
   base = ['--runs={out}/run', '--output_dir={out}/report']
-  cases = [('unknown flag', base + ['--no_such_flag=1'])]
+  cases = [
+      ('unknown flag', base + ['--no_such_flag=1']),
+      ('a stray argument', base + ['stray']),
+  ]
   for where in ('file', 'readonly'):
     cases.append(
         (

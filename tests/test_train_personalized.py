@@ -60,7 +60,7 @@ SMALL = [
             dict(
                 name='fedavg_plus', fedplus_sigma=1.0, server_learning_rate=0.5
             ),
-            'no server optimizer',
+            'has no server optimizer .its server step: the new global model',
         ),
     ],
 )

@@ -369,6 +369,10 @@ ALGORITHM = options_lib.Algorithm(
     options=AflOptions,
     definition=_definition,
     builder=_build,
+    own_server_step=(
+        'the model takes a step of gamma_w (the client learning rate) along '
+        'the mixture-weighted gradient'
+    ),
     tuned=options_lib.TunedOption(
         'afl_lambda_lr',
         grid=(0.001, 0.003, 0.01, 0.03, 0.1),

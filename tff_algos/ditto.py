@@ -177,6 +177,42 @@ def local_work(
   )
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class PersonalWork:
+  """Ditto's client work (`local_work` with these settings), as a callable.
+
+  Called as a definition's `local_work` `(model, weights, dataset, personal,
+  loop_implementation)`; its fields tell an engine that computes the same
+  passes in its own form (the stacked engine: clients vectorized) what they
+  are.
+
+  Attributes:
+    client_optimizer: The global pass's optimizer (FedAvg's local training).
+    personal_optimizer: The personal passes' optimizer.
+    lambdas: One personal model and pass per lambda, in this order.
+    personal_steps: 0: each personal pass reads the client's stream once
+      more; s > 0: exactly s batches of it, cycled.
+  """
+
+  client_optimizer: tff.learning.optimizers.Optimizer
+  personal_optimizer: tff.learning.optimizers.Optimizer
+  lambdas: tuple[float, ...]
+  personal_steps: int
+
+  def __call__(self, model, weights, dataset, personal, loop_implementation):
+    return local_work(
+        model,
+        weights,
+        dataset,
+        personal,
+        client_optimizer=self.client_optimizer,
+        personal_optimizer=self.personal_optimizer,
+        lambdas=self.lambdas,
+        personal_steps=self.personal_steps,
+        loop_implementation=loop_implementation,
+    )
+
+
 def engine_definition(
     *,
     client_optimizer: tff.learning.optimizers.Optimizer,
@@ -214,23 +250,15 @@ def engine_definition(
   ):
     raise ValueError(f'unknown client weighting {client_weighting!r}')
 
-  def work(model, weights, dataset, personal, loop_implementation):
-    return local_work(
-        model,
-        weights,
-        dataset,
-        personal,
-        client_optimizer=client_optimizer,
-        personal_optimizer=personal_optimizer,
-        lambdas=lambdas,
-        personal_steps=personal_steps,
-        loop_implementation=loop_implementation,
-    )
-
   return definition_lib.AlgorithmDefinition(
       name='ditto',
       client_result=client_work_lib.weighted_delta_result(client_weighting),
-      local_work=work,
+      local_work=PersonalWork(
+          client_optimizer=client_optimizer,
+          personal_optimizer=personal_optimizer,
+          lambdas=lambdas,
+          personal_steps=personal_steps,
+      ),
       personal_models=len(lambdas),
       client_counts=('personal_non_finite',),
   )
@@ -588,7 +616,7 @@ ALGORITHM = options_lib.Algorithm(
     options=DittoOptions,
     definition=_definition,
     builder=_build,
-    engines=('tff', 'batched'),
+    engines=('tff', 'batched', 'stacked'),
     stateful=True,
     tuned=options_lib.TunedOption(
         'ditto_lambda', grid=(0.01, 0.03, 0.1, 0.3, 1.0), low=1e-3, high=100.0

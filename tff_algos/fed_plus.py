@@ -186,6 +186,49 @@ def local_work(
   )
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class FedPlusWork:
+  """Fed+'s client work (`local_work` with these settings), as a callable.
+
+  Called as a definition's `local_work` `(model, weights, dataset, personal,
+  loop_implementation)`; its fields tell an engine that computes the same
+  steps in its own form (the stacked engine: clients vectorized) what they
+  are (as `ditto.PersonalWork`).
+
+  Attributes:
+    psi, sigma, delta, lam, learning_rate: Psi, sigma, delta, lambda, eta.
+    local_steps: 0: the party's stream once (E_k = its batches); E > 0:
+      exactly E mini-batch steps, cycling the stream.
+  """
+
+  psi: str
+  sigma: float
+  delta: float
+  lam: float
+  learning_rate: float
+  local_steps: int
+
+  @property
+  def kappa(self) -> float:
+    """kappa = 1 / (1 + eta sigma), the weight of the gradient step."""
+    return 1.0 / (1.0 + self.learning_rate * self.sigma)
+
+  def __call__(self, model, weights, dataset, personal, loop_implementation):
+    return local_work(
+        model,
+        weights,
+        dataset,
+        personal,
+        psi=self.psi,
+        sigma=self.sigma,
+        delta=self.delta,
+        lam=self.lam,
+        learning_rate=self.learning_rate,
+        local_steps=self.local_steps,
+        loop_implementation=loop_implementation,
+    )
+
+
 def aggregate_step(mean_model, mean_theta):
   """One fixed-point step of eq. 13: w_mean - Mean_k prox(w_k - w~)."""
   return tf.nest.map_structure(tf.subtract, mean_model, mean_theta)
@@ -246,24 +289,19 @@ def engine_definition(
     if value < low:
       raise ValueError(f'{name} must be >= {low}, got {value}')
 
-  def work(model, weights, dataset, personal, loop_implementation):
-    return local_work(
-        model,
-        weights,
-        dataset,
-        personal,
-        psi=psi,
-        sigma=sigma,
-        delta=delta,
-        lam=lam,
-        learning_rate=learning_rate,
-        local_steps=local_steps,
-        loop_implementation=loop_implementation,
-    )
+  work = FedPlusWork(
+      psi=psi,
+      sigma=sigma,
+      delta=delta,
+      lam=lam,
+      learning_rate=learning_rate,
+      local_steps=local_steps,
+  )
 
   def client_result(context, loss, count, model, num_examples, non_finite):
-    del context, loss, count, num_examples, non_finite
-    return model, tf.constant(1.0)
+    # Weight 1 per client (elementwise: one client's scalar or a [K] vector).
+    del context, loss, count, non_finite
+    return model, tf.ones_like(num_examples, dtype=tf.float32)
 
   def server(w0, vector_sum, scalar_sum, vectors):
     del w0
@@ -567,19 +605,6 @@ class FedPlusOptions(options_lib.Options):
           'client_learning_rate',
           'client_optimizer',
       )
-    if (
-        settings.server_optimizer != 'sgd'
-        or settings.server_learning_rate != 1.0
-        or settings.server_momentum
-    ):
-      raise options_lib.OptionError(
-          'Fed+ has no server optimizer (its aggregate is the '
-          'Psi-regularised median/mean); leave server_optimizer, '
-          'server_learning_rate and server_momentum at their defaults',
-          'server_optimizer',
-          'server_learning_rate',
-          'server_momentum',
-      )
 
   def describe(self, settings: options_lib.RunSettings) -> str:
     sigma = self.fedplus_sigma or 0.0
@@ -614,8 +639,12 @@ def _entry(name: str, psi: str) -> options_lib.Algorithm:
       options=FedPlusOptions,
       definition=definition,
       builder=build,
-      engines=('tff', 'batched'),
+      engines=('tff', 'batched', 'stacked'),
       stateful=True,
+      own_server_step=(
+          'the new global model is the Psi-regularised mean or median of the '
+          'local models'
+      ),
       tuned=options_lib.TunedOption(
           'fedplus_sigma',
           grid=(0.01, 0.03, 0.1, 0.3, 1.0),

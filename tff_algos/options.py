@@ -287,6 +287,9 @@ class Algorithm:
     own_weighting: Weighs clients by its own options (the run-wide client
       weighting does not apply).
     drops_stragglers: Stragglers' partial work is dropped.
+    own_server_step: Empty when the run's server optimizer applies the
+      aggregate; else the algorithm's own server step, described (the
+      server optimizer settings are then refused, never ignored).
     example: Options of a representative run (timing benchmarks).
   """
 
@@ -301,6 +304,7 @@ class Algorithm:
   dp: bool = False
   own_weighting: bool = False
   drops_stragglers: bool = False
+  own_server_step: str = ''
   example: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
   def __post_init__(self):

@@ -453,6 +453,10 @@ def _build_qfedsgd(
   )
 
 
+_OWN_STEP = (
+    "the new global model is the old one minus the sum of the clients' "
+    'q-weighted updates over the sum of their h (a step set by L)'
+)
 _TUNED_Q = options_lib.TunedOption(
     'q', grid=(0.01, 0.03, 0.1, 0.3, 1.0), low=1e-6, high=100.0
 )
@@ -462,6 +466,7 @@ QFFL = options_lib.Algorithm(
     definition=_definition(local_solver=True),
     builder=_build_qffl,
     tuned=_TUNED_Q,
+    own_server_step=_OWN_STEP,
     example=dict(q=1.0),
 )
 QFEDSGD = options_lib.Algorithm(
@@ -470,5 +475,6 @@ QFEDSGD = options_lib.Algorithm(
     definition=_definition(local_solver=False),
     builder=_build_qfedsgd,
     tuned=_TUNED_Q,
+    own_server_step=_OWN_STEP,
     example=dict(q=1.0),
 )

@@ -14,11 +14,13 @@ options, engines, statefulness and tuned knob from here.
 * afl: `afl_lambda_lr` (tuned).
 * deltafl: `theta` (tuned), `thetas`, `secure_quantile`, `strict_filter`,
   `uniform_weights`, `weight_decay`, `quantile_*`.
-* ditto (clients keep state; tff, batched): `ditto_lambda` (tuned),
+* ditto (clients keep state; tff, batched, stacked: the stacked engine
+  without `ditto_personal_steps`): `ditto_lambda` (tuned),
   `ditto_lambda_grid`, `ditto_personal_steps`, `ditto_personal_lr`,
   `ditto_clip_norm`.
 * fedavg_plus, fedgeomed_plus, fedcomed_plus (clients keep state; tff,
-  batched): `fedplus_sigma` (tuned), `fedplus_delta`, `fedplus_lambda`,
+  batched, stacked: the stacked engine without `fedplus_local_steps`):
+  `fedplus_sigma` (tuned), `fedplus_delta`, `fedplus_lambda`,
   `fedplus_local_steps`, `fedplus_iterations`.
 
 The others run on the tff, batched and stacked engines.

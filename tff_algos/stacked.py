@@ -54,12 +54,24 @@ elementwise parts of a definition are called on `[K]` vectors, a per-client
 message (q-FFL's) is mapped over the clients. The client work is local
 training, or the loss and full gradient at the broadcast model for a
 definition whose `local_work` is `client_work.full_gradient_work` (AFL, with
-its mixture as server state, and q-FedSGD); other client work (Ditto, Fed+)
-is refused (`check_definition`). The server step (and its
-rejection of a non-finite update) is the batched engine's. The
+its mixture as server state, and q-FedSGD), or Ditto's (`ditto.PersonalWork`):
+local training, then per lambda a pass of the personal models [K, ...] (fed
+from and returned to the client-state store, as the batched engine's) from
+their own start, pulled toward the broadcast model, each pass reading the
+order stream's next pass (the next shuffle order, as the batched engine's
+re-reads of the client's dataset); a non-finite personal result keeps the
+previous model and is counted; or Fed+'s (`fed_plus.FedPlusWork`): from
+each client's own model [K, ...] (from the client-state store), its prox
+term (per client), the lambda-mixed start and plain steps mixed with kappa
+toward the broadcast model plus that term, over one read of the stream; a
+non-finite result keeps the previous model and is counted, and the server
+rule sees every client's model. Ditto with `personal_steps` > 0, Fed+ with
+`local_steps` > 0 and other client work are refused (`check_definition`).
+The server step (and its rejection of a non-finite update) is the batched
+engine's. The
 client optimizer is applied to the stacked weights; it must be elementwise
 with per-weight state (SGD with or without momentum, Adagrad): an optimizer
-with a step counter (Adam, Yogi) is refused.
+with a step counter (Adam, Yogi) is refused; so is Ditto's personal optimizer.
 
 `next` takes and returns the process's own `LearningAlgorithmState`, so
 checkpoints, evaluation and resumption are shared with the federated path,
@@ -78,6 +90,8 @@ import tensorflow_federated as tff
 
 from tff_algos import batched
 from tff_algos import client_work as client_work_lib
+from tff_algos import ditto
+from tff_algos import fed_plus
 from tff_algos import stacked_rnn
 
 SUPPORTED_METRICS = ('accuracy', 'loss', 'num_examples', 'num_batches')
@@ -194,8 +208,10 @@ def stream_layout(
     takes: Batches each client may run (-1: all).
     batch_size: b.
     shuffle: Whether positions index the shuffled order stream.
-    passes: Passes held in the order stream per client (2 for q-FFL).
-    train_pass: The pass these slots read (q-FFL trains on pass 1).
+    passes: Passes held in the order stream per client (2 for q-FFL, 1 + G
+      for Ditto with G lambdas).
+    train_pass: The pass these slots read (q-FFL trains on pass 1; Ditto's
+      personal pass g reads pass 1 + g).
 
   Returns:
     `(positions [S, K, b] int64, -1 on padding; steps [K] int64)`.
@@ -378,18 +394,150 @@ def _finite_per_client(stacked):
   return tf.reduce_all(tf.stack(flags, axis=0), axis=0)
 
 
+def functional_model(model_fn):
+  """`(keras_model, functional model, per-example loss)` of a task's model.
+
+  The model must be built by `tff.learning.models.from_keras_model` with one
+  Keras loss object, no regularization losses, dropout or batch
+  normalization, and report only `SUPPORTED_METRICS` (accuracy as
+  `SparseCategoricalAccuracy`): the metrics the engines compute from masked
+  sums of per-example losses (the loss with no reduction) and hits.
+
+  Raises:
+    StackedEngineError: For a model of another kind.
+  """
+  model = model_fn()
+  keras_model = getattr(model, '_keras_model', None)
+  loss_fns = getattr(model, '_loss_fns', None)
+  if keras_model is None or not loss_fns or len(loss_fns) != 1:
+    raise StackedEngineError(
+        'the stacked engine needs a model built by tff.learning.models.'
+        'from_keras_model with one loss'
+    )
+  if keras_model.losses:
+    raise StackedEngineError(
+        'the stacked engine does not run models with regularization losses'
+    )
+  if any(
+      isinstance(
+          layer, (tf.keras.layers.Dropout, tf.keras.layers.BatchNormalization)
+      )
+      for layer in keras_model.submodules
+  ):
+    raise StackedEngineError(
+        'the stacked engine does not run models with '
+        'dropout or batch normalization'
+    )
+  loss = loss_fns[0]
+  if not isinstance(loss, tf.keras.losses.Loss):
+    raise StackedEngineError(
+        'the stacked engine needs a tf.keras.losses.'
+        "Loss object as the model's loss"
+    )
+  loss_none = type(loss).from_config(
+      dict(loss.get_config(), reduction=tf.keras.losses.Reduction.NONE)
+  )
+  metrics = [m for m in getattr(model, '_metrics', []) if m.name == 'accuracy']
+  if any(type(m).__name__ != 'SparseCategoricalAccuracy' for m in metrics):
+    raise StackedEngineError(
+        'the stacked engine computes accuracy as '
+        'SparseCategoricalAccuracy only'
+    )
+  names = set(model.report_local_unfinalized_metrics())
+  if not names <= set(SUPPORTED_METRICS):
+    raise StackedEngineError(
+        'the stacked engine reports the metrics '
+        f'{", ".join(SUPPORTED_METRICS)}; the model also has '
+        f'{", ".join(sorted(names - set(SUPPORTED_METRICS)))}'
+    )
+  functional = tff.learning.models.functional_model_from_keras(
+      keras_model, loss, model.input_spec
+  )
+  return keras_model, functional, loss_none
+
+
+def example_losses(loss_none, y, preds):
+  """Per-example losses [...] of labels `y` [...] and predictions [..., C]."""
+  shape = tf.shape(y)
+  flat_preds = tf.reshape(
+      preds, tf.concat([[-1], tf.shape(preds)[tf.rank(y) :]], 0)
+  )
+  losses = loss_none(tf.reshape(y, [-1]), flat_preds)
+  return tf.reshape(tf.cast(losses, tf.float32), shape)
+
+
+def correct_predictions(y, preds):
+  """1.0 where the arg-max of `preds` [..., C] is the label `y` [...]."""
+  labels = tf.cast(tf.argmax(preds, axis=-1), y.dtype)
+  return tf.cast(tf.equal(labels, y), tf.float32)
+
+
+def _optimizer_state(optimizer, trainable_specs):
+  """`(initial state, keys of its per-weight parts)` of a client optimizer.
+
+  Raises:
+    StackedEngineError: For state that is not per weight (a step counter).
+  """
+  state = optimizer.initialize(trainable_specs)
+  hparams = set(optimizer.get_hparams(state))
+  per_weight = []
+  for key, value in state.items():
+    if key in hparams:
+      continue
+    shapes = [tuple(np.shape(v)) for v in tf.nest.flatten(value)]
+    if shapes != [tuple(s.shape) for s in trainable_specs]:
+      raise StackedEngineError(
+          f'the stacked engine needs a client optimizer with per-weight '
+          f'state (SGD, momentum, Adagrad); its state {key!r} is not'
+      )
+    per_weight.append(key)
+  return state, per_weight
+
+
 def check_definition(definition) -> None:
   """Raises `StackedEngineError` for a definition the engine cannot run.
 
-  The engine computes two kinds of client work on stacked weights: local
-  training with the client optimizer, and the loss and full gradient at the
-  broadcast model (`client_work.full_gradient_work`: AFL, q-FedSGD). A
-  definition with other client work of its own (Ditto's personal passes,
-  Fed+'s kappa-mixed steps) runs on the batched engine, which calls that
-  work's own function: here it would have to be written a second time, in
-  stacked form.
+  The engine computes three kinds of client work on stacked weights: local
+  training with the client optimizer, the loss and full gradient at the
+  broadcast model (`client_work.full_gradient_work`: AFL, q-FedSGD), and
+  Ditto's (`ditto.PersonalWork`: local training, then one proximal pass per
+  lambda from the personal models, each reading the stream once more) and
+  Fed+'s (`fed_plus.FedPlusWork`: kappa-mixed steps from each client's own
+  model, one read of the stream). Ditto with `personal_steps` > 0, Fed+ with
+  `local_steps` > 0 (a step count cycling a stream whose every cycle is a
+  new shuffle order) and a definition with other client work of its own run
+  on the batched engine, which calls that work's own function: here it
+  would have to be written a second time, in stacked form.
   """
-  if definition.local_work not in (None, client_work_lib.full_gradient_work):
+  work = definition.local_work
+  if isinstance(work, fed_plus.FedPlusWork):
+    if work.local_steps:
+      raise StackedEngineError(
+          'the stacked engine runs Fed+ local steps over one read of the '
+          f'stream; {definition.name} with local_steps={work.local_steps} '
+          'runs on the batched engine'
+      )
+    if definition.personal_models != 1 or len(definition.client_counts) != 1:
+      raise StackedEngineError(
+          'the stacked engine runs Fed+ with one personal model and one '
+          f'non-finite count; {definition.name} has '
+          f'{definition.personal_models} and {definition.client_counts}'
+      )
+    return
+  if isinstance(work, ditto.PersonalWork):
+    if work.personal_steps:
+      raise StackedEngineError(
+          'the stacked engine runs personal passes of one read of the '
+          f'stream each; {definition.name} with personal_steps='
+          f'{work.personal_steps} runs on the batched engine'
+      )
+    if len(definition.client_counts) != 1:
+      raise StackedEngineError(
+          'the stacked engine counts one personal_non_finite per round; '
+          f'{definition.name} has client counts {definition.client_counts}'
+      )
+    return
+  if work not in (None, client_work_lib.full_gradient_work):
     raise StackedEngineError(
         'the stacked engine runs local training or full gradients on '
         f'stacked weights; {definition.name} has its own client work: use '
@@ -491,9 +639,21 @@ class StackedEngine:
     self._shuffle = bool(shuffle)
     self._buffer = shuffle_buffer_size
     self.examples = ClientExamples(client_data, preprocess_train)
-    # A loss pass that training continues reads pass 0, training pass 1.
+    # A loss pass that training continues reads pass 0, training pass 1;
+    # Ditto's personal passes read the passes after training's, in order.
     continued = self.definition.loss_pass == 'continued'
-    self._passes = 2 if continued else 1
+    self._train_pass = 1 if continued else 0
+    self._personal_work = None
+    if isinstance(self.definition.local_work, ditto.PersonalWork):
+      self._personal_work = self.definition.local_work
+    # Fed+'s steps from each client's own model read the stream once.
+    self._fedplus_work = None
+    if isinstance(self.definition.local_work, fed_plus.FedPlusWork):
+      self._fedplus_work = self.definition.local_work
+    self._num_personal_passes = (
+        len(self._personal_work.lambdas) if self._personal_work else 0
+    )
+    self._passes = self._train_pass + 1 + self._num_personal_passes
     functional, loss_none = self._functional_model(model_fn)
     self.vectorize = bool(self._vectorize_arg)
     if not self.vectorize:
@@ -522,52 +682,7 @@ class StackedEngine:
   # Model.
 
   def _functional_model(self, model_fn):
-    model = model_fn()
-    keras_model = getattr(model, '_keras_model', None)
-    loss_fns = getattr(model, '_loss_fns', None)
-    if keras_model is None or not loss_fns or len(loss_fns) != 1:
-      raise StackedEngineError(
-          'the stacked engine needs a model built by tff.learning.models.'
-          'from_keras_model with one loss'
-      )
-    if keras_model.losses:
-      raise StackedEngineError(
-          'the stacked engine does not run models with regularization losses'
-      )
-    if any(
-        isinstance(
-            layer, (tf.keras.layers.Dropout, tf.keras.layers.BatchNormalization)
-        )
-        for layer in keras_model.submodules
-    ):
-      raise StackedEngineError(
-          'the stacked engine does not run models with '
-          'dropout or batch normalization'
-      )
-    loss = loss_fns[0]
-    if not isinstance(loss, tf.keras.losses.Loss):
-      raise StackedEngineError(
-          'the stacked engine needs a tf.keras.losses.'
-          "Loss object as the model's loss"
-      )
-    loss_none = type(loss).from_config(
-        dict(loss.get_config(), reduction=tf.keras.losses.Reduction.NONE)
-    )
-    metrics = [
-        m for m in getattr(model, '_metrics', []) if m.name == 'accuracy'
-    ]
-    if any(type(m).__name__ != 'SparseCategoricalAccuracy' for m in metrics):
-      raise StackedEngineError(
-          'the stacked engine computes accuracy as '
-          'SparseCategoricalAccuracy only'
-      )
-    names = set(model.report_local_unfinalized_metrics())
-    if not names <= set(SUPPORTED_METRICS):
-      raise StackedEngineError(
-          'the stacked engine reports the metrics '
-          f'{", ".join(SUPPORTED_METRICS)}; the model also has '
-          f'{", ".join(sorted(names - set(SUPPORTED_METRICS)))}'
-      )
+    keras_model, functional, loss_none = functional_model(model_fn)
     if self._vectorize_arg is None:
       self._vectorize_arg = not any(
           type(layer).__name__.startswith('Conv')
@@ -575,9 +690,6 @@ class StackedEngine:
       )
     if self._rnn_kernels:
       self.rnn_forward = stacked_rnn.stacked_forward(keras_model)
-    functional = tff.learning.models.functional_model_from_keras(
-        keras_model, loss, model.input_spec
-    )
     return functional, loss_none
 
   # -------------------------------------------------------------------------
@@ -601,20 +713,30 @@ class StackedEngine:
     definition = self.definition
     if not definition.server_optimizer:
       opt_state_specs = ()
-    client_opt = alg.client_optimizer
-    client_state = client_opt.initialize(trainable_specs)
-    hparams = set(client_opt.get_hparams(client_state))
-    per_weight = []
-    for key, value in client_state.items():
-      if key in hparams:
-        continue
-      shapes = [tuple(np.shape(v)) for v in tf.nest.flatten(value)]
-      if shapes != [tuple(s.shape) for s in trainable_specs]:
-        raise StackedEngineError(
-            f'the stacked engine needs a client optimizer with per-weight '
-            f'state (SGD, momentum, Adagrad); its state {key!r} is not'
-        )
-      per_weight.append(key)
+    personal_work = self._personal_work
+    # Ditto's global pass runs its definition's client optimizer (as the
+    # batched engine, which calls the definition's work).
+    client_opt = (
+        personal_work.client_optimizer
+        if personal_work
+        else alg.client_optimizer
+    )
+    global_solver = (client_opt,) + _optimizer_state(
+        client_opt, trainable_specs
+    )
+    personal_solver = None
+    if personal_work:
+      personal_solver = (personal_work.personal_optimizer,) + _optimizer_state(
+          personal_work.personal_optimizer, trainable_specs
+      )
+    fedplus_work = self._fedplus_work
+    fedplus_solver = None
+    if fedplus_work:
+      # Fed+'s plain steps of size eta (`fed_plus.local_update`), then mixed.
+      sgd = tff.learning.optimizers.build_sgdm(
+          learning_rate=fedplus_work.learning_rate
+      )
+      fedplus_solver = (sgd,) + _optimizer_state(sgd, trainable_specs)
     metric_specs = tf.nest.map_structure(
         lambda t: tf.TensorSpec(t.shape, t.dtype),
         model.report_local_unfinalized_metrics(),
@@ -637,8 +759,13 @@ class StackedEngine:
     self._steps_ph = ph(tf.int64, [None], 'steps')
     self._order_ph = ph(tf.int32, [None], 'order')  # size_groups' order.
     self._bounds_ph = ph(tf.int32, [None], 'bounds')  # and its groups.
-    _, self._server_state_ph, self._indices_ph = batched.state_placeholders(
-        definition, trainable_specs
+    self._personal_ph, self._server_state_ph, self._indices_ph = (
+        batched.state_placeholders(definition, trainable_specs)
+    )
+    # Ditto's personal passes' slots [G, S, K, b] (as `train_pos`, passes
+    # after).
+    self._personal_pos_ph = ph(
+        tf.int64, [self._num_personal_passes, None, None, b], 'personal_pos'
     )
     self._seeds_ph = ph(tf.int64, [None], 'seeds')
     self._sizes_ph = ph(tf.int64, [None], 'sizes')
@@ -682,31 +809,42 @@ class StackedEngine:
         )
       return predict([w[0] for w in w_stacked], x[0], True)[None]
 
-    def per_example_loss(y, preds):
-      shape = tf.shape(y)
-      flat_preds = tf.reshape(preds, tf.concat([[-1], tf.shape(preds)[2:]], 0))
-      losses = loss_none(tf.reshape(y, [-1]), flat_preds)
-      return tf.reshape(tf.cast(losses, tf.float32), shape)
+    per_example_loss = functools.partial(example_losses, loss_none)
+    correct = correct_predictions
 
-    def correct(y, preds):
-      labels = tf.cast(tf.argmax(preds, axis=-1), y.dtype)
-      return tf.cast(tf.equal(labels, y), tf.float32)
+    def descend(
+        w_start,
+        anchor,
+        solver,
+        x_all,
+        y_all,
+        idx,
+        valid,
+        proximal,
+        decay,
+        mix=None,
+    ):
+      """Mini-batch steps of the clients of `idx` [S, K, b] from `w_start`.
 
-    def train(w0, x_all, y_all, idx, valid, proximal, decay):
-      """Local training of the clients of `idx` [S, K, b] from `w0`."""
+      `w_start` is stacked [K, ...]; the proximal term pulls toward `anchor`
+      ([K, ...] or broadcast [...]); `solver` is `(optimizer, its initial
+      state, its per-weight keys)`. With `mix` (Fed+'s kappa) each step's
+      result is `mix * step + (1 - mix) * anchor`. Returns `(weights
+      [K, ...], sums)`.
+      """
+      optimizer, initial_state, per_weight = solver
       k = tf.shape(idx)[1]
       stack = lambda t: tf.broadcast_to(
           t[None], tf.concat([[k], tf.shape(t)], 0)
       )
-      w_start = tuple(stack(w) for w in w0)
       state = collections.OrderedDict(
           (key, tf.nest.map_structure(tf.convert_to_tensor, value))
-          for key, value in client_state.items()
+          for key, value in initial_state.items()
       )
       for key in per_weight:
         state[key] = tuple(
             stack(tf.convert_to_tensor(v))
-            for v in tf.nest.flatten(client_state[key])
+            for v in tf.nest.flatten(initial_state[key])
         )
       w = w_start
       zeros_k = tf.zeros([k], tf.float32)
@@ -729,11 +867,15 @@ class StackedEngine:
         grads = tape.gradient(total, w)
         if proximal:
           grads = tuple(
-              g + proximal * (v - v0) for g, v, v0 in zip(grads, w, w_start)
+              g + proximal * (v - v0) for g, v, v0 in zip(grads, w, anchor)
           )
         if decay:
           grads = tuple(g + decay * v for g, v in zip(grads, w))
-        new_state, new_w = client_opt.next(state, w, grads)
+        new_state, new_w = optimizer.next(state, w, grads)
+        if mix is not None:
+          new_w = tuple(
+              mix * n + (1.0 - mix) * z for n, z in zip(new_w, anchor)
+          )
         keep = functools.partial(_keep_active, active)
         w = tuple(keep(n, o) for n, o in zip(new_w, w))
         merged = collections.OrderedDict(
@@ -753,16 +895,85 @@ class StackedEngine:
             n_sum + count,
             batches + tf.cast(active, tf.float32),
         )
+      return w, sums
+
+    def train(w0, start, x_all, y_all, idx, valid, proximal, decay):
+      """Local training of the clients of `idx` [S, K, b] from `w0`.
+
+      `(deltas, sums)`; `start` is None (every client starts at `w0`).
+      """
+      del start
+      k = tf.shape(idx)[1]
+      w_start = tuple(
+          tf.broadcast_to(v[None], tf.concat([[k], tf.shape(v)], 0)) for v in w0
+      )
+      w, sums = descend(
+          w_start,
+          w_start,
+          global_solver,
+          x_all,
+          y_all,
+          idx,
+          valid,
+          proximal,
+          decay,
+      )
       delta = tuple(a - c for a, c in zip(w_start, w))
       return delta, sums
 
-    def gradient_at(w0, x_all, y_all, idx, valid, proximal, decay):
+    def personal_pass(w0, start, x_all, y_all, idx, valid, lam, decay):
+      """Ditto's personal pass: `(new personal models, sums)`.
+
+      From the clients' personal models `start` [K, ...] with the personal
+      optimizer on grad F_k(v) + lam (v - w0), anchored at the broadcast
+      `w0` (as `ditto.personal_training`).
+      """
+      return descend(
+          start, w0, personal_solver, x_all, y_all, idx, valid, lam, decay
+      )
+
+    def fedplus_pass(w0, start, x_all, y_all, idx, valid, proximal, decay):
+      """Fed+'s local steps: `(new local models [K, ...], sums)`.
+
+      As `fed_plus.local_update` for each client k from its model `start[k]`
+      and the broadcast `w0`: theta_k = prox(w_k - w0) (per client: the
+      geomed norm is over the client's whole model), the start (1 - lambda)
+      w_k + lambda w0, and plain steps of size eta mixed with kappa toward
+      w0 + theta_k.
+      """
+      del proximal, decay
+      work = fedplus_work
+      diff = tuple(v - g[None] for v, g in zip(start, w0))
+      theta = tf.vectorized_map(
+          lambda d: tuple(fed_plus.prox(work.psi, list(d), work.delta)),
+          diff,
+          fallback_to_while_loop=False,
+      )
+      anchor = tuple(g[None] + t for g, t in zip(w0, theta))
+      lam = work.lam
+      w_start = tuple(
+          (1.0 - lam) * v + lam * g[None] for v, g in zip(start, w0)
+      )
+      return descend(
+          w_start,
+          anchor,
+          fedplus_solver,
+          x_all,
+          y_all,
+          idx,
+          valid,
+          0.0,
+          0.0,
+          mix=work.kappa,
+      )
+
+    def gradient_at(w0, start, x_all, y_all, idx, valid, proximal, decay):
       """Each client's mean gradient at `w0` over its stream.
 
       As `client_work.full_gradient_work`: batch-mean gradients weighted by
       the batch sizes, divided by the examples; the metrics of the pass.
       """
-      del proximal, decay
+      del start, proximal, decay
       k = tf.shape(idx)[1]
       w = tuple(
           tf.broadcast_to(v[None], tf.concat([[k], tf.shape(v)], 0)) for v in w0
@@ -798,12 +1009,17 @@ class StackedEngine:
 
     client_pass = gradient_at if gradient_work else train
 
-    def grouped_pass(w0, x_all, y_all, idx, valid, steps, proximal, decay):
-      """`client_pass` over size-ordered groups, each to its longest steps."""
+    def grouped_pass(
+        pass_fn, w0, start, x_all, y_all, idx, valid, steps, proximal, decay
+    ):
+      """`pass_fn` over size-ordered groups, each to its longest steps."""
       order, bounds = self._order_ph, self._bounds_ph
       idx_s = tf.gather(idx, order, axis=1)
       valid_s = tf.gather(valid, order, axis=1)
       steps_s = tf.cast(tf.gather(steps, order), tf.int32)
+      start_s = None
+      if start is not None:
+        start_s = tuple(tf.gather(v, order) for v in start)
       g_count = tf.size(bounds) - 1
       new_ta = lambda dtype: tf.TensorArray(
           dtype, size=g_count, infer_shape=False
@@ -813,8 +1029,9 @@ class StackedEngine:
       for g in tf.range(g_count):
         a, b = bounds[g], bounds[g + 1]
         s = tf.reduce_max(steps_s[a:b])
-        d, m = client_pass(
+        d, m = pass_fn(
             w0,
+            None if start_s is None else tuple(v[a:b] for v in start_s),
             x_all,
             y_all,
             idx_s[:s, a:b],
@@ -831,24 +1048,35 @@ class StackedEngine:
           tuple(unsort(ta) for ta in sums),
       )
 
-    def train_clients(
-        w0, x_all, y_all, idx, valid, steps, proximal=0.0, decay=0.0
+    def run_clients(
+        pass_fn, w0, start, x_all, y_all, idx, valid, steps, proximal, decay
     ):
-      """`(deltas [K, ...], (loss, correct, examples, batches) [K])`.
+      """`pass_fn` for every client: `(vectors [K, ...], sums [K])`.
 
-      The deltas of local training, or the gradients of `gradient_at`.
+      Vectorized in `grouped_pass`'s groups, else client after client;
+      `start` is None or the clients' stacked start weights [K, ...].
       """
       if vectorize:
         return grouped_pass(
-            w0, x_all, y_all, idx, valid, steps, proximal, decay
+            pass_fn,
+            w0,
+            start,
+            x_all,
+            y_all,
+            idx,
+            valid,
+            steps,
+            proximal,
+            decay,
         )
       k_count = tf.shape(idx)[1]
       deltas = [tf.TensorArray(s.dtype, size=k_count) for s in trainable_specs]
       sums = [tf.TensorArray(tf.float32, size=k_count) for _ in range(4)]
       for k in tf.range(k_count):
         s = tf.cast(steps[k], tf.int32)
-        d, m = client_pass(
+        d, m = pass_fn(
             w0,
+            None if start is None else tuple(v[k : k + 1] for v in start),
             x_all,
             y_all,
             idx[:s, k : k + 1],
@@ -862,6 +1090,61 @@ class StackedEngine:
           tuple(ta.stack() for ta in deltas),
           tuple(ta.stack() for ta in sums),
       )
+
+    def train_clients(
+        w0, x_all, y_all, idx, valid, steps, proximal=0.0, decay=0.0
+    ):
+      """`(deltas [K, ...], (loss, correct, examples, batches) [K])`.
+
+      The deltas of local training, or the gradients of `gradient_at`.
+      """
+      return run_clients(
+          client_pass,
+          w0,
+          None,
+          x_all,
+          y_all,
+          idx,
+          valid,
+          steps,
+          proximal,
+          decay,
+      )
+
+    def personal_passes(w0, personal, x_all, y_all, personal_pos, kept, steps):
+      """Ditto's personal models after its passes, and how many were kept.
+
+      Pass g (lambda_g) starts from the clients' personal models
+      `personal[g]` and reads the slots `personal_pos[g]`; a client's
+      non-finite result keeps its previous model (counted, as
+      `stateful.zero_non_finite_to` in `ditto.local_work`).
+      """
+      new_personal = []
+      dropped = tf.constant(0, tf.int32)
+      for g, lam in enumerate(personal_work.lambdas):
+        pos = personal_pos[g]
+        valid = tf.logical_and(pos >= 0, kept[None, :, None])
+        v_new, _ = run_clients(
+            personal_pass,
+            w0,
+            personal[g],
+            x_all,
+            y_all,
+            indices(pos, x_all),
+            valid,
+            steps,
+            lam,
+            0.0,
+        )
+        ok = _finite_per_client(v_new)
+        new_personal.append(
+            tuple(
+                tf.where(_per_client(ok, n), n, o)
+                for n, o in zip(v_new, personal[g])
+            )
+        )
+        dropped += tf.reduce_sum(tf.cast(tf.logical_not(ok), tf.int32))
+      return tuple(new_personal), dropped
 
     def loss_at(w0, x_all, y_all, idx, valid):
       """Each client's mean loss over its (loss-pass) stream at `w0`.
@@ -905,6 +1188,8 @@ class StackedEngine:
         steps,
         server_state,
         client_indices,
+        personal,
+        personal_pos,
     ):
       w0 = tuple(tf.nest.flatten(weights.trainable))
       idx = indices(train_pos, x_all)
@@ -918,23 +1203,54 @@ class StackedEngine:
       else:
         losses, counts = None, None
       context = definition.prepare(losses, counts)
+      kept = tf.ones([k_count], tf.bool)
       if definition.trains is not None:
         # A filtered-out client does no work (no step, no metric, zero delta).
         kept = definition.trains(context, losses)
         valid = tf.logical_and(valid, kept[None, :, None])
         steps = tf.where(kept, steps, tf.zeros_like(steps))
-      deltas, sums = train_clients(
-          w0,
-          x_all,
-          y_all,
-          idx,
-          valid,
-          steps,
-          definition.proximal_strength,
-          definition.weight_decay,
-      )
-      deltas, bad = clean(deltas)
+      new_personal, client_counts = (), ()
+      if fedplus_work:
+        # Each client's new local model from its own; a non-finite one keeps
+        # the previous model (`stateful.zero_non_finite_to`) and is counted.
+        deltas, sums = run_clients(
+            fedplus_pass,
+            w0,
+            personal[0],
+            x_all,
+            y_all,
+            idx,
+            valid,
+            steps,
+            0.0,
+            0.0,
+        )
+        ok = _finite_per_client(deltas)
+        deltas = tuple(
+            tf.where(_per_client(ok, n), n, o)
+            for n, o in zip(deltas, personal[0])
+        )
+        bad = tf.logical_not(ok)
+        new_personal = (deltas,)
+        client_counts = (tf.reduce_sum(tf.cast(bad, tf.int32)),)
+      else:
+        deltas, sums = train_clients(
+            w0,
+            x_all,
+            y_all,
+            idx,
+            valid,
+            steps,
+            definition.proximal_strength,
+            definition.weight_decay,
+        )
+        deltas, bad = clean(deltas)
       num_examples = sums[2]
+      if personal_work:  # After the global pass, as in `ditto.local_work`.
+        new_personal, dropped = personal_passes(
+            w0, personal, x_all, y_all, personal_pos, kept, steps
+        )
+        client_counts = (dropped,)
       if definition.loss_pass == 'work':  # The gradient pass's losses.
         losses = sums[0] / tf.maximum(num_examples, 1.0)
         counts = num_examples
@@ -963,6 +1279,7 @@ class StackedEngine:
       extra = collections.OrderedDict(
           definition.metrics(context, losses, scalar_sum, k_count)
       )
+      extra.update(zip(definition.client_counts, client_counts))
       new_server_state = ()
       if server_state_rule is not None:
         new_server_state, state_metrics = server_state_rule.update(
@@ -995,14 +1312,21 @@ class StackedEngine:
                 for v, s in zip(values[name], tf.nest.flatten(spec))
             ],
         )
-      return tuple(trainable), opt_state, metrics, extra, new_server_state
+      return (
+          tuple(trainable),
+          opt_state,
+          metrics,
+          extra,
+          new_server_state,
+          new_personal,
+      )
 
     non_trainable = tuple(tf.nest.flatten(self._weights_ph.non_trainable))
     weights_in = tff.learning.models.ModelWeights(
         trainable=list(tf.nest.flatten(self._weights_ph.trainable)),
         non_trainable=list(non_trainable),
     )
-    trainable, opt_state, metric_sums, extra, server_state = round_fn(
+    trainable, opt_state, metric_sums, extra, server_state, personal = round_fn(
         weights_in,
         self._opt_state_ph,
         self._x_ph,
@@ -1012,6 +1336,8 @@ class StackedEngine:
         self._steps_ph,
         self._server_state_ph,
         self._indices_ph,
+        self._personal_ph,
+        self._personal_pos_ph,
     )
     finalizers = model.metric_finalizers()
     finalized = collections.OrderedDict(
@@ -1023,7 +1349,7 @@ class StackedEngine:
         finalized,
         extra,
     )
-    self._state_outputs = ((), server_state)
+    self._state_outputs = (personal, server_state)
     init = [
         tf.compat.v1.global_variables_initializer(),
         tf.compat.v1.local_variables_initializer(),
@@ -1110,8 +1436,15 @@ class StackedEngine:
         passes=self._passes,
         train_pass=p,
     )
-    train_pos, steps = layout(1 if self._passes == 2 else 0)
-    loss_pos = layout(0)[0] if self._passes == 2 else train_pos[:0]
+    train_pos, steps = layout(self._train_pass)
+    loss_pos = layout(0)[0] if self._train_pass else train_pos[:0]
+    # Ditto's personal passes read the stream again, one pass each, in order.
+    num_personal = self._num_personal_passes
+    personal_pos = np.zeros([0, 0, len(sizes), self.batch_size], np.int64)
+    if num_personal:
+      personal_pos = np.stack(
+          [layout(self._train_pass + 1 + g)[0] for g in range(num_personal)]
+      )
     order, bounds = round_groups(steps, group_by_size=self.group_by_size)
     # (real examples, batch slots run) of this round's training pass.
     self.last_padding = (
@@ -1135,12 +1468,13 @@ class StackedEngine:
             self._sizes_ph: sizes,
             self._epochs_ph: epochs,
             self._takes_ph: takes,
+            self._personal_pos_ph: personal_pos,
         }
     )
     feed.update(
         batched.client_state_feed(
             self.definition,
-            (),
+            self._personal_ph,
             self._server_state_ph,
             self._indices_ph,
             plan,
@@ -1155,10 +1489,17 @@ class StackedEngine:
         feed_dict=feed,
     )
 
-  def next(self, state, plan: batched.RoundPlan) -> Any:
-    """`process.next` on the process's state: `(new_state, metrics)`."""
+  def next(self, state, plan: batched.RoundPlan, client_states=None) -> Any:
+    """`process.next` on the process's state.
+
+    Returns:
+      `(new_state, metrics)`; for a definition with personal models (Ditto),
+      a `stateful.StatefulOutput(state, client_states, metrics)` as the
+      `StatefulClientsProcess` returns, given the participants'
+      `client_states` (as `BatchedEngine.next`).
+    """
     return batched.apply_round(
-        self.definition, state, plan, None, self.run_round
+        self.definition, state, plan, client_states, self.run_round
     )
 
   def close(self) -> None:

@@ -216,7 +216,9 @@ def measure(
 
 
 def main(argv) -> int:
-  del argv
+  code = console.unexpected_arguments('bench_scale', argv)
+  if code is not None:
+    return code
   runtime.install_worker_cleanup()
   log = lambda s: print(s, file=sys.stderr, flush=True)
   populations = [int(p) for p in _POPULATIONS.value]

@@ -41,12 +41,14 @@ batches), interleaved round by round in a rotating order:
   client's j-th batch, K x B examples per step; no per-client weights, no
   averaging), the fastest a vectorized engine of K clients could go.
 
-Ditto and the Fed+ family keep a personal model per client: on `tff` and
-`batched` each timed round is what `run.simulation` does (the selected
-clients' states read from an in-memory `ClientStateStore`, the round, the new
-states written back; each system its own store), with `--ditto_lambda`.
+Ditto and the Fed+ family keep a personal model per client: on `tff`,
+`batched` and `stacked` each timed round is what `run.simulation` does (the
+selected clients' states read from an in-memory `ClientStateStore`, the
+round, the new states written back; each system its own store), with
+`--ditto_lambda`.
 AFL's clients carry their indices. The stacked engine runs the algorithms
-whose client work is local training; the others are left out with a note.
+whose client work it has in stacked form (`stacked.check_definition`); the
+others are left out with a note.
 Ditto's store on disk at EMNIST scale is
 `run/benchmarks/bench_ditto_scale.py`'s subject.
 
@@ -111,6 +113,8 @@ MODELS = (
 )
 # The window models: their `tasks.shakespeare_leaf` preset.
 _PRESETS = {'shakespeare_gru': 'deltafl', 'shakespeare_lstm_leaf': 'fedprox'}
+# --rnn_units: the presets' recurrent width instead of their own (None).
+_UNITS = {}
 ALGORITHMS = algorithm_registry.names()
 # --stacked_modes -> the system's suffix: vectorized (with the recurrent
 # kernels of tff_algos.stacked_rnn where the model has them), sequential,
@@ -134,12 +138,14 @@ _STACKED_MODES = None
 _STACKED_ONLY = None
 _DITTO_LAMBDA = None
 _EXAMPLES = None
+_RNN_UNITS = None
 
 
 def define_flags() -> None:
   """Defines the command-line flags."""
   global _MODELS, _ALGORITHMS, _ROUNDS, _WARMUP, _CLIENTS, _NUM_CLIENTS
   global _OUTPUT, _STACKED_MODES, _STACKED_ONLY, _DITTO_LAMBDA, _EXAMPLES
+  global _RNN_UNITS
   _MODELS = flags.DEFINE_list('models', list(MODELS), 'Models to time.')
   _ALGORITHMS = flags.DEFINE_list(
       'algorithms',
@@ -159,6 +165,13 @@ def define_flags() -> None:
       '64 windows for shakespeare_gru).',
   )
   _NUM_CLIENTS = flags.DEFINE_integer('num_clients', 100, 'Population.')
+  _RNN_UNITS = flags.DEFINE_integer(
+      'rnn_units',
+      None,
+      'Recurrent width of shakespeare_gru and shakespeare_lstm_leaf instead '
+      "of their preset's (as run.train's --rnn_units), e.g. 64 for the "
+      "tail benchmark's Shakespeare setting.",
+  )
   _OUTPUT = flags.DEFINE_string('output_json', None, 'Write every number here.')
   _STACKED_MODES = flags.DEFINE_list(
       'stacked_modes',
@@ -243,7 +256,7 @@ def build_task(model: str, num_clients: int) -> task_base.FederatedTask:
   elif model in _PRESETS:
     train, evaluate = shakespeare_leaf.make_preprocess_fns(batch)
     model_fn = shakespeare_leaf.create_model_fn(
-        shakespeare_leaf.PRESETS[_PRESETS[model]]
+        shakespeare_leaf.PRESETS[_PRESETS[model]], units=_UNITS.get(model)
     )
   else:
     train, evaluate = shakespeare.make_preprocess_fns(batch)
@@ -255,7 +268,8 @@ def build_task(model: str, num_clients: int) -> task_base.FederatedTask:
       model_fn=model_fn,
       preprocess_train=train,
       preprocess_eval=evaluate,
-      description=f'{model} on generated data',
+      description=f'{model} on generated data'
+      + (f', {_UNITS[model]} recurrent units' if model in _UNITS else ''),
   )
 
 
@@ -276,7 +290,7 @@ def keras_model(model: str) -> tuple[tf.keras.Model, Any]:
     net = emnist.create_keras_model('convnet')
   elif model in _PRESETS:
     net = shakespeare_leaf.create_keras_model(
-        shakespeare_leaf.PRESETS[_PRESETS[model]]
+        shakespeare_leaf.PRESETS[_PRESETS[model]], units=_UNITS.get(model)
     )
   else:
     net = shakespeare.create_keras_model()
@@ -555,7 +569,13 @@ def run_model(
           f'{model}: {key} preloaded {num_clients} clients in '
           f'{time.process_time() - c0:.2f} CPU s (setup, untimed)'
       )
-      systems[key] = ['engine', engine, process.initialize(), run_as]
+      # Its own client states (Fed+'s global model is made from them).
+      systems[key] = [
+          'engine',
+          engine,
+          process.initialize(),
+          _RunAs(process, task),
+      ]
     if name == 'fedavg':
       stock = tff.learning.algorithms.build_weighted_fed_avg(
           task.model_fn, algorithms.build_optimizer('sgd', lr)
@@ -772,6 +792,11 @@ def main(argv) -> int:
     else:
       for model in list(_SIZES):
         _SIZES[model] = (_EXAMPLES.value,) + _SIZES[model][1:]
+  if _RNN_UNITS.value is not None:
+    if _RNN_UNITS.value < 1:
+      bad.append(f'--rnn_units={_RNN_UNITS.value}')
+    else:
+      _UNITS.update({m: _RNN_UNITS.value for m in _PRESETS})
   if (
       bad
       or _ROUNDS.value < 1
@@ -783,7 +808,7 @@ def main(argv) -> int:
         f'bench_suite: error: --models in {MODELS}, --algorithms in '
         f'{ALGORITHMS} including fedavg, --stacked_modes in '
         f'{", ".join(_STACKED_SUFFIX)}, --rounds >= 1, --ditto_lambda >= 0, '
-        '--examples_per_client >= 1',
+        '--examples_per_client >= 1, --rnn_units >= 1',
         file=sys.stderr,
     )
     return 2

@@ -28,11 +28,16 @@ training client of a selection run.
    then dropped before training). Each algorithm's client learning rate is
    tuned jointly with its own knob (FedProx mu, q, TERM's t, AFL's mixture
    step, Delta-FL's theta, Ditto's lambda, Fed+'s sigma) over a log-spaced
-   grid (`--grid=knob:v1,v2,...`), by successive halving over the selection
-   seeds: every configuration runs on the first seed, the best third
-   continues on the next, and so on. The criterion is the validation
-   worst-10% accuracy as a superquantile (continuous), then the
-   superquantile of the loss (`benchmark_stats.criterion`; personal models
+   grid (`--grid=knob:v1,v2,...`), by successive halving: with a first
+   rung (`--first_rung`, the Shakespeare setting's 75 of 300 rounds) every
+   configuration trains that many rounds on the first selection seed and
+   the best third continues to the full rounds (in the same folder, from
+   its checkpoint); then over the selection seeds, every configuration
+   still in runs on the first seed, the best third continues on the next,
+   and so on. The criterion is the validation
+   worst-10% accuracy as a superquantile (continuous); where it ties, the
+   worst 20%, 30%, 50%, then the mean accuracy, and the superquantile of
+   the loss last (`benchmark_stats.criterion`; personal models
    for Ditto and Fed+). A choice at an edge of its grid extends the grid
    past it (`--max_extensions`, within the knob's valid range); a choice
    still at an edge is marked. The baselines' fine-tuning learning rate and
@@ -58,6 +63,7 @@ runs and their TFF workers (as `run.experiments.reproduce`).
 """
 
 import concurrent.futures
+import csv
 import dataclasses
 import json
 import math
@@ -91,8 +97,14 @@ from tff_algos import registry
 # Algorithms the stacked engine runs (tests/test_benchmark.py checks this
 # against run.engines); the others run on the batched engine. Both give the
 # TFF path's weights (tests/test_stacked.py, tests/test_batched.py).
+# Algorithms the stacked engine runs but the benchmark still runs on the
+# batched one: the published Synthetic records were made there, and a record
+# names its engine. Ditto and Fed+ move with the next Synthetic rerun.
+ON_BATCHED = ('ditto', 'fedavg_plus', 'fedgeomed_plus', 'fedcomed_plus')
 STACKED = tuple(
-    n for n in registry.names() if 'stacked' in registry.get(n).engines
+    n
+    for n in registry.names()
+    if 'stacked' in registry.get(n).engines and n not in ON_BATCHED
 )
 # Algorithms with a personal model per client (their clients keep state).
 PERSONAL = tuple(n for n in registry.names() if registry.get(n).stateful)
@@ -102,6 +114,9 @@ BASELINES = {'fedavg_ft': 'final', 'local': 'initial'}
 COLUMNS = stats.COLUMNS
 HIGHER_IS_BETTER = stats.HIGHER_IS_BETTER
 KEEP = 1 / 3  # Successive halving: the share of configurations that go on.
+# Task flags of the stacked engine alone, dropped from the other engines'
+# runs (the batched engine runs a round's clients one after another).
+STACKED_ONLY_FLAGS = ('--stacked_size_groups', '--nostacked_size_groups')
 # Flags the benchmark sets itself; task flags after `--` may not.
 _CONTROLLED = (
     'algorithm',
@@ -154,6 +169,12 @@ class Method:
     return self.name in BASELINES
 
   @property
+  def server_lr(self) -> bool:
+    """Applies its aggregate with the run's server optimizer (its server
+    learning rate is tuned where the budget says so)."""
+    return not self.baseline and not registry.get(self.name).own_server_step
+
+  @property
   def engine(self) -> str:
     return 'stacked' if self.name in STACKED else 'batched'
 
@@ -173,12 +194,26 @@ class Budget:
   local_epochs: int
   batch_size: int
   learning_rate: float  # The centre of the learning-rate grid.
-  fine_tune_epochs: int = 5  # The baselines' epochs: 1..this, selected.
+  fine_tune_epochs: int = 5  # The baselines' epochs: 0..this, selected.
+  # Successive halving's first rung: every configuration trains this many
+  # rounds on the first selection seed, the best share continues to
+  # `rounds` (0: every rung trains `rounds`).
+  first_rung: int = 0
+  # Validation (or held-out) evaluations every this many rounds, the curve
+  # of each record (0: at the end only).
+  eval_every: int = 0
+  # The server learning rate is tuned (`Benchmark._server_lr_step`) for
+  # the algorithms with a server optimizer; else it stays 1.
+  tune_server_lr: bool = False
 
-  def flags(self, learning_rate: float) -> list[str]:
+  def flags(
+      self, learning_rate: float, rounds: Optional[int] = None
+  ) -> list[str]:
+    """The run's budget flags; `rounds` < `self.rounds`: a first rung
+    (its evaluations and checkpoints those of the full run's prefix)."""
     return [
-        f'--total_rounds={self.rounds}',
-        f'--rounds_per_eval={self.rounds}',
+        f'--total_rounds={rounds or self.rounds}',
+        f'--rounds_per_eval={self.eval_every or self.rounds}',
         f'--rounds_per_checkpoint={max(1, self.rounds // 5)}',
         f'--clients_per_round={self.clients_per_round}',
         f'--client_epochs_per_round={self.local_epochs}',
@@ -193,9 +228,11 @@ def log_grid(centre: float, steps: Sequence[float]) -> tuple[float, ...]:
 
 
 LR_STEPS = (1 / 3, 1.0, 3.0)
+# The server learning rates around TFF's default of 1 (SGD).
+SERVER_LR_STEPS = (1 / 3, 1.0, 3.0)
 # The baselines' fine-tuning rates: fine-tuning costs a per-client pass per
-# epoch and rate (`tasks.personalization`), so two rates.
-FT_LR_STEPS = (1 / 3, 1.0)
+# epoch and rate (`tasks.personalization`), so three rates (and extensions).
+FT_LR_STEPS = (1 / 9, 1 / 3, 1.0)
 
 
 # The algorithms in the tables, in order, with their labels.
@@ -277,35 +314,38 @@ SETTINGS = {
         'rounds)',
     ),
     # The Delta-FL Shakespeare preset (roles with >= 100 windows, half
-    # training, half unseen; H = 20, one-hot, GRU), scaled to this CPU as
-    # docs/results/deltafl_shakespeare.md. The common learning rate was
-    # picked on FedAvg's validation data (--holdout=validation, seed 100, 60
-    # rounds; mean / p10 accuracy %): lr 0.1: 23.8 / 17.9 (every model still
-    # predicts the commonest characters), 0.5: 32.2 / 22.5, 1: 34.0 / 25.0,
-    # 2: 35.1 / 25.0. 1 and 2 tie on the criterion (one client's worth);
-    # 1, the smaller, keeps the algorithms with larger effective steps
-    # (TERM's tilt, q-FFL's 1 / L) further from divergence.
+    # training, half unseen; H = 20, one-hot, GRU) at a trained operating
+    # point (issue 34): 200 seeded roles (100 training, 100 unseen), each
+    # role's first 1,000 windows (size groups on: roles of 100 to 1,000
+    # windows pad a vectorized round), GRU 64. FedAvg at lr 1 (seed 0,
+    # --holdout=validation, eval every 20 rounds) reached 45.9% validation
+    # mean accuracy at round 240, 46.5% at 300 and 46.3% at 400: rounds=300,
+    # with a first rung of 75 and a validation curve every 30 rounds.
     'shakespeare': Setting(
         'shakespeare',
         (
             '--task=shakespeare_leaf',
             '--shakespeare_preset=deltafl',
-            '--max_clients=100',
-            '--max_examples_per_client=200',
-            '--rnn_units=32',
+            '--max_clients=200',
+            '--max_examples_per_client=1000',
+            '--rnn_units=64',
+            '--stacked_size_groups',
         ),
         Budget(
-            rounds=60,
+            rounds=300,
             clients_per_round=10,
             local_epochs=1,
             batch_size=16,
             learning_rate=1.0,
+            first_rung=75,
+            eval_every=30,
+            tune_server_lr=True,
         ),
-        'a seeded 100 of the 1,038 eligible roles (50 training, 50 unseen), '
-        "each role's first 200 windows, GRU 32 (the paper: GRU 128, all "
-        'roles), 10 roles per round, 60 rounds (the paper: 100 per round, '
-        '600 rounds), one epoch, batch 16, lr 1 (the paper: 0.1, over 600 '
-        'rounds)',
+        'a seeded 200 of the 1,038 eligible roles (100 training, 100 '
+        "unseen), each role's first 1,000 windows, GRU 64 (the paper: GRU "
+        '128, all roles, all windows), 10 roles per round, 300 rounds (the '
+        'paper: 100 per round, 600 rounds), one epoch, batch 16, learning '
+        'rates around 1 (the paper: 0.1, over 600 rounds)',
         shakespeare_data=True,
     ),
     'custom': Setting(
@@ -382,6 +422,27 @@ def define_flags() -> None:
       None,
       "Override the setting's most fine-tuning epochs of the baselines.",
   )
+  flags.DEFINE_integer(
+      'first_rung',
+      None,
+      "Override the setting's first rung: every configuration trains this "
+      'many rounds on the first selection seed before the best third goes '
+      'on to --rounds (0: no such rung).',
+  )
+  flags.DEFINE_bool(
+      'tune_server_lr',
+      None,
+      "Override the setting's choice: tune the server learning rate of the "
+      'algorithms with a server optimizer (their best configuration of the '
+      'first rung at the other rates of its grid, --grid='
+      'server_learning_rate:...), or keep it at 1.',
+  )
+  flags.DEFINE_integer(
+      'eval_every',
+      None,
+      "Override the setting's evaluation period in rounds (each record's "
+      'curve; 0: at the end only).',
+  )
   flags.DEFINE_string(
       'output_dir',
       None,
@@ -404,6 +465,14 @@ def define_flags() -> None:
       None,
       'The results page (default <output_dir>/benchmark.md); the pictures '
       'are written beside it.',
+  )
+  flags.DEFINE_string(
+      'bound_json',
+      None,
+      "A `run.benchmarks.bench_suite --output_json` of the setting's model "
+      "and cohort (one model, with fedavg/bound): the page's time table "
+      "gives each algorithm's training examples/s as a fraction of that "
+      'bound.',
   )
   flags.DEFINE_string(
       'data_dir',
@@ -431,19 +500,24 @@ def warn(text: str) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-  """One configuration of a method: its knob value and learning rate."""
+  """One configuration of a method: its knob value, client learning rate
+  and server learning rate (1: TFF's default, absent from names and
+  flags)."""
 
   value: Optional[float]
   lr: float
+  slr: float = 1.0
 
   def describe(self, method: Method) -> str:
     knob = '' if method.knob is None else f'{method.knob}={self.value:g}, '
-    return f'{knob}lr={self.lr:g}'
+    server = '' if self.slr == 1.0 else f', server lr={self.slr:g}'
+    return f'{knob}lr={self.lr:g}{server}'
 
 
 def run_name(phase: str, method: Method, config: Config, seed: int) -> str:
   knob = '' if method.knob is None else f'_{method.knob}{config.value:g}'
-  return f'{phase}_{method.name}{knob}_lr{config.lr:g}_seed{seed}'
+  server = '' if config.slr == 1.0 else f'_slr{config.slr:g}'
+  return f'{phase}_{method.name}{knob}_lr{config.lr:g}{server}_seed{seed}'
 
 
 def run_args(
@@ -456,11 +530,21 @@ def run_args(
     phase: str,
     root: str,
     data_seed: int,
+    rounds: Optional[int] = None,
 ) -> list[str]:
-  """The `run.train` flags of one run."""
+  """The `run.train` flags of one run (`rounds`: a first rung's)."""
+  if method.engine != 'stacked':
+    setting_flags = [
+        f for f in setting_flags if not f.startswith(STACKED_ONLY_FLAGS)
+    ]
   return (
       list(setting_flags)
-      + budget.flags(config.lr)
+      + budget.flags(config.lr, rounds)
+      + (
+          []
+          if config.slr == 1.0
+          else [f'--server_learning_rate={config.slr:g}']
+      )
       + method.knob_flags(config.value)
       + [
           f'--simulation_engine={method.engine}',
@@ -515,16 +599,55 @@ def _client_rows(run_path: str, personal: bool) -> dict[str, dict[str, list]]:
   return out
 
 
-def _examples(run_path: str) -> int:
-  """Training examples the run processed: metrics.csv's sum over rounds."""
+def _curve(run_path: str, rounds: int) -> dict[str, list[list[float]]]:
+  """Each evaluated split's `[round, mean, sq10]` (accuracy) up to `rounds`.
+
+  From `metrics.csv`'s evaluation rows, e.g. the validation curve of a
+  selection run with `Budget.eval_every`.
+  """
+  with open(os.path.join(run_path, 'metrics.csv'), newline='') as f:
+    rows = list(csv.DictReader(f))
+  suffix = '/accuracy/mean'
+  out = {}
+  for row in rows:
+    if int(row['round_num']) > rounds:
+      continue
+    for key, value in row.items():
+      if key.startswith('eval/') and key.endswith(suffix) and value:
+        split = key[len('eval/') : -len(suffix)]
+        sq10 = row.get(f'eval/{split}/accuracy/sq10') or 'nan'
+        out.setdefault(split, []).append(
+            [int(row['round_num']), float(value), float(sq10)]
+        )
+  return out
+
+
+def _examples(run_path: str, rounds: int) -> int:
+  """Training examples the run processed up to `rounds`: metrics.csv's sum."""
   total = 0.0
-  with open(os.path.join(run_path, 'metrics.csv')) as f:
-    header = f.readline().strip().split(',')
-    col = header.index('train/num_examples')
-    for line in f:
-      cell = line.strip().split(',')[col]
-      total += float(cell) if cell else 0.0
+  with open(os.path.join(run_path, 'metrics.csv'), newline='') as f:
+    for row in csv.DictReader(f):
+      cell = row.get('train/num_examples')
+      if int(row['round_num']) <= rounds and cell:
+        total += float(cell)
   return int(total)
+
+
+def _timed(path: str, rounds: int) -> dict[str, Any]:
+  """The last invocation's timed parts (`run.simulation.SECONDS`), its wall
+  time and the examples it trained (a resumed run's earlier invocations
+  are in `wall_s` and `examples` alone)."""
+  timing = _read_json(os.path.join(path, 'timing.json'), 'timing')
+  mark = _read_json(os.path.join(path, RECORD), RECORD)
+  if not isinstance(timing, dict) or not isinstance(mark, dict):
+    return {}
+  out = {'seconds': {k: v for k, v in timing.items() if k != 'first_round'}}
+  if 'first_round' in timing and 'last_wall_s' in mark:
+    out['timed_wall_s'] = mark['last_wall_s']
+    out['timed_examples'] = _examples(path, rounds) - _examples(
+        path, int(timing['first_round']) - 1
+    )
+  return out
 
 
 def _rounded(tree):
@@ -540,6 +663,21 @@ def _rounded(tree):
 
 def _diverged(error: run_pool.RunFailed) -> bool:
   return 'diverged' in str(error)
+
+
+# Flags that name this machine's folders: a record made with other folders
+# (on another machine, or another --output_dir) is the same run.
+_MACHINE_FLAGS = ('--root_output_dir=', '--data_dir=')
+
+
+def _portable(args: Any) -> Any:
+  if not isinstance(args, list):
+    return args
+  return [
+      a
+      for a in args
+      if not (isinstance(a, str) and a.startswith(_MACHINE_FLAGS))
+  ]
 
 
 class Runs:
@@ -604,16 +742,26 @@ class Runs:
     if not isinstance(record, dict) or 'splits' not in record:
       warn(f'{path}: a record of the wrong shape; doing it again')
       return None
-    if record.get('args') != list(args):
+    if _portable(record.get('args')) != _portable(args):
       raise RuntimeError(
           f'{path} records the run with other arguments; use another '
           '--records_dir (or remove that record)'
       )
     return record
 
-  def run(self, args: list[str], rounds: int, personal: bool) -> dict:
-    """One training run's record: from `--records_dir`, else run it."""
-    name = _flag(args, 'experiment_name')
+  def run(
+      self,
+      args: list[str],
+      rounds: int,
+      personal: bool,
+      name: Optional[str] = None,
+  ) -> dict:
+    """One training run's record: from `--records_dir`, else run it.
+
+    `name` names the record (default: the run's folder); a first rung's
+    record is named apart from its folder, which the full run continues.
+    """
+    name = name or _flag(args, 'experiment_name')
     phase = name.split('_', 1)[0]
     with self._lock:
       self.commands.append('python -m run.train ' + shlex.join(args))
@@ -633,6 +781,14 @@ class Runs:
     mark = _read_json(os.path.join(path, RECORD), RECORD)
     if summary is None or mark is None:
       return None
+    done = summary.get('round_num') if isinstance(summary, dict) else None
+    if isinstance(done, int) and done > rounds:
+      raise RuntimeError(
+          f'{path} holds a run of {done} rounds, past the {rounds} asked '
+          'for; use another --output_dir (or remove that folder)'
+      )
+    if isinstance(done, int) and done < rounds:
+      return None  # Fewer rounds (e.g. a first rung's): it continues.
     if not (
         isinstance(summary, dict)
         and isinstance(summary.get('summaries'), dict)
@@ -687,27 +843,42 @@ class Runs:
       wall = before + time.time() - start
       atomic.write_text(
           os.path.join(path, RECORD),
-          json.dumps({'wall_s': round(wall, 1), 'args': list(args)}),
+          json.dumps(
+              {
+                  'wall_s': round(wall, 1),
+                  'args': list(args),
+                  'last_wall_s': round(time.time() - start, 1),
+              }
+          ),
       )
     summary = _read_json(os.path.join(path, 'summary.json'), 'summary.json')
     return {
         'args': list(args),
         'task': (summary or {}).get('task', ''),
         'splits': _rounded(_client_rows(path, personal)),
-        'examples': _examples(path),
+        'curve': _rounded(_curve(path, rounds)),
+        'examples': _examples(path, rounds),
         'wall_s': round(wall, 1),
+        **_timed(path, rounds),
     }
 
   def fine_tune(
-      self, args: list[str], learning_rates, max_epochs: int, batch_size: int
+      self,
+      args: list[str],
+      learning_rates,
+      max_epochs: int,
+      batch_size: int,
+      tag: str = '',
   ) -> dict:
     """The baselines' fine-tuning of a finished FedAvg run (its record).
+
+    `tag` names a further fine-tuning of the same run (a grid extension).
 
     Returns:
       `{'grid': {start: {split: {lr: [stats per epoch]}}}, 'splits': {start:
       {split: {lr: [per-client arrays per epoch]}}}, 'wall_s'}`.
     """
-    name = _flag(args, 'experiment_name') + '_ft'
+    name = _flag(args, 'experiment_name') + '_ft' + tag
     options = dict(
         learning_rates=[float(r) for r in learning_rates],
         max_epochs=max_epochs,
@@ -745,6 +916,7 @@ DIVERGED = {
     'weighted_mean': 0.0,
     'p10': 0.0,
     'worst10': -math.inf,
+    **{f'worst{round(100 * t)}': -math.inf for t in stats.TAIL_LADDER},
     'loss_sq10': math.inf,
     'variance': math.nan,
 }
@@ -784,6 +956,14 @@ class Choice:
   edges: tuple[str, ...] = ()  # Knobs whose chosen value is at an edge.
   rungs: list[int] = dataclasses.field(default_factory=list)
   extensions: int = 0
+  # The first rung's statistics (fewer rounds), apart from `tried`.
+  early: dict[Config, dict[str, float]] = dataclasses.field(
+      default_factory=dict
+  )
+  # Validation curves `[[round, mean, sq10], ...]` of the full runs.
+  curves: dict[Config, dict[int, list]] = dataclasses.field(
+      default_factory=dict
+  )
 
   def ranked(self, seeds: Sequence[int]) -> list[Config]:
     """The configurations run on all `seeds`, best first (grid order ties)."""
@@ -795,38 +975,73 @@ class Choice:
 
 
 def _values(choice: Choice, knob: str) -> list[float]:
-  return sorted({c.value if knob == 'value' else c.lr for c in choice.tried})
+  return sorted({getattr(c, knob) for c in (*choice.tried, *choice.early)})
+
+
+def _axes(choice: Choice) -> tuple[str, ...]:
+  """The Config fields tuned: the knob, the client learning rate and the
+  server learning rate where more than one was tried."""
+  axes = (('value',) if choice.method.knob else ()) + ('lr',)
+  if len(_values(choice, 'slr')) > 1:
+    axes += ('slr',)
+  return axes
+
+
+_AXIS_NAMES = {'lr': 'learning_rate', 'slr': 'server_learning_rate'}
 
 
 def _edge_moves(choice: Choice, lr_low: float) -> list[tuple[str, Config]]:
   """New configurations one step past the chosen values at grid edges."""
   method, best, moves = choice.method, choice.best, []
-  for knob in (('value',) if method.knob else ()) + ('lr',):
-    values = _values(choice, knob)
-    current = best.value if knob == 'value' else best.lr
+  for axis in _axes(choice):
+    values = _values(choice, axis)
+    current = getattr(best, axis)
     for edge, at in (('low', values[0]), ('high', values[-1])):
       if current != at:
         continue
       low, high = (
-          (method.low, method.high) if knob == 'value' else (lr_low, None)
+          (method.low, method.high) if axis == 'value' else (lr_low, None)
       )
       new = stats.next_value(values, edge, low=low, high=high)
       if new is not None:
-        config = (
-            Config(new, best.lr) if knob == 'value' else Config(best.value, new)
-        )
-        moves.append((knob, config))
+        moves.append((axis, dataclasses.replace(best, **{axis: new})))
   return moves
 
 
 def _edges(choice: Choice) -> tuple[str, ...]:
   out = []
-  for knob in (('value',) if choice.method.knob else ()) + ('lr',):
-    values = _values(choice, knob)
-    current = choice.best.value if knob == 'value' else choice.best.lr
-    if len(values) > 1 and current in (values[0], values[-1]):
-      out.append(choice.method.knob if knob == 'value' else 'learning_rate')
+  for axis in _axes(choice):
+    values = _values(choice, axis)
+    if len(values) > 1 and getattr(choice.best, axis) in (
+        values[0],
+        values[-1],
+    ):
+      out.append(_AXIS_NAMES.get(axis, choice.method.knob))
   return tuple(out)
+
+
+def _ft_moves(best: Config, max_epochs: dict[float, int]) -> set:
+  """`(lr, epochs)` fine-tunings one step past the chosen edges."""
+  lrs = sorted(max_epochs)
+  moves = set()
+  for edge, at in (('low', lrs[0]), ('high', lrs[-1])):
+    if best.lr == at and best.value > 0:
+      new = stats.next_value(lrs, edge, low=0.0, high=None)
+      if new is not None:
+        moves.add((new, max_epochs[best.lr]))
+  if best.value == max_epochs[best.lr]:
+    moves.add((best.lr, 2 * int(best.value)))
+  return moves
+
+
+def _ft_edges(best: Config, max_epochs: dict[float, int]) -> tuple[str, ...]:
+  lrs = sorted(max_epochs)
+  edges = []
+  if best.value == max_epochs[best.lr]:
+    edges.append('fine_tune_epochs')
+  if best.value > 0 and len(lrs) > 1 and best.lr in (lrs[0], lrs[-1]):
+    edges.append('fine_tune_learning_rate')
+  return tuple(edges)
 
 
 class Benchmark:
@@ -852,7 +1067,7 @@ class Benchmark:
     self.data_seed = data_seed
     self.root = root
 
-  def _args(self, method, config, seed, phase):
+  def _args(self, method, config, seed, phase, rounds=None):
     return run_args(
         self.task_flags,
         self.budget,
@@ -862,16 +1077,18 @@ class Benchmark:
         phase=phase,
         root=self.root,
         data_seed=self.data_seed,
+        rounds=rounds,
     )
 
   def _execute(self, groups, progress):
-    """Runs groups of `(key, args, personal, describe)`, each group in turn
-    in one worker (one configuration's seeds share its builds)."""
+    """Runs groups of `(key, args, personal, describe, rounds, name)`, each
+    group in turn in one worker (one configuration's seeds share its
+    builds)."""
 
     def one(group):
       done = {}
-      for key, args, personal, describe in group:
-        done[key] = self.runs.run(args, self.budget.rounds, personal)
+      for key, args, personal, describe, rounds, name in group:
+        done[key] = self.runs.run(args, rounds, personal, name=name)
         progress(describe(done[key]))
       return done
 
@@ -903,7 +1120,7 @@ class Benchmark:
       pool.shutdown(wait=True, cancel_futures=True)
 
   def _fine_tune(
-      self, method, config, seeds, phase, progress, lrs, max_epochs
+      self, method, config, seeds, phase, progress, lrs, max_epochs, tag=''
   ) -> dict:
     """The baselines' fine-tuning of FedAvg's runs: seed -> record."""
 
@@ -913,6 +1130,7 @@ class Benchmark:
           lrs,
           max_epochs,
           self.budget.batch_size,
+          tag=tag,
       )
       progress(
           f'{phase} fine-tuning of FedAvg {config.describe(method)} seed '
@@ -922,23 +1140,28 @@ class Benchmark:
 
     return dict(zip(seeds, self._parallel(one, list(seeds))))
 
-  def _jobs(self, method, configs, seeds, phase):
+  def _jobs(self, method, configs, seeds, phase, rounds=None):
+    """The runs of `configs` x `seeds` (`rounds`: a first rung's)."""
     groups = []
     split = 'personal/test' if method.name in PERSONAL else 'test'
+    rung = f' ({rounds} rounds)' if rounds else ''
     for config in configs:
       group = []
       for seed in seeds:
-        args = self._args(method, config, seed, phase)
+        args = self._args(method, config, seed, phase, rounds)
+        name = None
+        if rounds:
+          name = run_name(phase, method, config, seed) + f'_r{rounds}'
 
         def describe(r, m=method, c=config, sd=seed, sp=split, ph=phase):
           if r.get('diverged'):
-            return f'{ph} {m.label} {c.describe(m)} seed {sd}: diverged'
+            return f'{ph} {m.label} {c.describe(m)} seed {sd}{rung}: diverged'
           s = run_stats(r, sp)
           where = 'validation' if ph == 'select' else 'held-out'
           return (
-              f'{ph} {m.label} {c.describe(m)} seed {sd}: {where} worst10 '
-              f'{100 * s["worst10"]:.1f}%, mean {100 * s["mean"]:.1f}% '
-              f'({r["wall_s"]:.0f} s)'
+              f'{ph} {m.label} {c.describe(m)} seed {sd}{rung}: {where} '
+              f'worst10 {100 * s["worst10"]:.1f}%, mean '
+              f'{100 * s["mean"]:.1f}% ({r["wall_s"]:.0f} s)'
           )
 
         group.append(
@@ -947,6 +1170,8 @@ class Benchmark:
                 args,
                 method.name in PERSONAL,
                 describe,
+                rounds or self.budget.rounds,
+                name,
             )
         )
       groups.append(group)
@@ -964,12 +1189,20 @@ class Benchmark:
       lrs = self.grids['learning_rate']
       choices[method.name] = Choice(method, {})
       candidates[method.name] = [Config(v, lr) for v in values for lr in lrs]
+    if self.budget.first_rung:
+      candidates = self._first_rung(choices, candidates, sel_seeds, progress)
     for rung, seed in enumerate(sel_seeds):
       groups = []
       for name, configs in candidates.items():
         choices[name].rungs.append(len(configs))
         groups += self._jobs(choices[name].method, configs, [seed], 'select')
       self._collect(choices, self._execute(groups, progress))
+      if rung == 0 and not self.budget.first_rung:
+        ranked = {n: c.ranked(sel_seeds[:1]) for n, c in choices.items()}
+        new, more = self._server_lr_step(choices, ranked, seed, None)
+        self._collect(choices, self._execute(more, progress))
+        for name, configs in new.items():
+          choices[name].rungs[-1] += len(configs)
       for name, choice in choices.items():
         ranked = choice.ranked(sel_seeds[: rung + 1])
         candidates[name] = stats.top_fraction(ranked, KEEP)
@@ -995,6 +1228,64 @@ class Benchmark:
       choice.edges = _edges(choice)
     return choices
 
+  def _first_rung(self, choices, candidates, sel_seeds, progress) -> dict:
+    """Every configuration for `budget.first_rung` rounds on the first
+    selection seed; the best `KEEP` go on (their runs continue to the full
+    rounds in the same folders). Returns the configurations that go on."""
+    rounds, seed = self.budget.first_rung, sel_seeds[0]
+    groups = []
+    for name, configs in candidates.items():
+      choices[name].rungs.append(len(configs))
+      groups += self._jobs(
+          choices[name].method, configs, [seed], 'select', rounds
+      )
+    records = self._execute(groups, progress)
+    self._collect_early(choices, records)
+    ranked = {
+        n: self._early_ranked(choices[n], c) for n, c in candidates.items()
+    }
+    new, groups = self._server_lr_step(choices, ranked, seed, rounds)
+    self._collect_early(choices, self._execute(groups, progress))
+    out = {}
+    for name, configs in candidates.items():
+      configs = configs + new.get(name, [])
+      choices[name].rungs[-1] = len(configs)
+      ranked = self._early_ranked(choices[name], configs)
+      out[name] = stats.top_fraction(ranked, KEEP)
+    return out
+
+  @staticmethod
+  def _early_ranked(choice: Choice, configs) -> list[Config]:
+    return sorted(configs, key=lambda c: stats.criterion([choice.early[c]]))
+
+  @staticmethod
+  def _collect_early(choices, records) -> None:
+    for (name, config, _), record in records.items():
+      split = 'personal/test' if name in PERSONAL else 'test'
+      choices[name].early[config] = run_stats(record, split)
+
+  def _server_lr_step(self, choices, ranked, seed, rounds):
+    """The server learning rate along one line: each server-optimizer
+    method's best configuration of `ranked` at the grid's other server
+    rates, on `seed` for `rounds` (None: the full rounds). Returns the new
+    configurations by method and their run groups (none unless the budget
+    tunes the server rate)."""
+    new, groups = {}, []
+    if not self.budget.tune_server_lr:
+      return new, groups
+    for name, configs in ranked.items():
+      method = choices[name].method
+      if not method.server_lr or not configs:
+        continue
+      best = configs[0]
+      new[name] = [
+          dataclasses.replace(best, slr=slr)
+          for slr in self.grids['server_learning_rate']
+          if slr != best.slr
+      ]
+      groups += self._jobs(method, new[name], [seed], 'select', rounds)
+    return new, groups
+
   def _collect(self, choices, records):
     for (name, config, seed), record in records.items():
       method = choices[name].method
@@ -1002,38 +1293,67 @@ class Benchmark:
       choices[name].tried.setdefault(config, {})[seed] = run_stats(
           record, split
       )
+      curve = record.get('curve', {}).get(split)
+      if curve:
+        choices[name].curves.setdefault(config, {})[seed] = curve
 
   def select_fine_tuning(self, fedavg: Choice, sel_seeds, progress):
-    """The baselines' (learning rate, epochs) on FedAvg's selection runs."""
-    lrs = self.grids['fine_tune_learning_rate']
-    records = self._fine_tune(
-        fedavg.method,
-        fedavg.best,
-        sel_seeds,
-        'select',
-        progress,
-        lrs,
+    """The baselines' (learning rate, epochs) on FedAvg's selection runs.
+
+    Epochs 0 (no fine-tuning) to `budget.fine_tune_epochs` at each rate of
+    the grid; a choice at the grid's edge (the smallest or largest rate,
+    the most epochs) fine-tunes again one step past it (a rate one grid
+    step further, or twice the epochs at the chosen rate), up to
+    `max_extensions` times; one still at an edge is marked.
+    """
+    tried = {name: {} for name in BASELINES}
+    max_epochs = {}  # lr -> the most epochs tried at it
+
+    def fine_tune(lrs, epochs, tag):
+      records = self._fine_tune(
+          fedavg.method,
+          fedavg.best,
+          sel_seeds,
+          'select',
+          progress,
+          lrs,
+          epochs,
+          tag=tag,
+      )
+      for lr in lrs:
+        max_epochs[lr] = max(max_epochs.get(lr, 0), epochs)
+        for name, begin in BASELINES.items():
+          for e in range(epochs + 1):
+            tried[name][Config(e, lr)] = {
+                seed: fine_tuned_stats(r, begin, 'validation', lr, e)
+                for seed, r in records.items()
+            }
+
+    fine_tune(
+        list(self.grids['fine_tune_learning_rate']),
         self.budget.fine_tune_epochs,
+        '',
     )
     out = {}
-    for name, begin in BASELINES.items():
-      tried = {}
-      for lr in lrs:
-        for epochs in range(1, self.budget.fine_tune_epochs + 1):
-          tried[Config(epochs, lr)] = {
-              seed: fine_tuned_stats(r, begin, 'validation', lr, epochs)
-              for seed, r in records.items()
-          }
+    for name in BASELINES:
       method = Method(name, '', 'fine_tune_epochs', low=0.0)
-      choice = Choice(method, tried, rungs=[len(tried)])
-      choice.best = choice.ranked(sel_seeds)[0]
-      edges = []
-      if choice.best.value == self.budget.fine_tune_epochs:
-        edges.append('fine_tune_epochs')
-      if len(lrs) > 1 and choice.best.lr in (min(lrs), max(lrs)):
-        edges.append('fine_tune_learning_rate')
-      choice.edges = tuple(edges)
-      out[name] = choice
+      out[name] = Choice(method, tried[name], rungs=[len(tried[name])])
+      out[name].best = out[name].ranked(sel_seeds)[0]
+    for _ in range(self.max_extensions):
+      moves = set()
+      for choice in out.values():
+        moves.update(_ft_moves(choice.best, max_epochs))
+      if not moves:
+        break
+      for lr, epochs in sorted(moves):
+        fine_tune([lr], epochs, f'_lr{lr:g}_e{epochs}')
+      for choice in out.values():
+        choice.tried = tried[choice.method.name]
+        choice.extensions += 1
+        choice.best = choice.ranked(sel_seeds)[0]
+    for choice in out.values():
+      choice.edges = _ft_edges(choice.best, max_epochs)
+      choice.rungs = [len(choice.tried)]
     return out
 
   def report(self, choices, ft_choices, seeds, progress):
@@ -1063,6 +1383,12 @@ class Benchmark:
                 'wall_s': record['wall_s'],
                 'args': record['args'],
                 'task': record.get('task', ''),
+                # Where its time went (records made before: none).
+                **{
+                    k: record[k]
+                    for k in ('seconds', 'timed_wall_s', 'timed_examples')
+                    if k in record
+                },
             }
         )
       results[method.name] = runs
@@ -1146,6 +1472,9 @@ def _budget(setting: Setting) -> Budget:
       batch_size=pick('batch_size', b.batch_size),
       learning_rate=pick('learning_rate', b.learning_rate),
       fine_tune_epochs=pick('fine_tune_epochs', b.fine_tune_epochs),
+      first_rung=pick('first_rung', b.first_rung),
+      eval_every=pick('eval_every', b.eval_every),
+      tune_server_lr=pick('tune_server_lr', b.tune_server_lr),
   )
   for name in (
       'rounds',
@@ -1156,6 +1485,13 @@ def _budget(setting: Setting) -> Budget:
   ):
     if getattr(budget, name) < 1:
       raise UsageError(f'--{name} must be >= 1, got {getattr(budget, name)}')
+  if not 0 <= budget.first_rung < budget.rounds:
+    raise UsageError(
+        f'--first_rung must be >= 0 and < the rounds ({budget.rounds}), got '
+        f'{budget.first_rung} (0: no first rung)'
+    )
+  if budget.eval_every < 0:
+    raise UsageError(f'--eval_every must be >= 0, got {budget.eval_every}')
   if not (math.isfinite(budget.learning_rate) and budget.learning_rate > 0):
     raise UsageError(f'--learning_rate must be > 0, got {budget.learning_rate}')
   return budget
@@ -1166,10 +1502,12 @@ def _grids(budget: Budget, methods_run: Sequence[Method]) -> dict:
   grids = {
       'learning_rate': log_grid(budget.learning_rate, LR_STEPS),
       'fine_tune_learning_rate': log_grid(budget.learning_rate, FT_LR_STEPS),
+      'server_learning_rate': log_grid(1.0, SERVER_LR_STEPS),
   }
   ranges = {
       'learning_rate': (0.0, None),
       'fine_tune_learning_rate': (0.0, None),
+      'server_learning_rate': (0.0, None),
   }
   for m in methods():
     if m.knob:
@@ -1314,6 +1652,7 @@ def main(argv) -> int:
     run_dir.check_output_dir(output_dir, flag='--output_dir')
     run_dir.check_output_dir(records_dir, flag='--records_dir')
     reproduce.check_output_md(output_md)
+    bound = read_bound(FLAGS.bound_json) if FLAGS.bound_json else None
     if setting.shakespeare_data and not argv[1:] and not FLAGS.from_records:
       task_flags = task_flags + [f'--data_dir={_shakespeare_data(output_dir)}']
   except (UsageError, run_dir.OutputDirError) as e:
@@ -1393,15 +1732,44 @@ def main(argv) -> int:
       keep=KEEP,
       argv=sys.argv,
       overrides=_overrides(),
+      bound=bound,
   )
   benchmark_page.write_pictures(report, *pngs)
+  curve_png = f'{stem}_curve.png'
+  if benchmark_page.write_curve(report, curve_png):
+    pngs += (curve_png,)
   atomic.write_text(output_md, benchmark_page.page(report, pngs))
   atomic.write_text(
       os.path.join(output_dir, 'results.json'),
       json.dumps(benchmark_page.results_json(report), indent=1, default=float),
   )
-  print(f'benchmark: wrote {output_md}, {pngs[0]}, {pngs[1]}')
+  print(f'benchmark: wrote {output_md}, {", ".join(pngs)}')
   return 0
+
+
+def read_bound(path: str) -> dict[str, Any]:
+  """The `fedavg/bound` of a bench_suite JSON of one model: its examples/s
+  and task line (`UsageError` naming the file otherwise)."""
+  what = f'--bound_json={path}'
+  try:
+    with open(path, encoding='utf-8') as f:
+      models = json.load(f)['models']
+    (task,) = models.values()
+    examples_per_s = float(task['systems']['fedavg/bound']['examples_per_s'])
+  except OSError as e:
+    raise UsageError(f'{what}: cannot read it ({e.strerror})') from None
+  except (ValueError, KeyError, TypeError, AttributeError):
+    raise UsageError(
+        f'{what}: not a bench_suite --output_json of one model with '
+        'fedavg/bound'
+    ) from None
+  if not (math.isfinite(examples_per_s) and examples_per_s > 0):
+    raise UsageError(f'{what}: the bound is {examples_per_s} examples/s')
+  return {
+      'examples_per_s': examples_per_s,
+      'task': str(task.get('task', '')),
+      'file': os.path.basename(path),
+  }
 
 
 def _overrides() -> list[str]:
@@ -1414,6 +1782,9 @@ def _overrides() -> list[str]:
           'batch_size',
           'learning_rate',
           'fine_tune_epochs',
+          'first_rung',
+          'eval_every',
+          'tune_server_lr',
       )
       if getattr(FLAGS, name) is not None
   ]

@@ -11,7 +11,7 @@ import math
 import os
 import shlex
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 
@@ -47,6 +47,8 @@ class Report:
   keep: float
   argv: Sequence[str]
   overrides: Sequence[str]
+  # bench_suite's fedavg/bound for the model and cohort (`read_bound`).
+  bound: Optional[dict[str, Any]] = None
 
   def rows(self, split: str):
     """`(method, label, per-seed stats)` of the methods that have `split`."""
@@ -188,11 +190,20 @@ def findings(rows: Sequence[tuple[Any, ...]], split_name: str) -> list[str]:
   return out
 
 
+# The selection's keys in order (`benchmark_stats.criterion`), loss aside.
+LADDER = (
+    'worst10',
+    *(f'worst{round(100 * t)}' for t in stats.TAIL_LADDER),
+    'mean',
+)
+
+
 def selection_table(report: Report) -> str:
   """Each method's grids tried, its rungs and its choice (edges marked)."""
   lines = [
       '| algorithm | knob grid tried | learning rates tried | configurations '
-      'per rung | chosen | validation worst10 / loss sq10 |',
+      'per rung | chosen | validation worst10 / 20 / 30 / 50% / mean, '
+      'loss sq10 |',
       '|---|---|---|---|---|---:|',
   ]
   for method in report.methods:
@@ -203,12 +214,19 @@ def selection_table(report: Report) -> str:
       continue
     best = choice.best
     seeds = list(choice.tried[best])
-    worst = np.mean([choice.tried[best][s]['worst10'] for s in seeds])
+    ladder = ' / '.join(
+        f'{100 * np.mean([choice.tried[best][s][k] for s in seeds]):.1f}'
+        for k in LADDER
+    )
     loss = np.mean([choice.tried[best][s]['loss_sq10'] for s in seeds])
     knob = choice.method.knob
-    values = sorted({c.value for c in choice.tried}) if knob else []
-    lrs = sorted({c.lr for c in choice.tried})
-    chosen = (f'{knob}={best.value:g}, ' if knob else '') + f'lr={best.lr:g}'
+    every = (*choice.tried, *choice.early)  # With the first rung's.
+    values = sorted({c.value for c in every}) if knob else []
+    lrs = ', '.join(f'{v:g}' for v in sorted({c.lr for c in every}))
+    server = sorted({c.slr for c in every})
+    if len(server) > 1:
+      lrs += '; server ' + ', '.join(f'{v:g}' for v in server)
+    chosen = best.describe(choice.method)
     if choice.edges:
       chosen += ' **(at an edge: ' + ', '.join(choice.edges) + ')**'
     grid = ', '.join(f'{v:g}' for v in values) if knob else '-'
@@ -216,11 +234,223 @@ def selection_table(report: Report) -> str:
       grid += f' ({choice.extensions} extension(s))'
     lines.append(
         f'| {method.label} | {(knob + ": ") if knob else ""}{grid} | '
-        + ', '.join(f'{v:g}' for v in lrs)
-        + f' | {" / ".join(map(str, choice.rungs))} | {chosen} | '
-        f'{100 * worst:.1f}% / {loss:.3f} |'
+        f'{lrs} | {" / ".join(map(str, choice.rungs))} | {chosen} | '
+        f'{ladder}%, {loss:.3f} |'
     )
   return '\n'.join(lines)
+
+
+def server_lr_sentence(report: Report) -> str:
+  """How the server learning rate was chosen (or that it was not)."""
+  tuned = [m.label for m in report.methods if m.server_lr]
+  if not getattr(report.budget, 'tune_server_lr', False) or not tuned:
+    return (
+        "The server learning rate is 1 (SGD, TFF's default) for every "
+        'algorithm with a server optimizer. '
+    )
+  grid = ', '.join(f'{v:g}' for v in report.grids['server_learning_rate'])
+  where = (
+      'of the first rung' if report.budget.first_rung else 'on the first seed'
+  )
+  return (
+      f'The server learning rate of {", ".join(tuned)} (the algorithms '
+      "that apply their aggregate with TFF's server SGD; the others have "
+      'their own server step) is tuned along one line, not over the whole '
+      f"grid: each one's best configuration {where} runs again at the other "
+      f'server rates of {{{grid}}} on the same seed and rounds, and these '
+      'join the ranking (a choice at an edge extends as the others). '
+  )
+
+
+def plateau_gain(curve: Sequence[Sequence[float]]) -> Optional[float]:
+  """Mean accuracy gained over the last fifth of a curve's rounds (points).
+
+  `curve`: `[round, mean, sq10]` rows; the gain is from the last evaluation
+  at or before 4/5 of the final round to the final one (None: no such pair).
+  """
+  if len(curve) < 2:
+    return None
+  last = curve[-1][0]
+  before = [row for row in curve if row[0] <= 0.8 * last]
+  if not before:
+    return None
+  return 100 * (curve[-1][1] - before[-1][1])
+
+
+def _fedavg_curves(report: Report) -> dict[int, list]:
+  """FedAvg's validation curves at its choice, by seed ({}: none to draw)."""
+  choice = report.choices.get('fedavg')
+  curves = choice.curves.get(choice.best, {}) if choice else {}
+  if not curves or max(len(c) for c in curves.values()) < 2:
+    return {}
+  return curves
+
+
+def curve_section(report: Report, png: Optional[str] = None) -> list[str]:
+  """FedAvg's validation curve at its chosen configuration (its plateau)."""
+  curves = _fedavg_curves(report)
+  if not curves:
+    return []
+  choice = report.choices['fedavg']
+  seeds = sorted(curves)
+  rounds = sorted({row[0] for c in curves.values() for row in c})
+  by = {s: {row[0]: row for row in curves[s]} for s in seeds}
+  lines = [
+      '| round | '
+      + ' | '.join(f'seed {s}: mean / worst10 %' for s in seeds)
+      + ' |',
+      '|---:|' + '---:|' * len(seeds),
+  ]
+  for r in rounds:
+    cells = [
+        f'{100 * by[s][r][1]:.1f} / {100 * by[s][r][2]:.1f}'
+        if r in by[s]
+        else '-'
+        for s in seeds
+    ]
+    lines.append(f'| {r} | ' + ' | '.join(cells) + ' |')
+  gains = [plateau_gain(curves[s]) for s in seeds]
+  gains = [g for g in gains if g is not None]
+  verdict = ''
+  if gains:
+    flat = max(abs(g) for g in gains) < 1.0
+    verdict = (
+        'Mean accuracy gained over the last fifth of the rounds: '
+        + ', '.join(f'{g:+.1f}' for g in gains)
+        + ' points ('
+        + (
+            'under 1 point on every seed: plateaued'
+            if flat
+            else '**1 point or more: not plateaued**'
+        )
+        + ').'
+    )
+  return [
+      f"**FedAvg's validation curve** at its chosen configuration "
+      f'({choice.best.describe(choice.method)}), selection seeds: '
+      'validation accuracy mean / worst 10% (superquantile), in %. ' + verdict,
+      '',
+      *lines,
+      '',
+  ] + (
+      [f"![FedAvg's validation curve]({os.path.basename(png)})", '']
+      if png
+      else []
+  )
+
+
+def write_curve(report: Report, png: str) -> bool:
+  """FedAvg's validation curves (mean and worst 10%) as a PNG, if any."""
+  curves = _fedavg_curves(report)
+  if not curves:
+    return False
+  import matplotlib  # pylint: disable=g-import-not-at-top
+
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+
+  fig, ax = plt.subplots(figsize=(6.5, 4))
+  for seed, curve in sorted(curves.items()):
+    rounds = [row[0] for row in curve]
+    for column, style, name in ((1, '-', 'mean'), (2, '--', 'worst 10%')):
+      ax.plot(
+          rounds,
+          [100 * row[column] for row in curve],
+          style,
+          marker='o',
+          markersize=3,
+          label=f'seed {seed}, {name}',
+      )
+  ax.set_xlabel('round')
+  ax.set_ylabel('validation accuracy (%)')
+  ax.set_title("FedAvg's validation curve at its choice", fontsize=9)
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=7)
+  fig.tight_layout()
+  atomic.save_figure(fig, png, dpi=100, format='png')
+  plt.close(fig)
+  return True
+
+
+def time_rows(report: Report) -> list[tuple[str, dict[str, float]]]:
+  """Per method, medians over its reported runs of where the time went.
+
+  A run's `wall_s` against its record's timed parts (`seconds`: training,
+  evaluation, metrics, checkpoints; the rest is start-up: data, building,
+  tracing); training examples/s is its examples over its training seconds.
+  Runs without timed parts (records made before them) are left out.
+  """
+  out = []
+  for method in report.methods:
+    runs = [
+        r
+        for r in report.results.get(method.name, [])
+        if r.get('seconds') and r.get('wall_s') and 'training' in r['seconds']
+    ]
+    if not runs:
+      continue
+    shares = {}
+    for r in runs:
+      parts = r['seconds']
+      timed = sum(parts.values())
+      wall = r.get('timed_wall_s', r['wall_s'])  # The last invocation's.
+      row = {k: parts[k] / wall for k in parts}
+      row['start-up'] = max(0.0, wall - timed) / wall
+      row['wall_s'] = r['wall_s']
+      row['examples/s'] = r.get('timed_examples', r['examples']) / max(
+          parts['training'], 1e-9
+      )
+      if report.bound:
+        row['of bound'] = row['examples/s'] / report.bound['examples_per_s']
+      for k, v in row.items():
+        shares.setdefault(k, []).append(v)
+    out.append(
+        (method.label, {k: float(np.median(v)) for k, v in shares.items()})
+    )
+  return out
+
+
+def time_table(report: Report) -> list[str]:
+  """The page's table of `time_rows` ([] if no record has timed parts)."""
+  rows = time_rows(report)
+  if not rows:
+    return []
+  parts = ('start-up', 'training', 'evaluation', 'metrics', 'checkpoints')
+  bound = report.bound
+  lines = [
+      '| algorithm | wall s | '
+      + ' | '.join(f'{p} %' for p in parts)
+      + ' | training examples/s |'
+      + (' of the bound |' if bound else ''),
+      '|---|' + '---:|' * (len(parts) + 2 + bool(bound)),
+  ]
+  for label, row in rows:
+    lines.append(
+        f'| {label} | {row["wall_s"]:.0f} | '
+        + ' | '.join(f'{100 * row.get(p, 0.0):.0f}' for p in parts)
+        + f' | {row["examples/s"]:,.0f} |'
+        + (f' {row["of bound"]:.2f} |' if bound else '')
+    )
+  text = [
+      "**Where a reported run's time goes** (medians over the reported "
+      'seeds; start-up is the wall time outside the round loop: data, '
+      "building and tracing; a fine-tuning baseline reuses FedAvg's runs)"
+      + (
+          f". The bound is bench_suite's `fedavg/bound` in `{bound['file']}` "
+          f"({bound['task']}): {bound['examples_per_s']:,.0f} examples/s, "
+          "one model trained on the round's clients' batches concatenated "
+          '(the fastest a vectorized engine could go), measured alone; the '
+          "runs' examples/s are measured in their own processes, beside the "
+          "benchmark's other jobs"
+          if bound
+          else ''
+      )
+      + ':',
+      '',
+      *lines,
+      '',
+  ]
+  return text
 
 
 def page(report: Report, pngs: Sequence[str]) -> str:
@@ -265,27 +495,43 @@ def page(report: Report, pngs: Sequence[str]) -> str:
       f'(`--holdout=validation`: the held-out part and the unseen clients are '
       f'built, then dropped before training), selection seeds '
       f"{list(report.sel_seeds)}. Each algorithm's knob and client learning "
-      'rate are tuned jointly by successive halving over the seeds: every '
-      'configuration runs on the first seed, the best '
+      'rate are tuned jointly by successive halving'
+      + (
+          f': every configuration first trains {b.first_rung} of the '
+          f'{b.rounds} rounds on the first seed and the best '
+          f'{"third" if abs(report.keep - 1 / 3) < 1e-9 else report.keep} '
+          'continues to the full rounds; then over the seeds'
+          if b.first_rung
+          else ' over the seeds'
+      )
+      + f': every configuration{" still in" if b.first_rung else ""} runs '
+      'on the first seed, the best '
       f'{"third" if abs(report.keep - 1 / 3) < 1e-9 else report.keep} goes on '
-      'to the next (configurations per rung below). Criterion: the '
-      'validation worst-10% accuracy as a superquantile (continuous), then '
-      'the superquantile of the loss, mean over the seeds a configuration '
-      'ran (personal models for Ditto, Fed+ and the baselines). A choice at '
+      'to the next (configurations per rung below). '
+      + server_lr_sentence(report)
+      + 'Criterion: the '
+      'validation worst-10% accuracy as a superquantile (continuous); where '
+      'it ties (the worst 10% all at 0), the worst 20%, 30%, 50%, then the '
+      'mean accuracy, and the superquantile of the loss last; each a mean '
+      'over the seeds a configuration ran (personal models for Ditto, Fed+ '
+      'and the baselines). A choice at '
       'an edge of its grid extends it one step (up to the allowed '
       "extensions, within the knob's range), run on every selection seed; "
       "a choice still at an edge is **marked**. The baselines' fine-tuning "
       'learning rate and epochs (0 to '
-      f"{b.fine_tune_epochs}) are chosen the same way on FedAvg's chosen "
-      'selection runs: local training from its initial model, FedAvg + '
-      'fine-tuning from its final one.',
+      f"{b.fine_tune_epochs} at first) are chosen the same way on FedAvg's "
+      'chosen selection runs: local training from its initial model, FedAvg '
+      '+ fine-tuning from its final one; a choice at the most epochs tried '
+      'doubles them, one at an edge rate tries the next rate.',
       '',
       selection_table(report),
       '',
+      *curve_section(report, pngs[2] if len(pngs) > 2 else None),
       f'**Compute.** Selection: {report.wall["select"] / 60:.1f} min of runs '
       f'(wall time summed over runs); report: '
       f'{report.wall["final"] / 60:.1f} min.',
       '',
+      *time_table(report),
   ]
   for split, title in SPLITS:
     rows = report.rows(split)
@@ -372,7 +618,10 @@ def write_pictures(report: Report, png_cdf: str, png_diff: str) -> None:
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 
-  splits = [(s, t) for s, t in SPLITS if len(report.rows(s)) >= 2]
+  # The splits that compare methods; FedAvg's alone if it ran alone.
+  splits = [(s, t) for s, t in SPLITS if len(report.rows(s)) >= 2] or [
+      (s, t) for s, t in SPLITS if report.rows(s)
+  ]
   fig, axes = plt.subplots(1, len(splits), figsize=(6.5 * len(splits), 4.8))
   axes = np.atleast_1d(axes)
   for ax, (split, title) in zip(axes, splits):

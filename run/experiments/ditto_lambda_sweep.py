@@ -174,7 +174,9 @@ def tff_sweep(xs, ys, *, rounds, personal_steps, grid=GRID):
 
 
 def main(argv) -> int:
-  del argv
+  code = console.unexpected_arguments('ditto_lambda_sweep', argv)
+  if code is not None:
+    return code
   if run_dir.refuse_output_file(
       _OUTPUT.value, flag='--output_md', prog='ditto_lambda_sweep'
   ):

@@ -98,7 +98,11 @@ def define_flags() -> None:
 
 
 def main(argv) -> int:
-  del argv
+  from run import console  # pylint: disable=g-import-not-at-top
+
+  code = console.unexpected_arguments('ditto_theorem7', argv)
+  if code is not None:
+    return code
   try:
     seeds = [int(s) for s in FLAGS.seeds]
     tau2s = [float(t) for t in FLAGS.tau2]

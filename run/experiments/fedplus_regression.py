@@ -209,7 +209,9 @@ def test_mse(models, parties):
 
 
 def main(argv) -> int:
-  del argv
+  code = console.unexpected_arguments('fedplus_regression', argv)
+  if code is not None:
+    return code
   if run_dir.refuse_output_file(
       _OUTPUT.value, flag='--output_md', prog='fedplus_regression'
   ):

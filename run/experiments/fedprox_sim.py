@@ -273,7 +273,11 @@ def _variant_setting(variant, **common) -> Setting:
 
 
 def main(argv) -> int:
-  del argv
+  from run import console  # pylint: disable=g-import-not-at-top
+
+  code = console.unexpected_arguments('fedprox_sim', argv)
+  if code is not None:
+    return code
   log = lambda s: print(s, file=sys.stderr, flush=True)
   try:
     fractions = [float(v) for v in FLAGS.stragglers]

@@ -314,7 +314,9 @@ COLUMNS = (
 
 
 def main(argv) -> int:
-  del argv
+  code = console.unexpected_arguments('numpy_sim', argv)
+  if code is not None:
+    return code
   log = lambda s: print(s, file=sys.stderr, flush=True)
   try:
     values = [

@@ -370,7 +370,9 @@ def _run_dpfedavg_stoppably():
 
 def main(argv) -> int:
   """Runs the experiment; returns the exit status."""
-  del argv
+  code = console.unexpected_arguments('privacy_experiments', argv)
+  if code is not None:
+    return code
   try:
     if _OUTPUT.value:
       run_dir.check_output_file(_OUTPUT.value, flag='--output')

@@ -368,7 +368,9 @@ def _check_flags(qs) -> None:
 
 
 def main(argv) -> int:
-  del argv
+  code = console.unexpected_arguments('qffl_h_scale', argv)
+  if code is not None:
+    return code
   runtime.install_worker_cleanup()
   try:
     qs = [float(q) for q in _QS.value]

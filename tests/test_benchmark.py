@@ -976,10 +976,8 @@ def test_the_bound_is_read_from_a_bench_suite_json_of_one_model(tmp_path):
 
 def test_bad_input_is_one_line_before_any_run(tmp_path):
   (tmp_path / 'file').write_text('x')
-  two = {
-      'models': {m: {'systems': {'fedavg/bound': {'examples_per_s': 1}}}}
-      for m in ('a', 'b')
-  }
+  bound = {'systems': {'fedavg/bound': {'examples_per_s': 1}}}
+  two = {'models': {m: bound for m in ('a', 'b')}}
   (tmp_path / 'two.json').write_text(json.dumps(two))
   base = [f'--output_dir={tmp_path}/out', '--setting=synthetic']
   cases = [

@@ -341,11 +341,12 @@ def test_a_first_rung_and_an_eval_period_are_checked_and_stated():
 
 def test_the_stacked_only_flags_stay_off_the_other_engines():
   setting = bm.SETTINGS['shakespeare']
+  budget = dataclasses.replace(setting.budget, on_batched=('ditto',))
   by = {m.name: m for m in bm.methods()}
   for name, want in (('fedavg', True), ('ditto', False)):
     args = bm.run_args(
         setting.task_flags,
-        setting.budget,
+        budget,
         by[name],
         bm.Config(1.0 if by[name].knob else None, 1.0),
         0,
@@ -639,6 +640,34 @@ def test_paired_rows_pair_seed_by_seed_and_lower_variance_wins():
 # ------------------------------------------------------------- the runs
 
 
+def test_synthetic_keeps_its_records_engines_and_shakespeare_stacks_all():
+  """Synthetic's published records ran Ditto and Fed+ on the batched
+  engine; the Shakespeare setting runs every method on the stacked one."""
+  flags_of = {}
+  for setting in ('synthetic', 'shakespeare'):
+    budget = bm.SETTINGS[setting].budget
+    for method in bm.methods():
+      if method.baseline:
+        continue
+      args = bm.run_args(
+          bm.SETTINGS[setting].task_flags,
+          budget,
+          method,
+          bm.Config(method.grid[0] if method.knob else None, 1.0),
+          100,
+          phase='select',
+          root='/r',
+          data_seed=0,
+      )
+      flags_of[setting, method.name] = [
+          a for a in args if a.startswith('--simulation_engine=')
+      ]
+  batched = {'ditto', 'fedavg_plus', 'fedgeomed_plus', 'fedcomed_plus'}
+  for (setting, name), engine in flags_of.items():
+    want = 'batched' if setting == 'synthetic' and name in batched else 'stacked'
+    assert engine == [f'--simulation_engine={want}'], (setting, name)
+
+
 def test_each_method_runs_on_the_engine_the_benchmark_names():
   for method in bm.methods():
     if method.baseline:
@@ -647,7 +676,7 @@ def test_each_method_runs_on_the_engine_the_benchmark_names():
     spec = algorithms.AlgorithmSpec(name=method.name, **knob)
     spec.validate()
     engines.check_engine('batched', spec)
-    if method.name in bm.STACKED or method.name in bm.ON_BATCHED:
+    if method.name in bm.STACKED:
       engines.check_engine('stacked', spec)
     else:
       with pytest.raises(ValueError):

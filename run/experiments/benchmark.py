@@ -97,15 +97,13 @@ from tff_algos import registry
 # Algorithms the stacked engine runs (tests/test_benchmark.py checks this
 # against run.engines); the others run on the batched engine. Both give the
 # TFF path's weights (tests/test_stacked.py, tests/test_batched.py).
-# Algorithms the stacked engine runs but the benchmark still runs on the
-# batched one: the published Synthetic records were made there, and a record
-# names its engine. Ditto and Fed+ move with the next Synthetic rerun.
-ON_BATCHED = ('ditto', 'fedavg_plus', 'fedgeomed_plus', 'fedcomed_plus')
 STACKED = tuple(
-    n
-    for n in registry.names()
-    if 'stacked' in registry.get(n).engines and n not in ON_BATCHED
+    n for n in registry.names() if 'stacked' in registry.get(n).engines
 )
+# Algorithms the stacked engine runs that the Synthetic setting still runs on
+# the batched one (`Budget.on_batched`): its published records were made
+# there, and a record names its engine. They move with its next rerun.
+ON_BATCHED = ('ditto', 'fedavg_plus', 'fedgeomed_plus', 'fedcomed_plus')
 # Algorithms with a personal model per client (their clients keep state).
 PERSONAL = tuple(n for n in registry.names() if registry.get(n).stateful)
 # The baselines: fine-tuning of FedAvg's runs from their final or initial
@@ -205,6 +203,13 @@ class Budget:
   # The server learning rate is tuned (`Benchmark._server_lr_step`) for
   # the algorithms with a server optimizer; else it stays 1.
   tune_server_lr: bool = False
+  # Algorithms run on the batched engine even where the stacked one runs
+  # them (both give the TFF path's weights; records name their engine).
+  on_batched: tuple[str, ...] = ()
+
+  def engine(self, method: Method) -> str:
+    """The engine `method` trains on in this budget's runs."""
+    return 'batched' if method.name in self.on_batched else method.engine
 
   def flags(
       self, learning_rate: float, rounds: Optional[int] = None
@@ -307,6 +312,7 @@ SETTINGS = {
             local_epochs=1,
             batch_size=10,
             learning_rate=0.1,
+            on_batched=ON_BATCHED,
         ),
         'Synthetic(1,1) with 100 devices (the thesis: 30 to 100), 50 training '
         'and 50 unseen; 100 rounds of 10 devices, one epoch, batch 10, '
@@ -533,7 +539,8 @@ def run_args(
     rounds: Optional[int] = None,
 ) -> list[str]:
   """The `run.train` flags of one run (`rounds`: a first rung's)."""
-  if method.engine != 'stacked':
+  engine = budget.engine(method)
+  if engine != 'stacked':
     setting_flags = [
         f for f in setting_flags if not f.startswith(STACKED_ONLY_FLAGS)
     ]
@@ -547,7 +554,7 @@ def run_args(
       )
       + method.knob_flags(config.value)
       + [
-          f'--simulation_engine={method.engine}',
+          f'--simulation_engine={engine}',
           f'--holdout={"validation" if phase == "select" else "test"}',
           '--eval_train_clients=false',
           f'--seed={seed}',
@@ -1475,6 +1482,7 @@ def _budget(setting: Setting) -> Budget:
       first_rung=pick('first_rung', b.first_rung),
       eval_every=pick('eval_every', b.eval_every),
       tune_server_lr=pick('tune_server_lr', b.tune_server_lr),
+      on_batched=b.on_batched,
   )
   for name in (
       'rounds',

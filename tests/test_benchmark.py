@@ -664,7 +664,9 @@ def test_synthetic_keeps_its_records_engines_and_shakespeare_stacks_all():
       ]
   batched = {'ditto', 'fedavg_plus', 'fedgeomed_plus', 'fedcomed_plus'}
   for (setting, name), engine in flags_of.items():
-    want = 'batched' if setting == 'synthetic' and name in batched else 'stacked'
+    want = (
+        'batched' if setting == 'synthetic' and name in batched else 'stacked'
+    )
     assert engine == [f'--simulation_engine={want}'], (setting, name)
 
 

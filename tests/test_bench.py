@@ -91,6 +91,20 @@ def test_bad_flags_exit_2_with_one_line():
   assert out == ''
 
 
+def test_output_json_under_a_file_or_in_no_folder_says_which(tmp_path):
+  (tmp_path / 'file').write_text('x')
+  for path, words in (
+      (
+          tmp_path / 'file' / 'x.json',
+          f'{tmp_path}/file is a file, not a folder',
+      ),
+      (tmp_path / 'none' / 'x.json', f'folder {tmp_path}/none does not exist'),
+  ):
+    returncode, out, err = _run_bench('--rounds=1', f'--output_json={path}')
+    assert returncode == 2 and out == '', err
+    assert err == f'bench: error: --output_json: {words}\n'
+
+
 def test_malformed_flag_is_a_usage_error(monkeypatch, capsys):
   flag_values = flags.FlagValues()
   bench.define_flags(flag_values)

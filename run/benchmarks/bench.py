@@ -708,10 +708,10 @@ def main(argv) -> int:
       config = config_from_flags()
       output_json: Optional[str] = flags.FLAGS['output_json'].value
       if output_json:
+        run_dir.check_output_file(output_json, flag='--output_json')
         parent = os.path.dirname(os.path.abspath(output_json))
         if not os.path.isdir(parent):
           raise UsageError(f'--output_json: folder {parent} does not exist')
-        run_dir.check_output_file(output_json, flag='--output_json')
     except (ValueError, TypeError) as e:
       print(f'bench: error: {e}', file=sys.stderr)
       return 2

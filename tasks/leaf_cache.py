@@ -139,15 +139,24 @@ def _user_cache_root(leaf_dir: str) -> str:
   return os.path.join(base, 'tff-hetero', 'leaf', digest)
 
 
-def _writable_root(leaf_dir: str) -> Optional[str]:
-  """The first cache folder that can be created and written, or None."""
+def _writable_root(leaf_dir: str) -> tuple[Optional[str], bool]:
+  """The first cache folder that can be created and written (or None), and
+  whether this call created it."""
   roots = (os.path.join(leaf_dir, CACHE_FOLDER), _user_cache_root(leaf_dir))
   for root in roots:
     with contextlib.suppress(OSError):  # Not creatable: try the next root.
+      created = not os.path.isdir(root)
       os.makedirs(root, exist_ok=True)
       if os.access(root, os.W_OK | os.X_OK):
-        return root
-  return None
+        return root, created
+  return None, False
+
+
+def _remove_if_empty(root: str) -> None:
+  """Removes the cache folder a failed build created (kept if another
+  process has written an entry there meanwhile)."""
+  with contextlib.suppress(OSError):
+    os.rmdir(root)
 
 
 def _existing_roots(leaf_dir: str) -> list[str]:
@@ -484,12 +493,18 @@ def load_split(
     data = _checked_entry(os.path.join(root, f'{split}-{key}'), key)
     if data is not None:
       return _as_spelled(data, paths)
-  root = _writable_root(leaf_dir)
+  root, created = _writable_root(leaf_dir)
   if root is not None:
     try:
       return _build(root, split, key, read)
     except OSError as e:
+      if created:
+        _remove_if_empty(root)
       _warn(f'cannot write under {root} ({e}); converting {split}/ in memory')
+    except BaseException:  # Bad data (`TaskError`) or an interrupt.
+      if created:
+        _remove_if_empty(root)
+      raise
   else:
     _warn(
         f'neither {os.path.join(leaf_dir, CACHE_FOLDER)} nor '

@@ -415,6 +415,7 @@ def test_malformed_train_file_is_one_line_naming_it(tmp_path, content, message):
   text = str(e.value)
   assert message in text and '\n' not in text
   assert os.path.join(leaf_dir, 'train', 'bad.json') in text
+  assert sorted(os.listdir(leaf_dir)) == ['test', 'train']  # No empty cache.
 
 
 def _layout_dir(tmp_path, train_files, test_files):
@@ -784,7 +785,7 @@ def test_cold_warm_and_in_memory_equal_the_json(tmp_path, dataset, monkeypatch):
     _assert_same_arrays(_cache_contents(warm), expected)
     assert cold.description == warm.description
     assert cold.element_spec == warm.element_spec
-  monkeypatch.setattr(leaf_cache, '_writable_root', lambda _: None)
+  monkeypatch.setattr(leaf_cache, '_writable_root', lambda _: (None, False))
   shutil.rmtree(os.path.join(leaf_dir, leaf_cache.CACHE_FOLDER))
   memory = _cache_task(leaf_dir, dataset, **PROTOCOLS[2])
   assert not os.path.exists(os.path.join(leaf_dir, leaf_cache.CACHE_FOLDER))
@@ -960,7 +961,7 @@ def test_a_killed_build_leaves_nothing_trusted(tmp_path, monkeypatch):
   with pytest.raises(KeyboardInterrupt):
     _cache_task(leaf_dir, 'shakespeare')
   root = os.path.join(leaf_dir, leaf_cache.CACHE_FOLDER)
-  assert os.listdir(root) == []
+  assert not os.path.exists(root)  # The folder the build made is gone too.
   monkeypatch.undo()
   dead = os.path.join(root, '.tmp-train-999999999-x')  # A killed process's.
   os.makedirs(dead)

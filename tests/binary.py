@@ -104,8 +104,11 @@ import json, sys
 from {module} import define_flags, main
 from tests import binary
 define_flags()
-print(json.dumps([binary.call_main(main, {prog!r}, a)
-                  for a in json.loads(sys.argv[1])]))
+results = []
+for a in json.loads(sys.argv[1]):
+  print('case:', json.dumps(a), file=sys.stderr, flush=True)
+  results.append(binary.call_main(main, {prog!r}, a))
+print(json.dumps(results))
 """
 
 
@@ -114,8 +117,10 @@ def call_main_in_subprocess(module, prog, arg_lists, timeout=300):
 
   All in one fresh process (`call_main` each): for a binary whose flags
   would clash with another binary's already defined in the test process.
+  The process runs in its own group, killed afterwards (no TFF worker
+  outlives it); past `timeout` the failure names the case that was running.
   """
-  proc = subprocess.run(
+  with subprocess.Popen(
       [
           sys.executable,
           '-c',
@@ -123,10 +128,24 @@ def call_main_in_subprocess(module, prog, arg_lists, timeout=300):
           json.dumps([list(a) for a in arg_lists]),
       ],
       cwd=ROOT,
-      capture_output=True,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
       text=True,
-      timeout=timeout,
-      check=False,
-  )
-  assert proc.returncode == 0, proc.stderr
-  return [tuple(r) for r in json.loads(proc.stdout.strip().splitlines()[-1])]
+      start_new_session=True,
+  ) as proc:
+    try:
+      stdout, stderr = proc.communicate(timeout=timeout)
+      timed_out = False
+    except subprocess.TimeoutExpired:
+      timed_out = True
+    finally:
+      with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    if timed_out:
+      stdout, stderr = proc.communicate()
+  cases = [l for l in stderr.splitlines() if l.startswith('case: ')]
+  assert (
+      not timed_out
+  ), f'timed out after {timeout} s in {cases[-1] if cases else "start-up"}'
+  assert proc.returncode == 0, stderr
+  return [tuple(r) for r in json.loads(stdout.strip().splitlines()[-1])]

@@ -7,8 +7,12 @@ summary of the same flags run in a fresh `python -m run.train`, whether the
 builds it reuses came from another seed or another configuration.
 """
 
+import contextlib
 import json
 import os
+import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -114,3 +118,59 @@ def test_errors_are_one_line_and_the_worker_goes_on(tmp_path):
   ):
     time.sleep(0.2)
   assert not set(tff_workers) & set(runtime.worker_pids())
+
+
+_DRIVER = """
+import json, sys
+from run.experiments import run_pool
+worker = run_pool.RunWorker(sys.argv[2])
+worker._start()
+print(worker._proc.pid, flush=True)
+worker.run(json.loads(sys.argv[1]))
+"""
+
+
+def test_a_worker_ends_its_group_when_its_driver_is_killed(tmp_path):
+  # SIGKILL gives the driver no chance to end its workers (`end_children`
+  # runs on a catchable signal): the worker must notice on its own, or it
+  # trains its run to the end (seen: a benchmark's workers outliving it).
+  long_run = _BASE[:3] + [
+      '--total_rounds=100000',
+      '--rounds_per_eval=0',
+      '--rounds_per_checkpoint=50',
+      '--clients_per_round=3',
+      '--client_batch_size=10',
+      '--algorithm=fedavg',
+      f'--root_output_dir={tmp_path}',
+      '--experiment_name=long',
+  ]
+  with subprocess.Popen(
+      [
+          sys.executable,
+          '-c',
+          _DRIVER,
+          json.dumps(long_run),
+          str(tmp_path / 'log'),
+      ],
+      cwd=binary.ROOT,
+      stdout=subprocess.PIPE,
+      text=True,
+      start_new_session=True,
+  ) as driver:
+    try:
+      worker = int(driver.stdout.readline())
+      deadline = time.monotonic() + 120
+      while not runtime.worker_pids(worker):  # The run has started TFF.
+        assert time.monotonic() < deadline and driver.poll() is None
+        time.sleep(0.2)
+      time.sleep(2)  # Into its rounds.
+      os.kill(driver.pid, signal.SIGKILL)
+      driver.wait()
+      deadline = time.monotonic() + 10
+      while binary.alive_in({worker}) and time.monotonic() < deadline:
+        time.sleep(0.2)
+      left = binary.alive_in({worker})
+    finally:
+      with contextlib.suppress(ProcessLookupError):
+        os.killpg(worker, signal.SIGKILL)
+  assert not left, f'processes of the orphaned worker group: {left}'

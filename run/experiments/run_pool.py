@@ -22,7 +22,10 @@ A run gives the same summary in a worker as in its own process
 run still writes its own folder, resumes from its own checkpoints and ends its
 TFF workers, exactly as `python -m run.train` would. A worker is a process
 group of its own (`start_new_session`): the driver's `reproduce.end_children`
-ends it, and the TFF workers under it, on a signal.
+ends it, and the TFF workers under it, on a signal; a driver that dies
+without one (SIGKILL, the OOM killer) is noticed by the worker itself, which
+then ends its group within a second (`_end_with_driver`): the run stops, its
+folder keeps its last checkpoint.
 
 The protocol is one JSON line each way per request, on the worker's stdin
 and on a copy of its original stdout (the binary's own printing goes to
@@ -34,8 +37,11 @@ import contextlib
 import io
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
+import time
 import traceback
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any, Optional
@@ -305,8 +311,21 @@ class _Tail(io.TextIOBase):
     return (errors or lines or ['(no output)'])[-1].strip()
 
 
+def _end_with_driver(driver: int, period: float = 0.5) -> None:
+  """Kills this worker's process group (its TFF workers too) once `driver`,
+  its parent, is gone: an orphaned worker would run its run to the end."""
+
+  def watch() -> None:
+    while os.getppid() == driver:
+      time.sleep(period)
+    os.killpg(os.getpgrp(), signal.SIGKILL)
+
+  threading.Thread(target=watch, name='end-with-driver', daemon=True).start()
+
+
 def serve() -> int:
   """The worker: one request per stdin line, one reply per line."""
+  _end_with_driver(os.getppid())
   proto = os.fdopen(os.dup(1), 'w')
   os.dup2(2, 1)  # The binary's printing goes to the log, not the protocol.
   sys.stdout = os.fdopen(1, 'w', buffering=1)

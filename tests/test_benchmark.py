@@ -334,9 +334,11 @@ def test_a_first_rung_and_an_eval_period_are_checked_and_stated():
       '--rounds_per_checkpoint=60',
   ]
   assert budget.flags(1.0)[0] == '--total_rounds=300'
-  # Synthetic's budget: no first rung, evaluation at the end only.
+  # Synthetic's budget: a first rung of 25 rounds, a curve every 25.
   syn = bm.SETTINGS['synthetic'].budget
-  assert syn.flags(0.1)[:2] == ['--total_rounds=100', '--rounds_per_eval=100']
+  assert (syn.first_rung, syn.tune_server_lr) == (25, True)
+  assert syn.flags(0.1)[:2] == ['--total_rounds=100', '--rounds_per_eval=25']
+  assert syn.flags(0.1, 25)[:2] == ['--total_rounds=25', '--rounds_per_eval=25']
 
 
 def test_the_stacked_only_flags_stay_off_the_other_engines():
@@ -640,12 +642,12 @@ def test_paired_rows_pair_seed_by_seed_and_lower_variance_wins():
 # ------------------------------------------------------------- the runs
 
 
-def test_synthetic_keeps_its_records_engines_and_shakespeare_stacks_all():
-  """Synthetic's published records ran Ditto and Fed+ on the batched
-  engine; the Shakespeare setting runs every method on the stacked one."""
-  flags_of = {}
+def test_every_setting_trains_each_method_on_the_engine_it_names():
+  """The stacked engine wherever it runs the method (Ditto and Fed+
+  included), in both settings; `Budget.on_batched` is empty."""
   for setting in ('synthetic', 'shakespeare'):
     budget = bm.SETTINGS[setting].budget
+    assert not budget.on_batched
     for method in bm.methods():
       if method.baseline:
         continue
@@ -659,15 +661,8 @@ def test_synthetic_keeps_its_records_engines_and_shakespeare_stacks_all():
           root='/r',
           data_seed=0,
       )
-      flags_of[setting, method.name] = [
-          a for a in args if a.startswith('--simulation_engine=')
-      ]
-  batched = {'ditto', 'fedavg_plus', 'fedgeomed_plus', 'fedcomed_plus'}
-  for (setting, name), engine in flags_of.items():
-    want = (
-        'batched' if setting == 'synthetic' and name in batched else 'stacked'
-    )
-    assert engine == [f'--simulation_engine={want}'], (setting, name)
+      engine = [a for a in args if a.startswith('--simulation_engine=')]
+      assert engine == ['--simulation_engine=stacked'], (setting, method)
 
 
 def test_each_method_runs_on_the_engine_the_benchmark_names():

@@ -100,10 +100,6 @@ from tff_algos import registry
 STACKED = tuple(
     n for n in registry.names() if 'stacked' in registry.get(n).engines
 )
-# Algorithms the stacked engine runs that the Synthetic setting still runs on
-# the batched one (`Budget.on_batched`): its published records were made
-# there, and a record names its engine. They move with its next rerun.
-ON_BATCHED = ('ditto', 'fedavg_plus', 'fedgeomed_plus', 'fedcomed_plus')
 # Algorithms with a personal model per client (their clients keep state).
 PERSONAL = tuple(n for n in registry.names() if registry.get(n).stateful)
 # The baselines: fine-tuning of FedAvg's runs from their final or initial
@@ -312,7 +308,9 @@ SETTINGS = {
             local_epochs=1,
             batch_size=10,
             learning_rate=0.1,
-            on_batched=ON_BATCHED,
+            first_rung=25,
+            eval_every=25,
+            tune_server_lr=True,
         ),
         'Synthetic(1,1) with 100 devices (the thesis: 30 to 100), 50 training '
         'and 50 unseen; 100 rounds of 10 devices, one epoch, batch 10, '

@@ -520,7 +520,7 @@ def write_report(
   runs = [
       load_run(d, labels[i] if labels else None) for i, d in enumerate(run_dirs)
   ]
-  os.makedirs(output_dir, exist_ok=True)
+  _make_output_dir(output_dir)
   paths = {
       name: os.path.join(output_dir, name) for name in FIGURES + ('summary.md',)
   }
@@ -538,6 +538,22 @@ class _Parser(argparse.ArgumentParser):
   def error(self, message):
     print(f'report: error: {message}', file=sys.stderr)
     sys.exit(2)
+
+
+def _make_output_dir(path: str) -> None:
+  """Creates the report's folder (`ReportError` saying why it cannot)."""
+  if os.path.lexists(path) and not os.path.isdir(path):
+    raise ReportError(f'--output_dir: {path} is a file, not a folder')
+  try:
+    os.makedirs(path, exist_ok=True)
+  except NotADirectoryError:
+    raise ReportError(
+        f'--output_dir: {path}: a folder on its path is a file'
+    ) from None
+  except OSError as e:
+    raise ReportError(
+        f'--output_dir: cannot create {path} ({e.strerror or e})'
+    ) from None
 
 
 def main(argv: Sequence[str]) -> int:

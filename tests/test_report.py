@@ -207,6 +207,24 @@ def test_bad_arguments(tmp_path, capsys):
   )
 
 
+def test_an_unusable_output_folder_is_one_line_saying_why(tmp_path, capsys):
+  fabricate_run(tmp_path / 'a')
+  file = tmp_path / 'file'
+  file.write_text('x')
+  for output_dir, message in (
+      (file, f'--output_dir: {file} is a file, not a folder'),
+      (
+          file / 'sub',
+          f'--output_dir: {file}/sub: a folder on its path is a file',
+      ),
+  ):
+    code = report.main(
+        ['report', f'--runs={tmp_path / "a"}', f'--output_dir={output_dir}']
+    )
+    assert code == 2
+    assert capsys.readouterr().err == f'report: error: {message}\n'
+
+
 def test_report_of_a_real_run(tmp_path):
   task = synthetic.create_task(
       num_clients=6, seed=1, batch_size=5, size_law='constant', constant_size=30

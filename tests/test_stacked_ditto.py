@@ -6,7 +6,6 @@ computes the same passes on stacked weights. Both keep their own client
 states; the global model, every personal model and the round metrics agree.
 """
 
-import collections
 import os
 import subprocess
 import sys
@@ -22,7 +21,11 @@ from tff_algos import batched
 from tff_algos import ditto
 from tff_algos import stacked
 from tests import sqlite_fixtures
+from tests import stateful_engine_runs
 
+plans = stateful_engine_runs.plans
+run_engine = stateful_engine_runs.run_engine
+flat_metrics = stateful_engine_runs.flat_metrics
 LR = 0.1
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -38,45 +41,6 @@ def task():
 
 def sgd(lr=LR, momentum=None):
   return tff.learning.optimizers.build_sgdm(learning_rate=lr, momentum=momentum)
-
-
-def plans(task, rounds):
-  """Round plans: 5 clients, 1 or 2 epochs, two cut short (stragglers)."""
-  ids = sorted(task.train_data.client_ids)
-  for r in range(rounds):
-    chosen = [ids[(3 * r + i) % len(ids)] for i in range(5)]
-    yield batched.RoundPlan(
-        client_ids=chosen,
-        epochs=[2, 1, 2, 2, 1],
-        shuffle_seeds=[1000 * r + 17 * i + 5 for i in range(5)],
-        max_batches=[-1, 2, 3, -1, -1],
-    )
-
-
-def run_engine(task, engine, process, rounds):
-  """`rounds` rounds of `engine`: final state, client states, metrics."""
-  state = process.initialize()
-  held, metrics = {}, []
-  for plan in plans(task, rounds):
-    ids = list(plan.client_ids)
-    states = [held.get(c, process.initial_client_state()) for c in ids]
-    out = engine.next(state, plan, states)
-    held.update(zip(ids, out.client_states))
-    state = out.state
-    metrics.append(out.metrics)
-  engine.close()
-  return state, held, metrics
-
-
-def flat_metrics(metrics):
-  """`{'a/b': value}` of nested round metrics."""
-  flat = {}
-  for key, value in metrics.items():
-    if isinstance(value, collections.abc.Mapping):
-      flat.update({f'{key}/{k}': v for k, v in flat_metrics(value).items()})
-    else:
-      flat[key] = value
-  return flat
 
 
 def algorithm(**options):

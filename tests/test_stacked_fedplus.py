@@ -8,7 +8,6 @@ states; the global model, every client's local model, its evaluation and
 the round metrics agree, for FedAvg+, FedGeoMed+ and FedCoMed+.
 """
 
-import collections
 import os
 import subprocess
 import sys
@@ -23,7 +22,11 @@ from tff_algos import batched
 from tff_algos import fed_plus
 from tff_algos import stacked
 from tests import sqlite_fixtures
+from tests import stateful_engine_runs
 
+plans = stateful_engine_runs.plans
+run_engine = stateful_engine_runs.run_engine
+flat_metrics = stateful_engine_runs.flat_metrics
 LR = 0.1
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # sigma 1 (kappa = 1/1.1), a small delta (so the prox terms are not zero)
@@ -45,23 +48,6 @@ def task():
   )
 
 
-def plans(task, rounds):
-  """Round plans: 5 clients, 1 or 2 epochs, two cut short (stragglers).
-
-  Rounds overlap (clients 3, 4, 6 and 7 come back), so their own models
-  differ from the broadcast one when they do.
-  """
-  ids = sorted(task.train_data.client_ids)
-  for r in range(rounds):
-    chosen = [ids[(3 * r + i) % len(ids)] for i in range(5)]
-    yield batched.RoundPlan(
-        client_ids=chosen,
-        epochs=[2, 1, 2, 2, 1],
-        shuffle_seeds=[1000 * r + 17 * i + 5 for i in range(5)],
-        max_batches=[-1, 2, 3, -1, -1],
-    )
-
-
 def build_process(task, name, lr=LR, **options):
   options = dict(OPTIONS, **options)
   return fed_plus.build_fed_plus(
@@ -72,32 +58,6 @@ def build_process(task, name, lr=LR, **options):
       delta=options['fedplus_delta'],
       lam=options['fedplus_lambda'],
   )
-
-
-def run_engine(task, engine, process, rounds):
-  """`rounds` rounds of `engine`: final state, client states, metrics."""
-  state = process.initialize()
-  held, metrics = {}, []
-  for plan in plans(task, rounds):
-    ids = list(plan.client_ids)
-    states = [held.get(c, process.initial_client_state()) for c in ids]
-    out = engine.next(state, plan, states)
-    held.update(zip(ids, out.client_states))
-    state = out.state
-    metrics.append(out.metrics)
-  engine.close()
-  return state, held, metrics
-
-
-def flat_metrics(metrics):
-  """`{'a/b': value}` of nested round metrics."""
-  flat = {}
-  for key, value in metrics.items():
-    if isinstance(value, collections.abc.Mapping):
-      flat.update({f'{key}/{k}': v for k, v in flat_metrics(value).items()})
-    else:
-      flat[key] = value
-  return flat
 
 
 def algorithm(name, lr=LR, **options):

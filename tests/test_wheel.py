@@ -22,6 +22,8 @@ are unchanged; only the wheel is reinstalled on each run. Slow: `pytest -m
 # bazel-data: requirements.txt requirements-nodeps.txt examples/quickstart.ipynb
 
 import concurrent.futures
+import contextlib
+import fcntl
 import glob
 import hashlib
 import json
@@ -106,9 +108,37 @@ def _user_env(venv):
   return env
 
 
+@contextlib.contextmanager
+def _venv_lock():
+  """Holds `build/wheel-venv.lock`: one process at a time changes the venv.
+
+  pytest-xdist runs a module fixture once per worker process, and the suite's
+  work stealing can hand this module's tests to two workers: without the lock
+  both built the venv at once, one deleting what the other installed.
+  """
+  os.makedirs(os.path.dirname(VENV), exist_ok=True)
+  with open(VENV + '.lock', 'w') as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    try:
+      yield
+    finally:
+      fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _this_run() -> str:
+  """An id shared by the worker processes of one pytest run."""
+  return os.environ.get('PYTEST_XDIST_TESTRUNUID') or str(os.getpid())
+
+
 @pytest.fixture(scope='module')
 def venv(tmp_path_factory):
   """`build/wheel-venv` with the pinned stack (built when the pins change)."""
+  with _venv_lock():
+    _build_venv(tmp_path_factory)
+  return VENV
+
+
+def _build_venv(tmp_path_factory):
   stamp = _stamp()
   if not os.path.exists(stamp):
     shutil.rmtree(VENV, ignore_errors=True)
@@ -128,7 +158,6 @@ def venv(tmp_path_factory):
     _check(_pip(VENV, nodeps[1:]), cwd=cwd)
     with open(stamp, 'w'):
       pass
-  return VENV
 
 
 @pytest.fixture(scope='module')
@@ -154,16 +183,28 @@ def dists(tmp_path_factory):
 
 @pytest.fixture(scope='module')
 def installed(venv, dists):
-  """The venv with the fresh wheel installed by README's third command."""
-  *package_command, _ = package_sources.readme_pip_commands()[2]
-  _run(
-      _pip(venv, ['uninstall', '-y', 'tff-hetero']),
-      cwd=os.path.dirname(dists[1]),
-  )
-  _check(
-      _pip(venv, package_command[1:] + [dists[1]]),
-      cwd=os.path.dirname(dists[1]),
-  )
+  """The venv with the fresh wheel installed by README's third command.
+
+  Installed once per pytest run: a second worker of the same run finds it
+  installed and leaves it in place (reinstalling would pull it from under
+  the first worker's running tests).
+  """
+  marker = os.path.join(venv, f'.installed-{_this_run()}')
+  with _venv_lock():
+    if not os.path.exists(marker):
+      for old in glob.glob(os.path.join(venv, '.installed-*')):
+        os.remove(old)
+      *package_command, _ = package_sources.readme_pip_commands()[2]
+      _run(
+          _pip(venv, ['uninstall', '-y', 'tff-hetero']),
+          cwd=os.path.dirname(dists[1]),
+      )
+      _check(
+          _pip(venv, package_command[1:] + [dists[1]]),
+          cwd=os.path.dirname(dists[1]),
+      )
+      with open(marker, 'w'):
+        pass
   return venv
 
 

@@ -114,7 +114,8 @@ def _venv_lock():
 
   pytest-xdist runs a module fixture once per worker process, and the suite's
   work stealing can hand this module's tests to two workers: without the lock
-  both built the venv at once, one deleting what the other installed.
+  both built the venv at once, one deleting what the other installed. The lock
+  also guards the sdist build, which writes its egg-info in the checkout.
   """
   os.makedirs(os.path.dirname(VENV), exist_ok=True)
   with open(VENV + '.lock', 'w') as lock:
@@ -168,9 +169,10 @@ def dists(tmp_path_factory):
       'from setuptools import build_meta; import sys; '
       'print(build_meta.build_{}(sys.argv[1]))'
   )
-  name = _check(
-      [sys.executable, '-c', build.format('sdist'), out], cwd=ROOT
-  ).split()[-1]
+  with _venv_lock():  # The sdist build writes its egg-info in the checkout.
+    name = _check(
+        [sys.executable, '-c', build.format('sdist'), out], cwd=ROOT
+    ).split()[-1]
   sdist = os.path.join(out, name)
   with tarfile.open(sdist) as tar:
     tar.extractall(out)

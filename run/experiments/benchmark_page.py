@@ -489,7 +489,12 @@ def page(report: Report, pngs: Sequence[str]) -> str:
       "algorithms whose clients do more than local training (AFL's "
       "gradient at the broadcast model, Ditto's personal passes, Fed+'s "
       "local steps) process what their paper's client step needs; "
-      "fine-tuning counts its epochs over the clients' training parts.",
+      "fine-tuning counts its epochs over the clients' training parts. "
+      "Delta-FL's count holds only the clients it trains (those above its "
+      'loss quantile): its loss pass over every sampled client at the '
+      'broadcast model (forward only) is not counted, but its time is in '
+      'the training seconds, so its training examples/s understates its '
+      'speed.',
       '',
       f"**Selection** on the training clients' validation part only "
       f'(`--holdout=validation`: the held-out part and the unseen clients are '

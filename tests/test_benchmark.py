@@ -875,6 +875,46 @@ def test_a_first_rung_run_continues_to_the_straight_runs_result(tmp_path):
   assert log.count('resuming from the checkpoint of round 2') == 1, log
 
 
+def test_a_record_from_elsewhere_is_trained_again_to_fine_tune(tmp_path, capfd):
+  # A benchmark continued on another machine has FedAvg's records but not
+  # its run folders, whose final models the baselines fine-tune.
+  args = [
+      '--task=synthetic',
+      '--num_clients=12',
+      '--test_clients_fraction=0.5',
+      '--total_rounds=2',
+      '--rounds_per_eval=2',
+      '--clients_per_round=3',
+      '--client_batch_size=5',
+      '--client_learning_rate=0.1',
+      '--algorithm=fedavg',
+      '--simulation_engine=stacked',
+      '--holdout=validation',
+      '--eval_train_clients=false',
+      '--seed=100',
+      '--data_seed=0',
+      f'--root_output_dir={tmp_path / "runs"}',
+      '--experiment_name=select_fedavg',
+  ]
+  options = dict(learning_rates=[0.1], max_epochs=1, batch_size=5)
+  runs = bm.Runs(str(tmp_path / 'rec'), str(tmp_path), 1, False)
+  try:
+    record = runs.run(args, 2, False)
+    here = runs.fine_tune(args, **options)
+    capfd.readouterr()
+    (tmp_path / 'rec' / 'select_fedavg_ft.json').unlink()
+    subprocess.run(['rm', '-r', str(tmp_path / 'runs')], check=True)
+    again = runs.fine_tune(args, **options)
+  finally:
+    runs.close()
+  err = capfd.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and 'no finished run to fine-tune' in err[0], err
+  assert again['splits'] == here['splits']
+  assert runs.run(args, 2, False) == record  # From its record, not rerun.
+  log = (tmp_path / 'worker_0.log').read_text()
+  assert log.count('Per-client metrics after round 2') == 2, log  # Trained.
+
+
 def test_a_resumed_run_counts_every_invocation(tmp_path):
   args = [
       '--task=synthetic',

@@ -878,6 +878,9 @@ class Runs:
     """The baselines' fine-tuning of a finished FedAvg run (its record).
 
     `tag` names a further fine-tuning of the same run (a grid extension).
+    Where the run's folder is not here (its record was made on another
+    machine), the run is first trained again from its arguments; that time
+    is not in the fine-tuning's `wall_s`.
 
     Returns:
       `{'grid': {start: {split: {lr: [stats per epoch]}}}, 'splits': {start:
@@ -895,11 +898,20 @@ class Runs:
     if record is None and self.from_records:
       raise MissingRecord(f'no record {self._record_path(name)}')
     if record is None:
-      start = time.time()
-      self._worker().fine_tune(args, **options)
       path = os.path.join(
           _flag(args, 'root_output_dir'), _flag(args, 'experiment_name')
       )
+      rounds = int(_flag(args, 'total_rounds'))
+      if self._finished(path, rounds, args) is None:
+        # Its record came from another machine or folder: the model it
+        # trained is not here, so the same arguments train it again.
+        warn(
+            f'{path}: no finished run to fine-tune (its record was made '
+            'elsewhere); training it again from its arguments'
+        )
+        self._run(args, rounds, personal=False)
+      start = time.time()
+      self._worker().fine_tune(args, **options)
       with open(os.path.join(path, 'fine_tuning.json')) as f:
         result = json.load(f)
       record = {

@@ -823,27 +823,32 @@ def test_a_record_keeps_each_split_curve_up_to_its_rounds(tmp_path):
   assert bm._examples(str(tmp_path), 2) == 30
 
 
+def _tiny_fedavg_args(tmp_path, rounds, name):
+  """A FedAvg selection run on 12 synthetic clients, checkpoint every 2."""
+  return [
+      '--task=synthetic',
+      '--num_clients=12',
+      '--test_clients_fraction=0.5',
+      f'--total_rounds={rounds}',
+      '--rounds_per_eval=2',
+      '--rounds_per_checkpoint=2',
+      '--clients_per_round=3',
+      '--client_batch_size=5',
+      '--client_learning_rate=0.1',
+      '--algorithm=fedavg',
+      '--simulation_engine=stacked',
+      '--holdout=validation',
+      '--eval_train_clients=false',
+      '--seed=100',
+      '--data_seed=0',
+      f'--root_output_dir={tmp_path / "runs"}',
+      f'--experiment_name={name}',
+  ]
+
+
 def test_a_first_rung_run_continues_to_the_straight_runs_result(tmp_path):
   def args(rounds, name):
-    return [
-        '--task=synthetic',
-        '--num_clients=12',
-        '--test_clients_fraction=0.5',
-        f'--total_rounds={rounds}',
-        '--rounds_per_eval=2',
-        '--rounds_per_checkpoint=2',
-        '--clients_per_round=3',
-        '--client_batch_size=5',
-        '--client_learning_rate=0.1',
-        '--algorithm=fedavg',
-        '--simulation_engine=stacked',
-        '--holdout=validation',
-        '--eval_train_clients=false',
-        '--seed=100',
-        '--data_seed=0',
-        f'--root_output_dir={tmp_path / "runs"}',
-        f'--experiment_name={name}',
-    ]
+    return _tiny_fedavg_args(tmp_path, rounds, name)
 
   runs = bm.Runs(str(tmp_path / 'rec'), str(tmp_path), 1, False)
   try:
@@ -878,24 +883,7 @@ def test_a_first_rung_run_continues_to_the_straight_runs_result(tmp_path):
 def test_a_record_from_elsewhere_is_trained_again_to_fine_tune(tmp_path, capfd):
   # A benchmark continued on another machine has FedAvg's records but not
   # its run folders, whose final models the baselines fine-tune.
-  args = [
-      '--task=synthetic',
-      '--num_clients=12',
-      '--test_clients_fraction=0.5',
-      '--total_rounds=2',
-      '--rounds_per_eval=2',
-      '--clients_per_round=3',
-      '--client_batch_size=5',
-      '--client_learning_rate=0.1',
-      '--algorithm=fedavg',
-      '--simulation_engine=stacked',
-      '--holdout=validation',
-      '--eval_train_clients=false',
-      '--seed=100',
-      '--data_seed=0',
-      f'--root_output_dir={tmp_path / "runs"}',
-      '--experiment_name=select_fedavg',
-  ]
+  args = _tiny_fedavg_args(tmp_path, 2, 'select_fedavg')
   options = dict(learning_rates=[0.1], max_epochs=1, batch_size=5)
   runs = bm.Runs(str(tmp_path / 'rec'), str(tmp_path), 1, False)
   try:

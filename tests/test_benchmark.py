@@ -892,7 +892,16 @@ def test_a_record_from_elsewhere_is_trained_again_to_fine_tune(tmp_path, capfd):
     capfd.readouterr()
     (tmp_path / 'rec' / 'select_fedavg_ft.json').unlink()
     subprocess.run(['rm', '-r', str(tmp_path / 'runs')], check=True)
+    # What an older fine-tuning attempt left: the folder, no checkpoint.
+    (tmp_path / 'runs' / 'select_fedavg' / 'checkpoints').mkdir(parents=True)
     again = runs.fine_tune(args, **options)
+    (tmp_path / 'rec' / 'select_fedavg_ft.json').unlink()
+    for state in (tmp_path / 'runs' / 'select_fedavg' / 'checkpoints').glob(
+        'program_state_*'
+    ):
+      subprocess.run(['rm', '-r', str(state)], check=True)
+    with pytest.raises(RuntimeError, match='checkpoints are gone.*remove'):
+      runs.fine_tune(args, **options)
   finally:
     runs.close()
   err = capfd.readouterr().err.strip().splitlines()

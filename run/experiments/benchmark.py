@@ -910,6 +910,12 @@ class Runs:
             'elsewhere); training it again from its arguments'
         )
         self._run(args, rounds, personal=False)
+      elif not _has_checkpoint(path):
+        raise RuntimeError(
+            f'{path} is a finished run whose checkpoints are gone, so it '
+            'has no model to fine-tune; remove that folder and the '
+            'benchmark trains it again'
+        )
       start = time.time()
       self._worker().fine_tune(args, **options)
       with open(os.path.join(path, 'fine_tuning.json')) as f:
@@ -926,6 +932,13 @@ class Runs:
     with self._lock:
       self.wall[phase] += record['wall_s']
     return record
+
+
+def _has_checkpoint(path: str) -> bool:
+  folder = os.path.join(path, 'checkpoints')
+  return os.path.isdir(folder) and any(
+      name.startswith('program_state_') for name in os.listdir(folder)
+  )
 
 
 DIVERGED = {

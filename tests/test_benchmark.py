@@ -371,6 +371,20 @@ def test_the_validation_curve_and_its_plateau_are_on_the_page(tmp_path):
   assert benchmark_page.plateau_gain(curve[:1]) is None
   rising = [[30, 0.30, 0.2], [240, 0.40, 0.3], [300, 0.45, 0.35]]
   assert benchmark_page.plateau_gain(rising) == pytest.approx(5.0)
+  assert benchmark_page.plateau_gain(rising, 2) == pytest.approx(5.0)
+  # Evaluated every 25 rounds: the window starts at 225, and says so.
+  every25 = [[r, r / 1000, r / 1500] for r in range(25, 301, 25)]
+  assert benchmark_page.plateau_start(every25) == 225
+  assert benchmark_page.plateau_gain(every25) == pytest.approx(7.5)
+  assert benchmark_page.plateau_start([[300, 0.4, 0.3]]) is None
+  assert (
+      benchmark_page.plateau_start([[250, 0.4, 0.3], [300, 0.4, 0.3]]) is None
+  )
+  text = benchmark_page._plateau_verdict({0: every25, 1: every25[:1]})
+  assert 'from round 225 to 300 (the last evaluation at or before' in text
+  assert 'the last fifth starts at 240' in text
+  assert '+7.5 on seed 0 (worst10 +5.0)' in text
+  assert 'Too short a curve to judge: seed(s) 1.' in text
 
   def score(flag):
     del flag
@@ -391,12 +405,15 @@ def test_the_validation_curve_and_its_plateau_are_on_the_page(tmp_path):
       _report({'fedavg': [[0.5]]}, names=('fedavg',)), choices=choices
   )
   text = '\n'.join(benchmark_page.curve_section(report))
-  assert '+0.7, +5.0 points' in text
+  assert (
+      'from round 240 to 300 (the last fifth of the rounds): +0.7 on seed 100'
+      ' (worst10 +1.0), +5.0 on seed 101 (worst10 +5.0) points'
+  ) in text
   assert 'not plateaued' in text
   assert '| 300 | 46.2 / 36.0 | 45.0 / 35.0 |' in text
   choices['fedavg'].curves[choices['fedavg'].best] = {100: curve}
   text = '\n'.join(benchmark_page.curve_section(report, 'x/b_curve.png'))
-  assert 'under 1 point on every seed: plateaued' in text
+  assert 'the mean under 1 point on every seed: plateaued' in text
   assert "![FedAvg's validation curve](b_curve.png)" in text
   png = tmp_path / 'curve.png'
   assert benchmark_page.write_curve(report, str(png))
@@ -1280,6 +1297,50 @@ def _without_commands(page):
   lines = page.splitlines()
   start = lines.index("<details><summary>Every run's command</summary>")
   return lines[4:start]
+
+
+def test_a_page_from_records_names_the_data_without_building_it(tmp_path):
+  # Its printed commands need --data_dir; nothing is built for them.
+  assert bm._shakespeare_data(str(tmp_path), None, build=False) == str(
+      tmp_path / 'data'
+  )
+  assert bm._shakespeare_data(str(tmp_path), '/d', build=False) == '/d'
+  assert not os.listdir(tmp_path)
+
+
+def test_a_fine_tuning_from_another_model_than_fedavgs_is_said():
+  same = bm.start_offset({'accuracy': [0.5, 0.25]}, {'accuracy': [0.5, 0.25]})
+  assert same == [0, 0.0]
+  moved = bm.start_offset(
+      {'accuracy': [0.5, 0.25, 0.4]}, {'accuracy': [0.5, 0.3, 0.39]}
+  )
+  assert moved == [2, pytest.approx(5.0)]
+  report = _report({'fedavg': [[0.5]] * 2}, names=('fedavg',))
+  assert benchmark_page.ft_start_line(report) == ''  # No fine-tuning.
+  for run in report.results['fedavg']:
+    run['ft_start'] = same
+  assert 'equals FedAvg' in benchmark_page.ft_start_line(report)
+  report.results['fedavg'][1]['ft_start'] = moved
+  line = benchmark_page.ft_start_line(report)
+  assert 'differs from FedAvg' in line
+  assert 'seed 1 (2 clients, up to 5.00 points)' in line
+  assert 'seed 0' not in line
+
+
+def test_the_findings_state_fedavgs_operating_point():
+  # 20 clients: the worst 10% are the two lowest.
+  seeds = [
+      [0.1, 0.3] + [0.6] * 18,
+      [0.2, 0.4] + [0.8] * 18,
+  ]
+  report = _report({'fedavg': seeds, 'fedprox': seeds}, ('fedavg', 'fedprox'))
+  line = benchmark_page.operating_point(report, 'test', 'held-out data')
+  # Means 0.56 and 0.75; worst 10% 0.2 and 0.3 (independent arithmetic).
+  assert (
+      "FedAvg's held-out data, mean accuracy 65.5% (13.4) and worst-10% "
+      'accuracy 25.0% (7.1)'
+  ) in line, line
+  assert 'reported seeds [0, 1]' in line
 
 
 def test_the_published_synthetic_page_is_its_committed_records(tmp_path):

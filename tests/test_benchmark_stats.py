@@ -436,12 +436,42 @@ def test_resolution_in_points():
   got = bs.resolution(num)
   assert got['example_median'] == pytest.approx(100 / 25)
   assert got['example_max'] == pytest.approx(100 / 5)  # The smallest client.
-  assert got['client_mean'] == pytest.approx(100 / 5)
-  assert got['client_worst10'] == pytest.approx(100.0)  # 0.5 clients < 1.
+  assert got['mean_example_median'] == pytest.approx(100 / 25 / 5)
+  assert got['mean_example_max'] == pytest.approx(100 / 5 / 5)
+  assert got['worst10_example_max'] == pytest.approx(100 / 5)  # 0.5 < 1.
+  assert got['client_mean'] == pytest.approx(1 / 5)
+  assert got['client_worst10'] == pytest.approx(1.0)
   num = [int(x) for x in np.random.default_rng(6).integers(2, 500, 30)]
   s = sorted(num)
   got = bs.resolution(num)
-  assert got['example_median'] == pytest.approx(100 / ((s[14] + s[15]) / 2))
+  median = (s[14] + s[15]) / 2
+  assert got['example_median'] == pytest.approx(100 / median)
   assert got['example_max'] == pytest.approx(100 / s[0])
-  assert got['client_mean'] == pytest.approx(100 / 30)
-  assert got['client_worst10'] == pytest.approx(100 / 3)
+  assert got['mean_example_median'] == pytest.approx(100 / median / 30)
+  assert got['mean_example_max'] == pytest.approx(100 / s[0] / 30)
+  assert got['worst10_example_max'] == pytest.approx(100 / s[0] / 3)
+  assert got['client_mean'] == pytest.approx(1 / 30)
+  assert got['client_worst10'] == pytest.approx(1 / 3)
+
+
+def test_resolution_steps_are_the_statistics_moves():
+  # Independent check: move one example of a client and recompute.
+  rng = np.random.default_rng(3)
+  num = rng.integers(20, 300, 40).astype(float)
+  correct = np.floor(num * rng.uniform(0.2, 0.6, 40))
+  got = bs.resolution(num)
+  small = int(np.argmin(num))
+  correct[small] = 0  # The smallest client is the worst, in the tail.
+  acc = correct / num
+  moved = correct.copy()
+  moved[small] += 1
+  acc2 = moved / num
+  assert 100 * (acc2.mean() - acc.mean()) == pytest.approx(
+      got['mean_example_max']
+  )
+  worst = np.sort(acc)[:4].mean()  # 0.1 * 40 = 4 whole clients.
+  worst2 = np.sort(acc2)[:4].mean()
+  assert 100 * (worst2 - worst) == pytest.approx(got['worst10_example_max'])
+  before = bs.client_stats(acc, np.ones(40), num)['worst10']
+  after = bs.client_stats(acc2, np.ones(40), num)['worst10']
+  assert 100 * (after - before) == pytest.approx(got['worst10_example_max'])

@@ -163,12 +163,58 @@ def resolution_line(report: Report, split: str) -> str:
   return (
       f'Resolution ({len(cols["num_examples"])} clients, seed '
       f"{report.seeds[0]}): one example moves a client's accuracy by "
-      f'{r["example_median"]:.1f} points (median client) and up to '
-      f'{r["example_max"]:.1f} (smallest client); one client moves the mean '
-      f'by up to {r["client_mean"]:.1f} points and worst10 by up to '
-      f'{r["client_worst10"]:.1f}. p10 and worst10 interpolate between '
-      "clients, so they move by less than one client's step; compare the "
-      'paired half-widths with these steps.'
+      f'{r["example_median"]:.2g} points (median client) and up to '
+      f'{r["example_max"]:.2g} (smallest client), so it moves the mean by '
+      f'{r["mean_example_median"]:.2g} to {r["mean_example_max"]:.2g} points '
+      f'and worst10 by up to {r["worst10_example_max"]:.2g}; a client whose '
+      f'accuracy moves by D points moves the mean by {r["client_mean"]:.2g} D '
+      f'and worst10 by up to {r["client_worst10"]:.2g} D. worst10 and p10 '
+      'interpolate between clients. Compare the paired half-widths with the '
+      'one-example steps: a difference below them cannot be resolved.'
+  )
+
+
+def operating_point(report: Report, split: str, split_name: str) -> str:
+  """FedAvg's level on `split`, which every difference starts from."""
+  base = next((r for r in report.rows(split) if r[0].name == 'fedavg'), None)
+  if base is None:
+    return ''
+  cells = []
+  for column, name in (('mean', 'mean'), ('worst10', 'worst-10%')):
+    mean, std = stats.mean_std([s[column] for s in base[2]])
+    spread = '' if math.isnan(std) else f' ({100 * std:.1f})'
+    cells.append(f'{name} accuracy {100 * mean:.1f}%{spread}')
+  return (
+      f"Operating point: FedAvg's {split_name}, "
+      + ' and '.join(cells)
+      + f' (mean (std) over the reported seeds {list(report.seeds)}); the '
+      'differences below start from there.'
+  )
+
+
+def ft_start_line(report: Report) -> str:
+  """Whether FedAvg + fine-tuning started from FedAvg's reported models."""
+  runs = report.results.get('fedavg', [])
+  offsets = [
+      (s, r['ft_start']) for s, r in zip(report.seeds, runs) if 'ft_start' in r
+  ]
+  if not offsets:
+    return ''
+  off = [(s, o) for s, o in offsets if o[0]]
+  if not off:
+    return (
+        "FedAvg + fine-tuning starts from FedAvg's reported models: at 0 "
+        "epochs its held-out evaluation equals FedAvg's record, client by "
+        'client, on every reported seed.'
+    )
+  return (
+      "FedAvg + fine-tuning at 0 epochs differs from FedAvg's record on "
+      + ', '.join(
+          f'seed {s} ({o[0]:g} clients, up to {o[1]:.2f} points)'
+          for s, o in off
+      )
+      + ': those runs were trained again for the fine-tuning and their floats '
+      'rounded otherwise, so its differences against FedAvg carry that offset.'
   )
 
 
@@ -262,19 +308,73 @@ def server_lr_sentence(report: Report) -> str:
   )
 
 
-def plateau_gain(curve: Sequence[Sequence[float]]) -> Optional[float]:
-  """Mean accuracy gained over the last fifth of a curve's rounds (points).
-
-  `curve`: `[round, mean, sq10]` rows; the gain is from the last evaluation
-  at or before 4/5 of the final round to the final one (None: no such pair).
-  """
+def plateau_start(curve: Sequence[Sequence[float]]) -> Optional[float]:
+  """The round the plateau is judged from: the last evaluation at or before
+  4/5 of the final round (None: no such evaluation before the final one)."""
   if len(curve) < 2:
     return None
-  last = curve[-1][0]
-  before = [row for row in curve if row[0] <= 0.8 * last]
-  if not before:
+  before = [row[0] for row in curve[:-1] if row[0] <= 0.8 * curve[-1][0]]
+  return before[-1] if before else None
+
+
+def plateau_gain(
+    curve: Sequence[Sequence[float]], column: int = 1
+) -> Optional[float]:
+  """Accuracy gained from `plateau_start` to the final round (points).
+
+  `curve`: `[round, mean, sq10]` rows; `column` 1 is the mean, 2 the worst
+  10% (None: no start to judge from).
+  """
+  start = plateau_start(curve)
+  if start is None:
     return None
-  return 100 * (curve[-1][1] - before[-1][1])
+  row = next(r for r in curve if r[0] == start)
+  return 100 * (curve[-1][column] - row[column])
+
+
+def _plateau_verdict(curves: dict[int, list]) -> str:
+  seeds = sorted(curves)
+  judged = [s for s in seeds if plateau_start(curves[s]) is not None]
+  if not judged:
+    return ''
+  windows = {(plateau_start(curves[s]), curves[s][-1][0]) for s in judged}
+  if len(windows) == 1:
+    ((start, end),) = windows
+    window = f'from round {start:g} to {end:g}'
+    if start != 0.8 * end:
+      window += (
+          ' (the last evaluation at or before 4/5 of the rounds; the last '
+          f'fifth starts at {0.8 * end:g})'
+      )
+    else:
+      window += ' (the last fifth of the rounds)'
+  else:
+    window = (
+        'from the last evaluation at or before 4/5 of the rounds to the end'
+    )
+  gains = [plateau_gain(curves[s]) for s in judged]
+  flat = max(abs(g) for g in gains) < 1.0
+  return (
+      f'Mean accuracy gained {window}: '
+      + ', '.join(
+          f'{g:+.1f} on seed {s} (worst10 {plateau_gain(curves[s], 2):+.1f})'
+          for s, g in zip(judged, gains)
+      )
+      + ' points ('
+      + (
+          'the mean under 1 point on every seed: plateaued'
+          if flat
+          else '**1 point or more: not plateaued**'
+      )
+      + ').'
+      + (
+          ''
+          if len(judged) == len(seeds)
+          else ' Too short a curve to judge: seed(s) '
+          + ', '.join(str(s) for s in seeds if s not in judged)
+          + '.'
+      )
+  )
 
 
 def _fedavg_curves(report: Report) -> dict[int, list]:
@@ -309,22 +409,7 @@ def curve_section(report: Report, png: Optional[str] = None) -> list[str]:
         for s in seeds
     ]
     lines.append(f'| {r} | ' + ' | '.join(cells) + ' |')
-  gains = [plateau_gain(curves[s]) for s in seeds]
-  gains = [g for g in gains if g is not None]
-  verdict = ''
-  if gains:
-    flat = max(abs(g) for g in gains) < 1.0
-    verdict = (
-        'Mean accuracy gained over the last fifth of the rounds: '
-        + ', '.join(f'{g:+.1f}' for g in gains)
-        + ' points ('
-        + (
-            'under 1 point on every seed: plateaued'
-            if flat
-            else '**1 point or more: not plateaued**'
-        )
-        + ').'
-    )
+  verdict = _plateau_verdict(curves)
   return [
       f"**FedAvg's validation curve** at its chosen configuration "
       f'({choice.best.describe(choice.method)}), selection seeds: '
@@ -559,7 +644,8 @@ def page(report: Report, pngs: Sequence[str]) -> str:
         results_table(report, split),
         '',
         f'Paired differences against FedAvg, {title[4:].lower()} (per-seed '
-        'difference, mean (std) in points; the seeds where the algorithm is '
+        'difference, mean (std) in points, loss sq10 in nats, variance in '
+        '%^2; the seeds where the algorithm is '
         'better (lower, for loss and variance); +- the 95% half-width '
         't(n-1) std / sqrt(n)):',
         '',
@@ -571,6 +657,9 @@ def page(report: Report, pngs: Sequence[str]) -> str:
   text += [
       '**Findings (generated from the numbers above).**',
       '',
+      operating_point(report, 'test', 'held-out data'),
+      '',
+      *([ft_start_line(report), ''] if ft_start_line(report) else []),
       *findings(paired_rows(report, 'test'), 'held-out data'),
       '',
       f'![per-client accuracy CDFs]({os.path.basename(pngs[0])})',

@@ -94,17 +94,27 @@ def resolution(num_examples: Sequence[float]) -> dict[str, float]:
 
   Returns:
     `example_median`, `example_max`: one example's move of one client's
-    accuracy, 100 / n, for the median and the smallest client; `client_mean`:
-    one client's move of the mean, 100 / m; `client_worst10`: one client's
-    move of the worst-10% mean, 100 / (0.1 m) (more when 0.1 m < 1).
+    accuracy, 100 / n, for the median and the smallest client;
+    `mean_example_median`, `mean_example_max`: the mean's move for that
+    example, 100 / (n m); `worst10_example_max`: the worst-10% mean's move
+    for one example of the smallest client when it is in the tail,
+    100 / (n 0.1 m); `client_mean`, `client_worst10`: the mean's and the
+    worst-10% mean's move per point that one client's accuracy moves, 1 / m
+    and at most 1 / (0.1 m) (1 when 0.1 m < 1).
   """
   n = np.asarray(num_examples, dtype=float)
   m = max(n.size, 1)
+  tail = max(TAIL * m, 1.0)
+  median = max(float(np.median(n)), 1.0) if n.size else 1.0
+  smallest = max(float(n.min()), 1.0) if n.size else 1.0
   return {
-      'example_median': 100.0 / max(float(np.median(n)), 1.0),
-      'example_max': 100.0 / max(float(n.min()), 1.0),
-      'client_mean': 100.0 / m,
-      'client_worst10': 100.0 / max(TAIL * m, 1.0),
+      'example_median': 100.0 / median,
+      'example_max': 100.0 / smallest,
+      'mean_example_median': 100.0 / (median * m),
+      'mean_example_max': 100.0 / (smallest * m),
+      'worst10_example_max': 100.0 / (smallest * tail),
+      'client_mean': 1.0 / m,
+      'client_worst10': 1.0 / tail,
   }
 
 

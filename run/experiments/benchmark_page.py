@@ -647,7 +647,8 @@ def page(report: Report, pngs: Sequence[str]) -> str:
         'difference, mean (std) in points, loss sq10 in nats, variance in '
         '%^2; the seeds where the algorithm is '
         'better (lower, for loss and variance); +- the 95% half-width '
-        't(n-1) std / sqrt(n)):',
+        't(n-1) std / sqrt(n), per comparison, not corrected for the number '
+        'of comparisons):',
         '',
         paired_table(paired_rows(report, split)),
         '',

@@ -24,6 +24,7 @@ import datetime
 import fcntl
 import json
 import os
+import re
 import socket
 import sys
 import tempfile
@@ -340,6 +341,20 @@ def _command() -> str:
 def _reason(error: Exception) -> str:
   text = ' '.join(str(error).split()) or type(error).__name__
   return text if len(text) <= 160 else text[:157] + '...'
+
+
+def has_checkpoint(root_dir: str) -> bool:
+  """Whether `root_dir` (a run's checkpoints/) holds a saved version.
+
+  Counts the names TFF's `FileProgramStateManager` gives versions
+  (`program_state_<round>`), not its half-written temporaries or the
+  checkpoints `CheckpointManager` set aside as damaged.
+  """
+  try:
+    names = os.listdir(root_dir)
+  except OSError:
+    return False
+  return any(re.fullmatch(r'program_state_\d+', name) for name in names)
 
 
 class CheckpointManager(tff.program.FileProgramStateManager):

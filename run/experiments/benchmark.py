@@ -911,7 +911,7 @@ class Runs:
             'elsewhere); training it again from its arguments'
         )
         self._run(args, rounds, personal=False)
-      elif not _has_checkpoint(path):
+      elif not run_dir.has_checkpoint(os.path.join(path, 'checkpoints')):
         raise RuntimeError(
             f'{path} is a finished run whose checkpoints are gone, so it '
             'has no model to fine-tune; remove that folder and the '
@@ -933,13 +933,6 @@ class Runs:
     with self._lock:
       self.wall[phase] += record['wall_s']
     return record
-
-
-def _has_checkpoint(path: str) -> bool:
-  folder = os.path.join(path, 'checkpoints')
-  return os.path.isdir(folder) and any(
-      name.startswith('program_state_') for name in os.listdir(folder)
-  )
 
 
 DIVERGED = {

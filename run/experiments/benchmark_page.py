@@ -655,12 +655,13 @@ def page(report: Report, pngs: Sequence[str]) -> str:
         resolution_line(report, split),
         '',
     ]
+  start = ft_start_line(report)
   text += [
       '**Findings (generated from the numbers above).**',
       '',
       operating_point(report, 'test', 'held-out data'),
       '',
-      *([ft_start_line(report), ''] if ft_start_line(report) else []),
+      *([start, ''] if start else []),
       *findings(paired_rows(report, 'test'), 'held-out data'),
       '',
       f'![per-client accuracy CDFs]({os.path.basename(pngs[0])})',

@@ -1343,6 +1343,31 @@ def test_the_findings_state_fedavgs_operating_point():
   assert 'reported seeds [0, 1]' in line
 
 
+def test_the_findings_do_not_resolve_a_difference_below_one_example():
+  # 20 clients of 10 examples: one example of one client moves the mean by
+  # 100 / (10 * 20) = 0.5 points and worst10 (2 clients) by 5 points.
+  fedavg = [[0.5] * 20, [0.6] * 20, [0.4] * 20]
+  small = [
+      [a + (0.1 if i == 0 else 0.0) for i, a in enumerate(acc)]
+      for acc in fedavg
+  ]  # One client one example better: mean +0.5.
+  report = _report({'fedavg': fedavg, 'fedprox': small})
+  steps = benchmark_page.example_steps(report)
+  assert steps == pytest.approx({'mean': 0.005, 'worst10': 0.05})
+  # Jitter so the seeds have a spread: +0.475, +0.5, +0.45 points of mean.
+  small[0][1] -= 0.005
+  small[2][1] -= 0.01
+  rows = benchmark_page.paired_rows(report, 'test')
+  mean_sentence = benchmark_page.findings(rows, 'held-out', steps)[0]
+  assert 'mean +0.5 points (better on 3 of 3 seeds; outside the 95% ' in (
+      mean_sentence
+  ), mean_sentence
+  assert "below one example's step" in mean_sentence
+  # Without the steps the same numbers read "resolved".
+  plain = benchmark_page.findings(rows, 'held-out')[0]
+  assert 'mean +0.5 points (better on 3 of 3 seeds; resolved' in plain, plain
+
+
 def test_the_published_synthetic_page_is_its_committed_records(tmp_path):
   # docs/results/benchmark_synthetic.md, rebuilt from the records committed
   # beside it with today's code, is the committed page (but the paths in

@@ -354,6 +354,16 @@ def test_verdict_resolves_only_outside_the_half_width_with_spread():
   assert 'one seed' in bs.verdict(0.5, math.nan, math.nan)
 
 
+def test_verdict_does_not_resolve_a_difference_below_one_examples_step():
+  # Outside the half-width, but less than one example's worth.
+  assert bs.verdict(0.002, 0.0005, 0.001, step=0.0025).startswith('outside')
+  assert 'not called resolved' in bs.verdict(-0.002, 0.0005, 0.001, 0.0025)
+  assert bs.verdict(0.003, 0.0005, 0.001, step=0.0025).startswith('resolved')
+  assert bs.verdict(0.002, 0.0005, 0.001).startswith('resolved')  # No step.
+  # Inside the half-width stays "not resolved" whatever the step.
+  assert bs.verdict(0.002, 0.01, 0.02, 0.0025).startswith('not resolved')
+
+
 def test_verdict_of_a_lattice_difference_equal_on_every_seed():
   # k/8 accuracies subtract exactly: std 0, not resolved.
   mean, std, _, _, half = bs.paired(
@@ -450,6 +460,7 @@ def test_resolution_in_points():
   assert got['mean_example_median'] == pytest.approx(100 / median / 30)
   assert got['mean_example_max'] == pytest.approx(100 / s[0] / 30)
   assert got['worst10_example_max'] == pytest.approx(100 / s[0] / 3)
+  assert got['worst10_example_median'] == pytest.approx(100 / median / 3)
   assert got['client_mean'] == pytest.approx(1 / 30)
   assert got['client_worst10'] == pytest.approx(1 / 3)
 

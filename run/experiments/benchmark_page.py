@@ -166,12 +166,24 @@ def resolution_line(report: Report, split: str) -> str:
       f'{r["example_median"]:.2g} points (median client) and up to '
       f'{r["example_max"]:.2g} (smallest client), so it moves the mean by '
       f'{r["mean_example_median"]:.2g} to {r["mean_example_max"]:.2g} points '
-      f'and worst10 by up to {r["worst10_example_max"]:.2g}; a client whose '
+      f'and worst10 by {r["worst10_example_median"]:.2g} to '
+      f'{r["worst10_example_max"]:.2g}; a client whose '
       f'accuracy moves by D points moves the mean by {r["client_mean"]:.2g} D '
       f'and worst10 by up to {r["client_worst10"]:.2g} D. worst10 and p10 '
       'interpolate between clients. Compare the paired half-widths with the '
-      'one-example steps: a difference below them cannot be resolved.'
+      'one-example steps: the findings do not call a difference below the '
+      "median client's step resolved."
   )
+
+
+def example_steps(report: Report, split: str = 'test') -> dict[str, float]:
+  """One example's move of the mean and worst10 (median client, fraction)."""
+  num = report.results['fedavg'][0]['splits'][split]['num_examples']
+  r = stats.resolution(num)
+  return {
+      'mean': r['mean_example_median'] / 100,
+      'worst10': r['worst10_example_median'] / 100,
+  }
 
 
 def operating_point(report: Report, split: str, split_name: str) -> str:
@@ -218,8 +230,20 @@ def ft_start_line(report: Report) -> str:
   )
 
 
-def findings(rows: Sequence[tuple[Any, ...]], split_name: str) -> list[str]:
-  """One sentence per method on worst10 and the mean, with its verdict."""
+def findings(
+    rows: Sequence[tuple[Any, ...]],
+    split_name: str,
+    steps: Optional[dict[str, float]] = None,
+) -> list[str]:
+  """One sentence per method on worst10 and the mean, with its verdict.
+
+  Args:
+    rows: `paired_rows` of one split.
+    split_name: The split's name in the sentences.
+    steps: Each column's one-example step (a fraction, as the rows): a
+      difference below it is not called resolved.
+  """
+  steps = steps or {}
   by = {}
   for method, column, *numbers in rows:
     by.setdefault(method.label, {})[column] = numbers
@@ -230,7 +254,7 @@ def findings(rows: Sequence[tuple[Any, ...]], split_name: str) -> list[str]:
       mean, std, wins, n, half = cols[column]
       parts.append(
           f'{name} {100 * mean:+.1f} points (better on {wins} of {n} seeds; '
-          f'{stats.verdict(mean, std, half)})'
+          f'{stats.verdict(mean, std, half, steps.get(column, 0.0))})'
       )
     out.append(f'* {label} vs FedAvg, {split_name}: ' + '; '.join(parts) + '.')
   return out
@@ -662,7 +686,9 @@ def page(report: Report, pngs: Sequence[str]) -> str:
       operating_point(report, 'test', 'held-out data'),
       '',
       *([start, ''] if start else []),
-      *findings(paired_rows(report, 'test'), 'held-out data'),
+      *findings(
+          paired_rows(report, 'test'), 'held-out data', example_steps(report)
+      ),
       '',
       f'![per-client accuracy CDFs]({os.path.basename(pngs[0])})',
       '',

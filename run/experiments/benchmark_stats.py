@@ -96,11 +96,12 @@ def resolution(num_examples: Sequence[float]) -> dict[str, float]:
     `example_median`, `example_max`: one example's move of one client's
     accuracy, 100 / n, for the median and the smallest client;
     `mean_example_median`, `mean_example_max`: the mean's move for that
-    example, 100 / (n m); `worst10_example_max`: the worst-10% mean's move
-    for one example of the smallest client when it is in the tail,
-    100 / (n 0.1 m); `client_mean`, `client_worst10`: the mean's and the
-    worst-10% mean's move per point that one client's accuracy moves, 1 / m
-    and at most 1 / (0.1 m) (1 when 0.1 m < 1).
+    example, 100 / (n m); `worst10_example_median`, `worst10_example_max`:
+    the worst-10% mean's move for one example of the median and the smallest
+    client when it is in the tail, 100 / (n 0.1 m); `client_mean`,
+    `client_worst10`: the mean's and the worst-10% mean's move per point
+    that one client's accuracy moves, 1 / m and at most 1 / (0.1 m) (1 when
+    0.1 m < 1).
   """
   n = np.asarray(num_examples, dtype=float)
   m = max(n.size, 1)
@@ -112,6 +113,7 @@ def resolution(num_examples: Sequence[float]) -> dict[str, float]:
       'example_max': 100.0 / smallest,
       'mean_example_median': 100.0 / (median * m),
       'mean_example_max': 100.0 / (smallest * m),
+      'worst10_example_median': 100.0 / (median * tail),
       'worst10_example_max': 100.0 / (smallest * tail),
       'client_mean': 1.0 / m,
       'client_worst10': 1.0 / tail,
@@ -183,8 +185,19 @@ def mean_std(values: Sequence[float]) -> tuple[float, float]:
   return float(v.mean()), float(v.std(ddof=1)) if v.size > 1 else math.nan
 
 
-def verdict(mean: float, std: float, half_width: float) -> str:
-  """Whether a paired difference is resolved by the seeds, in words."""
+def verdict(
+    mean: float, std: float, half_width: float, step: float = 0.0
+) -> str:
+  """Whether a paired difference is resolved by the seeds, in words.
+
+  Args:
+    mean: The mean over seeds of the paired differences.
+    std: Their sample std.
+    half_width: Their 95% half-width.
+    step: The statistic's one-example step, in the units of `mean`: a
+      difference outside the half-width but smaller than it is not called
+      resolved (it is less than one example's worth).
+  """
   if math.isnan(half_width):
     return 'one seed: no spread to judge by'
   # A difference of lattice values (k / n accuracies) equal on every seed
@@ -197,6 +210,11 @@ def verdict(mean: float, std: float, half_width: float) -> str:
         'called resolved'
     )
   if abs(mean) > half_width:
+    if abs(mean) < step:
+      return (
+          "outside the 95% half-width but below one example's step, not "
+          'called resolved'
+      )
     return 'resolved (outside the 95% half-width)'
   return 'not resolved (inside the 95% half-width)'
 

@@ -1315,6 +1315,21 @@ def test_a_fine_tuning_from_another_model_than_fedavgs_is_said():
       {'accuracy': [0.5, 0.25, 0.4]}, {'accuracy': [0.5, 0.3, 0.39]}
   )
   assert moved == [2, pytest.approx(5.0)]
+  # The same counts of correct examples, rounded to 6 decimals from float32
+  # and float64 (21/47, 13/27): the same model.
+  rounding = bm.start_offset(
+      {'accuracy': [0.446808, 0.481482], 'num_examples': [47, 27]},
+      {'accuracy': [0.446809, 0.481481]},
+  )
+  assert rounding == [0, 0.0]
+  assert bm.start_offset(
+      {'accuracy': [0.446808, 0.481482]}, {'accuracy': [0.446809, 0.481481]}
+  ) == [0, 0.0]
+  one_example = bm.start_offset(
+      {'accuracy': [0.446808, 0.481482], 'num_examples': [47, 27]},
+      {'accuracy': [0.468085, 0.481481]},  # 22/47: one example more.
+  )
+  assert one_example == [1, pytest.approx(2.1277)]
   report = _report({'fedavg': [[0.5]] * 2}, names=('fedavg',))
   assert benchmark_page.ft_start_line(report) == ''  # No fine-tuning.
   for run in report.results['fedavg']:
@@ -1387,3 +1402,32 @@ def test_the_published_synthetic_page_is_its_committed_records(tmp_path):
   with open(os.path.join(root, 'docs/results/benchmark_synthetic.md')) as f:
     published = f.read()
   assert _without_commands(out.read_text()) == _without_commands(published)
+
+
+def test_the_published_shakespeare_page_is_its_committed_records(tmp_path):
+  # The same for docs/results/benchmark_shakespeare.md (its data folder,
+  # named in the task line and the budget's flags, is the machine's).
+  root = binary.ROOT
+  out = tmp_path / 'benchmark_shakespeare.md'
+  records = os.path.join(root, 'docs/results/runs/shakespeare')
+  _benchmark(
+      [
+          '--setting=shakespeare',
+          '--from_records',
+          f'--records_dir={records}',
+          f'--output_dir={tmp_path}',
+          f'--output_md={out}',
+          '--bound_json='
+          + os.path.join(root, 'docs/results/bound_shakespeare.json'),
+      ]
+  )
+  with open(os.path.join(root, 'docs/results/benchmark_shakespeare.md')) as f:
+    published = f.read()
+
+  def without_paths(page):
+    return [
+        re.sub(r'(--data_dir=|\()\S*?(/shakespeare\.sqlite|/data\b)', r'\1D', l)
+        for l in _without_commands(page)
+    ]
+
+  assert without_paths(out.read_text()) == without_paths(published)

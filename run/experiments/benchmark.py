@@ -962,13 +962,28 @@ def fine_tuned(record: dict, begin: str, split: str, lr: float, epochs: int):
 
 def start_offset(record_cols: dict, epoch0_cols: dict) -> list[float]:
   """`[clients differing, the largest difference in points]` between a
-  run's recorded per-client accuracy and its fine-tuning's at 0 epochs (the
-  same model, unless it was trained again; 1e-6: the records' rounding)."""
+  run's recorded per-client accuracy and its fine-tuning's at 0 epochs.
+
+  The same model gives each client the same number of correct examples,
+  but its two accuracies, computed by two evaluations and each rounded to
+  6 decimals, may differ in the last digit (seen: 21/47 as 0.446808 and
+  0.446809). So clients are compared by their correct examples where the
+  record has `num_examples`, else to 2e-6.
+  """
   a, b = record_cols['accuracy'], epoch0_cols['accuracy']
   if len(a) != len(b):
     return [max(len(a), len(b)), math.nan]
-  d = [abs(float(x) - float(y)) for x, y in zip(a, b)]
-  return [sum(v > 1e-6 for v in d), round(100 * max(d, default=0.0), 4)]
+  sizes = record_cols.get('num_examples') or [None] * len(a)
+  moved = [
+      abs(float(x) - float(y))
+      for x, y, n in zip(a, b, sizes)
+      if (
+          round(float(x) * n) != round(float(y) * n)
+          if n
+          else abs(float(x) - float(y)) > 2e-6
+      )
+  ]
+  return [len(moved), round(100 * max(moved, default=0.0), 4)]
 
 
 def fine_tuned_stats(record, begin, split, lr, epochs) -> dict[str, float]:

@@ -669,8 +669,9 @@ def page(report: Report, pngs: Sequence[str]) -> str:
         '',
         f'Paired differences against FedAvg, {title[4:].lower()} (per-seed '
         'difference, mean (std) in points, loss sq10 in nats, variance in '
-        '%^2; the seeds where the algorithm is '
-        'better (lower, for loss and variance); +- the 95% half-width '
+        '%^2; the seeds where the algorithm is better: higher accuracy, '
+        'lower loss, or, for variance, lower, which a uniformly worse model '
+        'also achieves; +- the 95% half-width '
         't(n-1) std / sqrt(n), per comparison, not corrected for the number '
         'of comparisons):',
         '',

@@ -974,15 +974,12 @@ def start_offset(record_cols: dict, epoch0_cols: dict) -> list[float]:
   if len(a) != len(b):
     return [max(len(a), len(b)), math.nan]
   sizes = record_cols.get('num_examples') or [None] * len(a)
-  moved = [
-      abs(float(x) - float(y))
-      for x, y, n in zip(a, b, sizes)
-      if (
-          round(float(x) * n) != round(float(y) * n)
-          if n
-          else abs(float(x) - float(y)) > 2e-6
-      )
-  ]
+
+  def differs(x: float, y: float, n: Optional[int]) -> bool:
+    return round(x * n) != round(y * n) if n else abs(x - y) > 2e-6
+
+  pairs = [(float(x), float(y), n) for x, y, n in zip(a, b, sizes)]
+  moved = [abs(x - y) for x, y, n in pairs if differs(x, y, n)]
   return [len(moved), round(100 * max(moved, default=0.0), 4)]
 
 

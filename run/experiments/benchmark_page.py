@@ -156,12 +156,16 @@ def paired_table(rows: Sequence[tuple[Any, ...]]) -> str:
   return '\n'.join(lines)
 
 
+def _client_sizes(report: Report, split: str) -> list[int]:
+  """`split`'s examples per client, as FedAvg's first seed evaluated them."""
+  return report.results['fedavg'][0]['splits'][split]['num_examples']
+
+
 def resolution_line(report: Report, split: str) -> str:
-  runs = report.results['fedavg']
-  cols = runs[0]['splits'][split]
-  r = stats.resolution(cols['num_examples'])
+  sizes = _client_sizes(report, split)
+  r = stats.resolution(sizes)
   return (
-      f'Resolution ({len(cols["num_examples"])} clients, seed '
+      f'Resolution ({len(sizes)} clients, seed '
       f"{report.seeds[0]}): one example moves a client's accuracy by "
       f'{r["example_median"]:.2g} points (median client) and up to '
       f'{r["example_max"]:.2g} (smallest client), so it moves the mean by '
@@ -178,8 +182,7 @@ def resolution_line(report: Report, split: str) -> str:
 
 def example_steps(report: Report, split: str = 'test') -> dict[str, float]:
   """One example's move of the mean and worst10 (median client, fraction)."""
-  num = report.results['fedavg'][0]['splits'][split]['num_examples']
-  r = stats.resolution(num)
+  r = stats.resolution(_client_sizes(report, split))
   return {
       'mean': r['mean_example_median'] / 100,
       'worst10': r['worst10_example_median'] / 100,

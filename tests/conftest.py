@@ -17,6 +17,20 @@ from tff_algos import runtime
 runtime.install_worker_cleanup()
 
 
+def pytest_configure(config):
+  """Refuses a bad `TEST_ROTATION` in one line, before any test runs.
+
+  In the controller, before pytest-xdist starts its workers: a worker
+  refusing it at collection crashes the run (an INTERNALERROR traceback).
+  """
+  if getattr(config, 'workerinput', None) is not None:
+    return  # An xdist worker: its controller has checked.
+  try:
+    rotation.choice(os.environ.get('TEST_ROTATION'))
+  except ValueError as e:
+    raise pytest.UsageError(f'rotation: {e}') from None
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
   """Leaves out the listed slow tests outside today's shard (`rotation`)."""

@@ -101,7 +101,8 @@ def choice(setting: Optional[str], shards: int = SHARDS) -> Optional[int]:
     return None
   if setting == 'none':
     return -1
-  if setting.isdigit() and int(setting) < shards:
+  # ASCII digits only: `str.isdigit` also takes '²', which `int` refuses.
+  if setting.isascii() and setting.isdigit() and int(setting) < shards:
     return int(setting)
   raise ValueError(
       f'TEST_ROTATION={setting}: use all, none, today or 0..{shards - 1}'

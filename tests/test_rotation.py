@@ -44,7 +44,7 @@ def test_the_shard_of_a_day_and_the_settings():
   assert rotation.choice('all') is None
   assert rotation.choice('none') == -1
   assert rotation.choice('2', shards=3) == 2
-  for bad in ('3', '-1', 'monday'):
+  for bad in ('3', '-1', 'monday', '²', ' 1'):
     with pytest.raises(ValueError, match='TEST_ROTATION='):
       rotation.choice(bad, shards=3)
 
@@ -149,3 +149,26 @@ def test_the_rotation_holds_in_parallel_workers():
   assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
   assert re.search(r'\b1 passed\b', out.stdout), out.stdout[-2000:]
   assert f'rotation: shard {shard} of {rotation.SHARDS};' in out.stdout
+
+
+@pytest.mark.parametrize('setting', ['bogus', '5', '²'])
+def test_a_bad_setting_is_one_line_before_workers_start(setting):
+  # As scripts/test.sh runs the suite (-n 2 --dist worksteal): refused by the
+  # controller in one line, not by each worker at collection (which crashes
+  # xdist with an INTERNALERROR traceback).
+  env = dict(os.environ, TEST_ROTATION=setting)
+  out = subprocess.run(
+      [sys.executable, '-m', 'pytest', '-q', '-n', '2', '--dist', 'worksteal'],
+      cwd=ROOT,
+      env=env,
+      capture_output=True,
+      text=True,
+      timeout=600,
+      check=False,
+  )
+  lines = [l for l in (out.stdout + out.stderr).splitlines() if l.strip()]
+  assert out.returncode == 4, lines  # pytest's usage error.
+  assert lines == [
+      f'ERROR: rotation: TEST_ROTATION={setting}: use all, none, today or '
+      f'0..{rotation.SHARDS - 1}'
+  ]

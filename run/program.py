@@ -73,6 +73,7 @@ import tensorflow_federated as tff
 from run import algorithms
 from run import atomic
 from run import console
+from run import engines
 from run import run_dir
 from run import simulation
 from run import train  # The training binary's flags, reused by main().
@@ -1058,6 +1059,14 @@ def _check_flags(values: flags.FlagValues, client_states: bool) -> None:
         f'--algorithm={values.algorithm} keeps no client '
         'state; run it with python -m run.program'
     )
+  if values.simulation_engine in engines.ENGINE_NAMES and (
+      values.simulation_engine != 'tff'
+  ):  # An unknown engine is refused by name with the others, later.
+    raise ValueError(
+        f'--simulation_engine={values.simulation_engine} applies to run.train'
+        ' only: a program runs its rounds through TFF\'s runtime (use '
+        '--simulation_engine=tff, the default)'
+    )
   if values.stacked_size_groups:
     raise ValueError(
         '--stacked_size_groups applies to --simulation_engine=stacked of '
@@ -1102,16 +1111,17 @@ def binary_main(
   Returns:
     The exit status: 0, 1 (a failed run) or 2 (bad input).
   """
+  stateful_binary = client_states_from_flags is not None
+  prog = STATEFUL_WRITER if stateful_binary else 'program'
   if len(argv) > 1:
     print(
-        f'program: error: unexpected arguments: {" ".join(argv[1:])}',
+        f'{prog}: error: unexpected arguments: {" ".join(argv[1:])}',
         file=sys.stderr,
     )
     return 2
   logging.set_verbosity(logging.WARNING)
   runtime.install_worker_cleanup()
   values = flags.FLAGS
-  stateful_binary = client_states_from_flags is not None
   try:
     _check_flags(values, stateful_binary)
     task, process, sim_config, out_dir = train.prepare(
@@ -1137,10 +1147,10 @@ def binary_main(
     )
     secure = values.algorithm == 'deltafl' and values.secure_quantile != 'none'
   except (ValueError, TypeError, OSError) as e:
-    print(f'program: error: {e}', file=sys.stderr)
+    print(f'{prog}: error: {e}', file=sys.stderr)
     return 2
   except run_dir.RunDirError as e:  # The folder is busy or another's.
-    print(f'program: error: {e}', file=sys.stderr)
+    print(f'{prog}: error: {e}', file=sys.stderr)
     return 1
   try:
     result = run_program(
@@ -1164,7 +1174,7 @@ def binary_main(
     message = _error_message(e, out_dir, client_states)
     if message is None:
       raise
-    print(f'program: error: {message}', file=sys.stderr)
+    print(f'{prog}: error: {message}', file=sys.stderr)
     return 1
   finally:
     runtime.kill_workers()
@@ -1186,11 +1196,8 @@ def main(argv: Sequence[str]) -> int:
 def run_main(binary: Callable[[Sequence[str]], int] = main) -> None:
   """Console-script entry point (of `binary`, this module's `main`)."""
   flags.adopt_module_key_flags(train)  # --help lists the training flags.
-  console.run(
-      binary.__module__,
-      lambda argv: runtime.exit_now(binary(argv)),
-      prog='program',
-  )
+  # Error lines start with the binary's name: program, stateful_program.
+  console.run(binary.__module__, lambda argv: runtime.exit_now(binary(argv)))
 
 
 if __name__ == '__main__':

@@ -353,6 +353,19 @@ def test_stacked_size_groups_is_refused():
   ]
 
 
+@pytest.mark.parametrize('engine', ['stacked', 'batched'])
+def test_simulation_engines_of_run_train_are_refused(engine):
+  code, stderr = binary.call_main(
+      program.main, 'program', [f'--simulation_engine={engine}']
+  )
+  assert code == 2
+  assert binary.error_lines(stderr) == [
+      f'program: error: --simulation_engine={engine} applies to run.train '
+      "only: a program runs its rounds through TFF's runtime (use "
+      '--simulation_engine=tff, the default)'
+  ]
+
+
 def test_run_async_errors_are_not_chained_to_its_loop_probe():
   async def fail():
     raise ValueError('bad')

@@ -285,7 +285,7 @@ def test_binary(tmp_path):
   assert refused.returncode == 2
   lines = [l for l in refused.stderr.splitlines() if l.strip()]
   assert lines == [
-      'program: error: --algorithm=fedavg keeps no client '
+      'stateful_program: error: --algorithm=fedavg keeps no client '
       'state; run it with python -m run.program'
   ]
 
@@ -306,13 +306,28 @@ def test_a_rerun_removes_temp_folders_of_a_killed_save(processes, tmp_path):
 def test_stacked_size_groups_is_refused():
   code, stderr = binary_lib.call_main(
       stateful_program.main,
-      'program',
+      'stateful_program',
       ['--algorithm=ditto', '--stacked_size_groups'],
   )
   assert code == 2
   assert binary_lib.error_lines(stderr) == [
-      'program: error: --stacked_size_groups applies to '
+      'stateful_program: error: --stacked_size_groups applies to '
       '--simulation_engine=stacked of run.train only'
+  ]
+
+
+@pytest.mark.parametrize('engine', ['stacked', 'batched'])
+def test_simulation_engines_of_run_train_are_refused(engine):
+  code, stderr = binary_lib.call_main(
+      stateful_program.main,
+      'stateful_program',
+      ['--algorithm=ditto', f'--simulation_engine={engine}'],
+  )
+  assert code == 2
+  assert binary_lib.error_lines(stderr) == [
+      f'stateful_program: error: --simulation_engine={engine} applies to '
+      "run.train only: a program runs its rounds through TFF's runtime (use "
+      '--simulation_engine=tff, the default)'
   ]
 
 

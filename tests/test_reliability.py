@@ -45,7 +45,11 @@ MAINS = {
     'program': program.main,
     'stateful': stateful_program.main,
 }
-PROG = {'train': 'train', 'program': 'program', 'stateful': 'program'}
+PROG = {
+    'train': 'train',
+    'program': 'program',
+    'stateful': 'stateful_program',
+}
 # The stateful binary runs Ditto; the others FedAvg.
 BASE = {
     'train': [],
@@ -601,8 +605,9 @@ def test_exit_paths_print_no_traceback(module, args, code):
   status, _, stderr = binary.run_module(module, args, timeout=120)
   assert status == code, stderr
   assert 'Traceback' not in stderr and 'Exception ignored' not in stderr
-  if code == 2:
+  if code == 2:  # One line, naming the binary.
     assert len(binary.error_lines(stderr)) == 1, stderr
+    assert stderr.startswith(f'{module.split(".")[-1]}: error: '), stderr
 
 
 def _descendant_workers(pid: int) -> list[int]:
@@ -1004,14 +1009,14 @@ def test_stateful_program_falls_back_from_damaged_client_states(tmp_path):
       ]
   )
   status, stderr = binary.call_main(
-      stateful_program.main, 'program', args + ['--total_rounds=2']
+      stateful_program.main, 'stateful_program', args + ['--total_rounds=2']
   )
   assert status == 0, stderr
   snapshot = tmp_path / 's' / 'client_states' / 'states_round_00000002.npz'
   with open(snapshot, 'r+b') as f:
     f.truncate(30)
   status, stderr = binary.call_main(
-      stateful_program.main, 'program', args + ['--total_rounds=3']
+      stateful_program.main, 'stateful_program', args + ['--total_rounds=3']
   )
   assert status == 0, stderr
   assert 'Traceback' not in stderr, stderr

@@ -76,3 +76,16 @@ def test_real_roles_and_bad_flags(tmp_path):
     assert len(lines) == 1 and lines[0].startswith('bench_padding: error:'), err
     assert message in lines[0], err
   assert results[-1][0] == 0, results[-1][1]  # The largest batch: no overflow.
+
+
+def test_a_missing_data_file_is_the_error_line_only(tmp_path):
+  code, stdout, stderr = binary.run_module(
+      'run.benchmarks.bench_padding', [f'--data_dir={tmp_path}']
+  )
+  assert code == 2, stderr
+  lines = binary.error_lines(stderr)
+  assert len(lines) == 1 and lines[0].startswith(
+      'bench_padding: error:'
+  ), stderr
+  assert 'missing data file' in lines[0], stderr
+  assert not stdout.strip()  # No table header before the error.

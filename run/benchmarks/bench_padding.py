@@ -157,12 +157,12 @@ def main(argv) -> int:
     print(f'bench_padding: error: {error}', file=sys.stderr)
     return 2
   runtime.install_worker_cleanup()
-  print(
+  header = (
       '| preset | windows per role | training roles | windows min / median /'
       ' max | waste, padded to the longest | waste, --stacked_size_groups |'
-      ' slots, groups / padded | groups per round |'
+      ' slots, groups / padded | groups per round |\n'
+      '|---|---|---:|---|---:|---:|---:|---:|'
   )
-  print('|---|---|---:|---|---:|---:|---:|---:|')
   for preset in _PRESETS.value:
     for cap in caps:
       try:
@@ -192,6 +192,9 @@ def main(argv) -> int:
           f'{m["waste_grouped_total"]:.1%} (median '
           f'{m["waste_grouped_median"]:.1%})'
       )
+      if header:  # With the first row: an error alone is one line.
+        print(header)
+        header = ''
       print(
           f'| {preset} | {cap or "all"} | {len(values)} | {values[0]:,} / '
           f'{int(statistics.median(values)):,} / {values[-1]:,} | {padded} | '

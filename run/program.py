@@ -1064,7 +1064,7 @@ def _check_flags(values: flags.FlagValues, client_states: bool) -> None:
   ):  # An unknown engine is refused by name with the others, later.
     raise ValueError(
         f'--simulation_engine={values.simulation_engine} applies to run.train'
-        ' only: a program runs its rounds through TFF\'s runtime (use '
+        " only: a program runs its rounds through TFF's runtime (use "
         '--simulation_engine=tff, the default)'
     )
   if values.stacked_size_groups:

@@ -148,13 +148,14 @@ def local_work(
   if personal_steps:
     personal_data = dataset.repeat().take(personal_steps)
   new_personal, dropped = [], tf.constant(0, tf.int32)
+  seen = tf.constant(0, tf.int32)  # Examples the personal passes read.
   # Metrics were read above; the personal passes must not count. Each pass
   # reads the stream again (a seeded reshuffle gives it the next order), so
   # the passes are ordered: global training, then lambda_1, lambda_2, ...
   after = tf.nest.flatten(train_metrics)
   for lam_g, v in zip(lambdas, personal):
     with tf.control_dependencies(after):
-      v_new, _ = personal_training(
+      v_new, n_personal = personal_training(
           model,
           personal_optimizer,
           v,
@@ -167,13 +168,16 @@ def local_work(
     after = list(v_new)
     new_personal.append(tuple(v_new))
     dropped += tf.cast(v_non_finite, tf.int32)
+    seen += tf.cast(n_personal, tf.int32)
   return definition_lib.LocalWork(
       vector=tuple(tf.nest.flatten(delta)),
       num_examples=num_examples,
       non_finite=non_finite,
       model_metrics=train_metrics,
       personal=tuple(new_personal),
-      client_counts=collections.OrderedDict(personal_non_finite=dropped),
+      client_counts=collections.OrderedDict(
+          personal_non_finite=dropped, personal_examples=seen
+      ),
   )
 
 
@@ -260,7 +264,7 @@ def engine_definition(
           personal_steps=personal_steps,
       ),
       personal_models=len(lambdas),
-      client_counts=('personal_non_finite',),
+      client_counts=('personal_non_finite', 'personal_examples'),
   )
 
 
@@ -388,6 +392,7 @@ def build_ditto(
           ),
           work.model_metrics,
           work.client_counts['personal_non_finite'],
+          work.client_counts['personal_examples'],
       )
 
     return run(weights, dataset, client_state)
@@ -434,7 +439,7 @@ def build_ditto(
   def next_fn(state, client_data, client_states):
     global_weights = state.global_model_weights
     data = client_data.data if update_attack is not None else client_data
-    delta, weight, new_states, model_outputs, dropped = tff.federated_map(
+    delta, weight, new_states, model_outputs, dropped, seen = tff.federated_map(
         client_update,
         (tff.federated_broadcast(global_weights), data, client_states),
     )
@@ -458,6 +463,7 @@ def build_ditto(
             client_work=collections.OrderedDict(
                 train=metrics_aggregation_fn(model_outputs),
                 personal_non_finite=tff.federated_sum(dropped),
+                personal_examples=tff.federated_sum(seen),
             ),
             aggregator=aggregated.measurements,
             finalizer=finalized.measurements,

@@ -645,11 +645,29 @@ def _entry(name: str, psi: str) -> options_lib.Algorithm:
           'the new global model is the Psi-regularised mean or median of the '
           'local models'
       ),
+      # Sigma by the paper's kappa = 1 / (1 + lr sigma) in [0.9, 0.999]
+      # (lr sigma from 0.001 to 0.1 at the centre learning rate); lambda,
+      # the local initialisation, from the paper's 0 over small mixture
+      # starts (0.001 was its best on Sent140; lambda = 1 would make the
+      # method FedAvg or FedProx, so the line stops at 0.1).
       tuned=options_lib.TunedOption(
           'fedplus_sigma',
-          grid=(0.01, 0.03, 0.1, 0.3, 1.0),
-          low=1e-3,
+          grid=(0.001, 0.003, 0.01, 0.03, 0.1),
+          low=1e-5,
           high=100.0,
+          per_learning_rate=True,
+      ),
+      lines=(
+          options_lib.TunedOption(
+              'fedplus_lambda',
+              grid=(0.0, 0.001, 0.01, 0.1),
+              low=0.0,
+              high=1.0,
+              log=False,
+              extend_low=False,
+              extend_high=False,
+              line=True,
+          ),
       ),
       example=dict(fedplus_sigma=1.0),
   )

@@ -168,7 +168,7 @@ def given(options: Options) -> list[str]:
 
 @dataclasses.dataclass(frozen=True)
 class TunedOption:
-  """The option a benchmark tunes, with its default grid.
+  """An option a benchmark tunes, with its default grid.
 
   Attributes:
     name: The option's name (a field of the algorithm's options).
@@ -180,6 +180,13 @@ class TunedOption:
       best value is there), down to `low`.
     extend_high: The grid may be extended above its last value, up to
       `high`.
+    line: Tuned along one line through the best configuration of the joint
+      grid (the algorithm's first tuned option with the learning rate), as
+      the server learning rate is: its other values at that configuration.
+      A joint option has at least 5 values, a line at least 2.
+    per_learning_rate: The grid holds `learning_rate * value`: the benchmark
+      divides it by the centre of its learning-rate grid (Fed+'s sigma, whose
+      paper advises kappa = 1 / (1 + learning_rate * sigma) in a range).
   """
 
   name: str
@@ -189,12 +196,15 @@ class TunedOption:
   log: bool = True
   extend_low: bool = True
   extend_high: bool = True
+  line: bool = False
+  per_learning_rate: bool = False
 
   def __post_init__(self):
-    if len(self.grid) < 5 or list(self.grid) != sorted(set(self.grid)):
+    least = 2 if self.line else 5
+    if len(self.grid) < least or list(self.grid) != sorted(set(self.grid)):
       raise ValueError(
-          f'{self.name}: a tuned grid has at least 5 increasing values, '
-          f'got {self.grid}'
+          f'{self.name}: a tuned grid has at least {least} increasing '
+          f'values, got {self.grid}'
       )
     if not self.low <= self.grid[0] or not self.grid[-1] <= self.high:
       raise ValueError(
@@ -202,6 +212,13 @@ class TunedOption:
       )
     if self.log and self.grid[0] <= 0:
       raise ValueError(f'{self.name}: a log grid is positive')
+
+  def values(self, centre_learning_rate: float) -> tuple[float, ...]:
+    """The grid for a benchmark whose learning rates centre on the given
+    one (2 significant digits where scaled)."""
+    if not self.per_learning_rate:
+      return tuple(self.grid)
+    return tuple(float(f'{v / centre_learning_rate:.2g}') for v in self.grid)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -281,7 +298,10 @@ class Algorithm:
     builder: `(options, model_fn, Context) -> LearningProcess`.
     engines: The engines that run it (of `ENGINES`).
     stateful: Clients keep a state across rounds (personal models).
-    tuned: The option a benchmark tunes (None: nothing to tune).
+    tuned: The option a benchmark tunes jointly with the learning rate
+      (None: nothing to tune).
+    lines: Further options a benchmark tunes, each along a line through the
+      best joint configuration (`TunedOption.line`).
     aggregators: Takes a robust model aggregator and update attacks.
     dp: Takes a DP mean aggregator.
     own_weighting: Weighs clients by its own options (the run-wide client
@@ -300,6 +320,7 @@ class Algorithm:
   engines: tuple[str, ...] = ENGINES
   stateful: bool = False
   tuned: Optional[TunedOption] = None
+  lines: tuple[TunedOption, ...] = ()
   aggregators: bool = False
   dp: bool = False
   own_weighting: bool = False
@@ -317,6 +338,13 @@ class Algorithm:
     names = fields_of(self.options)
     if self.tuned is not None and self.tuned.name not in names:
       raise ValueError(f'{self.name}: tuned option {self.tuned.name} unknown')
+    if self.tuned is not None and self.tuned.line:
+      raise ValueError(f'{self.name}: {self.tuned.name} is a line, not joint')
+    for line in self.lines:
+      if line.name not in names or not line.line:
+        raise ValueError(
+            f'{self.name}: line option {line.name} unknown or not a line'
+        )
     for key in self.example:
       if key not in names:
         raise ValueError(f'{self.name}: example option {key} unknown')

@@ -531,9 +531,9 @@ def check_definition(definition) -> None:
           f'stream each; {definition.name} with personal_steps='
           f'{work.personal_steps} runs on the batched engine'
       )
-    if len(definition.client_counts) != 1:
+    if tuple(definition.client_counts) != _DITTO_COUNTS:
       raise StackedEngineError(
-          'the stacked engine counts one personal_non_finite per round; '
+          f'the stacked engine counts {", ".join(_DITTO_COUNTS)} per round; '
           f'{definition.name} has client counts {definition.client_counts}'
       )
     return
@@ -543,6 +543,10 @@ def check_definition(definition) -> None:
         f'stacked weights; {definition.name} has its own client work: use '
         'the batched engine'
     )
+
+
+# Ditto's client counts, in its definition's order.
+_DITTO_COUNTS = ('personal_non_finite', 'personal_examples')
 
 
 class StackedEngine:
@@ -1250,7 +1254,11 @@ class StackedEngine:
         new_personal, dropped = personal_passes(
             w0, personal, x_all, y_all, personal_pos, kept, steps
         )
-        client_counts = (dropped,)
+        # Each personal pass reads the stream once, as the global one.
+        seen = tf.cast(tf.reduce_sum(num_examples), tf.int32) * len(
+            personal_work.lambdas
+        )
+        client_counts = (dropped, seen)
       if definition.loss_pass == 'work':  # The gradient pass's losses.
         losses = sums[0] / tf.maximum(num_examples, 1.0)
         counts = num_examples

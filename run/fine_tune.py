@@ -29,7 +29,9 @@ import json
 import math
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Optional
+
+import numpy as np
 
 from run import atomic
 from run import run_dir
@@ -65,14 +67,143 @@ def _pairs(task, split: str, unseen_fraction: float):
   ]
 
 
+def _final_weights(process, initial, out_dir: str):
+  manager = run_dir.CheckpointManager(os.path.join(out_dir, 'checkpoints'))
+  loaded, _ = simulation.run_async(manager.load_latest((initial, 0)))
+  if loaded is None:
+    raise ValueError(f'{out_dir} has no checkpoint to fine-tune')
+  return process.get_model_weights(loaded[0])
+
+
+def _arrays(weights) -> dict[str, np.ndarray]:
+  return {
+      f'{part}_{k}': np.asarray(v)
+      for part in ('trainable', 'non_trainable')
+      for k, v in enumerate(getattr(weights, part))
+  }
+
+
+def export_model(path: str) -> None:
+  """Writes the finished run's final model weights to `path` (an .npz of
+  `trainable_K` and `non_trainable_K` arrays), whole or not at all."""
+  _, process, _, out_dir, _, _ = train.prepare(writer='train')
+  weights = _final_weights(process, process.initialize(), out_dir)
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  tmp = f'{path}.tmp.npz'
+  np.savez(tmp, **_arrays(weights))
+  os.replace(tmp, path)
+
+
+def load_model(path: str, like):
+  """The weights `export_model` wrote, shaped as the `ModelWeights` `like`.
+
+  Raises:
+    ValueError: The file is unreadable or of another model.
+  """
+  try:
+    with np.load(path) as data:
+      arrays = {k: data[k] for k in data.files}
+  except (OSError, ValueError) as e:
+    raise ValueError(f'{path}: unreadable saved model ({e})') from None
+  expected = _arrays(like)
+  if set(arrays) != set(expected) or any(
+      arrays[k].shape != v.shape for k, v in expected.items()
+  ):
+    raise ValueError(f'{path}: a saved model of another shape')
+  return type(like)(
+      trainable=[arrays[f'trainable_{k}'] for k in range(len(like.trainable))],
+      non_trainable=[
+          arrays[f'non_trainable_{k}'] for k in range(len(like.non_trainable))
+      ],
+  )
+
+
+def commonest_label(labels) -> Optional[int]:
+  """The commonest class of integer (or one-hot) labels; None where the
+  labels are sequences (a next-word task), which have no one class."""
+  y = np.asarray(labels)
+  if y.ndim == 2 and y.shape[1] > 1 and np.issubdtype(y.dtype, np.floating):
+    y = y.argmax(axis=1)
+  y = y.reshape(len(y), -1)
+  if y.shape[1] != 1 or not np.issubdtype(y.dtype, np.integer):
+    return None
+  counts = np.bincount(y[:, 0].astype(np.int64))
+  return int(counts.argmax())
+
+
+def _labels(dataset) -> np.ndarray:
+  """The labels of a client's unbatched examples ((x, y) or a dict with
+  'y' or 'label')."""
+  batch = next(iter(dataset.batch(2**31 - 1)), None)
+  if batch is None:
+    return np.zeros([0], np.int64)
+  if isinstance(batch, dict):
+    y = batch.get('y', batch.get('label'))
+  else:
+    y = batch[1]
+  return np.asarray(y)
+
+
+def trivial_scores() -> dict[str, Any]:
+  """Each evaluated client's accuracy when every example is given the
+  commonest class of the training clients' training parts (the score a
+  model reaches without learning anything about the inputs).
+
+  Returns:
+    `{'label': the class, split: [accuracy per client]}` for the run's
+    evaluation split (`validation` or `test`) and `unseen` where the task
+    has unseen clients; `{'label': None}` where labels are sequences.
+  """
+  task = train.build_task()
+
+  def labels(data, cid):
+    raw = data.create_tf_dataset_for_client(cid)
+    return _labels(task.preprocess_eval(raw).unbatch())
+
+  pooled = [labels(task.train_data, c) for c in task.train_data.client_ids]
+  label = commonest_label(np.concatenate(pooled)) if pooled else None
+  out: dict[str, Any] = {'label': label}
+  if label is None:
+    return out
+  holdout = train.flags.FLAGS['holdout'].value
+  splits = {'validation' if holdout == 'validation' else 'test': task.test_data}
+  if task.unseen_data is not None:
+    splits['unseen'] = task.unseen_data
+  for split, data in splits.items():
+    scores = []
+    for cid in data.client_ids:
+      y = labels(data, cid).reshape(-1)
+      scores.append(float(np.mean(y == label)) if y.size else 0.0)
+    out[split] = scores
+  return out
+
+
+def write_trivial_scores(path: str) -> None:
+  """`trivial_scores` as JSON at `path`, whole or not at all."""
+  atomic.write_text(path, json.dumps(trivial_scores()))
+
+
 def fine_tune_run(
     *,
     learning_rates: Sequence[float],
     max_epochs: int,
     batch_size: int,
     unseen_fraction: float = 0.5,
+    starts: Sequence[str] = STARTS,
+    model_path: Optional[str] = None,
 ) -> dict[str, Any]:
   """Fine-tunes the finished run named by the parsed flags; see the module.
+
+  Args:
+    learning_rates: The fine-tuning learning rates.
+    max_epochs: Epochs of fine-tuning, evaluated after each.
+    batch_size: Its mini-batch size.
+    unseen_fraction: The share of each unseen client's examples it
+      fine-tunes on.
+    starts: The starting models (of `STARTS`): `final` needs the run's
+      final model, `initial` only its flags.
+    model_path: The final model as `export_model` saved it (default: the
+      run's last checkpoint).
 
   Raises:
     ValueError: Bad arguments, or the run has no checkpoint.
@@ -81,16 +212,18 @@ def fine_tune_run(
     raise ValueError(
         f'unseen_fraction must be in (0, 1), got {unseen_fraction}'
     )
+  starts = list(starts)
+  if not starts or set(starts) - set(STARTS):
+    raise ValueError(f'starts must be some of {STARTS}, got {starts}')
   task, process, _, out_dir, _, _ = train.prepare(writer='train')
   initial = process.initialize()
-  manager = run_dir.CheckpointManager(os.path.join(out_dir, 'checkpoints'))
-  loaded, _ = simulation.run_async(manager.load_latest((initial, 0)))
-  if loaded is None:
-    raise ValueError(f'{out_dir} has no checkpoint to fine-tune')
-  weights = {
-      'final': process.get_model_weights(loaded[0]),
-      'initial': process.get_model_weights(initial),
-  }
+  weights = {'initial': process.get_model_weights(initial)}
+  if 'final' in starts:
+    weights['final'] = (
+        load_model(model_path, weights['initial'])
+        if model_path
+        else _final_weights(process, initial, out_dir)
+    )
   holdout = train.flags.FLAGS['holdout'].value
   seed = train.flags.FLAGS['seed'].value  # The run's: shuffles vary with it.
   splits = ['validation' if holdout == 'validation' else 'test']
@@ -98,7 +231,7 @@ def fine_tune_run(
     splits.append('unseen')
   pairs = {s: _pairs(task, s, unseen_fraction) for s in splits}
   result = {}
-  for start in STARTS:
+  for start in starts:
     result[start] = {}
     for split in splits:
       per_rate = personalization.fine_tune_directly(
@@ -123,5 +256,6 @@ def fine_tune_run(
       split: sum(task_base.count_examples(train) for train, _ in pairs[split])
       for split in splits
   }
+  os.makedirs(out_dir, exist_ok=True)
   atomic.write_text(os.path.join(out_dir, RESULT), json.dumps(result))
   return result

@@ -688,6 +688,27 @@ def algorithm_option_values() -> dict[str, Any]:
   return values
 
 
+def build_task():
+  """The task the flags name, with its holdout parts (downloaded first
+  where `--download` asks)."""
+  kwargs = task_kwargs()
+  if _DOWNLOAD.value and not _USE_SYNTHETIC.value:
+    download.ensure(
+        download.files_for_task(_TASK.value),
+        _DATA_DIR.value,
+        progress=_PROGRESS.value,
+    )
+  task = registry.create_task(_TASK.value, **kwargs)
+  if _HOLDOUT.value != 'none':
+    task = holdout.with_holdout(
+        task,
+        validation_fraction=_HOLDOUT_VAL.value,
+        test_fraction=_HOLDOUT_TEST.value,
+        evaluate_on=_HOLDOUT.value,
+    )
+  return task
+
+
 def prepare(writer: str = 'train'):
   """Validates the flags and builds `(task, process, config, out_dir)`.
 
@@ -805,21 +826,7 @@ def prepare(writer: str = 'train'):
   out_dir = experiment_dir()
   if _STATE_DIR.value:
     run_dir.check_output_dir(_STATE_DIR.value, flag='--client_state_dir')
-  kwargs = task_kwargs()
-  if _DOWNLOAD.value and not _USE_SYNTHETIC.value:
-    download.ensure(
-        download.files_for_task(_TASK.value),
-        _DATA_DIR.value,
-        progress=_PROGRESS.value,
-    )
-  task = registry.create_task(_TASK.value, **kwargs)
-  if _HOLDOUT.value != 'none':
-    task = holdout.with_holdout(
-        task,
-        validation_fraction=_HOLDOUT_VAL.value,
-        test_fraction=_HOLDOUT_TEST.value,
-        evaluate_on=_HOLDOUT.value,
-    )
+  task = build_task()
   config.validate(num_clients=len(task.train_data.client_ids))
   spec, tracker = privacy_setup.prepare_dp(
       spec,

@@ -486,3 +486,38 @@ def test_resolution_steps_are_the_statistics_moves():
   before = bs.client_stats(acc, np.ones(40), num)['worst10']
   after = bs.client_stats(acc2, np.ones(40), num)['worst10']
   assert 100 * (after - before) == pytest.approx(got['worst10_example_max'])
+
+
+def test_fell_back_is_a_return_to_the_trivial_score_after_leaving_it():
+  trivial = 0.2
+  # Never left (a slow starter at the trivial score): not a fall-back.
+  assert not bs.fell_back([0.2, 0.205, 0.209], trivial)
+  # Left, then back to within the margin (1 point) of it.
+  assert bs.fell_back([0.25, 0.4, 0.21], trivial)
+  assert bs.fell_back([0.25, 0.1, 0.45], trivial)  # Below, recovered.
+  # Left and stayed above, however it wobbles.
+  assert not bs.fell_back([0.25, 0.22, 0.45], trivial)
+  # Non-finite: diverged, whatever the trivial score.
+  assert bs.fell_back([0.3, float('nan')], None)
+  assert not bs.fell_back([0.3, 0.1], None)  # Unknown: only divergence.
+  # An independent reading: some point above the line precedes one below.
+  rng = np.random.default_rng(0)
+  for _ in range(200):
+    curve = list(rng.uniform(0.15, 0.3, size=5))
+    line = trivial + bs.FALLBACK_MARGIN
+    expected = any(
+        curve[j] <= line < curve[i] for i in range(5) for j in range(i + 1, 5)
+    )
+    assert bs.fell_back(curve, trivial) == expected
+
+
+def test_within_spread_compares_the_mean_gap_with_the_larger_std():
+  def runs(values):
+    return [{'worst10': v} for v in values]
+
+  # Means 0.5 and 0.52, stds 0.141 and 0: within.
+  assert bs.within_spread(runs([0.4, 0.6]), runs([0.52, 0.52]))
+  # Means 0.5 and 0.7, stds 0.1: apart.
+  assert not bs.within_spread(runs([0.45, 0.55]), runs([0.65, 0.75]))
+  assert not bs.within_spread(runs([0.5]), runs([0.5]))  # One seed.
+  assert not bs.within_spread(runs([-np.inf, 0.5]), runs([0.5, 0.5]))

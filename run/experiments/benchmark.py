@@ -28,20 +28,27 @@ training client of a selection run.
    then dropped before training). Each algorithm's client learning rate is
    tuned jointly with its own knob (FedProx mu, q, TERM's t, AFL's mixture
    step, Delta-FL's theta, Ditto's lambda, Fed+'s sigma) over a log-spaced
-   grid (`--grid=knob:v1,v2,...`), by successive halving: with a first
-   rung (`--first_rung`, the Shakespeare setting's 75 of 300 rounds) every
-   configuration trains that many rounds on the first selection seed and
-   the best third continues to the full rounds (in the same folder, from
-   its checkpoint); then over the selection seeds, every configuration
-   still in runs on the first seed, the best third continues on the next,
-   and so on. The criterion is the validation
+   grid (`--grid=knob:v1,v2,...`), and further knobs along a line through
+   the best configuration (Fed+'s lambda; the server learning rate), by
+   successive halving: with a first rung (`--first_rung`, the Shakespeare
+   setting's 75 of 300 rounds) every configuration trains that many rounds
+   on the first selection seed and the best third, and each learning
+   rate's best, continue to the full rounds (in the same folder, from its
+   checkpoint); then over the selection seeds, every configuration still
+   in runs on the first seed, the best third continues on the next, and so
+   on. A configuration that diverged or fell back to the trivial score
+   (`benchmark_stats.fell_back`) ranks below every stable one; where the
+   best two are within their spread, more selection seeds decide
+   (`--max_extra_seeds`). The criterion is the validation
    worst-10% accuracy as a superquantile (continuous); where it ties, the
    worst 20%, 30%, 50%, then the mean accuracy, and the superquantile of
    the loss last (`benchmark_stats.criterion`; personal models
    for Ditto and Fed+). A choice at an edge of its grid extends the grid
    past it (`--max_extensions`, within the knob's valid range); a choice
    still at an edge is marked. The baselines' fine-tuning learning rate and
-   epochs are chosen the same way on FedAvg's selection runs.
+   epochs are chosen the same way on FedAvg's selection runs, each apart:
+   FedAvg + fine-tuning from the final model saved with each record, local
+   training from the initial model for up to `--local_epochs_max` epochs.
 2. Report, on `--seeds`: each algorithm at its chosen configuration,
    evaluated on (a) the training clients' held-out part (personal models for
    Ditto, Fed+ and the baselines), (b) the unseen clients (global models),
@@ -54,8 +61,10 @@ training client of a selection run.
    per run; the selection's compute beside the report's.
 
 Every run leaves a compact record (`--records_dir`: its arguments, per-client
-accuracy, loss and examples for every split, examples processed, wall time):
-a run whose record exists with its arguments is not run again, so the same
+accuracy, loss and examples for every split, examples processed, wall time,
+and its origin, `benchmark_origin`): a run whose record exists with its
+arguments and origin (or any origin, `--accept_foreign_records`) is not run
+again, so the same
 command continues a stopped benchmark on any machine that has the records,
 and `--from_records` rebuilds the page from them alone. Runs execute in
 `--jobs` long-lived worker processes (`run_pool`). A signal ends the running
@@ -86,6 +95,7 @@ from absl import flags
 from run import atomic
 from run import console
 from run import run_dir
+from run.experiments import benchmark_origin as origin_lib
 from run.experiments import benchmark_page
 from run.experiments import benchmark_stats as stats
 from run.experiments import reproduce
@@ -133,6 +143,28 @@ _CONTROLLED = (
 
 
 @dataclasses.dataclass(frozen=True)
+class Line:
+  """A knob tuned along one line through a method's best configuration.
+
+  Attributes:
+    name: Its flag.
+    grid: Its values (the first: the knob's default, left out of names).
+    bound_low: Where its valid range ends below: a choice there is not at
+      an edge (it cannot go further) ...
+    bound_high: ... and above.
+  """
+
+  name: str
+  grid: tuple[float, ...]
+  bound_low: float
+  bound_high: float
+
+  @property
+  def default(self) -> float:
+    return self.grid[0]
+
+
+@dataclasses.dataclass(frozen=True)
 class Method:
   """One algorithm of the benchmark.
 
@@ -144,6 +176,9 @@ class Method:
     low: The knob's valid range: values must be > low ...
     high: ... and <= high (None: unbounded); extensions stay inside.
     flags: Further fixed flags.
+    per_learning_rate: `grid` holds learning rate times the knob (divided
+      by the centre learning rate: `TunedOption.per_learning_rate`).
+    lines: Knobs tuned along a line through the best joint configuration.
   """
 
   name: str
@@ -153,6 +188,8 @@ class Method:
   low: Optional[float] = 0.0
   high: Optional[float] = None
   flags: tuple[str, ...] = ()
+  per_learning_rate: bool = False
+  lines: tuple[Line, ...] = ()
 
   @property
   def personal(self) -> bool:
@@ -172,10 +209,20 @@ class Method:
   def engine(self) -> str:
     return 'stacked' if self.name in STACKED else 'batched'
 
-  def knob_flags(self, value: Optional[float]) -> list[str]:
+  def knob_grid(self, centre_learning_rate: float) -> tuple[float, ...]:
+    """The knob's grid in a budget centred on that learning rate."""
+    if not self.per_learning_rate:
+      return self.grid
+    return tuple(float(f'{v / centre_learning_rate:.2g}') for v in self.grid)
+
+  def line(self, name: str) -> Line:
+    return next(line for line in self.lines if line.name == name)
+
+  def knob_flags(self, config: 'Config') -> list[str]:
     out = [f'--algorithm={self.name}', *self.flags]
     if self.knob is not None:
-      out.append(f'--{self.knob}={value:g}')
+      out.append(f'--{self.knob}={config.value:g}')
+    out += [f'--{name}={value:g}' for name, value in config.extra]
     return out
 
 
@@ -188,7 +235,10 @@ class Budget:
   local_epochs: int
   batch_size: int
   learning_rate: float  # The centre of the learning-rate grid.
-  fine_tune_epochs: int = 5  # The baselines' epochs: 0..this, selected.
+  fine_tune_epochs: int = 5  # FedAvg + fine-tuning's epochs: 0..this.
+  # Local training's epochs, 0..this (selected): to its plateau, at least
+  # 100 (a choice at this cap is marked).
+  local_epochs_max: int = 128
   # Successive halving's first rung: every configuration trains this many
   # rounds on the first selection seed, the best share continues to
   # `rounds` (0: every rung trains `rounds`).
@@ -260,9 +310,14 @@ def methods() -> tuple[Method, ...]:
   """
   out = []
   for name, label in _LABELS:
-    tuned = registry.get(name).tuned
+    entry = registry.get(name)
+    tuned = entry.tuned
+    lines = tuple(
+        Line(line.name, tuple(line.grid), line.low, line.high)
+        for line in entry.lines
+    )
     if tuned is None:
-      out.append(Method(name, label))
+      out.append(Method(name, label, lines=lines))
       continue
     out.append(
         Method(
@@ -272,6 +327,8 @@ def methods() -> tuple[Method, ...]:
             tuple(tuned.grid),
             low=tuned.low if tuned.extend_low else tuned.grid[0],
             high=tuned.high if tuned.extend_high else tuned.grid[-1],
+            per_learning_rate=tuned.per_learning_rate,
+            lines=lines,
         )
     )
   out.append(Method('fedavg_ft', 'FedAvg + fine-tuning'))
@@ -302,20 +359,24 @@ SETTINGS = {
             '--synthetic_beta=1',
             '--test_clients_fraction=0.5',
         ),
+        # FedAvg at lr 0.1 (--holdout=validation, seeds 100 and 101, eval
+        # every 50 rounds) gained 1.2 and 4.7 points of validation mean over
+        # the last quarter of 100 rounds; over rounds 600 to 800 it moved
+        # -0.4 and -0.7 (55.5 and 54.3%): rounds=800, a first rung of 200.
         Budget(
-            rounds=100,
+            rounds=800,
             clients_per_round=10,
             local_epochs=1,
             batch_size=10,
             learning_rate=0.1,
-            first_rung=25,
-            eval_every=25,
+            first_rung=200,
+            eval_every=100,
             tune_server_lr=True,
         ),
         'Synthetic(1,1) with 100 devices (the thesis: 30 to 100), 50 training '
-        'and 50 unseen; 100 rounds of 10 devices, one epoch, batch 10, '
-        'learning rates around 0.1 (the thesis: 0.01 to 0.1, thousands of '
-        'rounds)',
+        'and 50 unseen; 800 rounds of 10 devices (where FedAvg plateaus), one '
+        'epoch, batch 10, learning rates around 0.1 (the thesis: 0.01 to 0.1, '
+        'thousands of rounds)',
     ),
     # The Delta-FL Shakespeare preset (roles with >= 100 windows, half
     # training, half unseen; H = 20, one-hot, GRU) at a trained operating
@@ -428,6 +489,26 @@ def define_flags() -> None:
       "Override the setting's most fine-tuning epochs of the baselines.",
   )
   flags.DEFINE_integer(
+      'local_epochs_max',
+      None,
+      "Override the setting's most epochs of the local-training baseline "
+      '(0 to this, selected on validation; default 128).',
+  )
+  flags.DEFINE_integer(
+      'max_extra_seeds',
+      2,
+      "Selection seeds added where a method's best two configurations "
+      'differ by less than their spread over the seeds (each seed after '
+      '--selection_seeds, clear of --seeds).',
+  )
+  flags.DEFINE_boolean(
+      'accept_foreign_records',
+      False,
+      'Reuse records made by other code, data or library versions than '
+      "this machine's (the page lists every origin); by default such a "
+      'record is run again.',
+  )
+  flags.DEFINE_integer(
       'first_rung',
       None,
       "Override the setting's first rung: every configuration trains this "
@@ -512,17 +593,40 @@ class Config:
   value: Optional[float]
   lr: float
   slr: float = 1.0
+  # Line knobs away from their defaults: `((name, value), ...)`, sorted.
+  extra: tuple[tuple[str, float], ...] = ()
 
   def describe(self, method: Method) -> str:
     knob = '' if method.knob is None else f'{method.knob}={self.value:g}, '
     server = '' if self.slr == 1.0 else f', server lr={self.slr:g}'
-    return f'{knob}lr={self.lr:g}{server}'
+    lines = ''.join(f', {n}={v:g}' for n, v in self.extra)
+    return f'{knob}lr={self.lr:g}{server}{lines}'
+
+  def get(self, axis: str, method: Method) -> float:
+    """The value on `axis` ('value', 'lr', 'slr' or a line's name)."""
+    if axis in ('value', 'lr', 'slr'):
+      return getattr(self, axis)
+    return dict(self.extra).get(axis, method.line(axis).default)
+
+  def with_value(self, axis: str, value: float, method: Method) -> 'Config':
+    """This configuration with `axis` at `value`."""
+    if axis in ('value', 'lr', 'slr'):
+      return dataclasses.replace(self, **{axis: value})
+    extra = dict(self.extra)
+    extra.pop(axis, None)
+    if value != method.line(axis).default:
+      extra[axis] = value
+    return dataclasses.replace(self, extra=tuple(sorted(extra.items())))
 
 
 def run_name(phase: str, method: Method, config: Config, seed: int) -> str:
   knob = '' if method.knob is None else f'_{method.knob}{config.value:g}'
   server = '' if config.slr == 1.0 else f'_slr{config.slr:g}'
-  return f'{phase}_{method.name}{knob}_lr{config.lr:g}{server}_seed{seed}'
+  lines = ''.join(f'_{n}{v:g}' for n, v in config.extra)
+  return (
+      f'{phase}_{method.name}{knob}_lr{config.lr:g}{server}{lines}'
+      f'_seed{seed}'
+  )
 
 
 def run_args(
@@ -551,7 +655,7 @@ def run_args(
           if config.slr == 1.0
           else [f'--server_learning_rate={config.slr:g}']
       )
-      + method.knob_flags(config.value)
+      + method.knob_flags(config)
       + [
           f'--simulation_engine={engine}',
           f'--holdout={"validation" if phase == "select" else "test"}',
@@ -628,14 +732,23 @@ def _curve(run_path: str, rounds: int) -> dict[str, list[list[float]]]:
   return out
 
 
+# metrics.csv's columns of examples read by the clients' work: training,
+# and any further pass an algorithm's client step makes (Ditto's personal
+# passes).
+EXAMPLE_COLUMNS = ('train/num_examples', 'client_work/personal_examples')
+
+
 def _examples(run_path: str, rounds: int) -> int:
-  """Training examples the run processed up to `rounds`: metrics.csv's sum."""
+  """Examples the run's clients read up to `rounds`: metrics.csv's sums of
+  `EXAMPLE_COLUMNS`."""
   total = 0.0
   with open(os.path.join(run_path, 'metrics.csv'), newline='') as f:
     for row in csv.DictReader(f):
-      cell = row.get('train/num_examples')
-      if int(row['round_num']) <= rounds and cell:
-        total += float(cell)
+      if int(row['round_num']) > rounds:
+        continue
+      for column in EXAMPLE_COLUMNS:
+        if row.get(column):
+          total += float(row[column])
   return int(total)
 
 
@@ -690,12 +803,23 @@ class Runs:
   """Runs and fine-tunings, from records when they exist, else in workers."""
 
   def __init__(
-      self, records_dir: str, log_dir: str, jobs: int, from_records: bool
+      self,
+      records_dir: str,
+      log_dir: str,
+      jobs: int,
+      from_records: bool,
+      origin: Optional[dict] = None,
+      accept_foreign: bool = False,
   ):
     self.records_dir = records_dir
     self.log_dir = log_dir
     self.jobs = jobs
     self.from_records = from_records
+    # This machine's origin (`benchmark_origin.current`): new records carry
+    # it; a record of another is redone unless `accept_foreign`.
+    self.origin = origin
+    self.accept_foreign = accept_foreign
+    self.used: dict[str, dict] = {}  # Record name -> record, for the page.
     self._local = threading.local()
     self._workers: list[run_pool.RunWorker] = []
     self._idle: list[run_pool.RunWorker] = []
@@ -740,7 +864,14 @@ class Runs:
   def _record_path(self, name: str) -> str:
     return os.path.join(self.records_dir, f'{name}.json')
 
-  def _load_record(self, name: str, args: list[str]) -> Optional[dict]:
+  def model_path(self, name: str) -> str:
+    """Where the final model of record `name` is kept (FedAvg's runs, which
+    the baselines fine-tune)."""
+    return os.path.join(self.records_dir, f'{name}.weights.npz')
+
+  def _load_record(
+      self, name: str, args: list[str], needs_model: bool = False
+  ) -> Optional[dict]:
     path = self._record_path(name)
     record = _read_json(path, 'record')
     if record is None:
@@ -753,6 +884,22 @@ class Runs:
           f'{path} records the run with other arguments; use another '
           '--records_dir (or remove that record)'
       )
+    if self.from_records or self.origin is None:
+      return record
+    theirs = record.get('origin')
+    if origin_lib.key(theirs) != origin_lib.key(self.origin):
+      if not self.accept_foreign:
+        warn(
+            f'{path}: made by another origin ({origin_lib.describe(theirs)}'
+            '); doing it again (--accept_foreign_records reuses it)'
+        )
+        return None
+    if needs_model and not os.path.isfile(self.model_path(name)):
+      warn(
+          f'{path}: its final model was not saved with it (the baselines '
+          'fine-tune that model); doing it again'
+      )
+      return None
     return record
 
   def run(
@@ -767,18 +914,54 @@ class Runs:
     `name` names the record (default: the run's folder); a first rung's
     record is named apart from its folder, which the full run continues.
     """
+    full = name is None  # A first rung's record is named apart.
     name = name or _flag(args, 'experiment_name')
     phase = name.split('_', 1)[0]
+    # FedAvg's full runs keep their final model: the baselines fine-tune it.
+    keep_model = full and _flag(args, 'algorithm') == 'fedavg'
     with self._lock:
       self.commands.append('python -m run.train ' + shlex.join(args))
-    record = self._load_record(name, args)
+    record = self._load_record(name, args, needs_model=keep_model)
     if record is None and self.from_records:
       raise MissingRecord(f'no record {self._record_path(name)}')
     if record is None:
       record = self._run(args, rounds, personal)
+      if self.origin is not None:
+        record['origin'] = self.origin
+      if keep_model and not record.get('diverged'):
+        self._worker().export_model(args, self.model_path(name))
       atomic.write_text(self._record_path(name), json.dumps(record))
     with self._lock:
       self.wall[phase] += record['wall_s']
+      self.used[name] = record
+    return record
+
+  def trivial(self, args: list[str], phase: str) -> dict:
+    """The commonest training class's per-client accuracy on the splits of
+    runs like `args` (`run.fine_tune.trivial_scores`), kept as the record
+    `trivial_<phase>`."""
+    name = f'trivial_{phase}'
+    path = self._record_path(name)
+    record = _read_json(path, 'record')
+    key = _portable(args)
+    if isinstance(record, dict) and _portable(record.get('args')) == key:
+      with self._lock:
+        self.used[name] = record
+      return record
+    if self.from_records:
+      raise MissingRecord(f'no record {path}')
+    tmp = os.path.join(self.log_dir, f'{name}.json')
+    try:
+      self._worker().trivial(args, os.path.abspath(tmp))
+    finally:
+      self.release()
+    with open(tmp) as f:
+      record = {'args': list(args), **json.load(f)}
+    if self.origin is not None:
+      record['origin'] = self.origin
+    atomic.write_text(path, json.dumps(_rounded(record)))
+    with self._lock:
+      self.used[name] = record
     return record
 
   def _finished(self, path: str, rounds: int, args: list[str]):
@@ -875,23 +1058,27 @@ class Runs:
       max_epochs: int,
       batch_size: int,
       tag: str = '',
+      start: str = 'final',
   ) -> dict:
-    """The baselines' fine-tuning of a finished FedAvg run (its record).
+    """A baseline's fine-tuning of a finished FedAvg run (its record).
 
-    `tag` names a further fine-tuning of the same run (a grid extension).
-    Where the run's folder is not here (its record was made on another
-    machine), the run is first trained again from its arguments; that time
-    is not in the fine-tuning's `wall_s`.
+    `start` is `final` (FedAvg + fine-tuning: from the final model saved
+    with the run's record, `model_path`, never from a retraining) or
+    `initial` (local training: from the run's initial model, which its
+    flags fix). `tag` names a further fine-tuning of the same run (a grid
+    extension).
 
     Returns:
-      `{'grid': {start: {split: {lr: [stats per epoch]}}}, 'splits': {start:
-      {split: {lr: [per-client arrays per epoch]}}}, 'wall_s'}`.
+      `{'splits': {start: {split: {lr: [per-client arrays per epoch]}}},
+      'train_examples', 'wall_s'}`.
     """
-    name = _flag(args, 'experiment_name') + '_ft' + tag
+    run = _flag(args, 'experiment_name')
+    name = f'{run}_ft{start}{tag}'
     options = dict(
         learning_rates=[float(r) for r in learning_rates],
         max_epochs=max_epochs,
         batch_size=batch_size,
+        starts=[start],
     )
     key = list(args) + [json.dumps(options, sort_keys=True)]
     phase = name.split('_', 1)[0]
@@ -899,39 +1086,32 @@ class Runs:
     if record is None and self.from_records:
       raise MissingRecord(f'no record {self._record_path(name)}')
     if record is None:
-      path = os.path.join(
-          _flag(args, 'root_output_dir'), _flag(args, 'experiment_name')
-      )
-      rounds = int(_flag(args, 'total_rounds'))
-      if self._finished(path, rounds, args) is None:
-        # Its record came from another machine or folder: the model it
-        # trained is not here, so the same arguments train it again.
-        warn(
-            f'{path}: no finished run to fine-tune (its record was made '
-            'elsewhere); training it again from its arguments'
-        )
-        self._run(args, rounds, personal=False)
-      elif not run_dir.has_checkpoint(os.path.join(path, 'checkpoints')):
-        raise RuntimeError(
-            f'{path} is a finished run whose checkpoints are gone, so it '
-            'has no model to fine-tune; remove that folder and the '
-            'benchmark trains it again'
-        )
-      start = time.time()
+      if start == 'final':
+        model = self.model_path(run)
+        if not os.path.isfile(model):
+          raise RuntimeError(
+              f"{model} is missing: FedAvg's run {run} has no saved final "
+              'model to fine-tune (remove its record and the benchmark '
+              'trains it again)'
+          )
+        options['model_path'] = os.path.abspath(model)
+      path = os.path.join(_flag(args, 'root_output_dir'), run)
+      start_s = time.time()
       self._worker().fine_tune(args, **options)
       with open(os.path.join(path, 'fine_tuning.json')) as f:
         result = json.load(f)
       record = {
           'args': key,
-          'splits': _rounded(
-              {begin: result[begin] for begin in BASELINES.values()}
-          ),
+          'splits': _rounded({start: result[start]}),
           'train_examples': result['train_examples'],
-          'wall_s': round(time.time() - start, 1),
+          'wall_s': round(time.time() - start_s, 1),
       }
+      if self.origin is not None:
+        record['origin'] = self.origin
       atomic.write_text(self._record_path(name), json.dumps(record))
     with self._lock:
       self.wall[phase] += record['wall_s']
+      self.used[name] = record
     return record
 
 
@@ -1011,26 +1191,41 @@ class Choice:
   curves: dict[Config, dict[int, list]] = dataclasses.field(
       default_factory=dict
   )
+  # The seeds where a configuration diverged or fell back to the trivial
+  # score after leaving it (`benchmark_stats.fell_back`), full runs ...
+  unstable: dict[Config, set[int]] = dataclasses.field(default_factory=dict)
+  # ... and first-rung runs.
+  early_unstable: set[Config] = dataclasses.field(default_factory=set)
+  # Selection seeds added where the best two were within their spread.
+  extra_seeds: list[int] = dataclasses.field(default_factory=list)
 
   def ranked(self, seeds: Sequence[int]) -> list[Config]:
-    """The configurations run on all `seeds`, best first (grid order ties)."""
+    """The configurations run on all `seeds`, best first: every stable one
+    (on all `seeds`) before any that diverged or fell back; then by the
+    criterion; ties in grid order (the order tried)."""
     full = [c for c, by in self.tried.items() if all(s in by for s in seeds)]
     return sorted(
         full,
-        key=lambda c: stats.criterion([self.tried[c][s] for s in seeds]),
+        key=lambda c: (
+            bool(self.unstable.get(c, set()) & set(seeds)),
+            stats.criterion([self.tried[c][s] for s in seeds]),
+        ),
     )
 
 
-def _values(choice: Choice, knob: str) -> list[float]:
-  return sorted({getattr(c, knob) for c in (*choice.tried, *choice.early)})
+def _values(choice: Choice, axis: str) -> list[float]:
+  return sorted(
+      {c.get(axis, choice.method) for c in (*choice.tried, *choice.early)}
+  )
 
 
 def _axes(choice: Choice) -> tuple[str, ...]:
-  """The Config fields tuned: the knob, the client learning rate and the
-  server learning rate where more than one was tried."""
+  """The axes tuned: the knob, the client learning rate, and the server
+  learning rate and line knobs where more than one value was tried."""
   axes = (('value',) if choice.method.knob else ()) + ('lr',)
-  if len(_values(choice, 'slr')) > 1:
-    axes += ('slr',)
+  for axis in ('slr', *(line.name for line in choice.method.lines)):
+    if len(_values(choice, axis)) > 1:
+      axes += (axis,)
   return axes
 
 
@@ -1041,8 +1236,10 @@ def _edge_moves(choice: Choice, lr_low: float) -> list[tuple[str, Config]]:
   """New configurations one step past the chosen values at grid edges."""
   method, best, moves = choice.method, choice.best, []
   for axis in _axes(choice):
+    if axis not in ('value', 'lr', 'slr'):
+      continue  # A line's values are declared; its edge is marked.
     values = _values(choice, axis)
-    current = getattr(best, axis)
+    current = best.get(axis, method)
     for edge, at in (('low', values[0]), ('high', values[-1])):
       if current != at:
         continue
@@ -1051,24 +1248,33 @@ def _edge_moves(choice: Choice, lr_low: float) -> list[tuple[str, Config]]:
       )
       new = stats.next_value(values, edge, low=low, high=high)
       if new is not None:
-        moves.append((axis, dataclasses.replace(best, **{axis: new})))
+        moves.append((axis, best.with_value(axis, new, method)))
   return moves
 
 
 def _edges(choice: Choice) -> tuple[str, ...]:
+  """The knobs whose chosen value is at an edge of the values tried (a
+  line knob at the end of its valid range is not: it cannot go further)."""
   out = []
+  method = choice.method
   for axis in _axes(choice):
     values = _values(choice, axis)
-    if len(values) > 1 and getattr(choice.best, axis) in (
-        values[0],
-        values[-1],
-    ):
-      out.append(_AXIS_NAMES.get(axis, choice.method.knob))
+    value = choice.best.get(axis, method)
+    if len(values) < 2 or value not in (values[0], values[-1]):
+      continue
+    if axis not in ('value', 'lr', 'slr'):
+      line = method.line(axis)
+      if value in (line.bound_low, line.bound_high):
+        continue
+    out.append(_AXIS_NAMES.get(axis, method.knob if axis == 'value' else axis))
   return tuple(out)
 
 
-def _ft_moves(best: Config, max_epochs: dict[float, int]) -> set:
-  """`(lr, epochs)` fine-tunings one step past the chosen edges."""
+def _ft_moves(
+    best: Config, max_epochs: dict[float, int], double: bool = True
+) -> set:
+  """`(lr, epochs)` fine-tunings one step past the chosen edges (`double`:
+  a choice at the most epochs tried doubles them)."""
   lrs = sorted(max_epochs)
   moves = set()
   for edge, at in (('low', lrs[0]), ('high', lrs[-1])):
@@ -1076,7 +1282,7 @@ def _ft_moves(best: Config, max_epochs: dict[float, int]) -> set:
       new = stats.next_value(lrs, edge, low=0.0, high=None)
       if new is not None:
         moves.add((new, max_epochs[best.lr]))
-  if best.value == max_epochs[best.lr]:
+  if double and best.value == max_epochs[best.lr]:
     moves.add((best.lr, 2 * int(best.value)))
   return moves
 
@@ -1104,8 +1310,14 @@ class Benchmark:
       data_seed,
       root,
       max_extensions: int = 2,
+      max_extra_seeds: int = 2,
+      reported_seeds: Sequence[int] = (),
   ):
     self.max_extensions = max_extensions
+    self.max_extra_seeds = max_extra_seeds
+    # Added selection seeds stay clear of these.
+    self.reported_seeds = tuple(reported_seeds)
+    self._trivial: dict[str, dict] = {}
     self.runs = runs
     self.task_flags = task_flags
     self.budget = budget
@@ -1166,10 +1378,60 @@ class Benchmark:
     finally:
       pool.shutdown(wait=True, cancel_futures=True)
 
+  def trivial(self, phase: str) -> dict:
+    """The trivial score's record for `phase`'s runs (`Runs.trivial`):
+    `{'label', split: [accuracy per client]}`; `{}` where the runs object
+    has none (tests)."""
+    if phase not in self._trivial:
+      method = self.methods[0]
+      args = self._args(
+          method, Config(None, self.budget.learning_rate), 0, phase
+      )
+      args = [
+          a
+          if not a.startswith('--experiment_name=')
+          else f'--experiment_name=trivial_{phase}'
+          for a in args
+      ]
+      get = getattr(self.runs, 'trivial', None)
+      self._trivial[phase] = get(args, phase) if get else {}
+    return self._trivial[phase]
+
+  def trivial_mean(self, phase: str, split: str) -> Optional[float]:
+    """The mean over clients of the trivial score on `split` (None:
+    unknown, e.g. labels are sequences)."""
+    scores = self.trivial(phase).get(split)
+    if not scores:
+      return None
+    return float(sum(scores) / len(scores))
+
+  def unstable(self, record: dict, phase: str) -> bool:
+    """Whether a run diverged or its curve fell back to the trivial score
+    after leaving it (`benchmark_stats.fell_back`)."""
+    if record.get('diverged'):
+      return True
+    curves = record.get('curve') or {}
+    split = next((s for s in ('personal/test', 'test') if s in curves), None)
+    if split is None:
+      return False
+    trivial = self.trivial_mean(
+        phase, 'validation' if phase == 'select' else 'test'
+    )
+    return stats.fell_back([p[1] for p in curves[split]], trivial)
+
   def _fine_tune(
-      self, method, config, seeds, phase, progress, lrs, max_epochs, tag=''
+      self,
+      method,
+      config,
+      seeds,
+      phase,
+      progress,
+      lrs,
+      max_epochs,
+      tag='',
+      start='final',
   ) -> dict:
-    """The baselines' fine-tuning of FedAvg's runs: seed -> record."""
+    """A baseline's fine-tuning of FedAvg's runs: seed -> record."""
 
     def one(seed):
       record = self.runs.fine_tune(
@@ -1178,9 +1440,11 @@ class Benchmark:
           max_epochs,
           self.budget.batch_size,
           tag=tag,
+          start=start,
       )
+      what = 'fine-tuning' if start == 'final' else 'local training'
       progress(
-          f'{phase} fine-tuning of FedAvg {config.describe(method)} seed '
+          f'{phase} {what} of FedAvg {config.describe(method)} seed '
           f'{seed} ({record["wall_s"]:.0f} s)'
       )
       return record
@@ -1225,13 +1489,17 @@ class Benchmark:
     return groups
 
   def select(self, sel_seeds, progress) -> dict[str, Choice]:
-    """Successive halving over the seeds, then the edge extensions."""
+    """Successive halving over the seeds, the edge extensions, then added
+    seeds where the best two are within their spread."""
     choices, candidates = {}, {}
     for method in self.methods:
       if method.baseline:
         continue
       values = (
-          self.grids.get(method.knob, method.grid) if method.knob else (None,)
+          self.grids.get(method.knob)
+          or method.knob_grid(self.budget.learning_rate)
+          if method.knob
+          else (None,)
       )
       lrs = self.grids['learning_rate']
       choices[method.name] = Choice(method, {})
@@ -1246,7 +1514,7 @@ class Benchmark:
       self._collect(choices, self._execute(groups, progress))
       if rung == 0 and not self.budget.first_rung:
         ranked = {n: c.ranked(sel_seeds[:1]) for n, c in choices.items()}
-        new, more = self._server_lr_step(choices, ranked, seed, None)
+        new, more = self._line_step(choices, ranked, seed, None)
         self._collect(choices, self._execute(more, progress))
         for name, configs in new.items():
           choices[name].rungs[-1] += len(configs)
@@ -1271,14 +1539,61 @@ class Benchmark:
         choice = choices[name]
         choice.extensions += 1
         choice.best = choice.ranked(sel_seeds)[0]
+    self._add_seeds(choices, sel_seeds, progress)
     for choice in choices.values():
       choice.edges = _edges(choice)
     return choices
 
+  def extra_seed_values(self, sel_seeds) -> list[int]:
+    """The seeds `_add_seeds` may add: after the selection seeds, clear of
+    the reported ones."""
+    out, seed = [], max(sel_seeds)
+    taken = set(sel_seeds) | set(self.reported_seeds)
+    while len(out) < self.max_extra_seeds:
+      seed += 1
+      if seed not in taken:
+        out.append(seed)
+    return out
+
+  def _add_seeds(self, choices, sel_seeds, progress) -> None:
+    """Where a method's best two configurations (both stable) differ in
+    mean worst10 by less than the larger std over the seeds
+    (`benchmark_stats.within_spread`), both run on one more selection seed,
+    up to `max_extra_seeds`; the best over all their seeds is chosen."""
+    extra = self.extra_seed_values(sel_seeds)
+    for seed in extra:
+      pairs = {}
+      for name, choice in choices.items():
+        seeds = list(sel_seeds) + choice.extra_seeds
+        if len(choice.extra_seeds) != extra.index(seed):
+          continue
+        ranked = choice.ranked(seeds)
+        if len(ranked) < 2 or any(
+            choice.unstable.get(c, set()) & set(seeds) for c in ranked[:2]
+        ):
+          continue
+        first, second = (
+            [choice.tried[c][s] for s in seeds] for c in ranked[:2]
+        )
+        if stats.within_spread(first, second):
+          pairs[name] = ranked[:2]
+      if not pairs:
+        return
+      groups = []
+      for name, configs in pairs.items():
+        groups += self._jobs(choices[name].method, configs, [seed], 'select')
+      self._collect(choices, self._execute(groups, progress))
+      for name in pairs:
+        choice = choices[name]
+        choice.extra_seeds.append(seed)
+        choice.best = choice.ranked(list(sel_seeds) + choice.extra_seeds)[0]
+
   def _first_rung(self, choices, candidates, sel_seeds, progress) -> dict:
     """Every configuration for `budget.first_rung` rounds on the first
     selection seed; the best `KEEP` go on (their runs continue to the full
-    rounds in the same folders). Returns the configurations that go on."""
+    rounds in the same folders), and so does each client learning rate's
+    best configuration, so that a rate that starts slowly is still
+    compared at full length. Returns the configurations that go on."""
     rounds, seed = self.budget.first_rung, sel_seeds[0]
     groups = []
     for name, configs in candidates.items():
@@ -1291,46 +1606,66 @@ class Benchmark:
     ranked = {
         n: self._early_ranked(choices[n], c) for n, c in candidates.items()
     }
-    new, groups = self._server_lr_step(choices, ranked, seed, rounds)
+    new, groups = self._line_step(choices, ranked, seed, rounds)
     self._collect_early(choices, self._execute(groups, progress))
     out = {}
     for name, configs in candidates.items():
       configs = configs + new.get(name, [])
       choices[name].rungs[-1] = len(configs)
       ranked = self._early_ranked(choices[name], configs)
-      out[name] = stats.top_fraction(ranked, KEEP)
+      keep = stats.top_fraction(ranked, KEEP)
+      for lr in sorted({c.lr for c in ranked}):
+        best = next(c for c in ranked if c.lr == lr)
+        if best not in keep:
+          keep.append(best)
+      out[name] = keep
     return out
 
   @staticmethod
   def _early_ranked(choice: Choice, configs) -> list[Config]:
-    return sorted(configs, key=lambda c: stats.criterion([choice.early[c]]))
+    return sorted(
+        configs,
+        key=lambda c: (
+            c in choice.early_unstable,
+            stats.criterion([choice.early[c]]),
+        ),
+    )
 
-  @staticmethod
-  def _collect_early(choices, records) -> None:
+  def _collect_early(self, choices, records) -> None:
     for (name, config, _), record in records.items():
       split = 'personal/test' if name in PERSONAL else 'test'
       choices[name].early[config] = run_stats(record, split)
+      if self.unstable(record, 'select'):
+        choices[name].early_unstable.add(config)
 
-  def _server_lr_step(self, choices, ranked, seed, rounds):
-    """The server learning rate along one line: each server-optimizer
-    method's best configuration of `ranked` at the grid's other server
-    rates, on `seed` for `rounds` (None: the full rounds). Returns the new
-    configurations by method and their run groups (none unless the budget
-    tunes the server rate)."""
+  def _lines(self, method: Method) -> list[tuple[str, tuple[float, ...]]]:
+    """The knobs `method` tunes along lines: `(axis, values)`."""
+    out = []
+    if self.budget.tune_server_lr and method.server_lr:
+      out.append(('slr', tuple(self.grids['server_learning_rate'])))
+    for line in method.lines:
+      out.append((line.name, tuple(self.grids.get(line.name, line.grid))))
+    return out
+
+  def _line_step(self, choices, ranked, seed, rounds):
+    """The lines: each method's best configuration of `ranked` at the other
+    values of each line knob (the server learning rate where the budget
+    tunes it, the algorithm's declared lines), on `seed` for `rounds` (None:
+    the full rounds). Returns the new configurations by method and their run
+    groups."""
     new, groups = {}, []
-    if not self.budget.tune_server_lr:
-      return new, groups
     for name, configs in ranked.items():
       method = choices[name].method
-      if not method.server_lr or not configs:
+      if not configs:
         continue
       best = configs[0]
-      new[name] = [
-          dataclasses.replace(best, slr=slr)
-          for slr in self.grids['server_learning_rate']
-          if slr != best.slr
-      ]
-      groups += self._jobs(method, new[name], [seed], 'select', rounds)
+      for axis, values in self._lines(method):
+        current = best.get(axis, method)
+        new.setdefault(name, []).extend(
+            best.with_value(axis, v, method) for v in values if v != current
+        )
+      if new.get(name):
+        groups += self._jobs(method, new[name], [seed], 'select', rounds)
     return new, groups
 
   def _collect(self, choices, records):
@@ -1340,6 +1675,8 @@ class Benchmark:
       choices[name].tried.setdefault(config, {})[seed] = run_stats(
           record, split
       )
+      if self.unstable(record, 'select'):
+        choices[name].unstable.setdefault(config, set()).add(seed)
       curve = record.get('curve', {}).get(split)
       if curve:
         choices[name].curves.setdefault(config, {})[seed] = curve
@@ -1347,14 +1684,33 @@ class Benchmark:
   def select_fine_tuning(self, fedavg: Choice, sel_seeds, progress):
     """The baselines' (learning rate, epochs) on FedAvg's selection runs.
 
-    Epochs 0 (no fine-tuning) to `budget.fine_tune_epochs` at each rate of
-    the grid; a choice at the grid's edge (the smallest or largest rate,
-    the most epochs) fine-tunes again one step past it (a rate one grid
-    step further, or twice the epochs at the chosen rate), up to
-    `max_extensions` times; one still at an edge is marked.
+    FedAvg + fine-tuning starts from the final model saved with each
+    selection record, local training from the runs' initial model; each is
+    selected apart. Epochs 0 (none) to `budget.fine_tune_epochs` (local
+    training: to `budget.local_epochs_max`, at least 100, so that it trains
+    to its plateau) at each rate of the grid; a choice at the grid's edge
+    (the smallest or largest rate; for fine-tuning, the most epochs)
+    fine-tunes again one step past it (a rate one grid step further, or
+    twice the epochs), up to `max_extensions` times; one still at an edge
+    is marked. A fine-tuning whose model at 0 epochs evaluates otherwise
+    than FedAvg's record is refused (`check_start`).
     """
-    tried = {name: {} for name in BASELINES}
-    max_epochs = {}  # lr -> the most epochs tried at it
+    out = {}
+    for name, start in BASELINES.items():
+      if not any(m.name == name for m in self.methods):
+        continue
+      out[name] = self._select_baseline(
+          name, start, fedavg, sel_seeds, progress
+      )
+    return out
+
+  def _baseline_epochs(self, start: str) -> int:
+    if start == 'initial':
+      return self.budget.local_epochs_max
+    return self.budget.fine_tune_epochs
+
+  def _select_baseline(self, name, start, fedavg, sel_seeds, progress):
+    tried, max_epochs = {}, {}  # lr -> the most epochs tried at it
 
     def fine_tune(lrs, epochs, tag):
       records = self._fine_tune(
@@ -1366,42 +1722,61 @@ class Benchmark:
           lrs,
           epochs,
           tag=tag,
+          start=start,
       )
+      if start == 'final':
+        for seed, record in records.items():
+          self.check_start(
+              fedavg.method, fedavg.best, seed, 'select', record, 'validation'
+          )
       for lr in lrs:
         max_epochs[lr] = max(max_epochs.get(lr, 0), epochs)
-        for name, begin in BASELINES.items():
-          for e in range(epochs + 1):
-            tried[name][Config(e, lr)] = {
-                seed: fine_tuned_stats(r, begin, 'validation', lr, e)
-                for seed, r in records.items()
-            }
+        for e in range(epochs + 1):
+          tried[Config(e, lr)] = {
+              seed: fine_tuned_stats(r, start, 'validation', lr, e)
+              for seed, r in records.items()
+          }
 
     fine_tune(
         list(self.grids['fine_tune_learning_rate']),
-        self.budget.fine_tune_epochs,
+        self._baseline_epochs(start),
         '',
     )
-    out = {}
-    for name in BASELINES:
-      method = Method(name, '', 'fine_tune_epochs', low=0.0)
-      out[name] = Choice(method, tried[name], rungs=[len(tried[name])])
-      out[name].best = out[name].ranked(sel_seeds)[0]
+    method = Method(name, '', 'fine_tune_epochs', low=0.0)
+    choice = Choice(method, tried, rungs=[len(tried)])
+    choice.best = choice.ranked(sel_seeds)[0]
+    double = start == 'final'
     for _ in range(self.max_extensions):
-      moves = set()
-      for choice in out.values():
-        moves.update(_ft_moves(choice.best, max_epochs))
+      moves = _ft_moves(choice.best, max_epochs, double=double)
       if not moves:
         break
       for lr, epochs in sorted(moves):
         fine_tune([lr], epochs, f'_lr{lr:g}_e{epochs}')
-      for choice in out.values():
-        choice.tried = tried[choice.method.name]
-        choice.extensions += 1
-        choice.best = choice.ranked(sel_seeds)[0]
-    for choice in out.values():
-      choice.edges = _ft_edges(choice.best, max_epochs)
-      choice.rungs = [len(choice.tried)]
-    return out
+      choice.extensions += 1
+      choice.best = choice.ranked(sel_seeds)[0]
+    choice.edges = _ft_edges(choice.best, max_epochs)
+    choice.rungs = [len(choice.tried)]
+    return choice
+
+  def check_start(self, method, config, seed, phase, ft_record, split):
+    """Refuses a fine-tuning whose starting model (0 epochs) evaluates
+    otherwise than the FedAvg record it was saved with (`RuntimeError`)."""
+    name = run_name(phase, method, config, seed)
+    record = self.runs.used.get(name) if hasattr(self.runs, 'used') else None
+    if not record or record.get('diverged'):
+      return
+    lr = next(iter(ft_record['splits']['final'][split]))
+    moved = start_offset(
+        record['splits']['test'],
+        ft_record['splits']['final'][split][lr][0],
+    )
+    if moved[0]:
+      raise RuntimeError(
+          f'the model saved with {name} evaluates otherwise than its record '
+          f'({moved[0]} clients differ, by up to {moved[1]:.2f} points); '
+          'refusing to fine-tune it (remove the record and its model to run '
+          'it again)'
+      )
 
   def report(self, choices, ft_choices, seeds, progress):
     """Each method at its choice on the reported seeds: name -> per seed
@@ -1426,6 +1801,7 @@ class Benchmark:
         runs.append(
             {
                 'splits': splits,
+                'unstable': self.unstable(record, 'final'),
                 'examples': record['examples'],
                 'wall_s': record['wall_s'],
                 'args': record['args'],
@@ -1442,53 +1818,45 @@ class Benchmark:
     if not ft_choices:
       return results
     fedavg = choices['fedavg']
-    # Only the chosen rates and epochs: the report needs nothing else.
-    chosen = [ft_choices[n].best for n in ft_choices]
-    lrs = sorted({c.lr for c in chosen})
-    fine_tunings = self._fine_tune(
-        fedavg.method,
-        fedavg.best,
-        seeds,
-        'final',
-        progress,
-        lrs,
-        max(c.value for c in chosen),
-    )
-    for seed_index, seed in enumerate(seeds):
-      ft = fine_tunings[seed]
-      base = results['fedavg'][seed_index]
-      base['ft_start'] = start_offset(
-          base['splits']['test'], fine_tuned(ft, 'final', 'test', lrs[0], 0)
+    for name, choice in ft_choices.items():
+      start, best = BASELINES[name], choice.best
+      fine_tunings = self._fine_tune(
+          fedavg.method,
+          fedavg.best,
+          seeds,
+          'final',
+          progress,
+          [best.lr],
+          int(best.value),
+          start=start,
       )
-      if base['ft_start'][0]:
-        warn(
-            f"seed {seed}: FedAvg's final model as fine-tuned is not the one "
-            f"its record evaluated ({base['ft_start'][0]} clients differ, by "
-            f"up to {base['ft_start'][1]:.2f} points); it was trained again"
-        )
-      if 'unseen' in ft['splits']['final']:
-        base['splits']['unseen_half'] = fine_tuned(
-            ft, 'final', 'unseen', lrs[0], 0
-        )
-      for name in ft_choices:
-        if not any(m.name == name for m in self.methods):
-          continue
-        best = ft_choices[name].best
-        begin = BASELINES[name]
-        splits = {
-            'test': fine_tuned(ft, begin, 'test', best.lr, best.value),
-        }
-        if 'unseen' in ft['splits'][begin]:
+      for seed_index, seed in enumerate(seeds):
+        ft = fine_tunings[seed]
+        base = results['fedavg'][seed_index]
+        lr = best.lr
+        if start == 'final':
+          self.check_start(
+              fedavg.method, fedavg.best, seed, 'final', ft, 'test'
+          )
+          base['ft_start'] = start_offset(
+              base['splits']['test'], fine_tuned(ft, start, 'test', lr, 0)
+          )
+          if 'unseen' in ft['splits'][start]:
+            base['splits']['unseen_half'] = fine_tuned(
+                ft, start, 'unseen', lr, 0
+            )
+        splits = {'test': fine_tuned(ft, start, 'test', lr, best.value)}
+        if 'unseen' in ft['splits'][start]:
           splits['unseen_half'] = fine_tuned(
-              ft, begin, 'unseen', best.lr, best.value
+              ft, start, 'unseen', lr, best.value
           )
         tuned = int(best.value * ft['train_examples']['test'])
         results.setdefault(name, []).append(
             {
                 'splits': splits,
                 'examples': tuned
-                + (base['examples'] if begin == 'final' else 0),
-                'wall_s': (base['wall_s'] if begin == 'final' else 0.0)
+                + (base['examples'] if start == 'final' else 0),
+                'wall_s': (base['wall_s'] if start == 'final' else 0.0)
                 + ft['wall_s'],
             }
         )
@@ -1528,6 +1896,7 @@ def _budget(setting: Setting) -> Budget:
       batch_size=pick('batch_size', b.batch_size),
       learning_rate=pick('learning_rate', b.learning_rate),
       fine_tune_epochs=pick('fine_tune_epochs', b.fine_tune_epochs),
+      local_epochs_max=pick('local_epochs_max', b.local_epochs_max),
       first_rung=pick('first_rung', b.first_rung),
       eval_every=pick('eval_every', b.eval_every),
       tune_server_lr=pick('tune_server_lr', b.tune_server_lr),
@@ -1539,6 +1908,7 @@ def _budget(setting: Setting) -> Budget:
       'local_epochs',
       'batch_size',
       'fine_tune_epochs',
+      'local_epochs_max',
   ):
     if getattr(budget, name) < 1:
       raise UsageError(f'--{name} must be >= 1, got {getattr(budget, name)}')
@@ -1555,21 +1925,31 @@ def _budget(setting: Setting) -> Budget:
 
 
 def _grids(budget: Budget, methods_run: Sequence[Method]) -> dict:
-  """The grids: declared, then `--grid` overrides (checked)."""
+  """The grids: declared, then `--grid` overrides (checked: each knob once,
+  and only a knob of a method that runs)."""
   grids = {
       'learning_rate': log_grid(budget.learning_rate, LR_STEPS),
       'fine_tune_learning_rate': log_grid(budget.learning_rate, FT_LR_STEPS),
       'server_learning_rate': log_grid(1.0, SERVER_LR_STEPS),
   }
+  # knob -> (low, high, low included), and the methods that tune it.
   ranges = {
-      'learning_rate': (0.0, None),
-      'fine_tune_learning_rate': (0.0, None),
-      'server_learning_rate': (0.0, None),
+      'learning_rate': (0.0, None, False),
+      'fine_tune_learning_rate': (0.0, None, False),
+      'server_learning_rate': (0.0, None, False),
   }
+  owners: dict[str, set[str]] = {'fine_tune_learning_rate': set(BASELINES)}
   for m in methods():
     if m.knob:
-      grids.setdefault(m.knob, m.grid)
-      ranges[m.knob] = (m.low, m.high)
+      grids.setdefault(m.knob, m.knob_grid(budget.learning_rate))
+      ranges[m.knob] = (m.low, m.high, False)
+      owners.setdefault(m.knob, set()).add(m.name)
+    for line in m.lines:
+      grids.setdefault(line.name, line.grid)
+      ranges[line.name] = (line.bound_low, line.bound_high, True)
+      owners.setdefault(line.name, set()).add(m.name)
+  running = {m.name for m in methods_run}
+  seen = set()
   for item in FLAGS.grid:
     knob, _, text = item.partition(':')
     if knob not in ranges:
@@ -1577,27 +1957,36 @@ def _grids(budget: Budget, methods_run: Sequence[Method]) -> dict:
           f'--grid={item}: unknown knob {knob!r}; choose among '
           f'{", ".join(sorted(ranges))}'
       )
+    if knob in seen:
+      raise UsageError(f'--grid={item}: {knob} is given twice; give it once')
+    seen.add(knob)
+    if knob in owners and not owners[knob] & running:
+      raise UsageError(
+          f'--grid={item}: {knob} is tuned by '
+          f'{", ".join(sorted(owners[knob]))}, none of which runs'
+      )
     try:
       values = tuple(float(v) for v in text.split(','))
     except ValueError:
       raise UsageError(
           f'--grid={item}: values must be numbers, as knob:v1,v2,...'
       ) from None
-    low, high = ranges[knob]
+    low, high, included = ranges[knob]
     bad = [
         v
         for v in values
         if not math.isfinite(v)
-        or (low is not None and v <= low)
+        or (low is not None and (v < low if included else v <= low))
         or (high is not None and v > high)
     ]
     if bad or len(set(values)) != len(values):
-      where = f'> {low:g}' + (f' and <= {high:g}' if high is not None else '')
+      where = f'{">=" if included else ">"} {low:g}' + (
+          f' and <= {high:g}' if high is not None else ''
+      )
       raise UsageError(
           f'--grid={item}: values must be distinct, finite and {where}'
       )
     grids[knob] = tuple(sorted(values))
-  del methods_run
   return grids
 
 
@@ -1706,6 +2095,10 @@ def main(argv) -> int:
       raise UsageError(
           f'--max_extensions must be >= 0, got {FLAGS.max_extensions}'
       )
+    if FLAGS.max_extra_seeds < 0:
+      raise UsageError(
+          f'--max_extra_seeds must be >= 0, got {FLAGS.max_extra_seeds}'
+      )
     output_dir = FLAGS.output_dir or os.path.join(
         'output', 'benchmark', setting.name
     )
@@ -1727,7 +2120,15 @@ def main(argv) -> int:
   os.makedirs(records_dir, exist_ok=True)
   os.makedirs(output_dir, exist_ok=True)
   root = os.path.join(output_dir, 'runs')
-  runs = Runs(records_dir, output_dir, FLAGS.jobs, FLAGS.from_records)
+  origin = None if FLAGS.from_records else origin_lib.current(task_flags)
+  runs = Runs(
+      records_dir,
+      output_dir,
+      FLAGS.jobs,
+      FLAGS.from_records,
+      origin=origin,
+      accept_foreign=FLAGS.accept_foreign_records,
+  )
   bench = Benchmark(
       runs,
       task_flags,
@@ -1737,6 +2138,8 @@ def main(argv) -> int:
       FLAGS.data_seed,
       root,
       FLAGS.max_extensions,
+      max_extra_seeds=FLAGS.max_extra_seeds,
+      reported_seeds=seeds,
   )
   progress = _Progress()
   previous = {
@@ -1799,6 +2202,14 @@ def main(argv) -> int:
       argv=sys.argv,
       overrides=_overrides(),
       bound=bound,
+      origins=origin_lib.summary(runs.used.values()),
+      trivial={
+          phase: bench.trivial_mean(
+              phase, 'validation' if phase == 'select' else 'test'
+          )
+          for phase in ('select', 'final')
+      },
+      placeholders=_placeholders(output_dir, task_flags),
   )
   benchmark_page.write_pictures(report, *pngs)
   curve_png = f'{stem}_curve.png'
@@ -1811,6 +2222,18 @@ def main(argv) -> int:
   )
   print(f'benchmark: wrote {output_md}, {", ".join(pngs)}')
   return 0
+
+
+def _placeholders(output_dir: str, task_flags) -> list[tuple[str, str]]:
+  """Absolute machine folders the page prints as placeholders (the longest
+  first: the data folder may lie in the output folder)."""
+  out = []
+  for arg in task_flags:
+    if arg.startswith('--data_dir=') or arg.startswith('--leaf_dir='):
+      flag, folder = arg[2:].split('=', 1)
+      out.append((os.path.abspath(folder), f'<{flag}>'))
+  out.append((os.path.abspath(output_dir), '<output_dir>'))
+  return sorted(out, key=lambda p: -len(p[0]))
 
 
 def read_bound(path: str) -> dict[str, Any]:

@@ -49,6 +49,12 @@ class Report:
   overrides: Sequence[str]
   # bench_suite's fedavg/bound for the model and cohort (`read_bound`).
   bound: Optional[dict[str, Any]] = None
+  # `(origin, records)` of every record used (`benchmark_origin.summary`).
+  origins: Sequence[tuple[str, int]] = ()
+  # The trivial score's mean accuracy by phase ('select', 'final').
+  trivial: dict[str, Optional[float]] = dataclasses.field(default_factory=dict)
+  # Machine folders and the placeholders the page prints instead.
+  placeholders: Sequence[tuple[str, str]] = ()
 
   def rows(self, split: str):
     """`(method, label, per-seed stats)` of the methods that have `split`."""
@@ -276,8 +282,8 @@ def selection_table(report: Report) -> str:
   lines = [
       '| algorithm | knob grid tried | learning rates tried | configurations '
       'per rung | chosen | validation worst10 / 20 / 30 / 50% / mean, '
-      'loss sq10 |',
-      '|---|---|---|---|---|---:|',
+      'loss sq10 | diverged or fell back: selection / reported seeds |',
+      '|---|---|---|---|---|---:|---:|',
   ]
   for method in report.methods:
     choice = report.choices.get(method.name) or report.ft_choices.get(
@@ -305,12 +311,103 @@ def selection_table(report: Report) -> str:
     grid = ', '.join(f'{v:g}' for v in values) if knob else '-'
     if knob and choice.extensions:
       grid += f' ({choice.extensions} extension(s))'
+    if knob and getattr(choice.method, 'lines', ()):
+      grid += ' (joint)'
+    for line in getattr(choice.method, 'lines', ()):
+      tried = sorted({c.get(line.name, choice.method) for c in every})
+      grid += f'; {line.name}: ' + ', '.join(f'{v:g}' for v in tried)
+      grid += ' (line)'
+    extra = getattr(choice, 'extra_seeds', [])
+    if extra:
+      chosen += f' (seeds added: {", ".join(map(str, extra))})'
     lines.append(
         f'| {method.label} | {(knob + ": ") if knob else ""}{grid} | '
         f'{lrs} | {" / ".join(map(str, choice.rungs))} | {chosen} | '
-        f'{ladder}%, {loss:.3f} |'
+        f'{ladder}%, {loss:.3f} | {_stability(report, method, choice)} |'
     )
   return '\n'.join(lines)
+
+
+def _stability(report: Report, method: Any, choice: Any) -> str:
+  """Seeds where the chosen configuration diverged or fell back to the
+  trivial score: selection, then reported."""
+  unstable = getattr(choice, 'unstable', {})
+  sel = len(unstable.get(choice.best, ()))
+  runs = report.results.get(method.name, [])
+  if method.baseline or not runs:
+    return f'{sel} / -'
+  rep = sum(bool(r.get('unstable')) for r in runs)
+  return f'{sel} / {rep} of {len(runs)}'
+
+
+def rules_paragraph(report: Report) -> list[str]:
+  """The selection's fairness rules, stated (empty for a report made
+  without them: no trivial score known and no lines)."""
+  b = report.budget
+  trivial = report.trivial.get('select')
+  trivial_text = (
+      f'{100 * trivial:.1f}% mean validation accuracy here'
+      if trivial is not None
+      else 'unknown here (labels are sequences): only divergence counts'
+  )
+  local_max = getattr(b, 'local_epochs_max', None)
+  return [
+      '**Rules** (each a test in tests/test_benchmark.py). '
+      + (
+          'No slow starter is cut early: besides the best third of the first '
+          "rung, each client learning rate's best configuration goes on to "
+          'the full rounds. '
+          if b.first_rung
+          else ''
+      )
+      + 'A configuration that diverged, or whose validation curve fell back '
+      'to within 1 point of the trivial score (every example given the '
+      "training clients' commonest class: "
+      f'{trivial_text}) after rising above it, on any selection seed, '
+      'ranks below every stable one. Where the best two configurations '
+      'differ in mean validation worst10 by less than the larger of their '
+      'stds over the seeds, both run on one more selection seed (at most '
+      'the cap given by --max_extra_seeds; seeds added are listed). Knobs '
+      "marked (joint) are tuned with the learning rate; a (line) knob's "
+      'other values run at the best joint configuration of the first rung '
+      "(as the server learning rate); the table's last column counts the "
+      'seeds where the chosen configuration diverged or fell back. FedAvg + '
+      'fine-tuning starts from the final model saved with each FedAvg '
+      'record (a model that evaluates otherwise than its record is '
+      'refused)'
+      + (
+          f"; local training trains 0 to {local_max} epochs from the runs' "
+          'initial model, chosen on validation (a choice at that cap is '
+          'marked).'
+          if local_max
+          else '.'
+      ),
+      '',
+  ]
+
+
+def origins_section(report: Report) -> list[str]:
+  """Every origin of the records used, with its number of records."""
+  if not report.origins:
+    return []
+  return [
+      '**Records and their origin** (code: a hash of the sources that '
+      'train and evaluate a run, and the commits they were at; data: a '
+      'hash of each data file read; library versions):',
+      '',
+      '| origin | records |',
+      '|---|---:|',
+      *(f'| {text} | {n} |' for text, n in report.origins),
+      '',
+  ]
+
+
+def portable(report: Report, text: str) -> str:
+  """`text` with this machine's folders replaced by their placeholders."""
+  for folder, placeholder in report.placeholders:
+    if folder:
+      text = text.replace(folder, placeholder)
+  return text
 
 
 def server_lr_sentence(report: Report) -> str:
@@ -641,6 +738,7 @@ def page(report: Report, pngs: Sequence[str]) -> str:
       '+ fine-tuning from its final one; a choice at the most epochs tried '
       'doubles them, one at an edge rate tries the next rate.',
       '',
+      *rules_paragraph(report),
       selection_table(report),
       '',
       *curve_section(report, pngs[2] if len(pngs) > 2 else None),
@@ -648,6 +746,7 @@ def page(report: Report, pngs: Sequence[str]) -> str:
       f'(wall time summed over runs); report: '
       f'{report.wall["final"] / 60:.1f} min.',
       '',
+      *origins_section(report),
       *time_table(report),
   ]
   for split, title in SPLITS:
@@ -707,7 +806,7 @@ def page(report: Report, pngs: Sequence[str]) -> str:
       '</details>',
       '',
   ]
-  return '\n'.join(text)
+  return portable(report, '\n'.join(text))
 
 
 def results_json(report: Report) -> dict[str, Any]:

@@ -257,3 +257,50 @@ def next_value(
   if new is None or v[0] <= new <= v[-1]:
     return None
   return new
+
+
+# A curve has left the trivial score (the commonest class's accuracy) when
+# its mean accuracy is this far above it, and falls back when it is again
+# no higher.
+FALLBACK_MARGIN = 0.01
+
+
+def fell_back(
+    means: Sequence[float],
+    trivial: Optional[float],
+    margin: float = FALLBACK_MARGIN,
+) -> bool:
+  """Whether a curve of mean accuracies (in evaluation order) diverged (a
+  non-finite value) or fell back to `trivial` + `margin` after rising
+  above it (None: no trivial score known; only divergence counts)."""
+  values = [float(m) for m in means]
+  if any(not math.isfinite(m) for m in values):
+    return True
+  if trivial is None:
+    return False
+  line = trivial + margin
+  left = False
+  for m in values:
+    if m > line:
+      left = True
+    elif left:
+      return True
+  return False
+
+
+def within_spread(
+    first: Sequence[dict[str, float]], second: Sequence[dict[str, float]]
+) -> bool:
+  """Whether two configurations' mean worst10 over their seeds differ by
+  less than the larger of their stds over the seeds (ddof 1): the
+  selection seeds cannot tell them apart."""
+  a = np.asarray([s['worst10'] for s in first], dtype=float)
+  b = np.asarray([s['worst10'] for s in second], dtype=float)
+  if (
+      a.size < 2
+      or b.size < 2
+      or not (np.all(np.isfinite(a)) and np.all(np.isfinite(b)))
+  ):
+    return False
+  spread = max(float(a.std(ddof=1)), float(b.std(ddof=1)))
+  return abs(float(a.mean()) - float(b.mean())) < spread

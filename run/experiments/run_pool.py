@@ -142,6 +142,27 @@ class RunWorker:
     if reply['code'] != 0:
       raise RunFailed(reply['error'], reply['code'])
 
+  def export_model(self, args: Sequence[str], path: str) -> None:
+    """`run.fine_tune.export_model(path)` of the finished run `args`.
+
+    Raises:
+      RunFailed: It failed (its error line).
+    """
+    reply = self._request({'export_model': list(args), 'path': path})
+    if reply['code'] != 0:
+      raise RunFailed(reply['error'], reply['code'])
+
+  def trivial(self, args: Sequence[str], path: str) -> None:
+    """`run.fine_tune.trivial_scores()` of the task of `args`, written to
+    `path` as JSON.
+
+    Raises:
+      RunFailed: It failed (its error line).
+    """
+    reply = self._request({'trivial': list(args), 'path': path})
+    if reply['code'] != 0:
+      raise RunFailed(reply['error'], reply['code'])
+
   def check(self, args: Sequence[str]) -> Optional[str]:
     """The binary's error line for `args` without running it, or None.
 
@@ -358,7 +379,11 @@ def _serve_requests(proto, train, fine_tune) -> int:
   real_stderr = sys.stderr
   for line in sys.stdin:
     request = json.loads(line)
-    kind = next(k for k in ('run', 'check', 'fine_tune') if k in request)
+    kind = next(
+        k
+        for k in ('run', 'check', 'fine_tune', 'export_model', 'trivial')
+        if k in request
+    )
     args = request[kind]
     tail = _Tail(real_stderr)
     sys.stderr = tail
@@ -382,6 +407,15 @@ def _serve_requests(proto, train, fine_tune) -> int:
           fine_tune.fine_tune_run(**request['options'])
         except (ValueError, TypeError, OSError) as e:
           print(f'fine_tune: error: {e}', file=sys.stderr)
+          code = 1
+      elif code == 0 and kind in ('export_model', 'trivial'):
+        try:
+          if kind == 'export_model':
+            fine_tune.export_model(request['path'])
+          else:
+            fine_tune.write_trivial_scores(request['path'])
+        except (ValueError, TypeError, OSError) as e:
+          print(f'{kind}: error: {e}', file=sys.stderr)
           code = 1
       elif code == 0:
         code = train.main(['train'])

@@ -543,9 +543,44 @@ class DivergenceCheck(tff.program.ReleaseManager):
     self._inner = inner
     self._what = what
     self.diverged: Optional[tuple[int, float]] = None
+    self._ended: dict[int, asyncio.Future] = {}
+
+  def _release_ended(self, key: int) -> asyncio.Future:
+    """The future of round `key`'s release: done when it has ended."""
+    if key not in self._ended:
+      future = asyncio.get_running_loop().create_future()
+      # Its error is the release's own (raised there); `written` re-raises.
+      future.add_done_callback(lambda f: f.cancelled() or f.exception())
+      self._ended[key] = future
+    return self._ended[key]
+
+  async def written(self, key: int) -> None:
+    """Returns once round `key`'s metrics are released (or withheld).
+
+    Raises:
+      The release's error, if it failed.
+    """
+    try:
+      await asyncio.shield(self._release_ended(key))
+    finally:
+      self._ended.pop(key, None)
 
   async def release(self, value, key) -> None:
     """Appends one round of metrics to the CSV file."""
+    ended = self._release_ended(int(key))
+    try:
+      await self._release(value, key)
+    except asyncio.CancelledError:
+      ended.cancel()
+      raise
+    except BaseException as e:
+      if not ended.done():
+        ended.set_exception(e)
+      raise
+    if not ended.done():
+      ended.set_result(None)
+
+  async def _release(self, value, key) -> None:
     value = await tff.program.materialize_value(value)
     flat = {}
     simulation._flatten('', value, flat)  # pylint: disable=protected-access
@@ -630,34 +665,60 @@ def build_evaluation_manager(
   )
 
 
+class StateAfterMetrics(run_dir.CheckpointManager):
+  """Saves a round's program state once its metrics row is written.
+
+  `train_model` saves round N's state and releases its metrics in two
+  background tasks; a program killed after the save and before the row is
+  written resumed after round N with no row N in `metrics.csv`. Here the
+  save of version N > 0 waits for `metrics.written(N)` (and fails with the
+  release's error), so a saved version always has its row; a row written
+  without its version is written again by the resumed round (TFF's CSV
+  release manager first drops the rows of later or equal rounds).
+  """
+
+  def __init__(self, root_dir: str, metrics: DivergenceCheck, **kwargs):
+    super().__init__(root_dir, **kwargs)
+    self._metrics = metrics
+
+  async def save(self, program_state, version: int) -> None:
+    """Saves `program_state` as `version` after that round's metrics."""
+    if version > 0:
+      await self._metrics.written(int(version))
+    await super().save(program_state, version)
+
+
 @dataclasses.dataclass(frozen=True)
 class ProgramManagers:
   """Where a program saves its state and releases its metrics and models.
 
   Attributes:
     state: The program state, `output_dir/program_state/` (the first and the
-      last two versions are kept).
+      last two versions are kept); a round's version is saved after its
+      metrics are released (`StateAfterMetrics`).
     metrics: The training metrics (`metrics.csv`, `tensorboard/train`),
       withheld and raised by `check()` when a loss is not finite.
     models: The training state every 10 rounds and at the end (`models/`).
   """
 
-  state: run_dir.CheckpointManager
+  state: StateAfterMetrics
   metrics: DivergenceCheck
   models: tff.program.SavedModelFileReleaseManager
 
 
 def program_managers(output_dir: str) -> ProgramManagers:
   """The program's state and release managers under `output_dir`."""
+  metrics = DivergenceCheck(
+      _release_managers(output_dir, 'train', 'metrics.csv')
+  )
   return ProgramManagers(
-      state=run_dir.CheckpointManager(
+      state=StateAfterMetrics(
           os.path.join(output_dir, 'program_state'),
+          metrics,
           keep_total=3,
           keep_first=True,
       ),
-      metrics=DivergenceCheck(
-          _release_managers(output_dir, 'train', 'metrics.csv')
-      ),
+      metrics=metrics,
       models=tff.program.SavedModelFileReleaseManager(
           os.path.join(output_dir, 'models'), prefix=''
       ),

@@ -40,13 +40,15 @@ components:
 * The round loop (`ClientStates.train`), in place of `train_model`: load the
   latest program state from a `tff.program.FileProgramStateManager` and
   restore the store to the same round; each round select, run the round,
-  write the returned states to the store (`put_many`), snapshot the store,
-  then save the program state `(state, round_num, iterator)` as version
-  `round_num`, then release the round's metrics to `metrics.csv`
-  (`tff.program.CSVFileReleaseManager`) and `tensorboard/train`
-  (`tff.program.TensorBoardReleaseManager`), and every 10 rounds and at the
-  end the training state to `models/`
-  (`tff.program.SavedModelFileReleaseManager`), as `train_model` does.
+  write the returned states to the store (`put_many`), release the round's
+  metrics to `metrics.csv` (`tff.program.CSVFileReleaseManager`) and
+  `tensorboard/train` (`tff.program.TensorBoardReleaseManager`), snapshot
+  the store, then save the program state `(state, round_num, iterator)` as
+  version `round_num` (so a saved round always has its metrics row; a row
+  written without its version is written again when the round is resumed),
+  and every 10 rounds and at the end release the training state to
+  `models/` (`tff.program.SavedModelFileReleaseManager`), as `train_model`
+  does.
   The store is snapshotted before the program state is saved, so the latest
   program-state version always has its client states; a program interrupted
   between the two resumes from the previous version and the store's
@@ -497,11 +499,13 @@ async def _train_rounds(process, source, store, config, output_dir, managers):
         unstack_states(process, stacked, len(datasets)),
         round_num=round_num,
     )
+    # The metrics row first: the program state of a round is saved once its
+    # row is written (`run.program.StateAfterMetrics`).
+    await managers.metrics.release(metrics, key=round_num)
     store.snapshot(round_num)  # Before the program state: see the docstring.
     await managers.state.save(
         _program_state(state, round_num, iterator), round_num
     )
-    await managers.metrics.release(metrics, key=round_num)
     managers.metrics.check()
     if (
         round_num % MODEL_RELEASE_PERIOD == 0

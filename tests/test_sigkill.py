@@ -1,0 +1,155 @@
+# Copyright 2026 The tff-hetero Authors. Licensed under the Apache License 2.0.
+"""SIGKILL of the binaries: resumed metrics rows, no orphaned TFF worker."""
+
+import contextlib
+import csv
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from run import program
+from run import stateful_program
+from run import train
+from tests import binary
+
+SMALL = [
+    '--task=synthetic',
+    '--num_clients=12',
+    '--synthetic_size_law=constant',
+    '--clients_per_round=4',
+    '--client_batch_size=5',
+    '--client_learning_rate=0.05',
+    '--seed=3',
+    '--progress=false',
+]
+BINARIES = {
+    # module: (main, the binary's own flags)
+    'run.train': (
+        train.main,
+        ['--rounds_per_eval=0', '--rounds_per_checkpoint=1'],
+    ),
+    'run.program': (program.main, ['--rounds_per_eval=0']),
+    'run.stateful_program': (
+        stateful_program.main,
+        ['--algorithm=ditto', '--ditto_lambda=1'],
+    ),
+}
+ROUNDS = 4
+
+# Runs a binary that SIGKILLs itself at one point of round AT: `late_row`
+# (its metrics row is written 2 s late, then the kill comes before it: a
+# program state saved meanwhile has no row), `after_row` (the row is written,
+# the round's program state is not), `after_save` (both are).
+_KILL_AT = r"""
+import asyncio, os, signal, sys
+from tensorflow_federated.python.program import file_program_state_manager
+from tensorflow_federated.python.program import file_release_manager
+
+module, point, at = sys.argv[1], sys.argv[2], int(sys.argv[3])
+
+
+def kill(here):
+  if here == point:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+release = file_release_manager.CSVFileReleaseManager.release
+
+
+async def killing_release(self, value, key):
+  ours = os.path.basename(self._file_path) == 'metrics.csv' and key == at
+  if ours and point == 'late_row':
+    await asyncio.sleep(2.0)
+    kill('late_row')
+  await release(self, value, key)
+  if ours:
+    kill('after_row')
+
+
+save = file_program_state_manager.FileProgramStateManager.save
+
+
+async def killing_save(self, state, version):
+  await save(self, state, version)
+  if version == at and os.path.basename(self._root_dir) in (
+      'program_state', 'checkpoints'
+  ):
+    kill('after_save')
+
+
+file_release_manager.CSVFileReleaseManager.release = killing_release
+file_program_state_manager.FileProgramStateManager.save = killing_save
+sys.argv = [module] + sys.argv[4:]
+import importlib
+importlib.import_module(module).run_main()
+"""
+
+
+def _args(module, out_dir, name):
+  return (
+      SMALL
+      + BINARIES[module][1]
+      + [
+          f'--total_rounds={ROUNDS}',
+          f'--root_output_dir={out_dir}',
+          f'--experiment_name={name}',
+      ]
+  )
+
+
+def _kill_at(module, point, round_num, args, log):
+  """Runs `module` with `args` until it kills itself at `point`.
+
+  Its stderr goes to the file `log`, not a pipe: a TFF worker left behind
+  would hold a pipe open (that is `test_no_worker_outlives_its_binary`'s).
+  """
+  with (
+      open(log, 'w+') as err,
+      subprocess.Popen(
+          [sys.executable, '-c', _KILL_AT, module, point, str(round_num)]
+          + args,
+          cwd=binary.ROOT,
+          stdout=subprocess.DEVNULL,
+          stderr=err,
+          start_new_session=True,
+      ) as proc,
+  ):
+    try:
+      proc.wait(timeout=600)
+    finally:
+      with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    err.seek(0)
+    assert proc.returncode == -signal.SIGKILL, err.read()[-3000:]
+
+
+def _rows(path):
+  """metrics.csv's rows, without the timing columns."""
+  with open(path, newline='', encoding='utf-8') as f:
+    return [
+        {k: v for k, v in row.items() if 'seconds' not in k}
+        for row in csv.DictReader(f)
+    ]
+
+
+@pytest.mark.parametrize('module', list(BINARIES))
+def test_a_killed_run_resumes_with_every_metrics_row(module, tmp_path):
+  main, prog = BINARIES[module][0], module.split('.')[-1]
+  status, stderr = binary.call_main(main, prog, _args(module, tmp_path, 'u'))
+  assert status == 0, stderr
+  expected = _rows(tmp_path / 'u' / 'metrics.csv')
+  assert [int(r['round_num']) for r in expected] == list(range(1, ROUNDS + 1))
+  for point, round_num in (
+      ('late_row', 2),
+      ('after_row', 3),
+      ('after_save', 2),
+  ):
+    name = f'{point}_{round_num}'
+    args = _args(module, tmp_path, name)
+    _kill_at(module, point, round_num, args, tmp_path / f'{name}.log')
+    status, stderr = binary.call_main(main, prog, args)
+    assert status == 0, (point, stderr)
+    assert _rows(tmp_path / name / 'metrics.csv') == expected, point

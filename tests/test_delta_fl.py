@@ -17,6 +17,7 @@ from tests import secure_checks
 from tff_algos import composition
 from tff_algos import delta_fl
 from tff_algos import fed_avg
+from tff_algos import options as options_lib
 from tff_algos import quantiles
 
 LR = 0.1
@@ -375,3 +376,19 @@ def test_family_validation(thetas, error):
     delta_fl.build_delta_fl_family(
         synthetic.create_softmax_regression_model_fn(), sgd(), thetas=thetas
     )
+
+
+@pytest.mark.parametrize(
+    'thetas, bad',
+    [
+        ((0.5, 1.5), '1.5'),  # Not only the first level is checked.
+        ((0.5, 0.8, 0.0), '0.0'),
+        ((1.5, 0.5), '1.5'),
+        ((0.5, float('nan')), 'nan'),
+    ],
+)
+def test_the_thetas_option_checks_every_level(thetas, bad):
+  delta_fl.DeltaFlOptions(thetas=(0.5, 1.0)).validate()
+  with pytest.raises(options_lib.OptionError) as raised:
+    delta_fl.DeltaFlOptions(thetas=thetas).validate()
+  assert str(raised.value) == f'thetas must be in (0, 1], got {bad}'

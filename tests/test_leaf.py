@@ -14,6 +14,7 @@ import signal
 import shutil
 import subprocess
 import sys
+import zlib
 
 import numpy as np
 import pytest
@@ -1026,3 +1027,23 @@ def test_a_cached_layout_error_names_the_folder_as_spelled(
       f'{os.path.join("data", "train", "all_data_0.json")}: holds shakespeare '
       'examples, but leaf_dataset is femnist'
   )
+
+
+def test_the_checksum_covers_every_chunk_of_a_big_file(tmp_path):
+  """A file of 2.5 read chunks: every chunk counts, the first and the last."""
+  # pylint: disable=protected-access
+  chunk, check = leaf_cache._CHUNK, leaf_cache._check_file
+  # pylint: enable=protected-access
+  rng = np.random.default_rng(0)
+  data = rng.integers(0, 256, size=chunk * 5 // 2, dtype=np.uint8).tobytes()
+  path = tmp_path / 'x.bin'
+  path.write_bytes(data)
+  crc = leaf_cache.crc32_of(str(path))
+  assert crc == zlib.crc32(data)
+  check(str(tmp_path), 'x.bin', len(data), crc)
+  for offset in (10, chunk + 10):
+    damaged = bytearray(data)
+    damaged[offset] ^= 0xFF  # Same size, one byte off in an early chunk.
+    path.write_bytes(bytes(damaged))
+    with pytest.raises(leaf_cache.DamagedEntry, match='does not match'):
+      check(str(tmp_path), 'x.bin', len(data), crc)

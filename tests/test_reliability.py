@@ -247,6 +247,11 @@ TRAIN_PROGRAM_CASES = [
     (['--thetas=0.5,0.1'], 2, '--thetas applies to deltafl only'),
     (['--algorithm=deltafl', '--thetas=0.5,x'], 2, '--thetas must be a comma'),
     (
+        ['--algorithm=deltafl', '--thetas=0.5,1.5'],
+        2,
+        '--thetas must be in (0, 1], got 1.5',
+    ),
+    (
         ['--algorithm=deltafl', '--thetas=0.5,0.5'],
         2,
         '--thetas must be distinct',

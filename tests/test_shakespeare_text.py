@@ -219,6 +219,71 @@ def test_label_used_once_is_its_own_speaker(name, label, role, previous):
   assert not any(label in s for s in play.roles[previous])
 
 
+def test_label_used_twice_off_the_label_case_is_a_speaker():
+  # 3 Henry VI writes `GLOSTER.`; twice `Gloster.`, absent from the persons
+  # list (Richard, Duke of Gloster): a speaker because it heads two blocks.
+  name = 'henry_vi_part_3_gut.txt'
+  lines = _lines(name)
+  stripped = [l.strip() for l in lines]
+  assert stripped.count('Gloster.') == 2 and stripped.count('GLOSTER.') > 50
+  assert st.label_case('GLOSTER.') == 'upper'
+  assert st.label_case('Gloster.') == 'title'
+  play = st.parse_play(_raw(name))
+  for nth in (0, 1):
+    speech = [l for l in _after(lines, 'Gloster.', nth) if '[' not in l]
+    assert len(speech) >= 2
+    for line in speech:
+      assert _speaker_of(play, line) == {'GLOSTER'}, line
+  # The label is no line of the speech before it (King Edward's).
+  everything = [l for s in play.roles.values() for x in s for l in x]
+  assert 'Gloster.' not in everything
+
+
+def test_unlabelled_text_of_an_entrant_who_never_speaks_is_nobody_s():
+  # No play has one, so a small one: after a heading, `[Enter NAME.]` then
+  # text with no label. Gower speaks elsewhere (Pericles' Act I chorus: the
+  # text is his); Mute never does (the text is no one's, not a role MUTE).
+  def play(entrant):
+    return st.parse_play(
+        '\n'.join(
+            [
+                'THE TEST PLAY',
+                '',
+                'GOWER, as Chorus.',
+                'MUTE, a watchman.',
+                'KING, a king.',
+                '',
+                'ACT I.',
+                '',
+                f'[Enter {entrant}.]',
+                '',
+                'Unlabelled words under a heading,',
+                'spoken by whoever entered alone.',
+                '',
+                'KING.',
+                'A king speaks here.',
+                '',
+                'GOWER.',
+                'And Gower speaks here.',
+                '',
+                'KING.',
+                'The king again.',
+                '',
+            ]
+        )
+    )
+
+  spoken = (
+      'Unlabelled words under a heading,',
+      'spoken by whoever entered alone.',
+  )
+  assert play('GOWER').roles['GOWER'][0] == spoken
+  silent = play('MUTE')
+  assert set(silent.roles) == {'GOWER', 'KING'}
+  assert silent.roles['GOWER'] == (('And Gower speaks here.',),)
+  assert not _speaker_of(silent, spoken[0])
+
+
 def test_label_shape_and_verse():
   assert st.label_case('KENT.') == st.label_case('MOON') == 'upper'
   assert st.label_case('LouIS.') == 'upper'

@@ -678,6 +678,74 @@ def test_paired_rows_pair_seed_by_seed_and_lower_variance_wins():
   var_mean, _, var_wins, _, _ = rows['variance']
   assert var_mean == pytest.approx((900 - 1600) / 3)
   assert var_wins == 1  # Only seed 1, where FedProx's variance is lower.
+  # Seeds 0 and 2 are constant across clients: exactly 0 for both, so
+  # neither is a win in either direction.
+  per_seed = [s['variance'] for s in report.rows('test')[1][2]]
+  assert per_seed == [0.0, pytest.approx(900.0), 0.0]
+
+
+def test_ties_in_the_ranking_go_to_the_first_configuration_tried():
+  # Every learning rate scores the same: the first of the grid wins, as
+  # `Choice.ranked` documents (grid order breaks ties).
+  _, bench = _bench(lambda flag: [0.5] * 10, ('fedavg',))
+  assert bench.select([100], lambda _: None)['fedavg'].best == bm.Config(
+      None, 0.05
+  )
+  choice = bm.Choice(bm.methods()[0], {})
+  for lr in (0.2, 0.05, 0.1):  # Tried in this order.
+    choice.tried[bm.Config(None, lr)] = {
+        1: {
+            'worst10': 0.5,
+            'worst20': 0.5,
+            'worst30': 0.5,
+            'worst50': 0.5,
+            'mean': 0.5,
+            'loss_sq10': 1.0,
+        }
+    }
+  assert [c.lr for c in choice.ranked([1])] == [0.2, 0.05, 0.1]
+
+
+def test_main_selects_on_the_selection_seeds_and_reports_the_reported(
+    monkeypatch, tmp_path
+):
+  # What `main` hands the selection and the report: the seeds of
+  # --selection_seeds and --seeds, never the other way round.
+  from absl import flags  # pylint: disable=g-import-not-at-top
+
+  seen = {}
+
+  def select(self, sel_seeds, progress):
+    del self, progress
+    seen['select'] = list(sel_seeds)
+    return {'fedavg': None}
+
+  def report(self, choices, ft_choices, seeds, progress):
+    del self, choices, ft_choices, progress
+    seen['report'] = list(seeds)
+    raise bm.MissingRecord('stop here')
+
+  monkeypatch.setattr(bm.Benchmark, 'select', select)
+  monkeypatch.setattr(bm.Benchmark, 'select_fine_tuning', lambda *a, **k: {})
+  monkeypatch.setattr(bm.Benchmark, 'report', report)
+  if 'selection_seeds' not in flags.FLAGS:
+    bm.define_flags()
+  flags.FLAGS(
+      [
+          'benchmark',
+          '--setting=synthetic',
+          '--seeds=3,4',
+          '--selection_seeds=7,8',
+          '--from_records',
+          f'--records_dir={tmp_path}',
+          f'--output_dir={tmp_path / "out"}',
+      ]
+  )
+  try:
+    assert bm.main(['benchmark']) == 1
+  finally:
+    flags.FLAGS.unparse_flags()
+  assert seen == {'select': [7, 8], 'report': [3, 4]}
 
 
 # ------------------------------------------------------------- the runs
@@ -979,11 +1047,7 @@ def test_fine_tuning_starts_from_the_model_saved_with_the_record(tmp_path):
 def _record(tmp_path, name, args, origin):
   rec = tmp_path / 'rec'
   rec.mkdir(exist_ok=True)
-  record = {
-      'args': args,
-      'splits': {'test': {'accuracy': [0.5], 'loss': [1.0]}},
-      'wall_s': 1.0,
-  }
+  record = {**_good_record(), 'args': args, 'wall_s': 1.0}
   if origin is not None:
     record['origin'] = origin
   (rec / f'{name}.json').write_text(json.dumps(record))
@@ -1194,7 +1258,7 @@ def test_a_damaged_record_is_redone_with_a_warning(tmp_path, capfd):
       e.startswith('benchmark: warning: ') for e in err
   )
   (tmp_path / 'final_x.json').write_text(
-      json.dumps({'args': ['b'], 'splits': {}})
+      json.dumps({**_good_record(), 'args': ['b']})
   )
   with pytest.raises(RuntimeError, match='other arguments'):
     runs._load_record('final_x', ['a'])
@@ -1206,7 +1270,7 @@ def test_a_record_made_in_other_folders_is_the_same_run(tmp_path):
   runs = bm.Runs(str(tmp_path), str(tmp_path), 1, False)
   made = ['--seed=1', '--root_output_dir=/a/runs', '--data_dir=/a/data']
   (tmp_path / 'final_x.json').write_text(
-      json.dumps({'args': made, 'splits': {'test': {}}})
+      json.dumps({**_good_record(), 'args': made})
   )
   here = ['--seed=1', '--root_output_dir=/b/runs', '--data_dir=/b/data']
   assert runs._load_record('final_x', here)['args'] == made
@@ -1323,6 +1387,18 @@ def test_bad_input_is_one_line_before_any_run(tmp_path):
       ([f'--bound_json={tmp_path}/none.json'], 'none.json: cannot read it'),
       ([f'--bound_json={tmp_path}/file'], 'not a bench_suite --output_json'),
       ([f'--bound_json={tmp_path}/two.json'], 'of one model with fedavg/'),
+      (['--grid=tilt:1,2', '--grid=tilt:3'], 'tilt is given twice'),
+      (
+          ['--algorithms=fedprox', '--grid=tilt:1,2'],
+          'tilt is tuned by term, none of which runs',
+      ),
+      (['--grid=fedplus_lambda:-0.1,0'], 'values must be distinct, finite'),
+      (['--max_extra_seeds=-1'], '--max_extra_seeds must be >= 0'),
+      (['--local_epochs_max=0'], '--local_epochs_max must be >= 1'),
+      (
+          ['--from_records', f'--records_dir={tmp_path}/none'],
+          'no such folder (--from_records reads',
+      ),
   ]
   results = binary.call_main_in_subprocess(
       'run.experiments.benchmark',
@@ -1337,6 +1413,7 @@ def test_bad_input_is_one_line_before_any_run(tmp_path):
         lines,
     )
   assert not os.path.exists(tmp_path / 'out' / 'runs')
+  assert not os.path.exists(tmp_path / 'none')  # Not created to fail.
 
 
 def _femnist_folder(root, corrupt_test=False):
@@ -1683,3 +1760,175 @@ def test_the_commonest_label_of_integer_or_one_hot_labels():
   assert fine_tune.commonest_label(one_hot) == 1
   # Sequences (a next-word task) have no one class.
   assert fine_tune.commonest_label(np.array([[1, 2, 3], [1, 2, 2]])) is None
+
+
+def _good_record():
+  cols = {
+      'accuracy': [0.5, 0.25],
+      'loss': [1.0, 2.0],
+      'num_examples': [4.0, 4.0],
+      'client_id': ['a', 'b'],
+  }
+  return {
+      'args': ['--algorithm=fedavg'],
+      'splits': {'test': cols, 'unseen': json.loads(json.dumps(cols))},
+      'curve': {'test': [[2, 0.3, 0.1]]},
+      'examples': 8,
+      'wall_s': 1.5,
+      'seconds': {'training': 1.0},
+  }
+
+
+def _good_fine_tuning(start='final'):
+  cols = {'accuracy': [0.5], 'loss': [1.0], 'num_examples': [3]}
+  return {
+      'args': ['--algorithm=fedavg', '{}'],
+      'splits': {start: {'validation': {'0.1': [cols, cols]}}},
+      'train_examples': {'validation': 6},
+      'wall_s': 2.0,
+  }
+
+
+def _damages():
+  """`(what, record -> damaged record or None for a truncated file)`."""
+
+  def edit(fn):
+    def apply(record):
+      record = json.loads(json.dumps(record))
+      fn(record)
+      return record
+
+    return apply
+
+  def first_cols(record):
+    splits = record['splits']
+    cols = next(iter(splits.values()))
+    while 'accuracy' not in cols:  # A fine-tuning's nesting.
+      cols = next(iter(cols.values()))
+      if isinstance(cols, list):
+        cols = cols[0]
+    return cols
+
+  return [
+      ('truncated', None),
+      ('a list', lambda r: [r]),
+      ('splits a list', edit(lambda r: r.update(splits=[]))),
+      ('no splits', edit(lambda r: r.pop('splits'))),
+      ('no wall_s', edit(lambda r: r.pop('wall_s'))),
+      ('wall_s a string', edit(lambda r: r.update(wall_s='1.5'))),
+      ('no args', edit(lambda r: r.pop('args'))),
+      (
+          'NaN accuracy',
+          edit(lambda r: first_cols(r)['accuracy'].__setitem__(0, math.nan)),
+      ),
+      (
+          'a string accuracy',
+          edit(lambda r: first_cols(r)['accuracy'].__setitem__(0, '0.5')),
+      ),
+      ('ragged', edit(lambda r: first_cols(r)['loss'].append(1.0))),
+      ('no loss', edit(lambda r: first_cols(r).pop('loss'))),
+      ('empty split', edit(lambda r: first_cols(r).update(accuracy=[]))),
+  ]
+
+
+def _write(path, record):
+  path.parent.mkdir(exist_ok=True)
+  if record is None:
+    path.write_text('{"args": [')
+  else:
+    path.write_text(json.dumps(record, allow_nan=True))
+
+
+@pytest.mark.parametrize('kind', ['run', 'fine_tuning'])
+def test_every_damaged_record_is_one_line_then_redone_or_refused(
+    kind, tmp_path, capfd
+):
+  good = _good_record() if kind == 'run' else _good_fine_tuning()
+  extra = (
+      [
+          (
+              'a split missing',
+              lambda r: {**r, 'splits': {'unseen': r['splits']['unseen']}},
+          ),
+          (
+              'a curve of strings',
+              lambda r: {**r, 'curve': {'test': [['a', 1, 2]]}},
+          ),
+          ('seconds strings', lambda r: {**r, 'seconds': {'training': 'x'}}),
+          (
+              'no examples',
+              lambda r: {k: v for k, v in r.items() if k != 'examples'},
+          ),
+      ]
+      if kind == 'run'
+      else [
+          (
+              'another start',
+              lambda r: {**r, 'splits': {'initial': r['splits']['final']}},
+          ),
+          (
+              'no train_examples',
+              lambda r: {k: v for k, v in r.items() if k != 'train_examples'},
+          ),
+      ]
+  )
+  check = (
+      (lambda r: bm.record_problem(r, ['test']))
+      if kind == 'run'
+      else (lambda r: bm.fine_tuning_problem(r, 'final'))
+  )
+  assert check(good) is None
+  for what, damage in _damages() + extra:
+    record = None if damage is None else damage(good)
+    path = tmp_path / 'rec' / 'select_x.json'
+    _write(path, record)
+    args = list(good['args'])
+    runs = bm.Runs(str(tmp_path / 'rec'), str(tmp_path), 1, False)
+    assert runs._load_record('select_x', args, check=check) is None, what
+    err = capfd.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(path) in err[0], (what, err)
+    assert 'damaged' in err[0] and 'doing it again' in err[0], (what, err)
+    reading = bm.Runs(str(tmp_path / 'rec'), str(tmp_path), 1, True)
+    with pytest.raises(bm.MissingRecord, match='damaged.*never runs') as e:
+      reading._load_record('select_x', args, check=check)
+    assert str(path) in str(e.value) and '\n' not in str(e.value), what
+    assert not capfd.readouterr().err  # Not 'doing it again' first.
+  # The undamaged record is reused by both.
+  _write(tmp_path / 'rec' / 'select_x.json', good)
+  for from_records in (False, True):
+    runs = bm.Runs(str(tmp_path / 'rec'), str(tmp_path), 1, from_records)
+    assert runs._load_record('select_x', good['args'], check=check) == good
+
+
+def test_from_records_stops_at_a_missing_record_and_never_trains(tmp_path):
+  runs = bm.Runs(str(tmp_path / 'rec'), str(tmp_path), 1, True)
+  (tmp_path / 'rec').mkdir()
+  args = _tiny_fedavg_args(tmp_path, 2, 'select_fedavg')
+  with pytest.raises(bm.MissingRecord, match='no record .*select_fedavg'):
+    runs.run(args, 2, False)
+  with pytest.raises(bm.MissingRecord, match='no record .*_ftfinal'):
+    runs.fine_tune(args, [0.1], 1, 5)
+  with pytest.raises(bm.MissingRecord, match='no record .*trivial_select'):
+    runs.trivial(args, 'select')
+  assert not runs._workers  # No worker was started: nothing trained.
+  assert not (tmp_path / 'runs').exists()
+
+
+def test_a_finished_folder_without_its_client_files_is_moved_and_run_again(
+    tmp_path, capfd
+):
+  args = _tiny_fedavg_args(tmp_path, 2, 'select_fedavg')
+  runs = bm.Runs(str(tmp_path / 'rec'), str(tmp_path), 1, False)
+  try:
+    first = runs.run(args, 2, False)
+    folder = tmp_path / 'runs' / 'select_fedavg'
+    subprocess.run(['rm', '-r', str(folder / 'clients')], check=True)
+    (tmp_path / 'rec' / 'select_fedavg.json').unlink()
+    capfd.readouterr()
+    again = runs.run(args, 2, False)
+  finally:
+    runs.close()
+  err = capfd.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and 'without its per-client files' in err[0], err
+  assert [p.name for p in (tmp_path / 'runs').glob('select_fedavg.damaged-*')]
+  assert again['splits'] == first['splits']

@@ -158,12 +158,51 @@ def test_delta_fl_theta_grid_stays_in_its_unit_interval():
 
 
 def test_a_grid_must_have_five_increasing_values():
-  with pytest.raises(ValueError, match='at least 5 increasing'):
-    options_lib.TunedOption('q', grid=(0.1, 1.0, 10.0), low=0.0, high=100.0)
+  for short in ((0.1, 1.0, 10.0), (0.1, 0.3, 1.0, 3.0)):  # 3 and 4 values.
+    with pytest.raises(ValueError, match='at least 5 increasing'):
+      options_lib.TunedOption('q', grid=short, low=0.0, high=100.0)
+  with pytest.raises(ValueError, match='at least 5 increasing'):  # Unsorted.
+    options_lib.TunedOption(
+        'q', grid=(0.1, 1.0, 0.3, 3.0, 10.0), low=0.0, high=100.0
+    )
+  options_lib.TunedOption(
+      'q', grid=(0.1, 0.3, 1.0, 3.0, 10.0), low=0.0, high=100.0
+  )
   with pytest.raises(ValueError, match='outside'):
     options_lib.TunedOption(
         'q', grid=(0.1, 1.0, 2.0, 5.0, 10.0), low=0.0, high=5.0
     )
+  # A line (tuned at the best joint configuration) needs 2 values, may hold
+  # 0 when not log-spaced, and is no joint option.
+  line = options_lib.TunedOption(
+      'q', grid=(0.0, 0.1), low=0.0, high=1.0, log=False, line=True
+  )
+  with pytest.raises(ValueError, match='at least 2 increasing'):
+    options_lib.TunedOption('q', grid=(0.1,), low=0.0, high=1.0, line=True)
+  with pytest.raises(ValueError, match='a log grid is positive'):
+    options_lib.TunedOption('q', grid=(0.0, 0.1), low=0.0, high=1.0, line=True)
+  entry = registry.get('qffl')
+  with pytest.raises(ValueError, match='is a line, not joint'):
+    dataclasses.replace(entry, tuned=line)
+  with pytest.raises(ValueError, match='unknown or not a line'):
+    dataclasses.replace(entry, lines=(entry.tuned,))
+  # Scaled by the learning rate: Fed+'s sigma.
+  sigma = registry.get('fedavg_plus').tuned
+  assert sigma.per_learning_rate and sigma.values(0.5) == (
+      0.002,
+      0.006,
+      0.02,
+      0.06,
+      0.2,
+  )
+
+
+def test_an_entry_without_the_tff_engine_is_refused():
+  entry = registry.get('fedavg')
+  for engines_ in (('batched',), ('batched', 'stacked'), ('tff', 'gpu')):
+    with pytest.raises(ValueError, match='engines are tff and any of'):
+      dataclasses.replace(entry, engines=engines_)
+  dataclasses.replace(entry, engines=('tff',))
 
 
 def test_library_errors_name_options_and_the_binary_adds_flags():

@@ -709,6 +709,17 @@ def _client_rows(run_path: str, personal: bool) -> dict[str, dict[str, list]]:
   return out
 
 
+def _has_clients(run_path: str, personal: bool) -> bool:
+  """Whether a run folder holds the per-client files a record is made of."""
+  folder = os.path.join(run_path, 'clients')
+  try:
+    names = os.listdir(folder)
+  except OSError:
+    return False
+  prefixes = ('round_',) + (('personal_round_',) if personal else ())
+  return all(any(n.startswith(p) for n in names) for p in prefixes)
+
+
 def _curve(run_path: str, rounds: int) -> dict[str, list[list[float]]]:
   """Each evaluated split's `[round, mean, sq10]` (accuracy) up to `rounds`.
 
@@ -778,6 +789,106 @@ def _rounded(tree):
   if isinstance(tree, float):
     return round(tree, 6)
   return tree
+
+
+def _number(value: Any) -> bool:
+  return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _client_columns(cols: Any, where: str) -> Optional[str]:
+  """What is wrong with one split's per-client arrays (None: nothing)."""
+  if not isinstance(cols, dict):
+    return f'{where} is not a table of per-client arrays'
+  lengths = set()
+  for key in ('accuracy', 'loss', 'num_examples'):
+    values = cols.get(key)
+    if not isinstance(values, list) or not values:
+      return f'{where} has no per-client {key}'
+    if not all(_number(v) for v in values):
+      return f'{where}: {key} holds a value that is not a number'
+    if not all(math.isfinite(v) for v in values):
+      return f'{where}: {key} holds NaN or infinity'
+    lengths.add(len(values))
+  if len(lengths) > 1:
+    return f'{where}: accuracy, loss and num_examples differ in length'
+  return None
+
+
+def record_problem(record: Any, splits: Sequence[str] = ()) -> Optional[str]:
+  """What is wrong with a training run's record (None: nothing).
+
+  Args:
+    record: The record as read.
+    splits: Splits it must hold (a diverged run's record holds none).
+  """
+  if not isinstance(record, dict):
+    return 'not a JSON object'
+  if not isinstance(record.get('args'), list):
+    return 'no list of arguments'
+  if not _number(record.get('wall_s')) or not math.isfinite(record['wall_s']):
+    return 'no wall_s'
+  if not isinstance(record.get('splits'), dict):
+    return 'no table of splits'
+  if record.get('diverged'):
+    return None
+  if not _number(record.get('examples')):
+    return 'no examples count'
+  if not record['splits']:
+    return 'no split'
+  for split in splits:
+    if split not in record['splits']:
+      return f'no split {split}'
+  for split, cols in record['splits'].items():
+    problem = _client_columns(cols, f'split {split}')
+    if problem:
+      return problem
+  curve = record.get('curve', {})
+  if not isinstance(curve, dict) or not all(
+      isinstance(points, list)
+      and all(
+          isinstance(p, list) and len(p) == 3 and all(map(_number, p))
+          for p in points
+      )
+      for points in curve.values()
+  ):
+    return 'a curve that is not [round, mean, worst10] points'
+  seconds = record.get('seconds', {})
+  if not isinstance(seconds, dict) or not all(map(_number, seconds.values())):
+    return 'seconds that are not numbers'
+  for key in ('timed_wall_s', 'timed_examples'):
+    if key in record and not _number(record[key]):
+      return f'{key} is not a number'
+  return None
+
+
+def fine_tuning_problem(record: Any, start: str) -> Optional[str]:
+  """What is wrong with a fine-tuning's record (None: nothing)."""
+  if not isinstance(record, dict):
+    return 'not a JSON object'
+  if not isinstance(record.get('args'), list):
+    return 'no list of arguments'
+  if not _number(record.get('wall_s')):
+    return 'no wall_s'
+  if not isinstance(record.get('train_examples'), dict):
+    return 'no train_examples'
+  splits = record.get('splits')
+  if not isinstance(splits, dict) or not isinstance(splits.get(start), dict):
+    return f'no fine-tuning from the {start} model'
+  if not splits[start]:
+    return 'no split'
+  for split, rates in splits[start].items():
+    if not isinstance(rates, dict) or not rates:
+      return f'split {split} has no learning rate'
+    for rate, epochs in rates.items():
+      if not isinstance(epochs, list) or not epochs:
+        return f'split {split}, rate {rate}: no epochs'
+      for k, cols in enumerate(epochs):
+        problem = _client_columns(
+            cols, f'split {split}, rate {rate}, epoch {k}'
+        )
+        if problem:
+          return problem
+  return None
 
 
 def _diverged(error: run_pool.RunFailed) -> bool:
@@ -869,15 +980,45 @@ class Runs:
     the baselines fine-tune)."""
     return os.path.join(self.records_dir, f'{name}.weights.npz')
 
+  def _damaged(self, path: str, problem: str) -> None:
+    """Says a record is damaged: under `--from_records` (which never runs)
+    an error; else a warning, and the run is done again."""
+    if self.from_records:
+      raise MissingRecord(
+          f'{path} is damaged ({problem}); --from_records never runs: '
+          'restore it (or rerun without --from_records)'
+      )
+    warn(f'{path}: damaged ({problem}); doing it again')
+
+  def _read_record(self, path: str) -> Optional[Any]:
+    try:
+      with open(path) as f:
+        return json.load(f)
+    except FileNotFoundError:
+      return None
+    except (OSError, ValueError) as e:
+      self._damaged(path, f'unreadable: {type(e).__name__}')
+      return None
+
   def _load_record(
-      self, name: str, args: list[str], needs_model: bool = False
+      self,
+      name: str,
+      args: list[str],
+      needs_model: bool = False,
+      check=None,
   ) -> Optional[dict]:
+    """The record `name` if it may be reused for a run of `args`.
+
+    `check(record)` says what is wrong with it (default: a training run's
+    `record_problem`); a damaged record is redone (`_damaged`).
+    """
     path = self._record_path(name)
-    record = _read_json(path, 'record')
+    record = self._read_record(path)
     if record is None:
       return None
-    if not isinstance(record, dict) or 'splits' not in record:
-      warn(f'{path}: a record of the wrong shape; doing it again')
+    problem = (check or record_problem)(record)
+    if problem:
+      self._damaged(path, problem)
       return None
     if _portable(record.get('args')) != _portable(args):
       raise RuntimeError(
@@ -921,7 +1062,13 @@ class Runs:
     keep_model = full and _flag(args, 'algorithm') == 'fedavg'
     with self._lock:
       self.commands.append('python -m run.train ' + shlex.join(args))
-    record = self._load_record(name, args, needs_model=keep_model)
+    split = 'personal/test' if personal else 'test'
+    record = self._load_record(
+        name,
+        args,
+        needs_model=keep_model,
+        check=lambda r: record_problem(r, [split]),
+    )
     if record is None and self.from_records:
       raise MissingRecord(f'no record {self._record_path(name)}')
     if record is None:
@@ -942,8 +1089,13 @@ class Runs:
     `trivial_<phase>`."""
     name = f'trivial_{phase}'
     path = self._record_path(name)
-    record = _read_json(path, 'record')
+    record = self._read_record(path)
     key = _portable(args)
+    if record is not None and not (
+        isinstance(record, dict) and 'label' in record
+    ):
+      self._damaged(path, 'no trivial label')
+      record = None
     if isinstance(record, dict) and _portable(record.get('args')) == key:
       with self._lock:
         self.used[name] = record
@@ -1001,6 +1153,14 @@ class Runs:
         _flag(args, 'root_output_dir'), _flag(args, 'experiment_name')
     )
     wall = self._finished(path, rounds, args)
+    if wall is not None and not _has_clients(path, personal):
+      aside = f'{path}.damaged-{int(time.time())}'
+      os.replace(path, aside)
+      warn(
+          f'{path}: a finished run without its per-client files (clients/); '
+          f'moved to {aside}, running it again'
+      )
+      wall = None
     if wall is None:
       earlier = _read_json(os.path.join(path, WALL), WALL) or {}
       before = (
@@ -1082,7 +1242,9 @@ class Runs:
     )
     key = list(args) + [json.dumps(options, sort_keys=True)]
     phase = name.split('_', 1)[0]
-    record = self._load_record(name, key)
+    record = self._load_record(
+        name, key, check=lambda r: fine_tuning_problem(r, start)
+    )
     if record is None and self.from_records:
       raise MissingRecord(f'no record {self._record_path(name)}')
     if record is None:
@@ -2105,7 +2267,16 @@ def main(argv) -> int:
     output_md = FLAGS.output_md or os.path.join(output_dir, 'benchmark.md')
     records_dir = FLAGS.records_dir or os.path.join(output_dir, 'records')
     run_dir.check_output_dir(output_dir, flag='--output_dir')
-    run_dir.check_output_dir(records_dir, flag='--records_dir')
+    if FLAGS.from_records:  # Only read: a read-only folder is fine.
+      if not os.path.isdir(records_dir):
+        raise UsageError(
+            f'--records_dir={records_dir}: no such folder (--from_records '
+            'reads the records, it makes none)'
+        )
+      if not os.access(records_dir, os.R_OK | os.X_OK):
+        raise UsageError(f'--records_dir={records_dir}: cannot be read')
+    else:
+      run_dir.check_output_dir(records_dir, flag='--records_dir')
     reproduce.check_output_md(output_md)
     bound = read_bound(FLAGS.bound_json) if FLAGS.bound_json else None
     if setting.shakespeare_data and not argv[1:]:
@@ -2117,7 +2288,8 @@ def main(argv) -> int:
   except (UsageError, run_dir.OutputDirError) as e:
     print(f'benchmark: error: {e}', file=sys.stderr)
     return 2
-  os.makedirs(records_dir, exist_ok=True)
+  if not FLAGS.from_records:
+    os.makedirs(records_dir, exist_ok=True)
   os.makedirs(output_dir, exist_ok=True)
   root = os.path.join(output_dir, 'runs')
   origin = None if FLAGS.from_records else origin_lib.current(task_flags)

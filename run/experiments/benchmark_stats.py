@@ -67,7 +67,9 @@ def client_stats(accuracy, loss, num_examples) -> dict[str, float]:
       'p10': float(np.percentile(acc, 100 * TAIL)),
       'worst10': 1.0 - tail_metrics.superquantile(1.0 - acc, TAIL),
       'loss_sq10': tail_metrics.superquantile(loss, TAIL),
-      'variance': float(1e4 * acc.var()),
+      # Exactly 0 where every client scores the same (NumPy's mean leaves
+      # a 1e-28 residue there, which would decide a paired comparison).
+      'variance': 0.0 if np.ptp(acc) == 0 else float(1e4 * acc.var()),
       **{
           _ladder_key(level): 1.0 - tail_metrics.superquantile(1.0 - acc, level)
           for level in TAIL_LADDER

@@ -58,8 +58,6 @@ import dataclasses
 import datetime
 import functools
 import json
-import re
-import shutil
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Optional, Protocol
@@ -476,35 +474,6 @@ def check_config(output_dir: str, settings: Mapping[str, Any]) -> None:
     )
 
 
-# What TFF's file writers name a file or folder until it is whole (then they
-# rename it): `<name>_temp` and four random digits.
-_TFF_TEMP_NAME = re.compile(r'.+_temp[0-9]{4}')
-
-
-def remove_temp_files(output_dir: str) -> list[str]:
-  """Removes the `<name>_tempNNNN` files and folders TFF's writers leave.
-
-  TFF writes a program state, a released model and a CSV file under a
-  temporary name and renames it when whole; a kill or a full disk in between
-  leaves the temporary one, which no later run reads or removes. Only such
-  names are removed (a saved program state is `program_state_N`).
-
-  Returns:
-    The paths removed.
-  """
-  removed = []
-  for folder, dirs, files in os.walk(output_dir):
-    for name in [d for d in dirs if _TFF_TEMP_NAME.fullmatch(d)]:
-      dirs.remove(name)
-      shutil.rmtree(os.path.join(folder, name), ignore_errors=True)
-      removed.append(os.path.join(folder, name))
-    for name in files:
-      if _TFF_TEMP_NAME.fullmatch(name):
-        os.remove(os.path.join(folder, name))
-        removed.append(os.path.join(folder, name))
-  return removed
-
-
 def save_config(output_dir: str, settings: Mapping[str, Any]) -> None:
   """Writes `program_config.json` (whole or not at all)."""
   atomic.write_text(
@@ -828,7 +797,7 @@ def _run_rounds(context, output_dir: str, train) -> tuple[Any, int]:
   try:
     return simulation.run_async(train_in_context())
   finally:
-    remove_temp_files(output_dir)  # Of writes a failure interrupted.
+    run_dir.remove_temp_files(output_dir)  # Of writes a failure interrupted.
 
 
 _CLIENT_INDEX_REFUSAL = (
@@ -948,7 +917,7 @@ def run_program(
       check=lambda: check_config(output_dir, all_settings),
   ):
     save_config(output_dir, all_settings)
-    remove_temp_files(output_dir)  # Of a program killed while it wrote.
+    run_dir.remove_temp_files(output_dir)  # Of a program killed while it wrote.
     if client_states is None:
       eval_source = (
           ClientDataSource(

@@ -11,6 +11,8 @@
   (`train`: `run.train`'s simulation; `program`, `stateful_program`: the TFF
   programs) made the folder, and another writer is refused: their files
   share names (`metrics.csv`) but not their meaning.
+* `remove_temp_files` removes what TFF's writers leave of a write a kill
+  or a full disk interrupted (`<name>_tempNNNN`), on resume.
 * `CheckpointManager` is TFF's `FileProgramStateManager` whose
   `load_latest` skips damaged versions (a truncated `variables.data`, an
   empty folder, a garbage `saved_model.pb`): it falls back to the newest
@@ -25,6 +27,7 @@ import fcntl
 import json
 import os
 import re
+import shutil
 import socket
 import sys
 import tempfile
@@ -355,6 +358,37 @@ def has_checkpoint(root_dir: str) -> bool:
   except OSError:
     return False
   return any(re.fullmatch(r'program_state_\d+', name) for name in names)
+
+
+# What TFF's file writers name a file or folder until it is whole (then they
+# rename it): `<name>_temp` and four random digits.
+_TFF_TEMP_NAME = re.compile(r'.+_temp[0-9]{4}')
+
+
+def remove_temp_files(output_dir: str) -> list[str]:
+  """Removes the `<name>_tempNNNN` files and folders TFF's writers leave.
+
+  TFF writes a program state (a checkpoint), a released model and a CSV file
+  under a temporary name and renames it when whole; a kill or a full disk in
+  between leaves the temporary one, which no later run reads or removes.
+  Only such names are removed (a saved version is `program_state_N`). The
+  binaries call it on their locked folder when they start (and the programs
+  when they end).
+
+  Returns:
+    The paths removed.
+  """
+  removed = []
+  for folder, dirs, files in os.walk(output_dir):
+    for name in [d for d in dirs if _TFF_TEMP_NAME.fullmatch(d)]:
+      dirs.remove(name)
+      shutil.rmtree(os.path.join(folder, name), ignore_errors=True)
+      removed.append(os.path.join(folder, name))
+    for name in files:
+      if _TFF_TEMP_NAME.fullmatch(name):
+        os.remove(os.path.join(folder, name))
+        removed.append(os.path.join(folder, name))
+  return removed
 
 
 class CheckpointManager(tff.program.FileProgramStateManager):

@@ -704,6 +704,8 @@ def _run_simulation(
   hparams = dict(hparams or {})
   if output_dir:  # Before anything is written there.
     check_settings(output_dir, hparams)
+    # Of a run killed while TFF wrote a checkpoint or metrics.csv.
+    run_dir.remove_temp_files(output_dir)
   outputs = _Outputs(output_dir, log) if output_dir else None
 
   state = process.initialize()

@@ -172,6 +172,40 @@ def test_run_writes_outputs_and_resume_matches_uninterrupted(task, tmp_path):
   assert again['seconds']['evaluation'] > 0
 
 
+def test_a_resumed_run_removes_temp_files_of_a_killed_write(task, tmp_path):
+  """TFF's `<name>_tempNNNN` leftovers of a killed checkpoint or CSV write
+  are removed on resume (as the programs do), those names only."""
+  out = tmp_path / 'run'
+  run = lambda rounds: simulation.run_simulation(
+      make_process(task),
+      task,
+      config(total_rounds=rounds),
+      output_dir=str(out),
+      progress=False,
+  )
+  run(2)
+  left = out / 'checkpoints' / 'program_state_3_temp4821' / 'variables'
+  left.mkdir(parents=True)
+  (left / 'variables.index').write_bytes(b'partial')
+  (out / 'metrics.csv_temp1234').write_text('round_num\n')
+  (out / 'clients' / 'notes_temp.txt').write_text("not TFF's")
+  resumed = run(3)
+  assert [m['round_num'] for m in resumed['history']] == [3]
+  left_over = sorted(
+      os.path.relpath(os.path.join(d, n), out)
+      for d, dirs, files in os.walk(out)
+      for n in dirs + files
+      if '_temp' in n
+  )
+  assert left_over == [os.path.join('clients', 'notes_temp.txt')]
+  assert sorted(os.listdir(out / 'checkpoints')) == [
+      'program_state_2',
+      'program_state_3',
+  ]
+  with open(out / 'metrics.csv') as f:
+    assert [r['round_num'] for r in csv.DictReader(f)] == ['1', '2', '3']
+
+
 def test_resume_with_other_settings_is_refused(task, tmp_path):
   simulation.run_simulation(
       make_process(task),

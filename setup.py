@@ -45,7 +45,7 @@ BINARIES = (
     'run.experiments.ditto_theorem7',
     'run.experiments.qffl_h_scale',
     'run.download',
-    'tasks.shakespeare_text',
+    'run.shakespeare_text',
 )
 
 # Files other than Python modules that the packages read at run time; none

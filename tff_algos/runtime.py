@@ -8,8 +8,10 @@ CI step that reads the script's output waits for it forever.
 
 `install_worker_cleanup()` makes the current process end its workers when it
 exits normally, on an uncaught exception, and on SIGTERM, SIGINT or SIGHUP.
-A SIGKILL cannot be caught: callers that may SIGKILL a run should start it in
-its own process group and kill the group (the test suite and `.ci/run` do).
+A SIGKILL cannot be caught: on Linux the workers it starts are also tied to
+it (`tie_workers_to_process`), so the kernel ends them when it dies however
+it dies. Elsewhere, callers that may SIGKILL a run should start it in its own
+process group and kill the group (the test suite and `.ci/run` do).
 
 On a signal, TFF must first be stopped from starting workers: its executor
 service manager starts a replacement as soon as it finds its worker gone, so
@@ -18,16 +20,24 @@ a cleanup that only ends the workers leaves the replacement behind
 """
 
 import atexit
+from concurrent import futures
 import contextlib
+import ctypes
 import os
+import queue
 import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
-from typing import Optional
+from typing import Any, Callable, Optional
 
 WORKER_NAME = 'worker_binary'
+_FACTORY = (
+    'tensorflow_federated.python.core.impl.executor_stacks.executor_factory'
+)
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 _installed = False
 _interrupted = False
 _watchdog: Optional[threading.Thread] = None
@@ -52,6 +62,93 @@ def _note_signal() -> None:
 def shutting_down() -> bool:
   """Whether a signal asked this process to end (its TFF calls may fail)."""
   return _interrupted
+
+
+class _AnyPopen(type):
+  """`isinstance(p, _TiedPopen)` holds for every `subprocess.Popen`.
+
+  TFF's service manager ends its worker in `__del__` only if it is an
+  instance of its `subprocess.Popen`: also a worker started before the
+  workers were tied.
+  """
+
+  def __instancecheck__(cls, instance) -> bool:
+    return isinstance(instance, subprocess.Popen)
+
+
+# One thread of this process starts the workers: the kernel sends the
+# parent-death signal when the *thread* that started a child ends, and the
+# thread TFF starts one in may end long before the process does.
+_spawner: Optional['queue.SimpleQueue[Any]'] = None
+_spawner_lock = threading.Lock()
+
+
+def _in_spawner_thread(fn: Callable[[], Any]) -> Any:
+  """`fn()` run on the spawner thread (a daemon, started once)."""
+  global _spawner
+  with _spawner_lock:
+    if _spawner is None:
+      requests = queue.SimpleQueue()
+
+      def serve() -> None:
+        while True:
+          call, future = requests.get()
+          if future.set_running_or_notify_cancel():
+            try:
+              future.set_result(call())
+            except BaseException as e:  # pylint: disable=broad-except
+              future.set_exception(e)
+
+      threading.Thread(
+          target=serve, name='tff-worker-spawner', daemon=True
+      ).start()
+      _spawner = requests
+  future = futures.Future()
+  _spawner.put((fn, future))
+  return future.result()
+
+
+def _die_with_parent(prctl, parent: int) -> None:
+  """In the child, before exec: SIGKILL when the parent ends."""
+  prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+  if os.getppid() != parent:  # The parent died before the call.
+    os._exit(1)  # pylint: disable=protected-access
+
+
+class _TiedPopen(subprocess.Popen, metaclass=_AnyPopen):
+  """A `subprocess.Popen` whose child the kernel kills with this process."""
+
+  def __init__(self, args, **kwargs):  # pylint: disable=super-init-not-called
+    if kwargs.get('preexec_fn') is None:
+      prctl = ctypes.CDLL(None, use_errno=True).prctl  # Loaded before fork.
+      parent = os.getpid()
+      kwargs['preexec_fn'] = lambda: _die_with_parent(prctl, parent)
+    _in_spawner_thread(lambda: subprocess.Popen.__init__(self, args, **kwargs))
+
+
+class _TiedSubprocess:
+  """Stands in for the `subprocess` module of TFF's executor factory."""
+
+  Popen = _TiedPopen
+
+
+def tie_workers_to_process() -> bool:
+  """TFF's local workers started from now on end when this process ends.
+
+  Linux only: each `worker_binary` TFF's local execution context starts gets
+  the parent-death signal SIGKILL (`prctl(PR_SET_PDEATHSIG)`), so not even a
+  SIGKILL of this process leaves it running. Idempotent; does nothing after
+  `stop_new_workers` or before TFF is imported.
+
+  Returns:
+    Whether workers started from now on are tied.
+  """
+  factory = sys.modules.get(_FACTORY)
+  if factory is None or not sys.platform.startswith('linux'):
+    return False
+  if factory.subprocess is subprocess:
+    factory.subprocess = _TiedSubprocess
+  return factory.subprocess is _TiedSubprocess
 
 
 def stop_new_workers() -> None:
@@ -181,8 +278,13 @@ def _quiet_after_signal(previous):
 
 
 def install_worker_cleanup() -> None:
-  """Ends this process's TFF workers at exit and on SIGTERM/SIGINT/SIGHUP."""
+  """Ends this process's TFF workers at exit and on SIGTERM/SIGINT/SIGHUP.
+
+  Also ties the workers started from now on to this process
+  (`tie_workers_to_process`): the kernel ends them if it is SIGKILLed.
+  """
   global _installed
+  tie_workers_to_process()
   if _installed:
     return
   _installed = True

@@ -27,6 +27,9 @@ from typing import Optional
 import tensorflow_federated as tff
 
 from privacy import accounting
+from tff_algos import runtime
+
+runtime.end_workers_at_exit()  # Quiet at exit: TFF's service manager.
 
 
 @dataclasses.dataclass(frozen=True)

@@ -38,6 +38,10 @@ from tensorflow_federated.python.core.impl.executors import remote_executor_grpc
 
 # pylint: enable=g-direct-tensorflow-import
 
+from tff_algos import runtime
+
+runtime.end_workers_at_exit()  # Quiet at exit: TFF's service manager.
+
 _MAX_MESSAGE_BYTES = 2 * 1000 * 1000 * 1000
 _CHANNEL_OPTIONS = [
     ('grpc.max_message_length', _MAX_MESSAGE_BYTES),

@@ -36,6 +36,10 @@ from typing import Any, Optional
 
 import tensorflow_federated as tff
 
+from tff_algos import runtime
+
+runtime.end_workers_at_exit()  # Quiet at exit: TFF's service manager.
+
 LOCK_FILE = '.lock'
 WRITERS = {
     'train': 'run.train (simulation folder: config.json, checkpoints/)',

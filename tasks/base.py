@@ -23,6 +23,10 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_algos import runtime
+
+runtime.end_workers_at_exit()  # Quiet at exit: TFF's service manager.
+
 ClientData = tff.simulation.datasets.ClientData
 ModelFn = Callable[[], tff.learning.models.VariableModel]
 

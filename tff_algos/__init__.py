@@ -26,6 +26,8 @@ import builtins as _builtins
 
 from tensorflow.python.autograph.pyct import inspect_utils as _inspect_utils
 
+from tff_algos import runtime as _runtime
+
 # Objects whose ids AutoGraph takes for builtins, kept alive so no other
 # object can ever get one of their ids (see `pin_autograph_builtins`).
 _PINNED_BUILTINS: tuple[object, ...] = ()
@@ -59,3 +61,5 @@ def pin_autograph_builtins() -> None:
 
 
 pin_autograph_builtins()
+# Exits quietly once TFF is imported (its service manager's `__del__`).
+_runtime.end_workers_at_exit()

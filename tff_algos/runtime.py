@@ -13,6 +13,11 @@ it (`tie_workers_to_process`), so the kernel ends them when it dies however
 it dies. Elsewhere, callers that may SIGKILL a run should start it in its own
 process group and kill the group (the test suite and `.ci/run` do).
 
+`end_workers_at_exit()`, registered by importing the library, ends the
+process's workers and silences TFF's service managers at interpreter exit,
+whose `__del__` would otherwise fail there ("Exception ignored in ...
+ServiceManager.__del__ ... 'NoneType' object has no attribute 'Popen'").
+
 On a signal, TFF must first be stopped from starting workers: its executor
 service manager starts a replacement as soon as it finds its worker gone, so
 a cleanup that only ends the workers leaves the replacement behind
@@ -39,6 +44,7 @@ _FACTORY = (
 )
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 _installed = False
+_exit_registered = False
 _interrupted = False
 _watchdog: Optional[threading.Thread] = None
 _wakeup_sockets: tuple[socket.socket, ...] = ()  # Kept open for the process.
@@ -388,6 +394,29 @@ def disarm_service_managers() -> None:
         cls, '__module__', ''
     ):
       cls.__del__ = lambda self: None
+
+
+def _end_workers_and_disarm() -> None:
+  if _FACTORY in sys.modules:  # Else TFF made no service manager.
+    kill_workers()
+    disarm_service_managers()
+
+
+def end_workers_at_exit() -> None:
+  """At interpreter exit, ends this process's TFF workers, quietly.
+
+  TFF 0.87 makes a service manager for its local worker when it is imported;
+  at interpreter exit its `__del__` runs after the `subprocess` module is
+  torn down and prints "Exception ignored in ... ServiceManager.__del__ ...
+  'NoneType' object has no attribute 'Popen'". This ends the workers (what
+  that `__del__` is for) and then disarms the managers, in an `atexit`
+  handler, while the modules are whole. The library's modules that import
+  TFF call it on import (once per process; cheap until then).
+  """
+  global _exit_registered
+  if not _exit_registered:
+    _exit_registered = True
+    atexit.register(_end_workers_and_disarm)
 
 
 def exit_now(code: int) -> None:

@@ -36,7 +36,7 @@ def test_imports_print_nothing_at_exit():
     procs = [
         (
             script,
-            subprocess.Popen(
+            subprocess.Popen(  # pylint: disable=consider-using-with
                 [sys.executable, '-c', script],
                 cwd=binary.ROOT,
                 env=env,

@@ -328,8 +328,6 @@ def _end_after_grace(signum: int, grace_s: float, interrupted_line: str):
   # Die of the signal, as its default action would: `signal.signal` works in
   # the main thread only, libc's `signal` in any.
   with contextlib.suppress(OSError, AttributeError):
-    import ctypes  # pylint: disable=g-import-not-at-top
-
     ctypes.CDLL(None).signal(signum, 0)  # 0 is SIG_DFL.
     os.kill(os.getpid(), signum)
     time.sleep(1.0)

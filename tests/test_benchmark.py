@@ -25,6 +25,9 @@ from run import algorithms
 from run import engines
 from run import simulation
 from run.experiments import benchmark as bm
+from run.experiments import benchmark_records as bench_records
+from run.experiments import benchmark_selection as bench_selection
+from run.experiments import benchmark_settings as bench_settings
 from run.experiments import benchmark_page
 from run.experiments import reproduce
 from tasks import base
@@ -112,7 +115,7 @@ class _FakeRuns:
 
 
 def _bench(score, method_names, grids=None, rounds=3, max_ext=0, **budget_):
-  budget = bm.Budget(
+  budget = bench_settings.Budget(
       rounds=rounds,
       clients_per_round=2,
       local_epochs=1,
@@ -120,7 +123,7 @@ def _bench(score, method_names, grids=None, rounds=3, max_ext=0, **budget_):
       learning_rate=0.1,
       **budget_,
   )
-  methods_run = [m for m in bm.methods() if m.name in method_names]
+  methods_run = [m for m in bench_settings.methods() if m.name in method_names]
   g = {
       'learning_rate': (0.05, 0.1, 0.2),
       'fine_tune_learning_rate': (0.1,),
@@ -129,7 +132,7 @@ def _bench(score, method_names, grids=None, rounds=3, max_ext=0, **budget_):
   }
   g.update(grids or {})
   runs = _FakeRuns(score)
-  return runs, bm.Benchmark(
+  return runs, bench_selection.Benchmark(
       runs, ['--task=synthetic'], budget, methods_run, g, 3, 'root', max_ext
   )
 
@@ -165,9 +168,9 @@ def test_selection_runs_on_the_selection_seeds_and_halves():
   assert len(_flags_of(prox, seed=100)) == 9
   assert len(_flags_of(prox, seed=101)) == 3
   assert choices['fedprox'].rungs == [9, 3]
-  assert choices['fedprox'].best == bm.Config(0.1, 0.1)
+  assert choices['fedprox'].best == bench_selection.Config(0.1, 0.1)
   assert choices['fedprox'].edges == ()
-  assert choices['fedavg'].best == bm.Config(None, 0.1)
+  assert choices['fedavg'].best == bench_selection.Config(None, 0.1)
   report = bench.report(choices, {}, [0, 1], lambda _: None)
   final = [c for c in runs.calls if '--holdout=test' in c]
   assert {a for c in final for a in c if a.startswith('--seed=')} == {
@@ -208,24 +211,27 @@ def test_a_first_rung_keeps_each_rates_best_so_a_slow_starter_wins():
   assert len(_flags_of(full, seed=101)) == 2
   assert choices['fedprox'].rungs == [9, 4, 2]
   assert len(_flags_of(full, client_learning_rate=0.2)) == 2
-  assert choices['fedprox'].best == bm.Config(0.1, 0.2)
-  assert choices['fedprox'].early[bm.Config(0.1, 0.2)]['mean'] < (
-      choices['fedprox'].early[bm.Config(0.1, 0.05)]['mean']
+  assert choices['fedprox'].best == bench_selection.Config(0.1, 0.2)
+  assert choices['fedprox'].early[bench_selection.Config(0.1, 0.2)]['mean'] < (
+      choices['fedprox'].early[bench_selection.Config(0.1, 0.05)]['mean']
   )
   # A first-rung run has its own record and shares its folder with the full
   # run, which continues it; evaluations and checkpoints are the full run's.
   names = dict(zip(map(tuple, runs.calls), runs.names))
   for args in short:
     name, rounds = names[tuple(args)]
-    folder = bm._flag(args, 'experiment_name')
+    folder = bench_records.flag_value(args, 'experiment_name')
     assert rounds == 1 and name == folder + '_r1'
     assert '--rounds_per_eval=3' in args
     assert '--rounds_per_checkpoint=1' in args
   for args in full:
     assert names[tuple(args)] == (None, 3)
-  folders = {bm._flag(a, 'experiment_name') for a in full}
-  assert folders <= {bm._flag(a, 'experiment_name') for a in short} | {
-      bm._flag(a, 'experiment_name') for a in _flags_of(full, seed=101)
+  folders = {bench_records.flag_value(a, 'experiment_name') for a in full}
+  assert folders <= {
+      bench_records.flag_value(a, 'experiment_name') for a in short
+  } | {
+      bench_records.flag_value(a, 'experiment_name')
+      for a in _flags_of(full, seed=101)
   }
 
 
@@ -264,7 +270,10 @@ def test_the_server_rate_is_tuned_along_a_line_through_the_best(first_rung):
   # them (strength 0.1, lr 0.1) at the grid's other server rates.
   assert len(prox) == 11
   assert sorted(
-      (bm._flag(a, 'server_learning_rate'), bm._flag(a, 'experiment_name'))
+      (
+          bench_records.flag_value(a, 'server_learning_rate'),
+          bench_records.flag_value(a, 'experiment_name'),
+      )
       for a in prox
       if any(x.startswith('--server_learning_rate=') for x in a)
   ) == [
@@ -278,17 +287,17 @@ def test_the_server_rate_is_tuned_along_a_line_through_the_best(first_rung):
   assert qffl and not any(
       x.startswith('--server_learning_rate=') for a in qffl for x in a
   )
-  assert choices['qffl'].best == bm.Config(0.1, 0.1)
+  assert choices['qffl'].best == bench_selection.Config(0.1, 0.1)
   # Server rate 2 wins, at the grid's edge: one extension (4) on both
   # selection seeds at the full rounds, which wins and stays at the edge.
   ext = _flags_of(runs.calls, algorithm='fedprox', server_learning_rate=4)
-  assert {bm._flag(a, 'seed') for a in ext} == {'100', '101'}
-  assert all(bm._flag(a, 'total_rounds') == '3' for a in ext)
-  assert choices['fedprox'].best == bm.Config(0.1, 0.1, 4.0)
+  assert {bench_records.flag_value(a, 'seed') for a in ext} == {'100', '101'}
+  assert all(bench_records.flag_value(a, 'total_rounds') == '3' for a in ext)
+  assert choices['fedprox'].best == bench_selection.Config(0.1, 0.1, 4.0)
   assert choices['fedprox'].edges == ('server_learning_rate',)
-  assert choices['fedavg'].best == bm.Config(None, 0.1, 4.0)
+  assert choices['fedavg'].best == bench_selection.Config(None, 0.1, 4.0)
   report = benchmark_page.Report(
-      setting=bm.SETTINGS['custom'],
+      setting=bench_settings.SETTINGS['custom'],
       budget=bench.budget,
       task_flags=[],
       methods=bench.methods,
@@ -301,7 +310,7 @@ def test_the_server_rate_is_tuned_along_a_line_through_the_best(first_rung):
       commands=[],
       wall={},
       data_seed=3,
-      keep=bm.KEEP,
+      keep=bench_settings.KEEP,
       argv=[],
       overrides=[],
   )
@@ -331,7 +340,7 @@ def test_without_server_rate_tuning_no_run_sets_it():
 
 
 def test_a_first_rung_and_an_eval_period_are_checked_and_stated():
-  budget = bm.Budget(
+  budget = bench_settings.Budget(
       rounds=300,
       clients_per_round=10,
       local_epochs=1,
@@ -347,7 +356,7 @@ def test_a_first_rung_and_an_eval_period_are_checked_and_stated():
   ]
   assert budget.flags(1.0)[0] == '--total_rounds=300'
   # Synthetic's budget: a first rung of 25 rounds, a curve every 25.
-  syn = bm.SETTINGS['synthetic'].budget
+  syn = bench_settings.SETTINGS['synthetic'].budget
   assert (syn.first_rung, syn.tune_server_lr) == (200, True)
   assert syn.flags(0.1)[:2] == ['--total_rounds=800', '--rounds_per_eval=100']
   assert syn.flags(0.1, 200)[:2] == [
@@ -357,15 +366,15 @@ def test_a_first_rung_and_an_eval_period_are_checked_and_stated():
 
 
 def test_the_stacked_only_flags_stay_off_the_other_engines():
-  setting = bm.SETTINGS['shakespeare']
+  setting = bench_settings.SETTINGS['shakespeare']
   budget = dataclasses.replace(setting.budget, on_batched=('ditto',))
-  by = {m.name: m for m in bm.methods()}
+  by = {m.name: m for m in bench_settings.methods()}
   for name, want in (('fedavg', True), ('ditto', False)):
-    args = bm.run_args(
+    args = bench_selection.run_args(
         setting.task_flags,
         budget,
         by[name],
-        bm.Config(1.0 if by[name].knob else None, 1.0),
+        bench_selection.Config(1.0 if by[name].knob else None, 1.0),
         0,
         phase='select',
         root='r',
@@ -410,7 +419,7 @@ def test_the_validation_curve_and_its_plateau_are_on_the_page(tmp_path):
 
   def with_curve(args, rounds, personal, name=None):
     record = real_run(args, rounds, personal, name)
-    seed = int(bm._flag(args, 'seed'))
+    seed = int(bench_records.flag_value(args, 'seed'))
     record['curve'] = {'test': rising if seed == 101 else curve}
     return record
 
@@ -453,7 +462,7 @@ def test_a_choice_at_an_edge_extends_the_grid_and_is_marked():
   choice = bench.select([100], lambda _: None)['fedprox']
   values = sorted({c.value for c in choice.tried})
   assert values == [0.01, 0.1, 1.0, 10.0, 100.0]  # Two extensions.
-  assert choice.best == bm.Config(100.0, 0.1)
+  assert choice.best == bench_selection.Config(100.0, 0.1)
   assert choice.edges == ('proximal_strength',)
   assert choice.extensions == 2
   ext = _flags_of(runs.calls, proximal_strength=100)
@@ -488,8 +497,10 @@ def _fine_tuning(ft_score, max_ext):
       local_epochs_max=12,
   )
   runs.ft_score = ft_score
-  fedavg = next(m for m in bm.methods() if m.name == 'fedavg')
-  choice = bm.Choice(fedavg, {}, best=bm.Config(None, 0.1))
+  fedavg = next(m for m in bench_settings.methods() if m.name == 'fedavg')
+  choice = bench_selection.Choice(
+      fedavg, {}, best=bench_selection.Config(None, 0.1)
+  )
   return runs, bench.select_fine_tuning(choice, [100], lambda _: None)
 
 
@@ -502,7 +513,7 @@ def test_fine_tuning_extends_its_rate_and_epochs_past_the_edges():
 
   runs, got = _fine_tuning(ft_score, max_ext=2)
   for name in ('fedavg_ft', 'local'):
-    assert got[name].best == bm.Config(8, 0.033), name
+    assert got[name].best == bench_selection.Config(8, 0.033), name
     assert got[name].edges == ()
     assert got[name].extensions == 2
   # FedAvg + fine-tuning from the final model, 0 to 5 epochs, doubling at
@@ -520,7 +531,7 @@ def test_fine_tuning_extends_its_rate_and_epochs_past_the_edges():
   ]
   # Without extensions the choice stays at the edges, and says so.
   runs, got = _fine_tuning(ft_score, max_ext=0)
-  assert got['fedavg_ft'].best == bm.Config(5, 0.1)
+  assert got['fedavg_ft'].best == bench_selection.Config(5, 0.1)
   assert got['fedavg_ft'].edges == (
       'fine_tune_epochs',
       'fine_tune_learning_rate',
@@ -564,7 +575,7 @@ def test_where_every_worst10_is_zero_accuracy_not_loss_decides():
 
 
 def _report(per_seed, names=('fedavg', 'fedprox')):
-  methods_run = [m for m in bm.methods() if m.name in names]
+  methods_run = [m for m in bench_settings.methods() if m.name in names]
   results = {}
   for name in names:
     results[name] = [
@@ -582,7 +593,7 @@ def _report(per_seed, names=('fedavg', 'fedprox')):
         for acc in per_seed[name]
     ]
   return benchmark_page.Report(
-      setting=bm.SETTINGS['synthetic'],
+      setting=bench_settings.SETTINGS['synthetic'],
       budget=None,
       task_flags=[],
       methods=methods_run,
@@ -688,12 +699,12 @@ def test_ties_in_the_ranking_go_to_the_first_configuration_tried():
   # Every learning rate scores the same: the first of the grid wins, as
   # `Choice.ranked` documents (grid order breaks ties).
   _, bench = _bench(lambda flag: [0.5] * 10, ('fedavg',))
-  assert bench.select([100], lambda _: None)['fedavg'].best == bm.Config(
-      None, 0.05
-  )
-  choice = bm.Choice(bm.methods()[0], {})
+  assert bench.select([100], lambda _: None)[
+      'fedavg'
+  ].best == bench_selection.Config(None, 0.05)
+  choice = bench_selection.Choice(bench_settings.methods()[0], {})
   for lr in (0.2, 0.05, 0.1):  # Tried in this order.
-    choice.tried[bm.Config(None, lr)] = {
+    choice.tried[bench_selection.Config(None, lr)] = {
         1: {
             'worst10': 0.5,
             'worst20': 0.5,
@@ -723,14 +734,17 @@ def test_main_selects_on_the_selection_seeds_and_reports_the_reported(
   def report(self, choices, ft_choices, seeds, progress):
     del self, choices, ft_choices, progress
     seen['report'] = list(seeds)
-    raise bm.MissingRecord('stop here')
+    raise bench_records.MissingRecord('stop here')
 
-  monkeypatch.setattr(bm.Benchmark, 'select', select)
-  monkeypatch.setattr(bm.Benchmark, 'select_fine_tuning', lambda *a, **k: {})
-  monkeypatch.setattr(bm.Benchmark, 'report', report)
-  if 'selection_seeds' not in flags.FLAGS:
-    bm.define_flags()
-  flags.FLAGS(
+  monkeypatch.setattr(bench_selection.Benchmark, 'select', select)
+  monkeypatch.setattr(
+      bench_selection.Benchmark, 'select_fine_tuning', lambda *a, **k: {}
+  )
+  monkeypatch.setattr(bench_selection.Benchmark, 'report', report)
+  values = flags.FlagValues()  # absl's global flags stay untouched.
+  bm.define_flags(values)
+  monkeypatch.setattr(bm, 'FLAGS', values)
+  values(
       [
           'benchmark',
           '--setting=synthetic',
@@ -741,10 +755,7 @@ def test_main_selects_on_the_selection_seeds_and_reports_the_reported(
           f'--output_dir={tmp_path / "out"}',
       ]
   )
-  try:
-    assert bm.main(['benchmark']) == 1
-  finally:
-    flags.FLAGS.unparse_flags()
+  assert bm.main(['benchmark']) == 1
   assert seen == {'select': [7, 8], 'report': [3, 4]}
 
 
@@ -755,16 +766,16 @@ def test_every_setting_trains_each_method_on_the_engine_it_names():
   """The stacked engine wherever it runs the method (Ditto and Fed+
   included), in both settings; `Budget.on_batched` is empty."""
   for setting in ('synthetic', 'shakespeare'):
-    budget = bm.SETTINGS[setting].budget
+    budget = bench_settings.SETTINGS[setting].budget
     assert not budget.on_batched
-    for method in bm.methods():
+    for method in bench_settings.methods():
       if method.baseline:
         continue
-      args = bm.run_args(
-          bm.SETTINGS[setting].task_flags,
+      args = bench_selection.run_args(
+          bench_settings.SETTINGS[setting].task_flags,
           budget,
           method,
-          bm.Config(method.grid[0] if method.knob else None, 1.0),
+          bench_selection.Config(method.grid[0] if method.knob else None, 1.0),
           100,
           phase='select',
           root='/r',
@@ -775,20 +786,20 @@ def test_every_setting_trains_each_method_on_the_engine_it_names():
 
 
 def test_each_method_runs_on_the_engine_the_benchmark_names():
-  for method in bm.methods():
+  for method in bench_settings.methods():
     if method.baseline:
       continue
     knob = {} if method.knob is None else {method.knob: method.grid[0]}
     spec = algorithms.AlgorithmSpec(name=method.name, **knob)
     spec.validate()
     engines.check_engine('batched', spec)
-    if method.name in bm.STACKED:
+    if method.name in bench_settings.STACKED:
       engines.check_engine('stacked', spec)
     else:
       with pytest.raises(ValueError):
         engines.check_engine('stacked', spec)
     assert method.engine == (
-        'stacked' if method.name in bm.STACKED else 'batched'
+        'stacked' if method.name in bench_settings.STACKED else 'batched'
     )
     # Five log-spaced values inside the knob's range.
     if method.knob:
@@ -799,7 +810,7 @@ def test_each_method_runs_on_the_engine_the_benchmark_names():
 
 
 def test_knob_grids_come_from_the_registry(monkeypatch):
-  assert [m.grid for m in bm.methods() if m.name == 'term'] == [
+  assert [m.grid for m in bench_settings.methods() if m.name == 'term'] == [
       registry.get('term').tuned.grid
   ]
   tuned = options_lib.TunedOption(
@@ -814,7 +825,7 @@ def test_knob_grids_come_from_the_registry(monkeypatch):
       'term',
       dataclasses.replace(registry.get('term'), tuned=tuned),
   )
-  (term,) = [m for m in bm.methods() if m.name == 'term']
+  (term,) = [m for m in bench_settings.methods() if m.name == 'term']
   assert (term.knob, term.grid, term.low, term.high) == (
       'tilt',
       (1.0, 2.0, 4.0, 8.0, 16.0),
@@ -824,18 +835,20 @@ def test_knob_grids_come_from_the_registry(monkeypatch):
 
 
 def test_every_method_gets_the_same_budget_and_selection_sees_no_test():
-  budget = bm.SETTINGS['shakespeare'].budget
+  budget = bench_settings.SETTINGS['shakespeare'].budget
   task = ['--task=synthetic']
   shared = None
-  for method in bm.methods():
+  for method in bench_settings.methods():
     if method.baseline:
       continue
-    config = bm.Config(method.grid[0] if method.grid else None, 0.5)
+    config = bench_selection.Config(
+        method.grid[0] if method.grid else None, 0.5
+    )
     common = dict(root='r', data_seed=4)
-    select = bm.run_args(
+    select = bench_selection.run_args(
         task, budget, method, config, 7, phase='select', **common
     )
-    final = bm.run_args(
+    final = bench_selection.run_args(
         task, budget, method, config, 0, phase='final', **common
     )
     assert '--holdout=validation' in select and '--holdout=test' in final
@@ -866,11 +879,13 @@ def test_a_finished_run_is_reused_only_with_its_own_arguments(tmp_path, capfd):
       f'--root_output_dir={tmp_path}',
       '--experiment_name=final_fedavg_seed0',
   ]
-  runs = bm.Runs(str(tmp_path / 'rec'), str(tmp_path), 1, False)
+  runs = bench_records.Runs(str(tmp_path / 'rec'), str(tmp_path), 1, False)
   summary = {'round_num': 5, 'summaries': {}}
   (run / 'summary.json').write_text(json.dumps(summary))
   assert runs._finished(str(run), 5, args) is None  # No mark: not finished.
-  (run / bm.RECORD).write_text(json.dumps({'wall_s': 3.5, 'args': args}))
+  (run / bench_records.RECORD).write_text(
+      json.dumps({'wall_s': 3.5, 'args': args})
+  )
   assert runs._finished(str(run), 5, args) == 3.5
   capfd.readouterr()
   assert runs._finished(str(run), 6, args) is None  # Fewer rounds: resume,
@@ -904,11 +919,13 @@ def test_a_folder_past_the_rounds_asked_is_refused(tmp_path):
   run = tmp_path / 'select_fedavg_lr1_seed100'
   run.mkdir()
   args = ['--task=synthetic', '--total_rounds=300']
-  runs = bm.Runs(str(tmp_path / 'rec'), str(tmp_path), 1, False)
+  runs = bench_records.Runs(str(tmp_path / 'rec'), str(tmp_path), 1, False)
   (run / 'summary.json').write_text(
       json.dumps({'round_num': 300, 'summaries': {}})
   )
-  (run / bm.RECORD).write_text(json.dumps({'wall_s': 3.5, 'args': args}))
+  (run / bench_records.RECORD).write_text(
+      json.dumps({'wall_s': 3.5, 'args': args})
+  )
   with pytest.raises(RuntimeError, match='300 rounds, past the 75'):
     runs._finished(str(run), 75, args)
   assert runs._finished(str(run), 300, args) == 3.5
@@ -920,16 +937,16 @@ def test_a_record_keeps_each_split_curve_up_to_its_rounds(tmp_path):
       'eval/test/accuracy/sq10,eval/personal/test/accuracy/mean\n'
       '1,10,,,\n2,20,0.5,0.25,0.6\n3,30,,,\n4,40,0.7,0.5,\n'
   )
-  assert bm._curve(str(tmp_path), 4) == {
+  assert bench_records._curve(str(tmp_path), 4) == {
       'test': [[2, 0.5, 0.25], [4, 0.7, 0.5]],
       'personal/test': [[2, 0.6, pytest.approx(float('nan'), nan_ok=True)]],
   }
-  assert bm._curve(str(tmp_path), 3) == {
+  assert bench_records._curve(str(tmp_path), 3) == {
       'test': [[2, 0.5, 0.25]],
       'personal/test': [[2, 0.6, pytest.approx(float('nan'), nan_ok=True)]],
   }
-  assert bm._examples(str(tmp_path), 4) == 100
-  assert bm._examples(str(tmp_path), 2) == 30
+  assert bench_records._examples(str(tmp_path), 4) == 100
+  assert bench_records._examples(str(tmp_path), 2) == 30
 
 
 def _tiny_fedavg_args(tmp_path, rounds, name):
@@ -959,7 +976,7 @@ def test_a_first_rung_run_continues_to_the_straight_runs_result(tmp_path):
   def args(rounds, name):
     return _tiny_fedavg_args(tmp_path, rounds, name)
 
-  runs = bm.Runs(str(tmp_path / 'rec'), str(tmp_path), 1, False)
+  runs = bench_records.Runs(str(tmp_path / 'rec'), str(tmp_path), 1, False)
   try:
     early = runs.run(args(2, 'select_a'), 2, False, name='select_a_r2')
     continued = runs.run(args(4, 'select_a'), 4, False)
@@ -999,9 +1016,11 @@ def test_fine_tuning_starts_from_the_model_saved_with_the_record(tmp_path):
   # evaluates otherwise than its record is refused.
   args = _tiny_fedavg_args(tmp_path, 2, 'select_fedavg')
   options = dict(learning_rates=[0.1], max_epochs=1, batch_size=5)
-  runs = bm.Runs(str(tmp_path / 'rec'), str(tmp_path), 1, False)
-  method = next(m for m in bm.methods() if m.name == 'fedavg')
-  bench = bm.Benchmark(runs, [], None, [method], {}, 0, str(tmp_path))
+  runs = bench_records.Runs(str(tmp_path / 'rec'), str(tmp_path), 1, False)
+  method = next(m for m in bench_settings.methods() if m.name == 'fedavg')
+  bench = bench_selection.Benchmark(
+      runs, [], None, [method], {}, 0, str(tmp_path)
+  )
   model = tmp_path / 'rec' / 'select_fedavg.weights.npz'
   try:
     record = runs.run(args, 2, False)
@@ -1027,10 +1046,20 @@ def test_fine_tuning_starts_from_the_model_saved_with_the_record(tmp_path):
     runs.used['select_fedavg_lr0.1_seed100'] = record
     with pytest.raises(RuntimeError, match='evaluates otherwise than its'):
       bench.check_start(
-          method, bm.Config(None, 0.1), 100, 'select', other, 'validation'
+          method,
+          bench_selection.Config(None, 0.1),
+          100,
+          'select',
+          other,
+          'validation',
       )
     bench.check_start(  # The true model passes.
-        method, bm.Config(None, 0.1), 100, 'select', tuned, 'validation'
+        method,
+        bench_selection.Config(None, 0.1),
+        100,
+        'select',
+        tuned,
+        'validation',
     )
     model.unlink()
     (tmp_path / 'rec' / 'select_fedavg_ftfinal.json').unlink()
@@ -1067,18 +1096,22 @@ def test_a_record_of_another_origin_is_redone_unless_accepted(tmp_path, capfd):
   moved_data['versions']['tensorflow'] = '0.0'
   for theirs in (other, moved_data, None):
     _record(tmp_path, 'select_x', args, theirs)
-    runs = bm.Runs(str(tmp_path / 'rec'), str(tmp_path), 1, False, here)
+    runs = bench_records.Runs(
+        str(tmp_path / 'rec'), str(tmp_path), 1, False, here
+    )
     assert runs._load_record('select_x', args) is None  # Redone.
     err = capfd.readouterr().err
     assert 'made by another origin' in err and 'doing it again' in err, err
-    accepting = bm.Runs(
+    accepting = bench_records.Runs(
         str(tmp_path / 'rec'), str(tmp_path), 1, False, here, True
     )
     assert accepting._load_record('select_x', args)['wall_s'] == 1.0
-    reading = bm.Runs(str(tmp_path / 'rec'), str(tmp_path), 1, True)
+    reading = bench_records.Runs(str(tmp_path / 'rec'), str(tmp_path), 1, True)
     assert reading._load_record('select_x', args)['wall_s'] == 1.0
   _record(tmp_path, 'select_x', args, here)
-  runs = bm.Runs(str(tmp_path / 'rec'), str(tmp_path), 1, False, here)
+  runs = bench_records.Runs(
+      str(tmp_path / 'rec'), str(tmp_path), 1, False, here
+  )
   assert runs._load_record('select_x', args)['wall_s'] == 1.0
   # Another commit with the same sources is the same origin; the page
   # lists each origin with its records.
@@ -1120,12 +1153,12 @@ def test_a_configuration_that_falls_back_ranks_below_every_stable_one():
   runs.trivial = lambda args, phase: {'label': 0, 'validation': [0.3] * 4}
   choices = bench.select([100, 101], lambda _: None)
   fedavg = choices['fedavg']
-  assert fedavg.unstable == {bm.Config(None, 0.2): {100}}
-  assert fedavg.best == bm.Config(None, 0.1)
+  assert fedavg.unstable == {bench_selection.Config(None, 0.2): {100}}
+  assert fedavg.best == bench_selection.Config(None, 0.1)
   # Without the trivial score only divergence counts: lr 0.2 wins.
   runs, bench = _bench(score, ('fedavg',))
   assert bench.select([100, 101], lambda _: None)['fedavg'].best == (
-      bm.Config(None, 0.2)
+      bench_selection.Config(None, 0.2)
   )
 
 
@@ -1147,10 +1180,13 @@ def test_seeds_are_added_where_the_best_two_are_within_their_spread():
   added = _flags_of(runs.calls, algorithm='fedprox', seed=103)
   added += _flags_of(runs.calls, algorithm='fedprox', seed=104)
   assert sorted(
-      (bm._flag(c, 'proximal_strength'), bm._flag(c, 'client_learning_rate'))
+      (
+          bench_records.flag_value(c, 'proximal_strength'),
+          bench_records.flag_value(c, 'client_learning_rate'),
+      )
       for c in added
   ) == [('0.1', '0.1'), ('0.1', '0.1'), ('0.1', '0.2'), ('0.1', '0.2')]
-  assert choice.best == bm.Config(0.1, 0.2)
+  assert choice.best == bench_selection.Config(0.1, 0.2)
   assert not [c for c in runs.calls if '--seed=102' in c]
   # Well apart: no seed is added.
   runs, bench = _bench(
@@ -1160,7 +1196,7 @@ def test_seeds_are_added_where_the_best_two_are_within_their_spread():
 
 
 def test_fed_plus_tunes_sigma_by_kappa_and_lambda_along_a_line():
-  methods = {m.name: m for m in bm.methods()}
+  methods = {m.name: m for m in bench_settings.methods()}
   fedplus = methods['fedavg_plus']
   # kappa = 1 / (1 + lr sigma) from 0.999 to 0.91 at the centre rate.
   assert fedplus.knob_grid(0.1) == (0.01, 0.03, 0.1, 0.3, 1.0)
@@ -1195,11 +1231,13 @@ def test_fed_plus_tunes_sigma_by_kappa_and_lambda_along_a_line():
   assert choice.best.get('fedplus_lambda', choice.method) == 0.1
   assert choice.best.value == 0.1
   assert choice.edges == ('fedplus_lambda',)  # 0.1 < 1, its range's end.
-  name = bm.run_name('select', choice.method, choice.best, 100)
+  name = bench_selection.run_name('select', choice.method, choice.best, 100)
   assert name.endswith('_fedplus_lambda0.1_seed100')
   # lambda = 0 (the paper's default) keeps the names of before.
   assert (
-      bm.run_name('select', choice.method, bm.Config(0.1, 0.1), 100)
+      bench_selection.run_name(
+          'select', choice.method, bench_selection.Config(0.1, 0.1), 100
+      )
       == 'select_fedavg_plus_fedplus_sigma0.1_lr0.1_seed100'
   )
 
@@ -1208,7 +1246,7 @@ def test_dittos_personal_passes_are_counted_in_its_examples(tmp_path):
   # With one lambda Ditto's clients read their data twice a round: once for
   # the global model (as FedAvg's, same seed and clients), once for the
   # personal one; both engines that run it count both.
-  runs = bm.Runs(str(tmp_path / 'rec'), str(tmp_path), 1, False)
+  runs = bench_records.Runs(str(tmp_path / 'rec'), str(tmp_path), 1, False)
   try:
     fedavg = runs.run(_tiny_fedavg_args(tmp_path, 2, 'select_f'), 2, False)
     counted = {}
@@ -1238,17 +1276,17 @@ def test_a_resumed_run_counts_every_invocation(tmp_path):
       '--experiment_name=final_x',
       '--holdout=test',
   ]
-  runs = bm.Runs(str(tmp_path / 'rec'), str(tmp_path), 1, False)
+  runs = bench_records.Runs(str(tmp_path / 'rec'), str(tmp_path), 1, False)
   runs._local.worker = _StoppedWorker(str(tmp_path / 'final_x'))
   for _ in range(2):
     with pytest.raises(reproduce.NotStarted):
       runs._run(args, 3, False)
-  with open(tmp_path / 'final_x' / bm.WALL) as f:
+  with open(tmp_path / 'final_x' / bench_records.WALL) as f:
     assert json.load(f)['wall_s'] >= 0.6  # Both invocations.
 
 
 def test_a_damaged_record_is_redone_with_a_warning(tmp_path, capfd):
-  runs = bm.Runs(str(tmp_path), str(tmp_path), 1, False)
+  runs = bench_records.Runs(str(tmp_path), str(tmp_path), 1, False)
   (tmp_path / 'final_x.json').write_text('{"args": [')
   assert runs._load_record('final_x', ['a']) is None
   (tmp_path / 'final_x.json').write_text('[1, 2]')
@@ -1267,7 +1305,7 @@ def test_a_damaged_record_is_redone_with_a_warning(tmp_path, capfd):
 def test_a_record_made_in_other_folders_is_the_same_run(tmp_path):
   # Another machine, another --output_dir: the record still counts; any
   # other difference does not.
-  runs = bm.Runs(str(tmp_path), str(tmp_path), 1, False)
+  runs = bench_records.Runs(str(tmp_path), str(tmp_path), 1, False)
   made = ['--seed=1', '--root_output_dir=/a/runs', '--data_dir=/a/data']
   (tmp_path / 'final_x.json').write_text(
       json.dumps({**_good_record(), 'args': made})
@@ -1534,9 +1572,13 @@ def test_real_roles_end_to_end_resumed_and_a_cell_rerun(tmp_path):
         seen.append(line)
         if line.startswith('[1]'):
           proc.send_signal(signal.SIGTERM)
+          signalled = time.monotonic()
           break
       rest = proc.stderr.read()
       code = proc.wait(timeout=120)
+      # The workers end with their interrupted runs, not after the grace
+      # period (10 s) that kills stragglers.
+      assert time.monotonic() - signalled < 8, rest
     finally:
       with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
@@ -1627,23 +1669,25 @@ def test_a_page_from_records_names_the_data_without_building_it(tmp_path):
 
 
 def test_a_fine_tuning_from_another_model_than_fedavgs_is_said():
-  same = bm.start_offset({'accuracy': [0.5, 0.25]}, {'accuracy': [0.5, 0.25]})
+  same = bench_selection.start_offset(
+      {'accuracy': [0.5, 0.25]}, {'accuracy': [0.5, 0.25]}
+  )
   assert same == [0, 0.0]
-  moved = bm.start_offset(
+  moved = bench_selection.start_offset(
       {'accuracy': [0.5, 0.25, 0.4]}, {'accuracy': [0.5, 0.3, 0.39]}
   )
   assert moved == [2, pytest.approx(5.0)]
   # The same counts of correct examples, rounded to 6 decimals from float32
   # and float64 (21/47, 13/27): the same model.
-  rounding = bm.start_offset(
+  rounding = bench_selection.start_offset(
       {'accuracy': [0.446808, 0.481482], 'num_examples': [47, 27]},
       {'accuracy': [0.446809, 0.481481]},
   )
   assert rounding == [0, 0.0]
-  assert bm.start_offset(
+  assert bench_selection.start_offset(
       {'accuracy': [0.446808, 0.481482]}, {'accuracy': [0.446809, 0.481481]}
   ) == [0, 0.0]
-  one_example = bm.start_offset(
+  one_example = bench_selection.start_offset(
       {'accuracy': [0.446808, 0.481482], 'num_examples': [47, 27]},
       {'accuracy': [0.468085, 0.481481]},  # 22/47: one example more.
   )
@@ -1873,9 +1917,9 @@ def test_every_damaged_record_is_one_line_then_redone_or_refused(
       ]
   )
   check = (
-      (lambda r: bm.record_problem(r, ['test']))
+      (lambda r: bench_records.record_problem(r, ['test']))
       if kind == 'run'
-      else (lambda r: bm.fine_tuning_problem(r, 'final'))
+      else (lambda r: bench_records.fine_tuning_problem(r, 'final'))
   )
   assert check(good) is None
   for what, damage in _damages() + extra:
@@ -1883,32 +1927,40 @@ def test_every_damaged_record_is_one_line_then_redone_or_refused(
     path = tmp_path / 'rec' / 'select_x.json'
     _write(path, record)
     args = list(good['args'])
-    runs = bm.Runs(str(tmp_path / 'rec'), str(tmp_path), 1, False)
+    runs = bench_records.Runs(str(tmp_path / 'rec'), str(tmp_path), 1, False)
     assert runs._load_record('select_x', args, check=check) is None, what
     err = capfd.readouterr().err.strip().splitlines()
     assert len(err) == 1 and str(path) in err[0], (what, err)
     assert 'damaged' in err[0] and 'doing it again' in err[0], (what, err)
-    reading = bm.Runs(str(tmp_path / 'rec'), str(tmp_path), 1, True)
-    with pytest.raises(bm.MissingRecord, match='damaged.*never runs') as e:
+    reading = bench_records.Runs(str(tmp_path / 'rec'), str(tmp_path), 1, True)
+    with pytest.raises(
+        bench_records.MissingRecord, match='damaged.*never runs'
+    ) as e:
       reading._load_record('select_x', args, check=check)
     assert str(path) in str(e.value) and '\n' not in str(e.value), what
     assert not capfd.readouterr().err  # Not 'doing it again' first.
   # The undamaged record is reused by both.
   _write(tmp_path / 'rec' / 'select_x.json', good)
   for from_records in (False, True):
-    runs = bm.Runs(str(tmp_path / 'rec'), str(tmp_path), 1, from_records)
+    runs = bench_records.Runs(
+        str(tmp_path / 'rec'), str(tmp_path), 1, from_records
+    )
     assert runs._load_record('select_x', good['args'], check=check) == good
 
 
 def test_from_records_stops_at_a_missing_record_and_never_trains(tmp_path):
-  runs = bm.Runs(str(tmp_path / 'rec'), str(tmp_path), 1, True)
+  runs = bench_records.Runs(str(tmp_path / 'rec'), str(tmp_path), 1, True)
   (tmp_path / 'rec').mkdir()
   args = _tiny_fedavg_args(tmp_path, 2, 'select_fedavg')
-  with pytest.raises(bm.MissingRecord, match='no record .*select_fedavg'):
+  with pytest.raises(
+      bench_records.MissingRecord, match='no record .*select_fedavg'
+  ):
     runs.run(args, 2, False)
-  with pytest.raises(bm.MissingRecord, match='no record .*_ftfinal'):
+  with pytest.raises(bench_records.MissingRecord, match='no record .*_ftfinal'):
     runs.fine_tune(args, [0.1], 1, 5)
-  with pytest.raises(bm.MissingRecord, match='no record .*trivial_select'):
+  with pytest.raises(
+      bench_records.MissingRecord, match='no record .*trivial_select'
+  ):
     runs.trivial(args, 'select')
   assert not runs._workers  # No worker was started: nothing trained.
   assert not (tmp_path / 'runs').exists()
@@ -1918,7 +1970,7 @@ def test_a_finished_folder_without_its_client_files_is_moved_and_run_again(
     tmp_path, capfd
 ):
   args = _tiny_fedavg_args(tmp_path, 2, 'select_fedavg')
-  runs = bm.Runs(str(tmp_path / 'rec'), str(tmp_path), 1, False)
+  runs = bench_records.Runs(str(tmp_path / 'rec'), str(tmp_path), 1, False)
   try:
     first = runs.run(args, 2, False)
     folder = tmp_path / 'runs' / 'select_fedavg'

@@ -490,8 +490,10 @@ def test_resolution_steps_are_the_statistics_moves():
 
 def test_fell_back_is_a_return_to_the_trivial_score_after_leaving_it():
   trivial = 0.2
-  # Never left (a slow starter at the trivial score): not a fall-back.
+  # Never left (a slow starter at the trivial score): not a fall-back, nor
+  # a wobble above and below its fall-back line that never rose 3 points.
   assert not bs.fell_back([0.2, 0.205, 0.209], trivial)
+  assert not bs.fell_back([0.2, 0.225, 0.205, 0.228, 0.2], trivial)
   # Left, then back to within the margin (1 point) of it.
   assert bs.fell_back([0.25, 0.4, 0.21], trivial)
   assert bs.fell_back([0.25, 0.1, 0.45], trivial)  # Below, recovered.
@@ -504,9 +506,12 @@ def test_fell_back_is_a_return_to_the_trivial_score_after_leaving_it():
   rng = np.random.default_rng(0)
   for _ in range(200):
     curve = list(rng.uniform(0.15, 0.3, size=5))
-    line = trivial + bs.FALLBACK_MARGIN
+    low = trivial + bs.FALLBACK_MARGIN
+    high = trivial + bs.LEAVE_MARGIN
     expected = any(
-        curve[j] <= line < curve[i] for i in range(5) for j in range(i + 1, 5)
+        curve[j] <= low and curve[i] > high
+        for i in range(5)
+        for j in range(i + 1, 5)
     )
     assert bs.fell_back(curve, trivial) == expected
 

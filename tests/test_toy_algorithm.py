@@ -139,6 +139,26 @@ def test_registered_toy_is_in_the_table(toy_registered):
     register()
 
 
+def test_the_registered_toy_enters_the_benchmark_with_its_grid(toy_registered):
+  # No benchmark file names it: the registry's traits do (label, tuned
+  # option), and the plan runs its declared grid.
+  del toy_registered
+  from run.experiments import benchmark_settings  # pylint: disable=g-import-not-at-top
+
+  methods = {m.name: m for m in benchmark_settings.methods()}
+  toy = methods[NAME]
+  assert (toy.label, toy.knob, toy.grid) == (
+      NAME,
+      'toy_scale',
+      (0.25, 0.5, 1.0, 2.0, 4.0),
+  )
+  assert (toy.low, toy.high) == (0.1, 10.0)
+  names = list(methods)
+  assert names.index(NAME) == names.index('fedcomed_plus') + 1
+  assert names[-2:] == ['fedavg_ft', 'local']  # The baselines stay last.
+  assert 'qfedsgd' not in methods  # Declared out of the benchmark.
+
+
 def test_help_lists_the_toy_and_its_option():
   code, out, err = run_binary(['--help'])
   assert code == 0, err[-2000:]

@@ -366,6 +366,7 @@ def _build(options: AflOptions, model_fn, context: options_lib.Context):
 
 ALGORITHM = options_lib.Algorithm(
     name='afl',
+    label='AFL',
     options=AflOptions,
     definition=_definition,
     builder=_build,

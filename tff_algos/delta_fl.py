@@ -748,6 +748,7 @@ def _build(options: DeltaFlOptions, model_fn, context: options_lib.Context):
 
 ALGORITHM = options_lib.Algorithm(
     name='deltafl',
+    label='Delta-FL',
     options=DeltaFlOptions,
     definition=_definition,
     builder=_build,

@@ -619,6 +619,7 @@ def _build(options: DittoOptions, model_fn, context: options_lib.Context):
 
 ALGORITHM = options_lib.Algorithm(
     name='ditto',
+    label='Ditto',
     options=DittoOptions,
     definition=_definition,
     builder=_build,

@@ -93,6 +93,7 @@ def _build(options: FedAvgOptions, model_fn, context: options_lib.Context):
 
 ALGORITHM = options_lib.Algorithm(
     name='fedavg',
+    label='FedAvg',
     options=FedAvgOptions,
     definition=_definition,
     builder=_build,

@@ -627,7 +627,7 @@ class FedPlusOptions(options_lib.Options):
     )
 
 
-def _entry(name: str, psi: str) -> options_lib.Algorithm:
+def _entry(name: str, psi: str, label: str) -> options_lib.Algorithm:
   def definition(options: FedPlusOptions, context: options_lib.Context):
     return engine_definition(psi=psi, **options.arguments(context))
 
@@ -636,6 +636,7 @@ def _entry(name: str, psi: str) -> options_lib.Algorithm:
 
   return options_lib.Algorithm(
       name=name,
+      label=label,
       options=FedPlusOptions,
       definition=definition,
       builder=build,
@@ -674,7 +675,7 @@ def _entry(name: str, psi: str) -> options_lib.Algorithm:
 
 
 ALGORITHMS = (
-    _entry('fedavg_plus', 'avg'),
-    _entry('fedgeomed_plus', 'geomed'),
-    _entry('fedcomed_plus', 'comed'),
+    _entry('fedavg_plus', 'avg', 'FedAvg+'),
+    _entry('fedgeomed_plus', 'geomed', 'FedGeoMed+'),
+    _entry('fedcomed_plus', 'comed', 'FedCoMed+'),
 )

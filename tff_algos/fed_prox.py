@@ -192,6 +192,7 @@ def _build(options: FedProxOptions, model_fn, context: options_lib.Context):
 
 ALGORITHM = options_lib.Algorithm(
     name='fedprox',
+    label='FedProx',
     options=FedProxOptions,
     definition=_definition,
     builder=_build,

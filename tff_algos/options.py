@@ -311,6 +311,8 @@ class Algorithm:
       aggregate; else the algorithm's own server step, described (the
       server optimizer settings are then refused, never ignored).
     example: Options of a representative run (timing benchmarks).
+    label: Its name in tables (default: `name`).
+    in_benchmark: The tail benchmark runs it (with its tuned options).
   """
 
   name: str
@@ -327,6 +329,8 @@ class Algorithm:
   drops_stragglers: bool = False
   own_server_step: str = ''
   example: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  label: str = ''
+  in_benchmark: bool = True
 
   def __post_init__(self):
     unknown = set(self.engines) - set(ENGINES)

@@ -462,6 +462,7 @@ _TUNED_Q = options_lib.TunedOption(
 )
 QFFL = options_lib.Algorithm(
     name='qffl',
+    label='q-FedAvg',
     options=QfflOptions,
     definition=_definition(local_solver=True),
     builder=_build_qffl,
@@ -471,6 +472,9 @@ QFFL = options_lib.Algorithm(
 )
 QFEDSGD = options_lib.Algorithm(
     name='qfedsgd',
+    label='q-FedSGD',
+    # q-FFL's benchmark row is q-FedAvg, the thesis's recommended solver.
+    in_benchmark=False,
     options=QfflOptions,
     definition=_definition(local_solver=False),
     builder=_build_qfedsgd,

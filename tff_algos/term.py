@@ -306,6 +306,7 @@ def _build(options: TermOptions, model_fn, context: options_lib.Context):
 
 ALGORITHM = options_lib.Algorithm(
     name='term',
+    label='TERM',
     options=TermOptions,
     definition=_definition,
     builder=_build,

@@ -73,7 +73,7 @@ def source_hash(root: Optional[str] = None) -> str:
 
 
 def _commit(root: str) -> Optional[str]:
-  if not os.path.isdir(os.path.join(root, '.git')):
+  if not os.path.exists(os.path.join(root, '.git')):  # A worktree's: a file.
     return None
   try:
     out = subprocess.run(

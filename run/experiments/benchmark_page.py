@@ -2,8 +2,8 @@
 """The tail benchmark's page, pictures and results file, from its records.
 
 Everything here reads the per-client arrays of the runs' records
-(`run.experiments.benchmark.Runs`), so the page is the same whether the runs
-ran now or were read back (`--from_records`).
+(`run.experiments.benchmark_records.Runs`), so the page is the same whether
+the runs ran now or were read back (`--from_records`).
 """
 
 import dataclasses
@@ -234,8 +234,9 @@ def ft_start_line(report: Report) -> str:
           f'seed {s} ({o[0]:g} clients, up to {o[1]:.2f} points)'
           for s, o in off
       )
-      + ': those runs were trained again for the fine-tuning and their floats '
-      'rounded otherwise, so its differences against FedAvg carry that offset.'
+      + ': its starting models are not the ones those records evaluated, so '
+      'its differences against FedAvg carry that offset (records made before '
+      'the models were saved with them).'
   )
 
 
@@ -308,7 +309,7 @@ def selection_table(report: Report) -> str:
     chosen = best.describe(choice.method)
     if choice.edges:
       chosen += ' **(at an edge: ' + ', '.join(choice.edges) + ')**'
-    grid = ', '.join(f'{v:g}' for v in values) if knob else '-'
+    grid = _values_text(values) if knob else '-'
     if knob and choice.extensions:
       grid += f' ({choice.extensions} extension(s))'
     if knob and getattr(choice.method, 'lines', ()):
@@ -328,13 +329,30 @@ def selection_table(report: Report) -> str:
   return '\n'.join(lines)
 
 
+def _values_text(values: Sequence[float]) -> str:
+  """Values tried, a run of 6 or more consecutive integers as `a-b`."""
+  ints = all(float(v).is_integer() for v in values)
+  if (
+      ints
+      and len(values) >= 6
+      and values == list(range(int(values[0]), int(values[-1]) + 1))
+  ):
+    return f'{values[0]:g}-{values[-1]:g}'
+  return ', '.join(f'{v:g}' for v in values)
+
+
 def _stability(report: Report, method: Any, choice: Any) -> str:
   """Seeds where the chosen configuration diverged or fell back to the
-  trivial score: selection, then reported."""
+  trivial score: selection (its full runs, and its first rung as `+ 1
+  early`), then reported; `-` for the baselines, which train no curve."""
+  if method.baseline:
+    return '-'
   unstable = getattr(choice, 'unstable', {})
-  sel = len(unstable.get(choice.best, ()))
+  sel = str(len(unstable.get(choice.best, ())))
+  if choice.best in getattr(choice, 'early_unstable', ()):
+    sel += ' + 1 early'
   runs = report.results.get(method.name, [])
-  if method.baseline or not runs:
+  if not runs:
     return f'{sel} / -'
   rep = sum(bool(r.get('unstable')) for r in runs)
   return f'{sel} / {rep} of {len(runs)}'
@@ -731,12 +749,14 @@ def page(report: Report, pngs: Sequence[str]) -> str:
       'and the baselines). A choice at '
       'an edge of its grid extends it one step (up to the allowed '
       "extensions, within the knob's range), run on every selection seed; "
-      "a choice still at an edge is **marked**. The baselines' fine-tuning "
-      'learning rate and epochs (0 to '
-      f"{b.fine_tune_epochs} at first) are chosen the same way on FedAvg's "
-      'chosen selection runs: local training from its initial model, FedAvg '
-      '+ fine-tuning from its final one; a choice at the most epochs tried '
-      'doubles them, one at an edge rate tries the next rate.',
+      "a choice still at an edge is **marked**. The baselines' learning "
+      "rate and epochs are chosen the same way on FedAvg's chosen selection "
+      'runs, each apart: FedAvg + fine-tuning from its final model, 0 to '
+      f'{b.fine_tune_epochs} epochs at first (a choice at the most epochs '
+      'tried doubles them), local training from its initial model, 0 to '
+      f"{getattr(b, 'local_epochs_max', b.fine_tune_epochs)} epochs (never "
+      'doubled: a choice there is marked); a choice at an edge rate tries the '
+      'next rate.',
       '',
       *rules_paragraph(report),
       selection_table(report),

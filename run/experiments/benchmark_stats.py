@@ -261,9 +261,11 @@ def next_value(
   return new
 
 
-# A curve has left the trivial score (the commonest class's accuracy) when
-# its mean accuracy is this far above it, and falls back when it is again
-# no higher.
+# A curve has left the trivial score (the commonest class's accuracy) once
+# its mean accuracy is LEAVE_MARGIN above it, and falls back when it is
+# again no more than FALLBACK_MARGIN above it: the gap between the two keeps
+# a slow starter that wobbles near the trivial score from counting.
+LEAVE_MARGIN = 0.03
 FALLBACK_MARGIN = 0.01
 
 
@@ -271,21 +273,22 @@ def fell_back(
     means: Sequence[float],
     trivial: Optional[float],
     margin: float = FALLBACK_MARGIN,
+    leave: float = LEAVE_MARGIN,
 ) -> bool:
   """Whether a curve of mean accuracies (in evaluation order) diverged (a
-  non-finite value) or fell back to `trivial` + `margin` after rising
-  above it (None: no trivial score known; only divergence counts)."""
+  non-finite value) or fell back to `trivial` + `margin` after rising above
+  `trivial` + `leave` (None: no trivial score known; only divergence
+  counts)."""
   values = [float(m) for m in means]
   if any(not math.isfinite(m) for m in values):
     return True
   if trivial is None:
     return False
-  line = trivial + margin
   left = False
   for m in values:
-    if m > line:
+    if m > trivial + leave:
       left = True
-    elif left:
+    elif left and m <= trivial + margin:
       return True
   return False
 

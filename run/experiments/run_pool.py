@@ -369,6 +369,10 @@ def serve() -> int:
     runtime.kill_workers = kill_workers
 
 
+# run.train's exit codes after SIGINT, SIGTERM, SIGHUP.
+_INTERRUPTED = (130, 128 + signal.SIGTERM, 128 + signal.SIGHUP)
+
+
 def _serve_requests(proto, train, fine_tune) -> int:
   """`serve`'s loop: runs each request; 1 after a bug in the binary."""
   # pylint: disable=g-import-not-at-top
@@ -419,6 +423,13 @@ def _serve_requests(proto, train, fine_tune) -> int:
           code = 1
       elif code == 0:
         code = train.main(['train'])
+        if code in _INTERRUPTED:
+          # The driver forwarded a signal to end its runs: this worker ends
+          # too (it would otherwise wait for a next run until the driver's
+          # grace period ran out and killed it).
+          proto.write(json.dumps({'code': code, 'error': 'interrupted'}) + '\n')
+          proto.flush()
+          return code
     except Exception as e:  # pylint: disable=broad-except
       # A bug in the binary: report it, then end this worker (a fresh one
       # takes the next run) rather than run on in an unknown state.

@@ -381,7 +381,8 @@ def rules_paragraph(report: Report) -> list[str]:
       + 'A configuration that diverged, or whose validation curve fell back '
       'to within 1 point of the trivial score (every example given the '
       "training clients' commonest class: "
-      f'{trivial_text}) after rising above it, on any selection seed, '
+      f'{trivial_text}) after rising 3 points above it, on any selection '
+      'seed, '
       'ranks below every stable one. Where the best two configurations '
       'differ in mean validation worst10 by less than the larger of their '
       'stds over the seeds, both run on one more selection seed (at most '

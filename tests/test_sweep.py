@@ -46,8 +46,9 @@ IN_PROCESS = (
     'run.stateful_program',
     'run.report',
 )
-# The name error lines start with, where it is not the module's last part.
-PROG = {'run.stateful_program': 'program'}
+# The name error lines start with, where it is not the module's last part
+# (none today: run.stateful_program's lines say stateful_program:).
+PROG = {}
 # Binaries that accept the flags of another (run.program adopts run.train's).
 ADOPTED = {'run.program': 'run.train', 'run.stateful_program': 'run.train'}
 _SMALL_TRAINING = [

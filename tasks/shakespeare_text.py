@@ -103,7 +103,6 @@ import re
 import secrets
 import sqlite3
 import statistics
-import sys
 from typing import Optional
 
 SQLITE_NAME = 'shakespeare.sqlite'

@@ -129,7 +129,12 @@ class _TiedPopen(subprocess.Popen, metaclass=_AnyPopen):
       prctl = ctypes.CDLL(None, use_errno=True).prctl  # Loaded before fork.
       parent = os.getpid()
       kwargs['preexec_fn'] = lambda: _die_with_parent(prctl, parent)
-    _in_spawner_thread(lambda: subprocess.Popen.__init__(self, args, **kwargs))
+    # pytype cannot follow **kwargs into Popen's overloads.
+    _in_spawner_thread(
+        lambda: subprocess.Popen.__init__(  # pytype: disable=wrong-arg-types
+            self, args, **kwargs
+        )
+    )
 
 
 class _TiedSubprocess:

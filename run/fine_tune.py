@@ -25,6 +25,7 @@ The result is written to `<run>/fine_tuning.json` (whole or not at all) and
 returned: `{start: {split: {lr: [epoch 0, 1, ...: {metric: [per client]}]}}}`.
 """
 
+import io
 import json
 import math
 import os
@@ -88,10 +89,9 @@ def export_model(path: str) -> None:
   `trainable_K` and `non_trainable_K` arrays), whole or not at all."""
   _, process, _, out_dir, _, _ = train.prepare(writer='train')
   weights = _final_weights(process, process.initialize(), out_dir)
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  tmp = f'{path}.tmp.npz'
-  np.savez(tmp, **_arrays(weights))
-  os.replace(tmp, path)
+  buffer = io.BytesIO()
+  np.savez(buffer, **_arrays(weights))
+  atomic.write_bytes(path, buffer.getvalue())
 
 
 def load_model(path: str, like):

@@ -45,6 +45,7 @@ WRITES_THEIR_OWN_TEMPORARY_FILES = {
     ('tools/build_deps.py', 'write'): 'generated BUILD files; --check',
     ('run/experiments/run_pool.py', '_start'): 'a worker log, appended',
     ('run/experiments/run_pool.py', 'serve'): 'the stdout pipe, not a file',
+    ('run/fine_tune.py', 'export_model'): 'into memory, then run.atomic',
 }
 
 

@@ -9,7 +9,7 @@ lines) from `tff_algos.registry`; `Budget` is what every method gets;
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Optional
+from typing import Any, Optional
 
 
 from run.experiments import benchmark_stats as stats
@@ -122,7 +122,7 @@ class Method:
   def line(self, name: str) -> Line:
     return next(line for line in self.lines if line.name == name)
 
-  def knob_flags(self, config: 'Config') -> list[str]:
+  def knob_flags(self, config: Any) -> list[str]:  # A selection Config.
     out = [f'--algorithm={self.name}', *self.flags]
     if self.knob is not None:
       out.append(f'--{self.knob}={config.value:g}')

@@ -42,16 +42,24 @@ def flag_value(args: Sequence[str], name: str) -> str:
   return next(a.split('=', 1)[1] for a in args if a.startswith(f'--{name}='))
 
 
-def read_json(path: str, what: str) -> Optional[Any]:
-  """A JSON file's content; None (with a warning if damaged) otherwise."""
+def load_json(path: str) -> tuple[Optional[Any], Optional[str]]:
+  """`(content, None)`; `(None, None)` for a missing file; `(None, error
+  name)` for an unreadable one."""
   try:
     with open(path) as f:
-      return json.load(f)
+      return json.load(f), None
   except FileNotFoundError:
-    return None
+    return None, None
   except (OSError, ValueError) as e:
-    warn(f'{path}: unreadable {what} ({type(e).__name__}); doing it again')
-    return None
+    return None, type(e).__name__
+
+
+def read_json(path: str, what: str) -> Optional[Any]:
+  """A JSON file's content; None (with a warning if damaged) otherwise."""
+  content, error = load_json(path)
+  if error:
+    warn(f'{path}: unreadable {what} ({error}); doing it again')
+  return content
 
 
 def _client_rows(run_path: str, personal: bool) -> dict[str, dict[str, list]]:
@@ -357,14 +365,10 @@ class Runs:
     warn(f'{path}: damaged ({problem}); doing it again')
 
   def _read_record(self, path: str) -> Optional[Any]:
-    try:
-      with open(path) as f:
-        return json.load(f)
-    except FileNotFoundError:
-      return None
-    except (OSError, ValueError) as e:
-      self._damaged(path, f'unreadable: {type(e).__name__}')
-      return None
+    content, error = load_json(path)
+    if error:
+      self._damaged(path, f'unreadable: {error}')
+    return content
 
   def _load_record(
       self,

@@ -53,7 +53,6 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import asyncio
-import csv
 import dataclasses
 import datetime
 import functools
@@ -1015,31 +1014,7 @@ def write_per_client(
   clients_dir = os.path.join(output_dir, 'clients')
   os.makedirs(clients_dir, exist_ok=True)
   path = os.path.join(clients_dir, f'round_{round_num:05d}.csv')
-  # Splits may have other columns (a personal split's `lambda`): the union.
-  names = list(
-      dict.fromkeys(
-          k
-          for values in per_client.values()
-          for k in values
-          if k != 'client_id'
-      )
-  )
-  with atomic.open_for_replace(path, newline='') as f:
-    writer = csv.writer(f)
-    writer.writerow(['split', 'client_id'] + names)
-    for split, values in per_client.items():
-      for i, cid in enumerate(values['client_id']):
-        writer.writerow(
-            [split, cid]
-            + [
-                ''
-                if n not in values
-                else repr(round(float(values[n][i]), 7))
-                if n != 'num_examples'
-                else str(int(values[n][i]))
-                for n in names
-            ]
-        )
+  simulation.write_client_csv(path, per_client)
   atomic.write_json(
       os.path.join(output_dir, 'summary.json'),
       {

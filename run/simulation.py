@@ -593,17 +593,28 @@ def summarize(
   return summaries
 
 
-def _write_client_csv(path: str, per_client) -> None:
+def write_client_csv(path: str, per_client) -> None:
+  """Writes `per_client` (split -> column -> values) as one CSV, whole.
+
+  One row per split and client; the columns are the union over the splits
+  (a personal split's `lambda`), empty where a split has none.
+  """
+  names = list(
+      dict.fromkeys(
+          k
+          for values in per_client.values()
+          for k in values
+          if k != 'client_id'
+      )
+  )
   with atomic.open_for_replace(path, newline='') as f:
-    writer = None
+    writer = csv.writer(f)
+    writer.writerow(['split', 'client_id'] + names)
     for split, values in per_client.items():
-      names = [k for k in values if k != 'client_id']
-      if writer is None:
-        writer = csv.writer(f)
-        writer.writerow(['split', 'client_id'] + names)
       for i, cid in enumerate(values['client_id']):
         writer.writerow(
-            [split, cid] + [_fmt(values[name][i]) for name in names]
+            [split, cid]
+            + [_fmt(values[n][i]) if n in values else '' for n in names]
         )
 
 
@@ -957,7 +968,7 @@ def _evaluate(
     )
   _check_evaluation_finite(per_client, round_num)
   if outputs:
-    _write_client_csv(
+    write_client_csv(
         os.path.join(outputs.clients_dir, f'round_{round_num:05d}.csv'),
         per_client,
     )
@@ -971,7 +982,7 @@ def _evaluate(
         eval_computation=eval_computation,
     )
     if outputs:
-      _write_client_csv(
+      write_client_csv(
           os.path.join(
               outputs.clients_dir, f'personal_round_{round_num:05d}.csv'
           ),

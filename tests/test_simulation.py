@@ -320,3 +320,29 @@ def test_per_client_evaluation_makes_datasets_a_chunk_at_a_time():
   ]
   assert list(out['test']['accuracy']) == [0, 1, 2, 3, 4]
   assert list(out['test']['client_id']) == Clients.client_ids
+
+
+def test_client_csv_is_the_union_of_the_splits_columns(tmp_path):
+  """The one per-client CSV writer (the simulation's and the programs')."""
+  per_client = {
+      'test': {
+          'client_id': ['a', 'b'],
+          'num_examples': np.array([3, 4], np.int32),
+          'accuracy': np.array([0.5, 0.25], np.float32),
+      },
+      'personal/test': {
+          'client_id': ['a'],
+          'accuracy': np.array([1.0 / 3.0], np.float64),
+          'lambda': np.array([0.1], np.float64),
+      },
+  }
+  path = tmp_path / 'round_00001.csv'
+  simulation.write_client_csv(str(path), per_client)
+  with open(path, newline='') as f:
+    rows = list(csv.reader(f))
+  assert rows == [
+      ['split', 'client_id', 'num_examples', 'accuracy', 'lambda'],
+      ['test', 'a', '3', '0.5', ''],
+      ['test', 'b', '4', '0.25', ''],
+      ['personal/test', 'a', '', '0.3333333', '0.1'],
+  ]

@@ -29,24 +29,20 @@ BINARIES = (
     'run.program',
     'run.stateful_program',
     'run.report',
-    'run.experiments.reproduce',
-    'run.experiments.benchmark',
+    'run.tail_benchmark.benchmark',
     'run.benchmarks.bench',
     'run.benchmarks.bench_suite',
     'run.benchmarks.bench_scale',
     'run.benchmarks.bench_loss_pass',
     'run.benchmarks.bench_ditto_scale',
     'run.benchmarks.bench_padding',
-    'run.experiments.ditto_lambda_sweep',
-    'run.experiments.fedplus_regression',
-    'run.experiments.privacy_experiments',
-    'run.experiments.numpy_sim',
-    'run.experiments.fedprox_sim',
-    'run.experiments.ditto_theorem7',
-    'run.experiments.qffl_h_scale',
     'run.download',
     'run.shakespeare_text',
 )
+
+# The paper reproductions and one-off experiments (`run/experiments`) run
+# from a clone (`python -m run.experiments.<name>`): they are not installed.
+NOT_INSTALLED = ('run.experiments', 'run.experiments.*')
 
 # Files other than Python modules that the packages read at run time; none
 # today. tests/test_wheel.py fails if a package folder holds a file that is
@@ -73,7 +69,8 @@ if __name__ == '__main__':
       license='Apache-2.0',
       python_requires='>=3.9,<3.12',
       packages=setuptools.find_packages(
-          include=[p for name in PACKAGES for p in (name, name + '.*')]
+          include=[p for name in PACKAGES for p in (name, name + '.*')],
+          exclude=NOT_INSTALLED,
       ),
       package_data={name: list(PACKAGE_DATA) for name in PACKAGES},
       install_requires=[

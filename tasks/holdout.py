@@ -1,7 +1,7 @@
 # Copyright 2026 The tff-hetero Authors. Licensed under the Apache License 2.0.
 """Held-out and validation splits of the training clients, for any task.
 
-The tail benchmark (`run.experiments.benchmark`) needs, on every dataset, the
+The tail benchmark (`run.tail_benchmark.benchmark`) needs, on every dataset, the
 training clients' own held-out data, a validation split of those clients to
 tune each algorithm's knob on, and the unseen clients when the task has
 them. `with_holdout` derives all three from a task:

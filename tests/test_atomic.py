@@ -43,8 +43,8 @@ WRITES_THEIR_OWN_TEMPORARY_FILES = {
     ('tff_algos/client_states.py', '_atomic_savez'): 'mkstemp, renamed',
     ('tff_algos/client_states.py', 'snapshot'): 'mkstemp, renamed',
     ('tools/build_deps.py', 'write'): 'generated BUILD files; --check',
-    ('run/experiments/run_pool.py', '_start'): 'a worker log, appended',
-    ('run/experiments/run_pool.py', 'serve'): 'the stdout pipe, not a file',
+    ('run/tail_benchmark/pool.py', '_start'): 'a worker log, appended',
+    ('run/tail_benchmark/pool.py', 'serve'): 'the stdout pipe, not a file',
     ('run/fine_tune.py', 'export_model'): 'into memory, then run.atomic',
 }
 

@@ -1,6 +1,6 @@
 # Copyright 2026 The tff-hetero Authors. Licensed under the Apache License 2.0.
 # pylint: disable=protected-access
-"""Tests of the tail benchmark (`run.experiments.benchmark`, `tasks.holdout`).
+"""Tests of the tail benchmark (`run.tail_benchmark`, `tasks.holdout`).
 
 The statistics are checked against independent computations (SciPy, plain
 loops); the end-to-end runs use real roles of the plays that the pinned
@@ -24,12 +24,12 @@ import pytest
 from run import algorithms
 from run import engines
 from run import simulation
-from run.experiments import benchmark as bm
-from run.experiments import benchmark_records as bench_records
-from run.experiments import benchmark_selection as bench_selection
-from run.experiments import benchmark_settings as bench_settings
-from run.experiments import benchmark_page
-from run.experiments import reproduce
+from run.tail_benchmark import benchmark as bm
+from run.tail_benchmark import records as bench_records
+from run.tail_benchmark import selection as bench_selection
+from run.tail_benchmark import settings as bench_settings
+from run.tail_benchmark import page as benchmark_page
+from run.tail_benchmark import processes
 from tasks import base
 from tasks import holdout
 from tasks import shakespeare_text
@@ -910,7 +910,7 @@ class _StoppedWorker:
   def run(self, args):
     os.makedirs(self.path, exist_ok=True)
     time.sleep(0.3)
-    raise reproduce.NotStarted()
+    raise processes.NotStarted()
 
 
 def test_a_folder_past_the_rounds_asked_is_refused(tmp_path):
@@ -1084,7 +1084,7 @@ def _record(tmp_path, name, args, origin):
 
 
 def test_a_record_of_another_origin_is_redone_unless_accepted(tmp_path, capfd):
-  from run.experiments import benchmark_origin as origin_lib  # pylint: disable=g-import-not-at-top
+  from run.tail_benchmark import origin as origin_lib  # pylint: disable=g-import-not-at-top
 
   args = ['--task=synthetic', '--experiment_name=select_x', '--algorithm=term']
   here = origin_lib.current(args)
@@ -1279,7 +1279,7 @@ def test_a_resumed_run_counts_every_invocation(tmp_path):
   runs = bench_records.Runs(str(tmp_path / 'rec'), str(tmp_path), 1, False)
   runs._local.worker = _StoppedWorker(str(tmp_path / 'final_x'))
   for _ in range(2):
-    with pytest.raises(reproduce.NotStarted):
+    with pytest.raises(processes.NotStarted):
       runs._run(args, 3, False)
   with open(tmp_path / 'final_x' / bench_records.WALL) as f:
     assert json.load(f)['wall_s'] >= 0.6  # Both invocations.
@@ -1437,9 +1437,21 @@ def test_bad_input_is_one_line_before_any_run(tmp_path):
           ['--from_records', f'--records_dir={tmp_path}/none'],
           'no such folder (--from_records reads',
       ),
+      (
+          ['--rerun=x', '--from_records', f'--records_dir={tmp_path}'],
+          '--rerun runs records again: not with --from_records',
+      ),
+      (
+          ['--rerun=missing', f'--records_dir={tmp_path}'],
+          '--rerun: no record',
+      ),
+      (
+          ['--rerun=two', f'--records_dir={tmp_path}'],
+          "two.json is not a training run's record",
+      ),
   ]
   results = binary.call_main_in_subprocess(
-      'run.experiments.benchmark',
+      'run.tail_benchmark.benchmark',
       'benchmark',
       [base + a for a, _ in cases],
   )
@@ -1483,7 +1495,7 @@ def _femnist_folder(root, corrupt_test=False):
 
 def _benchmark(args, timeout=900):
   code, stdout, stderr = binary.run_module(
-      'run.experiments.benchmark', args, timeout=timeout
+      'run.tail_benchmark.benchmark', args, timeout=timeout
   )
   assert code == 0, stderr[-3000:]
   return stdout, stderr
@@ -1559,7 +1571,7 @@ def test_real_roles_end_to_end_resumed_and_a_cell_rerun(tmp_path):
   out = tmp_path / 'out'
   args = _roles_args(data, out)
   with subprocess.Popen(
-      [sys.executable, '-m', 'run.experiments.benchmark'] + args,
+      [sys.executable, '-m', 'run.tail_benchmark.benchmark'] + args,
       cwd=binary.ROOT,
       stderr=subprocess.PIPE,
       stdout=subprocess.DEVNULL,

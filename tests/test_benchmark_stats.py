@@ -1,5 +1,5 @@
 # Copyright 2026 The tff-hetero Authors. Licensed under the Apache License 2.0.
-"""Tests of the tail benchmark's statistics (`run.experiments.benchmark_stats`).
+"""Tests of the tail benchmark's statistics (`run.tail_benchmark.stats`).
 
 Every statistic is checked against an independent computation written here:
 sorted lists and exact fractions for the per-client tails, plain loops and
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from run.experiments import benchmark_stats as bs
+from run.tail_benchmark import stats as bs
 
 # ------------------------------------------------------------ by hand
 

@@ -19,7 +19,6 @@ requirements-nodeps.txt.
 # bazel-data: run/benchmarks/bench_scale.py
 # bazel-data: run/benchmarks/bench_suite.py
 # bazel-data: run/download.py
-# bazel-data: run/experiments/benchmark.py
 # bazel-data: run/experiments/ditto_lambda_sweep.py
 # bazel-data: run/experiments/ditto_theorem7.py
 # bazel-data: run/experiments/fedplus_regression.py
@@ -32,6 +31,7 @@ requirements-nodeps.txt.
 # bazel-data: run/report.py
 # bazel-data: run/shakespeare_text.py
 # bazel-data: run/stateful_program.py
+# bazel-data: run/tail_benchmark/benchmark.py
 # bazel-data: run/train.py
 
 import ast
@@ -96,10 +96,24 @@ def test_binaries_are_declared():
   assert declared == found, ('declared, not binaries (or unsorted)', declared)
 
 
-def test_every_binary_is_a_console_command():
+def _installed(setup, module: str) -> bool:
+  return not any(
+      module == pattern or module.startswith(pattern.rstrip('*'))
+      for pattern in setup.NOT_INSTALLED
+  )
+
+
+def test_every_installed_binary_is_a_console_command():
+  """Every binary of the wheel is a command; the experiments are neither."""
   setup = package_sources.load_setup()
   binaries = binaries_in_checkout()
-  assert sorted(setup.BINARIES) == sorted(binaries)
+  installed = sorted(m for m in binaries if _installed(setup, m))
+  assert sorted(setup.BINARIES) == installed
+  experiments = sorted(set(binaries) - set(installed))
+  assert experiments and all(
+      m.startswith('run.experiments.') for m in experiments
+  ), experiments
+  assert 'run.tail_benchmark.benchmark' in setup.BINARIES
   names = [setup.command_name(m) for m in setup.BINARIES]
   assert len(set(names)) == len(names)
   assert (
@@ -121,6 +135,7 @@ def test_packages_hold_every_subpackage():
   found = setuptools.find_packages(
       where=ROOT,
       include=[p for name in setup.PACKAGES for p in (name, name + '.*')],
+      exclude=setup.NOT_INSTALLED,
   )
   on_disk = {
       os.path.relpath(folder, ROOT).replace(os.sep, '.')
@@ -128,7 +143,9 @@ def test_packages_hold_every_subpackage():
       for folder, _, files in os.walk(os.path.join(ROOT, package))
       if '__init__.py' in files
   }
-  assert set(found) == on_disk
+  assert set(found) == {p for p in on_disk if _installed(setup, p)}
+  assert 'run.experiments' in on_disk and 'run.experiments' not in found
+  assert 'run.tail_benchmark' in found
   assert {
       'tff_algos',
       'tff_algos.aggregators',

@@ -1,5 +1,5 @@
 # Copyright 2026 The tff-hetero Authors. Licensed under the Apache License 2.0.
-"""Tests of `run.experiments.run_pool`: runs in a worker equal runs alone.
+"""Tests of `run.tail_benchmark.pool`: runs in a worker equal runs alone.
 
 A worker keeps the task, the TFF process, the engine and the evaluation
 computation between runs; a run must not see that: its summary equals the
@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from run.experiments import run_pool
+from run.tail_benchmark import pool as run_pool
 from tests import binary
 from tff_algos import runtime
 
@@ -122,7 +122,7 @@ def test_errors_are_one_line_and_the_worker_goes_on(tmp_path):
 
 _DRIVER = """
 import json, sys
-from run.experiments import run_pool
+from run.tail_benchmark import pool as run_pool
 worker = run_pool.RunWorker(sys.argv[2])
 worker._start()
 print(worker._proc.pid, flush=True)

@@ -71,7 +71,7 @@ BASE = {
         '--seeds=0',
         '--rounds=1',
     ],
-    'run.experiments.benchmark': [],
+    'run.tail_benchmark.benchmark': [],
     'run.benchmarks.bench': [
         '--num_clients=4',
         '--examples_per_client=5',
@@ -135,7 +135,7 @@ _DISK_STATES = ['--client_state_store=disk']
 OUTPUTS = {
     'run.download': {'data_dir': []},
     'run.benchmarks.bench_ditto_scale': {'state_dir': []},
-    'run.experiments.benchmark': {'records_dir': []},
+    'run.tail_benchmark.benchmark': {'records_dir': []},
     'run.train': {
         'client_state_dir': ['--algorithm=ditto', '--ditto_lambda=1']
         + _DISK_STATES
@@ -162,7 +162,7 @@ INPUTS = {
         ('data_dir', ['--task=shakespeare_character'], BOTH)
     ],
     # A missing --data_dir is where it builds shakespeare.sqlite.
-    'run.experiments.benchmark': [
+    'run.tail_benchmark.benchmark': [
         ('data_dir', ['--setting=shakespeare'], ('damaged',))
     ],
     'run.benchmarks.bench_padding': [('data_dir', [], BOTH)],

@@ -143,7 +143,7 @@ def test_the_registered_toy_enters_the_benchmark_with_its_grid(toy_registered):
   # No benchmark file names it: the registry's traits do (label, tuned
   # option), and the plan runs its declared grid.
   del toy_registered
-  from run.experiments import benchmark_settings  # pylint: disable=g-import-not-at-top
+  from run.tail_benchmark import settings as benchmark_settings  # pylint: disable=g-import-not-at-top
 
   methods = {m.name: m for m in benchmark_settings.methods()}
   toy = methods[NAME]

@@ -217,6 +217,15 @@ def outside(tmp_path):
   return str(tmp_path)
 
 
+def _not_installed(path: str) -> bool:
+  """Whether `path` (relative to the checkout) is in setup's NOT_INSTALLED."""
+  package = os.path.dirname(path).replace(os.sep, '.')
+  return any(
+      package == p or package.startswith(p.rstrip('*'))
+      for p in package_sources.load_setup().NOT_INSTALLED
+  )
+
+
 def _modules_in_checkout():
   modules = []
   for package in package_sources.load_setup().PACKAGES:
@@ -224,7 +233,7 @@ def _modules_in_checkout():
         os.path.join(ROOT, package, '**', '*.py'), recursive=True
     ):
       modules.append(os.path.relpath(path, ROOT))
-  return sorted(modules)
+  return sorted(m for m in modules if not _not_installed(m))
 
 
 def _data_files_in_checkout():
@@ -238,7 +247,7 @@ def _data_files_in_checkout():
           for f in files
           if not f.endswith('.py') and f != 'BUILD'
       ]
-  return sorted(found)
+  return sorted(f for f in found if not _not_installed(f))
 
 
 def test_wheel_and_sdist_hold_every_module_and_command(dists):
@@ -253,6 +262,7 @@ def test_wheel_and_sdist_hold_every_module_and_command(dists):
   for package in ('tff_algos/', 'tasks/', 'privacy/', 'run/'):
     assert any(n.startswith(package) for n in names), package
   assert not [n for n in names if n.startswith('tests/') or '/BUILD' in n]
+  assert not [n for n in names if n.startswith('run/experiments/')]
   setup = package_sources.load_setup()
   commands = dict(
       re.findall(r'^(tff-hetero-\S+) = (\S+)$', entry_points, re.MULTILINE)

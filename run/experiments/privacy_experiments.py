@@ -23,8 +23,8 @@ r"""Privacy reproductions (issue 6): AdaDPS toy problem, DP-FedAvg vs epsilon.
 Each writes a Markdown table (with the commands) to --output (stdout if
 empty). A SIGTERM, SIGINT or SIGHUP to `dpfedavg_synthetic` ends the running
 training run and its TFF workers and starts no other (as
-run.experiments.reproduce does, with its functions); rerunning the same
-command resumes from the run's last checkpoint.
+run.experiments.reproduce does, with `run.tail_benchmark.processes`);
+rerunning the same command resumes from the run's last checkpoint.
 """
 
 import concurrent.futures
@@ -40,6 +40,7 @@ from run import atomic
 from run import console
 from run import run_dir
 from run.experiments import reproduce
+from run.tail_benchmark import processes
 from privacy import accounting
 from privacy import adadps
 from privacy import dp2
@@ -340,23 +341,23 @@ def run_dpfedavg(train) -> str:
 
 def _run_dpfedavg_stoppably():
   """run_dpfedavg; a SIGTERM, SIGINT or SIGHUP ends its run (exit status)."""
-  stop = reproduce._raise_stopped  # pylint: disable=protected-access
+  stop = processes.raise_stopped
   previous = {
       s: signal.signal(s, stop)
       for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
   }
   # The runs start in sessions of their own (reproduce.run_one) from a
-  # thread: the main thread waits, so a signal's reproduce.Stopped reaches it
-  # while the run is still listed for reproduce.end_children.
+  # thread: the main thread waits, so a signal's processes.Stopped reaches it
+  # while the run is still listed for processes.end_children.
   pool = concurrent.futures.ThreadPoolExecutor(1)
   log = lambda line: print(line, file=sys.stderr, flush=True)
   try:
     return run_dpfedavg(
         lambda args: pool.submit(reproduce.run_one, args, log).result()
     )
-  except reproduce.Stopped as e:
-    ended = reproduce.end_children(e.signum)
-    return reproduce.exit_stopped(
+  except processes.Stopped as e:
+    ended = processes.end_children(e.signum)
+    return processes.exit_stopped(
         'privacy_experiments', e, ended, 'the last checkpoint'
     )
   except RuntimeError as e:  # A run failed (reproduce.run_one).

@@ -47,14 +47,12 @@ Experiments:
 """
 
 import concurrent.futures
-import contextlib
 import json
 import os
 import shlex
 import signal
 import subprocess
 import sys
-import threading
 import time
 
 if not (3, 9) <= sys.version_info[:2] <= (3, 11):
@@ -68,6 +66,7 @@ import numpy as np
 from run import atomic
 from run import console
 from run import run_dir
+from run.tail_benchmark import processes
 
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
@@ -439,54 +438,26 @@ def define_flags() -> None:
   )
 
 
-class Stopped(Exception):
-  """A signal asked the driver to end; its runs are being ended."""
-
-  def __init__(self, signum: int):
-    super().__init__(signal.Signals(signum).name)
-    self.signum = signum
-
-
-class NotStarted(Exception):
-  """A run not started because the driver is ending."""
-
-
-# The training runs now running (each in its own process group, with its TFF
-# workers), guarded by `_lock`; `_stopping` once a signal has arrived.
-_lock = threading.Lock()
-_children: set[subprocess.Popen] = set()
-_stopping = False
-
-
 def run_one(args: list[str], log) -> dict:
   """Runs the training binary; returns its summary.json (resumes if done).
 
   The run is started in its own session (a terminal's Ctrl-C reaches only
-  the driver, which ends its runs itself: `end_children`).
+  the driver, which ends its runs itself: `processes.end_children`).
 
   Raises:
     RuntimeError: If the run fails.
-    NotStarted: If the driver is ending.
+    processes.NotStarted: If the driver is ending.
   """
   cmd = [sys.executable, '-m', 'run.train', '--progress=false'] + args
-  with _lock:
-    if _stopping:
-      raise NotStarted()
-    log('$ ' + ' '.join(shlex.quote(a) for a in cmd[1:]))
-    start = time.time()
-    proc = subprocess.Popen(  # pylint: disable=consider-using-with
-        cmd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    _children.add(proc)
+  start = time.time()
+  proc = processes.start(
+      cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+  )
+  log('$ ' + ' '.join(shlex.quote(a) for a in cmd[1:]))
   try:
     _, stderr = proc.communicate()
   finally:
-    with _lock:
-      _children.discard(proc)
+    processes.forget(proc)
   if proc.returncode != 0:
     raise RuntimeError(
         f'run failed (exit {proc.returncode}): {stderr.strip()[-2000:]}'
@@ -502,63 +473,6 @@ def run_one(args: list[str], log) -> dict:
     summary = json.load(f)
   summary['run_dir'] = os.path.join(out_dir, name)
   return summary
-
-
-def end_children(signum: int, grace_s: float = 10.0) -> int:
-  """Ends the running training runs and their TFF workers; starts no more.
-
-  Each run gets `signum` (SIGINT stays SIGINT, any other signal becomes
-  SIGTERM): its handler ends its own workers and leaves its checkpoints for
-  a rerun. A run still alive after `grace_s` seconds is killed with its
-  whole process group (its workers are in it).
-
-  Returns:
-    The number of runs that were running.
-  """
-  global _stopping
-  with _lock:
-    _stopping = True
-    procs = list(_children)
-  forward = signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM
-  for proc in procs:
-    with contextlib.suppress(OSError):
-      proc.send_signal(forward)
-  deadline = time.monotonic() + grace_s
-  for proc in procs:
-    with contextlib.suppress(subprocess.TimeoutExpired):
-      proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-  for proc in procs:  # Stragglers, and any worker left in the group.
-    with contextlib.suppress(OSError):
-      os.killpg(proc.pid, signal.SIGKILL)
-  return len(procs)
-
-
-def exit_stopped(prog: str, stopped: Stopped, ended: int, since: str) -> int:
-  """Says a driver was interrupted and how to resume; then dies of it.
-
-  Returns 130 for SIGINT; for another signal the process ends by that
-  signal (its default action), as a shell expects.
-  """
-  print(
-      f'{prog}: interrupted ({stopped}): ended {ended} running training '
-      f'run{"" if ended == 1 else "s"} and '
-      f'{"its" if ended == 1 else "their"} TFF workers; rerun the same '
-      f'command to resume from {since}',
-      file=sys.stderr,
-      flush=True,
-  )
-  if stopped.signum == signal.SIGINT:
-    return 130
-  sys.stdout.flush()
-  signal.signal(stopped.signum, signal.SIG_DFL)  # Die of it, as its default.
-  os.kill(os.getpid(), stopped.signum)
-  return 128 + stopped.signum
-
-
-def _raise_stopped(signum, frame):
-  del frame
-  if not _stopping:  # A second signal while the runs are ended: ignored.
-    raise Stopped(signum)
 
 
 def _in_percent(metric: str, column: str) -> bool:
@@ -723,24 +637,9 @@ def _error(message: str) -> int:
   return 2
 
 
-def check_output_md(path: str) -> None:
-  """Raises `run_dir.OutputDirError` if `path` cannot take the Markdown file.
-
-  Checked before any run starts: a finished reproduction must not fail at
-  its last step.
-  """
-  if os.path.isdir(path):
-    raise run_dir.OutputDirError(f'--output_md: {path} is a folder, not a file')
-  run_dir.check_output_dir(
-      os.path.dirname(os.path.abspath(path)), flag='--output_md'
-  )
-
-
 def main(argv) -> int:
   """Runs the experiment; returns the exit status (2: bad input)."""
-  global _stopping
-  with _lock:
-    _stopping = False
+  processes.reset()
   if len(argv) > 1:
     return _error(f'unexpected arguments: {" ".join(argv[1:])}')
   name = FLAGS.experiment
@@ -763,7 +662,7 @@ def main(argv) -> int:
     return _error(f'--jobs must be >= 1, got {FLAGS.jobs}')
   try:
     if FLAGS.output_md:
-      check_output_md(FLAGS.output_md)
+      processes.check_output_md(FLAGS.output_md)
     run_dir.check_output_dir(FLAGS.root_output_dir, flag='--root_output_dir')
   except run_dir.OutputDirError as e:
     return _error(str(e))
@@ -792,7 +691,7 @@ def main(argv) -> int:
   # A signal ends the runs and their workers (they are in sessions of their
   # own, out of reach of a terminal's Ctrl-C or a group kill of the driver).
   previous = {
-      s: signal.signal(s, _raise_stopped)
+      s: signal.signal(s, processes.raise_stopped)
       for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
   }
   pool = concurrent.futures.ThreadPoolExecutor(FLAGS.jobs)
@@ -805,12 +704,12 @@ def main(argv) -> int:
         results[variant].append(future.result())
       except RuntimeError as e:
         print(f'reproduce: error: {e}', file=sys.stderr)
-        end_children(signal.SIGTERM)
+        processes.end_children(signal.SIGTERM)
         return 1
-  except Stopped as e:
-    ended = end_children(e.signum)
+  except processes.Stopped as e:
+    ended = processes.end_children(e.signum)
     pool.shutdown(wait=True, cancel_futures=True)
-    return exit_stopped('reproduce', e, ended, 'the last checkpoints')
+    return processes.exit_stopped('reproduce', e, ended, 'the last checkpoints')
   finally:
     pool.shutdown(wait=True, cancel_futures=True)
     for signum, handler in previous.items():

@@ -37,12 +37,12 @@ training client of a selection run.
    checkpoint); then over the selection seeds, every configuration still
    in runs on the first seed, the best third continues on the next, and so
    on. A configuration that diverged or fell back to the trivial score
-   (`benchmark_stats.fell_back`) ranks below every stable one; where the
+   (`stats.fell_back`) ranks below every stable one; where the
    best two are within their spread, more selection seeds decide
    (`--max_extra_seeds`). The criterion is the validation
    worst-10% accuracy as a superquantile (continuous); where it ties, the
    worst 20%, 30%, 50%, then the mean accuracy, and the superquantile of
-   the loss last (`benchmark_stats.criterion`; personal models
+   the loss last (`stats.criterion`; personal models
    for Ditto and Fed+). A choice at an edge of its grid extends the grid
    past it (`--max_extensions`, within the knob's valid range); a choice
    still at an edge is marked. The baselines' fine-tuning learning rate and
@@ -55,20 +55,20 @@ training client of a selection run.
    and (c) the unseen clients fine-tuned on the first half of their examples
    and evaluated on the rest (FedAvg's global model on the same halves, the
    two baselines). Per algorithm: the tail statistics of
-   `benchmark_stats.client_stats`, mean (std) over seeds; paired per-seed
+   `stats.client_stats`, mean (std) over seeds; paired per-seed
    differences against FedAvg with their 95% half-width; each statistic's
    resolution (one example, one client); examples processed and wall time
    per run; the selection's compute beside the report's.
 
 Every run leaves a compact record (`--records_dir`: its arguments, per-client
 accuracy, loss and examples for every split, examples processed, wall time,
-and its origin, `benchmark_origin`): a run whose record exists with its
+and its origin, `origin`): a run whose record exists with its
 arguments and origin (or any origin, `--accept_foreign_records`) is not run
 again, so the same
 command continues a stopped benchmark on any machine that has the records,
 and `--from_records` rebuilds the page from them alone. Runs execute in
 `--jobs` long-lived worker processes (`run_pool`). A signal ends the running
-runs and their TFF workers (as `run.experiments.reproduce`).
+runs and their TFF workers (`processes`).
 """
 
 import json
@@ -77,6 +77,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any, Optional
 
@@ -90,12 +91,13 @@ from absl import flags
 from run import atomic
 from run import console
 from run import run_dir
-from run.experiments import benchmark_origin as origin_lib
-from run.experiments import benchmark_page
-from run.experiments import benchmark_records as bench_records
-from run.experiments import benchmark_selection as bench_selection
-from run.experiments import benchmark_settings as bench_settings
-from run.experiments import reproduce
+from run.tail_benchmark import origin as origin_lib
+from run.tail_benchmark import page as benchmark_page
+from run.tail_benchmark import processes
+from run.tail_benchmark import records as bench_records
+from run.tail_benchmark import rerun
+from run.tail_benchmark import selection as bench_selection
+from run.tail_benchmark import settings as bench_settings
 
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
@@ -289,6 +291,16 @@ def define_flags(flag_values: Optional[flags.FlagValues] = None) -> None:
       'the installed plays if missing; default <output_dir>/data).',
   )
   define('integer', 'jobs', 1, 'Runs at the same time (processes).')
+  define(
+      'list',
+      'rerun',
+      [],
+      'Instead of the benchmark: run these records of --records_dir again '
+      '(names without .json, e.g. select_fedavg_lr0.1_seed100) from their '
+      'own arguments, in a new folder <output_dir>/rerun/<time>, and compare '
+      'every per-client value, curve point and example count with the '
+      'record (exit 1 if any differs).',
+  )
 
 
 class UsageError(ValueError):
@@ -554,7 +566,13 @@ def main(argv) -> int:
         raise UsageError(f'--records_dir={records_dir}: cannot be read')
     else:
       run_dir.check_output_dir(records_dir, flag='--records_dir')
-    reproduce.check_output_md(output_md)
+    if FLAGS.rerun and FLAGS.from_records:
+      raise UsageError('--rerun runs records again: not with --from_records')
+    rerun_records = {
+        name: rerun.load(records_dir, name) for name in FLAGS.rerun
+    }
+    if not FLAGS.rerun:
+      processes.check_output_md(output_md)
     bound = read_bound(FLAGS.bound_json) if FLAGS.bound_json else None
     if setting.shakespeare_data and not argv[1:]:
       # From records nothing is built, but the commands printed still run.
@@ -562,9 +580,11 @@ def main(argv) -> int:
           output_dir, FLAGS.data_dir, build=not FLAGS.from_records
       )
       task_flags = task_flags + [f'--data_dir={folder}']
-  except (UsageError, run_dir.OutputDirError) as e:
+  except (UsageError, run_dir.OutputDirError, rerun.RerunError) as e:
     print(f'benchmark: error: {e}', file=sys.stderr)
     return 2
+  if rerun_records:
+    return _rerun(rerun_records, output_dir, task_flags)
   if not FLAGS.from_records:
     os.makedirs(records_dir, exist_ok=True)
   os.makedirs(output_dir, exist_ok=True)
@@ -617,12 +637,12 @@ def main(argv) -> int:
           choices['fedavg'], sel_seeds, progress
       )
     results = bench.report(choices, ft_choices, seeds, progress)
-  except reproduce.Stopped as e:
+  except processes.Stopped as e:
     # Raised in the pool (which ended the running workers) or in this
     # thread, e.g. while a worker computed the trivial score: end them here.
     ended = getattr(e, 'ended', None)
     if ended is None:
-      ended = reproduce.end_children(e.signum)
+      ended = processes.end_children(e.signum)
     print(
         f'benchmark: interrupted ({e}): ended {ended} running worker'
         f'{"" if ended == 1 else "s"} and their TFF workers; rerun the '
@@ -678,6 +698,54 @@ def main(argv) -> int:
   )
   print(f'benchmark: wrote {output_md}, {", ".join(pngs)}')
   return 0
+
+
+def _rerun(records: dict[str, dict], output_dir: str, task_flags) -> int:
+  """`--rerun`: each record run again and compared; 1 if any differs."""
+  folder = os.path.join(
+      output_dir, 'rerun', time.strftime('%Y%m%dT%H%M%S', time.gmtime())
+  )
+  os.makedirs(folder)
+  data_dir = next(
+      (f.split('=', 1)[1] for f in task_flags if f.startswith('--data_dir=')),
+      None,
+  )
+  runs = bench_records.Runs(
+      folder,
+      folder,
+      1,
+      False,
+      origin=origin_lib.current(task_flags),
+  )
+  previous = {
+      s: signal.signal(s, _raise_stopped)
+      for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+  }
+  try:
+    differing = rerun.rerun_records(
+        records, runs, data_dir, lambda line: print(line, flush=True)
+    )
+  except processes.Stopped as e:
+    ended = processes.end_children(e.signum)
+    print(
+        f'benchmark: interrupted ({e}): ended {ended} running worker'
+        f'{"" if ended == 1 else "s"}; the reruns are in {folder}',
+        file=sys.stderr,
+        flush=True,
+    )
+    return 130 if e.signum == signal.SIGINT else 128 + e.signum
+  except RuntimeError as e:
+    print(f'benchmark: error: {str(e).splitlines()[-1]}', file=sys.stderr)
+    return 1
+  finally:
+    for signum, handler in previous.items():
+      signal.signal(signum, handler)
+    runs.close()
+  print(
+      f'benchmark: {len(records) - differing} of {len(records)} records '
+      f'rerun identically (runs in {folder})'
+  )
+  return 1 if differing else 0
 
 
 def _placeholders(output_dir: str, task_flags) -> list[tuple[str, str]]:
@@ -737,11 +805,11 @@ def _overrides() -> list[str]:
 
 
 def _raise_stopped(signum, frame):
-  reproduce._raise_stopped(signum, frame)  # pylint: disable=protected-access
+  processes.raise_stopped(signum, frame)
 
 
 def run_main() -> None:
-  """The binary `python -m run.experiments.benchmark`.
+  """The binary `python -m run.tail_benchmark.benchmark`.
 
   Installed as the console command `tff-hetero-benchmark`.
   """

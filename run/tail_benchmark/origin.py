@@ -28,13 +28,14 @@ import subprocess
 from collections.abc import Iterable, Sequence
 from typing import Any, Optional
 
-# The packages whose sources make a run (the benchmark's own reading and
-# page code, `run/experiments`, and the speed suite, `run/benchmarks`, do
-# not train).
+# The packages whose sources make a run (the benchmark's own planning,
+# reading and page code, `run/tail_benchmark`, the paper reproductions,
+# `run/experiments`, and the speed suite, `run/benchmarks`, do not train).
 _PACKAGES = ('tff_algos', 'tasks', 'privacy', 'run')
 _NOT_RUN = (
     os.path.join('run', 'experiments'),
     os.path.join('run', 'benchmarks'),
+    os.path.join('run', 'tail_benchmark'),
 )
 _VERSIONED = ('tensorflow', 'tensorflow-federated', 'numpy')
 # A record made before records carried an origin.

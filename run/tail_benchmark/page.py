@@ -2,7 +2,7 @@
 """The tail benchmark's page, pictures and results file, from its records.
 
 Everything here reads the per-client arrays of the runs' records
-(`run.experiments.benchmark_records.Runs`), so the page is the same whether
+(`run.tail_benchmark.records.Runs`), so the page is the same whether
 the runs ran now or were read back (`--from_records`).
 """
 
@@ -16,7 +16,7 @@ from typing import Any, Optional
 import numpy as np
 
 from run import atomic
-from run.experiments import benchmark_stats as stats
+from run.tail_benchmark import stats
 
 PAIRED_COLUMNS = ('mean', 'p10', 'worst10', 'loss_sq10', 'variance')
 # (split key, title, which methods have it).
@@ -29,7 +29,7 @@ SPLITS = (
 
 @dataclasses.dataclass
 class Report:
-  """What the page shows; see `run.experiments.benchmark.main`."""
+  """What the page shows; see `run.tail_benchmark.benchmark.main`."""
 
   setting: Any
   budget: Any
@@ -49,7 +49,7 @@ class Report:
   overrides: Sequence[str]
   # bench_suite's fedavg/bound for the model and cohort (`read_bound`).
   bound: Optional[dict[str, Any]] = None
-  # `(origin, records)` of every record used (`benchmark_origin.summary`).
+  # `(origin, records)` of every record used (`origin.summary`).
   origins: Sequence[tuple[str, int]] = ()
   # The trivial score's mean accuracy by phase ('select', 'final').
   trivial: dict[str, Optional[float]] = dataclasses.field(default_factory=dict)
@@ -270,7 +270,7 @@ def findings(
   return out
 
 
-# The selection's keys in order (`benchmark_stats.criterion`), loss aside.
+# The selection's keys in order (`stats.criterion`), loss aside.
 LADDER = (
     'worst10',
     *(f'worst{round(100 * t)}' for t in stats.TAIL_LADDER),
@@ -697,7 +697,7 @@ def page(report: Report, pngs: Sequence[str]) -> str:
       f'# Tail benchmark: {report.setting.name}',
       '',
       '```',
-      'python -m run.experiments.benchmark ' + shlex.join(report.argv[1:]),
+      'python -m run.tail_benchmark.benchmark ' + shlex.join(report.argv[1:]),
       '```',
       '',
   ]

@@ -21,7 +21,7 @@ A run gives the same summary in a worker as in its own process
 (`tests/test_run_pool.py` checks it, across seeds and configurations). Each
 run still writes its own folder, resumes from its own checkpoints and ends its
 TFF workers, exactly as `python -m run.train` would. A worker is a process
-group of its own (`start_new_session`): the driver's `reproduce.end_children`
+group of its own (`start_new_session`): the driver's `processes.end_children`
 ends it, and the TFF workers under it, on a signal; a driver that dies
 without one (SIGKILL, the OOM killer) is noticed by the worker itself, which
 then ends its group within a second (`_end_with_driver`): the run stops, its
@@ -46,7 +46,7 @@ import traceback
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any, Optional
 
-from run.experiments import reproduce
+from run.tail_benchmark import processes
 
 # Builds kept per kind (least recently used out): one configuration's runs
 # are sent to the worker one after another, so a few suffice.
@@ -55,7 +55,7 @@ _CACHE_SIZE = 4
 
 # The worker process's program (not a binary of its own: nothing to run by
 # hand).
-_WORKER_MAIN = 'from run.experiments import run_pool; run_pool.worker_main()'
+_WORKER_MAIN = 'from run.tail_benchmark import pool; pool.worker_main()'
 
 
 class RunFailed(RuntimeError):
@@ -79,20 +79,16 @@ class RunWorker:
     log = open(  # pylint: disable=consider-using-with
         self._log_path or os.devnull, 'a'
     )
-    with reproduce._lock:  # pylint: disable=protected-access
-      if reproduce._stopping:  # pylint: disable=protected-access
-        log.close()
-        raise reproduce.NotStarted()
-      self._proc = subprocess.Popen(  # pylint: disable=consider-using-with
+    try:
+      self._proc = processes.start(
           [sys.executable, '-c', _WORKER_MAIN],
           stdin=subprocess.PIPE,
           stdout=subprocess.PIPE,
           stderr=log,
           text=True,
-          start_new_session=True,
       )
-      reproduce._children.add(self._proc)  # pylint: disable=protected-access
-    log.close()
+    finally:
+      log.close()
     return self._proc
 
   def _request(self, request: dict) -> dict:
@@ -106,8 +102,8 @@ class RunWorker:
     if not line:
       code = proc.wait()
       self._forget(proc)
-      if reproduce._stopping:  # pylint: disable=protected-access
-        raise reproduce.NotStarted()
+      if processes.stopping():
+        raise processes.NotStarted()
       raise RunFailed(
           f'the run worker ended (exit {code}); its log: '
           f'{self._log_path or "not kept"}',
@@ -116,8 +112,7 @@ class RunWorker:
     return json.loads(line)
 
   def _forget(self, proc: subprocess.Popen) -> None:
-    with reproduce._lock:  # pylint: disable=protected-access
-      reproduce._children.discard(proc)  # pylint: disable=protected-access
+    processes.forget(proc)
     if self._proc is proc:
       self._proc = None
 
@@ -126,7 +121,7 @@ class RunWorker:
 
     Raises:
       RunFailed: The run's exit code was not 0 (its last error line).
-      reproduce.NotStarted: The driver is ending.
+      processes.NotStarted: The driver is ending.
     """
     reply = self._request({'run': list(args)})
     if reply['code'] != 0:

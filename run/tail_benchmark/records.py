@@ -4,7 +4,7 @@
 `Runs` runs a training run, a fine-tuning or the trivial score in a
 long-lived worker (`run_pool`), or reads it back from its record in
 `--records_dir`; a record holds its arguments, per-client arrays, curve,
-examples, wall time and origin (`benchmark_origin`). `record_problem` and
+examples, wall time and origin (`origin`). `record_problem` and
 `fine_tuning_problem` say what is wrong with a damaged record.
 """
 
@@ -20,8 +20,8 @@ from collections.abc import Sequence
 from typing import Any, Optional
 
 from run import atomic
-from run.experiments import benchmark_origin as origin_lib
-from run.experiments import run_pool
+from run.tail_benchmark import origin as origin_lib
+from run.tail_benchmark import pool as run_pool
 
 
 class MissingRecord(RuntimeError):
@@ -300,7 +300,7 @@ class Runs:
     self.log_dir = log_dir
     self.jobs = jobs
     self.from_records = from_records
-    # This machine's origin (`benchmark_origin.current`): new records carry
+    # This machine's origin (`origin.current`): new records carry
     # it; a record of another is redone unless `accept_foreign`.
     self.origin = origin
     self.accept_foreign = accept_foreign

@@ -2,9 +2,9 @@
 """The tail benchmark's selection and report phases.
 
 `Config` is one configuration of a method; `Choice` what a method tried and
-chose, ranked stable-first by `benchmark_stats.criterion`; `Benchmark` runs
+chose, ranked stable-first by `stats.criterion`; `Benchmark` runs
 the successive halving, the lines, the edge extensions, the added seeds, the
-baselines' selection and the report through a `benchmark_records.Runs`.
+baselines' selection and the report through a `records.Runs`.
 """
 
 import concurrent.futures
@@ -14,9 +14,9 @@ import signal
 from collections.abc import Sequence
 from typing import Optional
 
-from run.experiments import benchmark_settings as bench_settings
-from run.experiments import benchmark_stats as stats
-from run.experiments import reproduce
+from run.tail_benchmark import processes
+from run.tail_benchmark import settings as bench_settings
+from run.tail_benchmark import stats
 
 
 @dataclasses.dataclass(frozen=True)
@@ -183,7 +183,7 @@ class Choice:
       default_factory=dict
   )
   # The seeds where a configuration diverged or fell back to the trivial
-  # score after leaving it (`benchmark_stats.fell_back`), full runs ...
+  # score after leaving it (`stats.fell_back`), full runs ...
   unstable: dict[Config, set[int]] = dataclasses.field(default_factory=dict)
   # ... and first-rung runs.
   early_unstable: set[Config] = dataclasses.field(default_factory=set)
@@ -360,11 +360,11 @@ class Benchmark:
     try:
       futures = [pool.submit(one, item) for item in items]
       return [f.result() for f in futures]
-    except reproduce.Stopped as e:
-      e.ended = reproduce.end_children(e.signum)
+    except processes.Stopped as e:
+      e.ended = processes.end_children(e.signum)
       raise
     except BaseException:
-      reproduce.end_children(signal.SIGTERM)
+      processes.end_children(signal.SIGTERM)
       raise
     finally:
       pool.shutdown(wait=True, cancel_futures=True)
@@ -398,7 +398,7 @@ class Benchmark:
 
   def unstable(self, record: dict, phase: str) -> bool:
     """Whether a run diverged or its curve fell back to the trivial score
-    after leaving it (`benchmark_stats.fell_back`)."""
+    after leaving it (`stats.fell_back`)."""
     if record.get('diverged'):
       return True
     curves = record.get('curve') or {}
@@ -551,7 +551,7 @@ class Benchmark:
   def _add_seeds(self, choices, sel_seeds, progress) -> None:
     """Where a method's best two configurations (both stable) differ in
     mean worst10 by less than the larger std over the seeds
-    (`benchmark_stats.within_spread`), both run on one more selection seed,
+    (`stats.within_spread`), both run on one more selection seed,
     up to `max_extra_seeds`; the best over all their seeds is chosen."""
     extra = self.extra_seed_values(sel_seeds)
     for seed in extra:

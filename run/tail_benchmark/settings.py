@@ -4,7 +4,7 @@
 `methods()` reads each algorithm's tuned knobs (`TunedOption`, joint and
 lines) from `tff_algos.registry`; `Budget` is what every method gets;
 `SETTINGS` names the task flags and budget of each setting
-(`run.experiments.benchmark`'s docstring describes the benchmark).
+(`run.tail_benchmark.benchmark`'s docstring describes the benchmark).
 """
 
 import dataclasses
@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any, Optional
 
 
-from run.experiments import benchmark_stats as stats
+from run.tail_benchmark import stats
 from tff_algos import registry
 
 # Algorithms the stacked engine runs (tests/test_benchmark.py checks this

@@ -29,6 +29,7 @@ from run.tail_benchmark import records as bench_records
 from run.tail_benchmark import selection as bench_selection
 from run.tail_benchmark import settings as bench_settings
 from run.tail_benchmark import page as benchmark_page
+from run.tail_benchmark import plan
 from run.tail_benchmark import processes
 from tasks import base
 from tasks import holdout
@@ -182,6 +183,95 @@ def test_selection_runs_on_the_selection_seeds_and_halves():
   assert report['fedprox'][1]['seconds'] == {'training': 0.5}
   assert report['fedprox'][1]['timed_wall_s'] == 0.8
   assert report['fedprox'][1]['timed_examples'] == 6
+
+
+@pytest.mark.parametrize(
+    'first_rung, tune_server_lr, max_ext, seed',
+    [(1, True, 2, 0), (0, False, 1, 1), (1, False, 0, 2), (0, True, 2, 3)],
+)
+def test_the_plan_counts_the_runs_the_selection_makes(
+    first_rung, tune_server_lr, max_ext, seed
+):
+  """`plan.stages` bounds what `Benchmark` runs, without running anything:
+  the first rung exactly, every method's total within its range."""
+  rng = np.random.default_rng(seed)
+  table = {}
+
+  def score(flag):  # Random but fixed per configuration and seed.
+    key = tuple(sorted((k, v) for k, v in flag.items() if k != 'total_rounds'))
+    if key not in table:
+      table[key] = list(rng.random(12))
+    return table[key]
+
+  names = ('fedavg', 'fedprox', 'fedavg_plus')
+  runs, bench = _bench(
+      score,
+      names,
+      max_ext=max_ext,
+      rounds=3,
+      first_rung=first_rung,
+      tune_server_lr=tune_server_lr,
+  )
+  sel_seeds, seeds = [100, 101], [0, 1, 2]
+  choices = bench.select(sel_seeds, lambda _: None)
+  bench.report(choices, {}, seeds, lambda _: None)
+  planned = plan.stages(
+      bench.methods,
+      bench.budget,
+      bench.grids,
+      sel_seeds,
+      seeds,
+      max_extensions=max_ext,
+      max_extra_seeds=bench.max_extra_seeds,
+  )
+  for name in names:
+    made = _flags_of(runs.calls, algorithm=name)
+    mine = [s for s in planned if s.method == name]
+    fewest, most = sum(s.fewest for s in mine), sum(s.most for s in mine)
+    assert fewest <= len(made) <= most, (name, fewest, len(made), most)
+    if first_rung:
+      (rung,) = [s for s in mine if s.name == 'first rung']
+      short = [c for c in made if '--total_rounds=1' in c]
+      assert rung.fewest == rung.most == len(short), name
+    (report,) = [s for s in mine if s.name == 'report']
+    assert report.most == len(_flags_of(made, holdout='test')) == len(seeds)
+
+
+def test_the_plans_cost_is_each_methods_median_seconds_per_round(tmp_path):
+  def write(name, algorithm, rounds, wall):
+    (tmp_path / f'{name}.json').write_text(
+        json.dumps(
+            {
+                'args': [
+                    f'--algorithm={algorithm}',
+                    f'--total_rounds={rounds}',
+                ],
+                'wall_s': wall,
+            }
+        )
+    )
+
+  write('a', 'fedavg', 10, 10.0)
+  write('b', 'fedavg', 10, 30.0)
+  write('c', 'fedavg', 20, 100.0)
+  write('d', 'ditto', 4, 8.0)
+  (tmp_path / 'trivial_select.json').write_text(json.dumps({'mean': 0.1}))
+  (tmp_path / 'bad.json').write_text('{')
+  costs = plan.seconds_per_round(str(tmp_path))
+  assert costs == {'fedavg': 3.0, 'ditto': 2.0}
+  stages = [
+      plan.Stage('select', 'first rung', 'fedavg', 4, 4, 100),
+      plan.Stage('select', 'next seed', 'fedavg', 1, 2, 300),
+      plan.Stage('final', 'report', 'term', 5, 5, 300),
+  ]
+  text = plan.table(stages, costs, 2, {'term': 'TERM'})
+  # 4 x 100 x 3 s = 1,200 s; 1-2 x 300 x 3 s = 900-1,800 s.
+  assert '0.33' in text.splitlines()[1]
+  assert '0.25-0.50' in text.splitlines()[2]
+  assert '?' in text.splitlines()[3]
+  assert 'total: 10 to 11 training runs; 0.6 to 0.8 CPU hours' in text
+  assert '0.3 to 0.4 hours of wall time on 2 workers' in text
+  assert 'no cost for TERM' in text
 
 
 def test_a_first_rung_keeps_each_rates_best_so_a_slow_starter_wins():
@@ -1440,6 +1530,10 @@ def test_bad_input_is_one_line_before_any_run(tmp_path):
       (
           ['--rerun=x', '--from_records', f'--records_dir={tmp_path}'],
           '--rerun runs records again: not with --from_records',
+      ),
+      (
+          ['--plan', '--from_records', f'--records_dir={tmp_path}'],
+          '--plan runs nothing: not with --rerun or --from_records',
       ),
       (
           ['--rerun=missing', f'--records_dir={tmp_path}'],

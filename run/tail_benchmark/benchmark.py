@@ -93,6 +93,7 @@ from run import console
 from run import run_dir
 from run.tail_benchmark import origin as origin_lib
 from run.tail_benchmark import page as benchmark_page
+from run.tail_benchmark import plan
 from run.tail_benchmark import processes
 from run.tail_benchmark import records as bench_records
 from run.tail_benchmark import rerun
@@ -291,6 +292,14 @@ def define_flags(flag_values: Optional[flags.FlagValues] = None) -> None:
       'the installed plays if missing; default <output_dir>/data).',
   )
   define('integer', 'jobs', 1, 'Runs at the same time (processes).')
+  define(
+      'boolean',
+      'plan',
+      False,
+      'Print the runs each stage of the selection and the report will '
+      'make (a range where results decide) and their projected CPU hours '
+      'from the records in --records_dir; run nothing.',
+  )
   define(
       'list',
       'rerun',
@@ -568,6 +577,10 @@ def main(argv) -> int:
       run_dir.check_output_dir(records_dir, flag='--records_dir')
     if FLAGS.rerun and FLAGS.from_records:
       raise UsageError('--rerun runs records again: not with --from_records')
+    if FLAGS.plan and (FLAGS.rerun or FLAGS.from_records):
+      raise UsageError(
+          '--plan runs nothing: not with --rerun or --from_records'
+      )
     rerun_records = {
         name: rerun.load(records_dir, name) for name in FLAGS.rerun
     }
@@ -577,7 +590,9 @@ def main(argv) -> int:
     if setting.shakespeare_data and not argv[1:]:
       # From records nothing is built, but the commands printed still run.
       folder = _shakespeare_data(
-          output_dir, FLAGS.data_dir, build=not FLAGS.from_records
+          output_dir,
+          FLAGS.data_dir,
+          build=not (FLAGS.from_records or FLAGS.plan),
       )
       task_flags = task_flags + [f'--data_dir={folder}']
   except (UsageError, run_dir.OutputDirError, rerun.RerunError) as e:
@@ -585,6 +600,25 @@ def main(argv) -> int:
     return 2
   if rerun_records:
     return _rerun(rerun_records, output_dir, task_flags)
+  if FLAGS.plan:
+    planned = plan.stages(
+        methods_run,
+        budget,
+        grids,
+        sel_seeds,
+        seeds,
+        max_extensions=FLAGS.max_extensions,
+        max_extra_seeds=FLAGS.max_extra_seeds,
+    )
+    print(
+        plan.table(
+            planned,
+            plan.seconds_per_round(records_dir),
+            FLAGS.jobs,
+            {m.name: m.label for m in methods_run},
+        )
+    )
+    return 0
   if not FLAGS.from_records:
     os.makedirs(records_dir, exist_ok=True)
   os.makedirs(output_dir, exist_ok=True)

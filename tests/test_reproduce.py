@@ -101,6 +101,32 @@ def _assert_declares(name, flags):
     assert flag in base, (name, flag)
 
 
+def test_deltafl_trained_runs_at_the_benchmarks_operating_point():
+  """The Delta-FL Shakespeare comparison at the tail benchmark's setting:
+  its task flags, budget and rounds (a change there moves both)."""
+  from run.tail_benchmark import settings  # pylint: disable=g-import-not-at-top
+
+  setting = settings.SETTINGS['shakespeare']
+  budget = setting.budget
+  experiment = reproduce.EXPERIMENTS['deltafl_shakespeare_trained']
+  _assert_declares(
+      'deltafl_shakespeare_trained',
+      (
+          *setting.task_flags,
+          '--simulation_engine=stacked',
+          f'--clients_per_round={budget.clients_per_round}',
+          f'--client_batch_size={budget.batch_size}',
+          f'--client_learning_rate={budget.learning_rate:g}',
+      ),
+  )
+  assert '--rnn_units=64' in experiment['base']
+  assert experiment['rounds'] == budget.rounds == 300
+  assert (
+      experiment['variants']
+      == reproduce.EXPERIMENTS['deltafl_shakespeare']['variants']
+  )
+
+
 def test_fedplus_synthetic_declares_the_papers_setting():
   """Document 004 section 5.2 (spec A.7 / A.8.2) as declared flags."""
   for name, n in (

@@ -44,6 +44,7 @@ from run.tail_benchmark import processes
 from privacy import accounting
 from privacy import adadps
 from privacy import dp2
+from privacy import toy_regression
 from tff_algos import runtime
 
 # Flags are defined at start-up only: absl flags are global, and the test
@@ -82,42 +83,12 @@ def define_flags() -> None:
   _SEEDS = flags.DEFINE_list('seeds', ['0'], 'dpfedavg_synthetic: seeds.')
 
 
-TOY = dict(
-    n=1000,
-    d=500,
-    frequent=50,
-    steps=500,
-    batch=50,
-    delta=1e-3,
-    target_epsilon=4.13,
-)
+TOY = toy_regression.TOY
+toy_data = toy_regression.toy_data
+toy_loss = toy_regression.toy_loss
+toy_sigma = toy_regression.toy_sigma
 LRS = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0)
 CLIPS = (0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0)
-
-
-def toy_data(seed: int = 0):
-  """The sparse linear regression of thesis section 6.2.1."""
-  rng = np.random.default_rng(seed)
-  n, d, k = TOY['n'], TOY['d'], TOY['frequent']
-  p = np.where(np.arange(d) < k, 0.9, 0.01)
-  x = (rng.random((n, d)) < p).astype(np.float64)
-  w_true = np.where(np.arange(d) < k, 0.01, 1.0)
-  y = x @ w_true + rng.normal(0.0, 0.1, size=n)
-  return x, y
-
-
-def toy_loss(x, y, w) -> float:
-  return float(0.5 * np.mean((x @ w - y) ** 2))
-
-
-def toy_sigma() -> float:
-  """sigma with epsilon(T steps) = 4.13 at delta 1e-3, Poisson q = b / n."""
-  mech = lambda z: accounting.DpMechanism(  # pylint: disable=g-long-lambda
-      z, TOY['batch'], TOY['n'], 'poisson'
-  )
-  return accounting.calibrate_noise_multiplier(
-      TOY['target_epsilon'], TOY['delta'], TOY['steps'], mech, tol=1e-3
-  )
 
 
 def _toy_run(method, x, y, *, lr, clip, sigma, seed, a, **extra):

@@ -337,6 +337,8 @@ def _first_flags(module):
         re.search(r"DEFINE_\w+\(\s*'(\w+)'", source)
         or re.search(r"add_argument\(\s*'--(\w+)'", source)
         or re.search(r"_FLAG_SPECS = \(\s*\(\s*'(\w+)'", source)
+        # A `define(kind, name, ...)` helper over absl's DEFINE_<kind>.
+        or re.search(r"\bdefine\(\s*'\w+',\s*'(\w+)'", source)
     )
     if match:
       found.append(match.group(1))

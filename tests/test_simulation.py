@@ -346,3 +346,87 @@ def test_client_csv_is_the_union_of_the_splits_columns(tmp_path):
       ['test', 'b', '4', '0.25', ''],
       ['personal/test', 'a', '', '0.3333333', '0.1'],
   ]
+
+
+def _release_rounds():
+  for r in range(1, 7):
+    metrics = {
+        'clients': 10,
+        'round_seconds': 0.1 * r,
+        'train/accuracy': np.float32(0.3 + r / 100).item(),
+        'flag': True,
+        'huge': 1e300,
+    }
+    if r % 3 == 0:  # Evaluation rounds bring new columns.
+      metrics.update({'eval/test/mean': 0.5 + r / 10, 'eval/test/p10': np.nan})
+    yield r, metrics
+
+
+def _events(folder):
+  import glob  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  out = []
+  for path in sorted(glob.glob(os.path.join(folder, 'events*'))):
+    for event in tf.data.TFRecordDataset(path):
+      event = tf.compat.v1.Event.FromString(event.numpy())
+      for value in event.summary.value:
+        out.append(
+            (
+                event.step,
+                value.tag,
+                repr(float(tf.make_ndarray(value.tensor))),  # nan == nan.
+                value.metadata.SerializeToString(),
+            )
+        )
+  return sorted(out)
+
+
+def test_metrics_files_are_what_tffs_release_managers_write(tmp_path):
+  """metrics.csv byte for byte and the TensorBoard scalars as TFF's
+  `CSVFileReleaseManager` (WRITE) and `TensorBoardReleaseManager` write
+  them, through a resumed run that repeats rounds and one that goes back."""
+  steps = list(_release_rounds())
+
+  def tffs(folder, seq):
+    csv_manager = tff.program.CSVFileReleaseManager(
+        str(folder / 'metrics.csv'),
+        save_mode=tff.program.CSVSaveMode.WRITE,
+        key_fieldname='round_num',
+    )
+    board = tff.program.TensorBoardReleaseManager(str(folder / 'tb'))
+    for r, m in seq:
+      simulation.run_async(csv_manager.release(dict(m), key=r))
+      simulation.run_async(
+          board.release(
+              {
+                  k: np.float64(v) if isinstance(v, float) else v
+                  for k, v in m.items()
+              },
+              key=r,
+          )
+      )
+    board._summary_writer.flush()  # pylint: disable=protected-access
+
+  def ours(folder, seq):
+    csv_writer = simulation._MetricsCsv(str(folder / 'metrics.csv'))  # pylint: disable=protected-access
+    board = simulation._TensorBoardScalars(str(folder / 'tb'))  # pylint: disable=protected-access
+    for r, m in seq:
+      csv_writer.release(m, r)
+      board.release(m, r)
+    board._writer.flush()  # pylint: disable=protected-access
+
+  for name, write in (('tff', tffs), ('ours', ours)):
+    folder = tmp_path / name
+    folder.mkdir()
+    write(folder, steps[:5])
+    write(folder, steps[3:])  # Resumed after round 3: rounds 4 to 6 again.
+    write(folder, [steps[1]])  # Back to round 2: the later rows go.
+  ours_csv = (tmp_path / 'ours' / 'metrics.csv').read_bytes()
+  assert ours_csv == (tmp_path / 'tff' / 'metrics.csv').read_bytes()
+  assert ours_csv.startswith(b'round_num,clients,flag,huge,round_seconds,')
+  assert ours_csv.count(b'\r\n') == 3  # The header, rounds 1 and 2.
+  ours_events = _events(tmp_path / 'ours' / 'tb')
+  assert ours_events == _events(tmp_path / 'tff' / 'tb')
+  # Rounds 1-5 (round 3 with 2 more), 4-6 (6 with 2 more), then 2 again.
+  assert len(ours_events) == (5 * 5 + 2) + (3 * 5 + 2) + 5

@@ -161,7 +161,7 @@ def table(
     labels: Optional[dict[str, str]] = None,
 ) -> str:
   """The plan as text: one line per stage, then the totals."""
-  labels = labels or {}
+  names: dict[str, str] = dict(labels or {})
   lines = [
       f'{"phase":7} {"stage":24} {"method":14} {"runs":>9} {"rounds":>6} '
       f'{"CPU h":>13}'
@@ -180,7 +180,7 @@ def table(
         if s.fewest == s.most
         else f'{low:.2f}-{high:.2f}'
     )
-    label = labels.get(s.method, s.method)
+    label = names.get(s.method, s.method)
     lines.append(
         f'{s.phase:7} {s.name:24} {label:14} {runs:>9} {s.rounds:>6} '
         f'{hours:>13}'
@@ -200,7 +200,7 @@ def table(
   if unknown:
     lines.append(
         'no cost for '
-        + ', '.join(labels.get(m, m) for m in unknown)
+        + ', '.join(names.get(m, m) for m in unknown)
         + ': no record of theirs in --records_dir (not in the hours above); '
         'a first rung of theirs (--algorithms=... with --first_rung and '
         '--rounds small) gives one'

@@ -6,10 +6,11 @@ reports, figures, benchmark JSON) goes through `open_for_replace`: it is
 written under a temporary name in the target's folder, flushed to disk, and
 renamed over the target only once complete. A kill, a full disk or an
 exception leaves the previous file (or none), never a truncated one, and no
-temporary file. The exceptions, by design: `metrics.csv` and
-`evaluation.csv` grow a row a round through TFF's `CSVFileReleaseManager` (which
-rewrites the file whole, through a temporary file, when a resumed run
-releases a round it already holds), and the run lock
+temporary file (the training binary's `metrics.csv` too, rewritten whole
+each round from memory). The exceptions, by design: the programs'
+`metrics.csv` and `evaluation.csv` grow a row a round through TFF's
+`CSVFileReleaseManager` (which rewrites the file whole, through a temporary
+file, when a resumed run releases a round it already holds), and the run lock
 (`run/run_dir.py`). `tests/test_atomic.py` checks that no other module opens
 a file for writing in place.
 

@@ -46,7 +46,7 @@ ROUNDS = 4
 # program state saved meanwhile has no row), `after_row` (the row is written,
 # the round's program state is not), `after_save` (both are).
 _KILL_AT = r"""
-import asyncio, os, signal, sys
+import asyncio, os, signal, sys, time
 from tensorflow_federated.python.program import file_program_state_manager
 from tensorflow_federated.python.program import file_release_manager
 
@@ -82,8 +82,24 @@ async def killing_save(self, state, version):
     kill('after_save')
 
 
+# run.train's simulation writes metrics.csv itself (`simulation._MetricsCsv`).
+from run import simulation
+
+csv_release = simulation._MetricsCsv.release
+
+
+def killing_csv_release(self, metrics, round_num):
+  if round_num == at and point == 'late_row':
+    time.sleep(2.0)
+    kill('late_row')
+  csv_release(self, metrics, round_num)
+  if round_num == at:
+    kill('after_row')
+
+
 file_release_manager.CSVFileReleaseManager.release = killing_release
 file_program_state_manager.FileProgramStateManager.save = killing_save
+simulation._MetricsCsv.release = killing_csv_release
 sys.argv = [module] + sys.argv[4:]
 import importlib
 importlib.import_module(module).run_main()

@@ -30,6 +30,7 @@ from run.tail_benchmark import selection as bench_selection
 from run.tail_benchmark import settings as bench_settings
 from run.tail_benchmark import page as benchmark_page
 from run.tail_benchmark import plan
+from run.tail_benchmark import pool as run_pool
 from run.tail_benchmark import processes
 from tasks import base
 from tasks import holdout
@@ -2090,3 +2091,123 @@ def test_a_finished_folder_without_its_client_files_is_moved_and_run_again(
   assert len(err) == 1 and 'without its per-client files' in err[0], err
   assert [p.name for p in (tmp_path / 'runs').glob('select_fedavg.damaged-*')]
   assert again['splits'] == first['splits']
+
+
+class _DivergingWorker:
+
+  def run(self, args):
+    del args
+    raise run_pool.RunFailed('run.train: error: round 7 diverged: loss nan', 1)
+
+
+def test_a_reported_run_that_diverges_is_a_record_not_an_abort(tmp_path):
+  # Selection or report: a run that diverges is recorded as diverged (the
+  # report phase goes on); any other failure stays an error.
+  runs = bench_records.Runs(str(tmp_path / 'rec'), str(tmp_path), 1, False)
+  runs._local.worker = _DivergingWorker()
+  for holdout in ('validation', 'test'):
+    args = [
+        f'--root_output_dir={tmp_path}',
+        f'--experiment_name=x_{holdout}',
+        f'--holdout={holdout}',
+    ]
+    record = runs._run(args, 3, False)
+    assert 'round 7 diverged' in record['diverged']
+    assert record['splits'] == {} and record['examples'] == 0
+    assert bench_records.record_problem(record) is None
+
+  class _Failing:
+
+    def run(self, args):
+      del args
+      raise run_pool.RunFailed('run.train: error: no such file', 1)
+
+  runs._local.worker = _Failing()
+  with pytest.raises(run_pool.RunFailed, match='no such file'):
+    runs._run(
+        [
+            f'--root_output_dir={tmp_path}',
+            '--experiment_name=y',
+            '--holdout=test',
+        ],
+        3,
+        False,
+    )
+
+
+def test_a_method_that_diverged_on_a_reported_seed_is_counted_on_the_page(
+    tmp_path,
+):
+  # The report keeps a diverged seed; the page says so and takes each
+  # statistic and paired difference over the seeds the method finished.
+  def score(flag):
+    return [0.5 + 0.01 * int(flag['seed'])] * 10
+
+  runs, bench = _bench(score, ('fedavg', 'fedprox'))
+  real_run = runs.run
+
+  def diverging(args, rounds, personal, name=None):
+    flag = dict(a[2:].split('=', 1) for a in args)
+    if flag['algorithm'] == 'fedprox' and flag['seed'] == '1':
+      return {
+          'args': list(args),
+          'splits': {},
+          'diverged': 'round 3: nan',
+          'examples': 0,
+          'wall_s': 2.0,
+      }
+    return real_run(args, rounds, personal, name)
+
+  runs.run = diverging
+  choices = bench.select([100], lambda _: None)
+  results = bench.report(choices, {}, [0, 1, 2], lambda _: None)
+  assert [bool(r.get('diverged')) for r in results['fedprox']] == [
+      False,
+      True,
+      False,
+  ]
+  assert results['fedprox'][1]['unstable']
+  report = dataclasses.replace(
+      _report({'fedavg': [[0.5]] * 3, 'fedprox': [[0.5]] * 3}),
+      results=results,
+      choices=choices,
+  )
+  rows = report.rows('test')
+  assert rows[1][1] == 'FedProx (diverged on 1 of 3 seeds)'
+  assert rows[1][2][1] is None and rows[1][2][0] is not None
+  table = benchmark_page.results_table(report, 'test')
+  assert '| FedProx (diverged on 1 of 3 seeds) | 51.0 (1.4) |' in table
+  paired = {r[1]: r[2:] for r in benchmark_page.paired_rows(report, 'test')}
+  mean, _, _, n, _ = paired['mean']
+  assert n == 2 and mean == pytest.approx(0.0)  # Seeds 0 and 2 only.
+  lines = benchmark_page.diverged_lines(report)
+  assert lines == [
+      '* FedProx diverged on reported seed 1 of [0, 1, 2] at its chosen '
+      'configuration: its statistics and differences are over the seeds '
+      'where it finished, so they describe it only where it trains.'
+  ]
+  fedprox_line = next(
+      l
+      for l in benchmark_page.selection_table(report).splitlines()
+      if l.startswith('| FedProx |')
+  )
+  assert fedprox_line.endswith('| 0 / 1 of 3 |')
+  assert benchmark_page.results_json(report)['reported']['fedprox'][1] == {
+      'examples': 0,
+      'wall_s': 2.0,
+      'diverged': 'round 3: nan',
+  }
+  cdf, diff = tmp_path / 'cdf.png', tmp_path / 'diff.png'
+  benchmark_page.write_pictures(report, str(cdf), str(diff))
+  assert cdf.stat().st_size > 1000 and diff.stat().st_size > 1000
+  # FedAvg is the reference every row pairs with: its divergence stops
+  # the report in one line.
+  runs.run = lambda args, rounds, personal, name=None: {
+      'args': list(args),
+      'splits': {},
+      'diverged': 'round 2: nan',
+      'examples': 0,
+      'wall_s': 1.0,
+  }
+  with pytest.raises(RuntimeError, match='FedAvg diverged on reported seed 0'):
+    bench.report(choices, {}, [0, 1, 2], lambda _: None)

@@ -57,20 +57,36 @@ class Report:
   placeholders: Sequence[tuple[str, str]] = ()
 
   def rows(self, split: str):
-    """`(method, label, per-seed stats)` of the methods that have `split`."""
+    """`(method, label, per-seed stats)` of the methods that have `split`.
+
+    The per-seed stats follow the reported seeds; a seed whose run diverged
+    is None (`finished`).
+    """
     out = []
     for method in self.methods:
       runs = self.results.get(method.name, [])
-      if not runs or any(split not in r['splits'] for r in runs):
+      done = [r for r in runs if not r.get('diverged')]
+      if not done or any(split not in r['splits'] for r in done):
         continue
       label = method.label
       if split == 'test' and method.personal and not method.baseline:
         label += ' (personal)'
       if split == 'unseen_half' and method.name == 'fedavg':
         label += ' (global)'
-      per_seed = [_stats(r['splits'][split]) for r in runs]
+      diverged = len(runs) - len(done)
+      if diverged:
+        label += f' (diverged on {diverged} of {len(runs)} seeds)'
+      per_seed = [
+          None if r.get('diverged') else _stats(r['splits'][split])
+          for r in runs
+      ]
       out.append((method, label, per_seed))
     return out
+
+
+def finished(per_seed: Sequence[Optional[dict[str, float]]]) -> list[dict]:
+  """The stats of the seeds whose runs finished (`Report.rows`)."""
+  return [s for s in per_seed if s is not None]
 
 
 def _stats(cols) -> dict[str, float]:
@@ -103,10 +119,10 @@ def results_table(report: Report, split: str) -> str:
   lines = [head, '|---|' + '---:|' * (len(stats.COLUMNS) + 2)]
   for method, label, per_seed in report.rows(split):
     cells = [
-        _cell(*stats.mean_std([s[c] for s in per_seed]), c)
+        _cell(*stats.mean_std([s[c] for s in finished(per_seed)]), c)
         for c in stats.COLUMNS
     ]
-    runs = report.results[method.name]
+    runs = [r for r in report.results[method.name] if not r.get('diverged')]
     examples = np.mean([r['examples'] for r in runs])
     wall = np.mean([r['wall_s'] for r in runs])
     lines.append(
@@ -120,7 +136,8 @@ def results_table(report: Report, split: str) -> str:
 def paired_rows(report: Report, split: str) -> list[tuple[Any, ...]]:
   """`(method, column, mean, std, wins, n, half_width)` against FedAvg.
 
-  Seed by seed: the i-th reported seed of a method minus FedAvg's i-th.
+  Seed by seed: the i-th reported seed of a method minus FedAvg's i-th,
+  over the seeds where both runs finished (a method without one is left out).
   """
   rows = report.rows(split)
   base = next((r for r in rows if r[0].name == 'fedavg'), None)
@@ -128,11 +145,16 @@ def paired_rows(report: Report, split: str) -> list[tuple[Any, ...]]:
     return []
   out = []
   for method, _, per_seed in rows:
-    if method.name == 'fedavg':
+    pairs = [
+        (s, b)
+        for s, b in zip(per_seed, base[2])
+        if s is not None and b is not None
+    ]
+    if method.name == 'fedavg' or not pairs:
       continue
     for column in PAIRED_COLUMNS:
-      values = [s[column] for s in per_seed]
-      reference = [s[column] for s in base[2]]
+      values = [s[column] for s, _ in pairs]
+      reference = [b[column] for _, b in pairs]
       out.append(
           (
               method,
@@ -202,7 +224,7 @@ def operating_point(report: Report, split: str, split_name: str) -> str:
     return ''
   cells = []
   for column, name in (('mean', 'mean'), ('worst10', 'worst-10%')):
-    mean, std = stats.mean_std([s[column] for s in base[2]])
+    mean, std = stats.mean_std([s[column] for s in finished(base[2])])
     spread = '' if math.isnan(std) else f' ({100 * std:.1f})'
     cells.append(f'{name} accuracy {100 * mean:.1f}%{spread}')
   return (
@@ -267,6 +289,24 @@ def findings(
           f'{stats.verdict(mean, std, half, steps.get(column, 0.0))})'
       )
     out.append(f'* {label} vs FedAvg, {split_name}: ' + '; '.join(parts) + '.')
+  return out
+
+
+def diverged_lines(report: Report) -> list[str]:
+  """One sentence per method whose chosen configuration diverged on a
+  reported seed: its statistics are over the seeds it finished."""
+  out = []
+  for method in report.methods:
+    runs = report.results.get(method.name, [])
+    seeds = [s for s, r in zip(report.seeds, runs) if r.get('diverged')]
+    if seeds:
+      out.append(
+          f'* {method.label} diverged on reported seed'
+          f'{"s" if len(seeds) > 1 else ""} {", ".join(map(str, seeds))} of '
+          f'{list(report.seeds)} at its chosen configuration: its statistics '
+          'and differences are over the seeds where it finished, so they '
+          'describe it only where it trains.'
+      )
   return out
 
 
@@ -813,6 +853,7 @@ def page(report: Report, pngs: Sequence[str]) -> str:
       *findings(
           paired_rows(report, 'test'), 'held-out data', example_steps(report)
       ),
+      *diverged_lines(report),
       '',
       f'![per-client accuracy CDFs]({os.path.basename(pngs[0])})',
       '',
@@ -850,6 +891,7 @@ def results_json(report: Report) -> dict[str, Any]:
           m.name: [
               {split: _stats(cols) for split, cols in r['splits'].items()}
               | {'examples': r['examples'], 'wall_s': r['wall_s']}
+              | ({'diverged': r['diverged']} if r.get('diverged') else {})
               for r in report.results.get(m.name, [])
           ]
           for m in report.methods
@@ -873,7 +915,11 @@ def write_pictures(report: Report, png_cdf: str, png_diff: str) -> None:
   for ax, (split, title) in zip(axes, splits):
     for method, label, _ in report.rows(split):
       acc = np.concatenate(
-          [r['splits'][split]['accuracy'] for r in report.results[method.name]]
+          [
+              r['splits'][split]['accuracy']
+              for r in report.results[method.name]
+              if not r.get('diverged')
+          ]
       )
       xs = np.sort(acc) * 100
       ax.step(
@@ -898,11 +944,15 @@ def write_pictures(report: Report, png_cdf: str, png_diff: str) -> None:
   fedavg = next(p for m, _, p in report.rows('test') if m.name == 'fedavg')
   for ax, column in zip(axes, ('mean', 'worst10')):
     ys = []
-    others = [r for r in report.rows('test') if r[0].name != 'fedavg']
+    paired = {r[0].name for r in rows}  # Methods with a seed both finished.
+    others = [r for r in report.rows('test') if r[0].name in paired]
     for y, (_, _, per_seed) in enumerate(others):
-      d = 100 * (
-          np.array([s[column] for s in per_seed])
-          - np.array([s[column] for s in fedavg])
+      d = 100 * np.array(
+          [
+              s[column] - b[column]
+              for s, b in zip(per_seed, fedavg)
+              if s is not None and b is not None
+          ]
       )
       ax.plot(d, np.full(len(d), y), 'o', alpha=0.5, markersize=4)
       ax.errorbar(

@@ -792,6 +792,25 @@ class Benchmark:
       runs = []
       for seed in seeds:
         record = records[(method.name, best, seed)]
+        if record.get('diverged'):
+          if method.name == 'fedavg':
+            raise RuntimeError(
+                f'FedAvg diverged on reported seed {seed} at its chosen '
+                f'configuration ({record["diverged"]}): every row is paired '
+                "with FedAvg's and the baselines fine-tune its models, so "
+                'no page is made'
+            )
+          runs.append(
+              {
+                  'splits': {},
+                  'diverged': record['diverged'],
+                  'unstable': True,
+                  'examples': record['examples'],
+                  'wall_s': record['wall_s'],
+                  'args': record['args'],
+              }
+          )
+          continue
         splits = dict(record['splits'])
         if method.name in bench_settings.PERSONAL:
           splits['test'] = splits.pop('personal/test')

@@ -29,7 +29,6 @@ rerunning the same command resumes from the run's last checkpoint.
 
 import concurrent.futures
 import json
-import signal
 import sys
 import time
 
@@ -312,32 +311,26 @@ def run_dpfedavg(train) -> str:
 
 def _run_dpfedavg_stoppably():
   """run_dpfedavg; a SIGTERM, SIGINT or SIGHUP ends its run (exit status)."""
-  stop = processes.raise_stopped
-  previous = {
-      s: signal.signal(s, stop)
-      for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-  }
   # The runs start in sessions of their own (reproduce.run_one) from a
   # thread: the main thread waits, so a signal's processes.Stopped reaches it
   # while the run is still listed for processes.end_children.
   pool = concurrent.futures.ThreadPoolExecutor(1)
   log = lambda line: print(line, file=sys.stderr, flush=True)
-  try:
-    return run_dpfedavg(
-        lambda args: pool.submit(reproduce.run_one, args, log).result()
-    )
-  except processes.Stopped as e:
-    ended = processes.end_children(e.signum)
-    return processes.exit_stopped(
-        'privacy_experiments', e, ended, 'the last checkpoint'
-    )
-  except RuntimeError as e:  # A run failed (reproduce.run_one).
-    print(f'privacy_experiments: error: {e}', file=sys.stderr)
-    return 1
-  finally:
-    pool.shutdown(wait=True, cancel_futures=True)
-    for signum, handler in previous.items():
-      signal.signal(signum, handler)
+  with processes.signals_stop():
+    try:
+      return run_dpfedavg(
+          lambda args: pool.submit(reproduce.run_one, args, log).result()
+      )
+    except processes.Stopped as e:
+      ended = processes.end_children(e.signum)
+      return processes.exit_stopped(
+          'privacy_experiments', e, ended, 'the last checkpoint'
+      )
+    except RuntimeError as e:  # A run failed (reproduce.run_one).
+      print(f'privacy_experiments: error: {e}', file=sys.stderr)
+      return 1
+    finally:
+      pool.shutdown(wait=True, cancel_futures=True)
 
 
 def main(argv) -> int:

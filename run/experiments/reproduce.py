@@ -715,30 +715,27 @@ def main(argv) -> int:
       jobs.append((variant, args))
   # A signal ends the runs and their workers (they are in sessions of their
   # own, out of reach of a terminal's Ctrl-C or a group kill of the driver).
-  previous = {
-      s: signal.signal(s, processes.raise_stopped)
-      for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-  }
   pool = concurrent.futures.ThreadPoolExecutor(FLAGS.jobs)
-  try:
-    futures = [
-        (variant, pool.submit(run_one, args, log)) for variant, args in jobs
-    ]
-    for variant, future in futures:
-      try:
-        results[variant].append(future.result())
-      except RuntimeError as e:
-        print(f'reproduce: error: {e}', file=sys.stderr)
-        processes.end_children(signal.SIGTERM)
-        return 1
-  except processes.Stopped as e:
-    ended = processes.end_children(e.signum)
-    pool.shutdown(wait=True, cancel_futures=True)
-    return processes.exit_stopped('reproduce', e, ended, 'the last checkpoints')
-  finally:
-    pool.shutdown(wait=True, cancel_futures=True)
-    for signum, handler in previous.items():
-      signal.signal(signum, handler)
+  with processes.signals_stop():
+    try:
+      futures = [
+          (variant, pool.submit(run_one, args, log)) for variant, args in jobs
+      ]
+      for variant, future in futures:
+        try:
+          results[variant].append(future.result())
+        except RuntimeError as e:
+          print(f'reproduce: error: {e}', file=sys.stderr)
+          processes.end_children(signal.SIGTERM)
+          return 1
+    except processes.Stopped as e:
+      ended = processes.end_children(e.signum)
+      pool.shutdown(wait=True, cancel_futures=True)
+      return processes.exit_stopped(
+          'reproduce', e, ended, 'the last checkpoints'
+      )
+    finally:
+      pool.shutdown(wait=True, cancel_futures=True)
   results = expand_members(experiment, results)
   text = (
       f'{name}: {rounds} rounds, seeds {seeds}; mean (std) over seeds; '

@@ -645,52 +645,42 @@ def main(argv) -> int:
       reported_seeds=seeds,
   )
   progress = _Progress()
-  previous = {
-      s: signal.signal(s, _raise_stopped)
-      for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-  }
   try:
-    if not FLAGS.from_records:  # Task flags checked before any run.
-      probe = bench._args(  # pylint: disable=protected-access
-          methods_run[0],
-          bench_selection.Config(None, budget.learning_rate),
-          0,
-          'select',
-      )
-      error = runs.check(probe)
-      if error:
-        print(
-            f'benchmark: error: {error.split("error: ", 1)[-1]}',
-            file=sys.stderr,
+    with processes.signals_stop():
+      try:
+        if not FLAGS.from_records:  # Task flags checked before any run.
+          probe = bench._args(  # pylint: disable=protected-access
+              methods_run[0],
+              bench_selection.Config(None, budget.learning_rate),
+              0,
+              'select',
+          )
+          error = runs.check(probe)
+          if error:
+            print(
+                f'benchmark: error: {error.split("error: ", 1)[-1]}',
+                file=sys.stderr,
+            )
+            return 2
+        choices = bench.select(sel_seeds, progress)
+        ft_choices = {}
+        if any(m.baseline for m in methods_run):
+          ft_choices = bench.select_fine_tuning(
+              choices['fedavg'], sel_seeds, progress
+          )
+        results = bench.report(choices, ft_choices, seeds, progress)
+      except processes.Stopped as e:
+        # Raised in the pool (which ended the running workers) or in this
+        # thread, e.g. while a worker computed the trivial score: end them.
+        return _interrupted(
+            e,
+            ' and their TFF workers; rerun the same command to resume '
+            '(finished runs are kept)',
         )
-        return 2
-    choices = bench.select(sel_seeds, progress)
-    ft_choices = {}
-    if any(m.baseline for m in methods_run):
-      ft_choices = bench.select_fine_tuning(
-          choices['fedavg'], sel_seeds, progress
-      )
-    results = bench.report(choices, ft_choices, seeds, progress)
-  except processes.Stopped as e:
-    # Raised in the pool (which ended the running workers) or in this
-    # thread, e.g. while a worker computed the trivial score: end them here.
-    ended = getattr(e, 'ended', None)
-    if ended is None:
-      ended = processes.end_children(e.signum)
-    print(
-        f'benchmark: interrupted ({e}): ended {ended} running worker'
-        f'{"" if ended == 1 else "s"} and their TFF workers; rerun the '
-        'same command to resume (finished runs are kept)',
-        file=sys.stderr,
-        flush=True,
-    )
-    return 130 if e.signum == signal.SIGINT else 128 + e.signum
-  except (RuntimeError, bench_records.MissingRecord) as e:
-    print(f'benchmark: error: {str(e).splitlines()[-1]}', file=sys.stderr)
-    return 1
+      except (RuntimeError, bench_records.MissingRecord) as e:
+        print(f'benchmark: error: {str(e).splitlines()[-1]}', file=sys.stderr)
+        return 1
   finally:
-    for signum, handler in previous.items():
-      signal.signal(signum, handler)
     runs.close()
   stem = os.path.splitext(output_md)[0]
   pngs = (f'{stem}_cdf.png', f'{stem}_differences.png')
@@ -751,29 +741,18 @@ def _rerun(records: dict[str, dict], output_dir: str, task_flags) -> int:
       False,
       origin=origin_lib.current(task_flags),
   )
-  previous = {
-      s: signal.signal(s, _raise_stopped)
-      for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-  }
   try:
-    differing = rerun.rerun_records(
-        records, runs, data_dir, lambda line: print(line, flush=True)
-    )
-  except processes.Stopped as e:
-    ended = processes.end_children(e.signum)
-    print(
-        f'benchmark: interrupted ({e}): ended {ended} running worker'
-        f'{"" if ended == 1 else "s"}; the reruns are in {folder}',
-        file=sys.stderr,
-        flush=True,
-    )
-    return 130 if e.signum == signal.SIGINT else 128 + e.signum
-  except RuntimeError as e:
-    print(f'benchmark: error: {str(e).splitlines()[-1]}', file=sys.stderr)
-    return 1
+    with processes.signals_stop():
+      try:
+        differing = rerun.rerun_records(
+            records, runs, data_dir, lambda line: print(line, flush=True)
+        )
+      except processes.Stopped as e:
+        return _interrupted(e, f'; the reruns are in {folder}')
+      except RuntimeError as e:
+        print(f'benchmark: error: {str(e).splitlines()[-1]}', file=sys.stderr)
+        return 1
   finally:
-    for signum, handler in previous.items():
-      signal.signal(signum, handler)
     runs.close()
   print(
       f'benchmark: {len(records) - differing} of {len(records)} records '
@@ -838,8 +817,19 @@ def _overrides() -> list[str]:
   ]
 
 
-def _raise_stopped(signum, frame):
-  processes.raise_stopped(signum, frame)
+def _interrupted(stopped: processes.Stopped, then: str) -> int:
+  """Ends the running workers (unless the pool did), says so and what
+  `then`, and returns the exit status of the signal."""
+  ended = getattr(stopped, 'ended', None)
+  if ended is None:
+    ended = processes.end_children(stopped.signum)
+  print(
+      f'benchmark: interrupted ({stopped}): ended {ended} running worker'
+      f'{"" if ended == 1 else "s"}{then}',
+      file=sys.stderr,
+      flush=True,
+  )
+  return 130 if stopped.signum == signal.SIGINT else 128 + stopped.signum
 
 
 def run_main() -> None:

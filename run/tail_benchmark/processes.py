@@ -4,11 +4,11 @@
 A driver (the tail benchmark, `run.experiments.reproduce`) starts its runs,
 or the long-lived workers that run them, each in a session of its own (a
 terminal's Ctrl-C reaches only the driver) through `start`, which lists
-them. On a signal the driver's handler (`raise_stopped`) raises `Stopped`;
-the driver then calls `end_children`, which forwards the signal to every
-listed child, kills what is left after a grace period with its whole process
-group (its TFF workers are in it), and refuses to start any more
-(`NotStarted`).
+them. On a signal the driver's handler (`raise_stopped`, installed by
+`signals_stop`) raises `Stopped`; the driver then calls `end_children`,
+which forwards the signal to every listed child, kills what is left after
+a grace period with its whole process group (its TFF workers are in it),
+and refuses to start any more (`NotStarted`).
 """
 
 import contextlib
@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from run import run_dir
@@ -125,6 +126,21 @@ def exit_stopped(prog: str, stopped: Stopped, ended: int, since: str) -> int:
   signal.signal(stopped.signum, signal.SIG_DFL)  # Die of it, as its default.
   os.kill(os.getpid(), stopped.signum)
   return 128 + stopped.signum
+
+
+@contextlib.contextmanager
+def signals_stop() -> Iterator[None]:
+  """SIGINT, SIGTERM and SIGHUP raise `Stopped` in the main thread while
+  inside; the handlers before are restored after."""
+  previous = {
+      s: signal.signal(s, raise_stopped)
+      for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+  }
+  try:
+    yield
+  finally:
+    for signum, handler in previous.items():
+      signal.signal(signum, handler)
 
 
 def raise_stopped(signum, frame):

@@ -201,3 +201,62 @@ def test_no_worker_outlives_its_binary_after_sigkill(module, tmp_path):
     finally:
       with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
+
+
+# Starts one child the way TFF's workers are started (`runtime._TiedPopen`,
+# from runtime.py loaded alone: no TensorFlow), prints its pid and waits.
+_TIED = r"""
+import importlib.util, sys, time
+spec = importlib.util.spec_from_file_location('tied_runtime', sys.argv[1])
+rt = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(rt)
+child = rt._TiedPopen(['sleep', '120'])
+print(child.pid, flush=True)
+time.sleep(120)
+"""
+
+
+def _state(pid: int) -> str:
+  """The process's state letter (`Z` a zombie), or '' if it is gone."""
+  try:
+    with open(f'/proc/{pid}/stat') as f:
+      return f.read().rsplit(')', 1)[1].split()[0]
+  except OSError:
+    return ''
+
+
+@pytest.mark.skipif(
+    not sys.platform.startswith('linux'), reason='PDEATHSIG is Linux only'
+)
+def test_a_tied_child_becomes_its_command_and_dies_with_its_parent():
+  # The child becomes the command itself (exec, no Python run in it after
+  # the fork: a preexec_fn forks where gRPC's fork handlers can abort the
+  # child), its parent is the starter, and a SIGKILL of the starter alone
+  # ends it at once.
+  with subprocess.Popen(
+      [sys.executable, '-c', _TIED, runtime.__file__],
+      stdout=subprocess.PIPE,
+      text=True,
+      start_new_session=True,
+  ) as starter:
+    try:
+      child = int(starter.stdout.readline())
+      deadline = time.monotonic() + 10
+      while True:
+        with open(f'/proc/{child}/comm') as f:
+          comm = f.read().strip()
+        if comm == 'sleep' or time.monotonic() > deadline:
+          break
+        time.sleep(0.05)
+      assert comm == 'sleep'
+      with open(f'/proc/{child}/stat') as f:
+        assert int(f.read().rsplit(')', 1)[1].split()[1]) == starter.pid
+      starter.kill()
+      starter.wait(timeout=10)
+      deadline = time.monotonic() + 5
+      while _state(child) not in ('', 'Z') and time.monotonic() < deadline:
+        time.sleep(0.05)
+      assert _state(child) in ('', 'Z'), 'the child outlived its parent'
+    finally:
+      with contextlib.suppress(ProcessLookupError):
+        os.killpg(starter.pid, signal.SIGKILL)

@@ -30,6 +30,7 @@ import contextlib
 import ctypes
 import os
 import queue
+import shutil
 import signal
 import socket
 import subprocess
@@ -42,7 +43,6 @@ WORKER_NAME = 'worker_binary'
 _FACTORY = (
     'tensorflow_federated.python.core.impl.executor_stacks.executor_factory'
 )
-_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 _installed = False
 _exit_registered = False
 _interrupted = False
@@ -114,21 +114,42 @@ def _in_spawner_thread(fn: Callable[[], Any]) -> Any:
   return future.result()
 
 
-def _die_with_parent(prctl, parent: int) -> None:
-  """In the child, before exec: SIGKILL when the parent ends."""
-  prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-  if os.getppid() != parent:  # The parent died before the call.
-    os._exit(1)  # pylint: disable=protected-access
+# Started in front of a worker: sets the parent-death signal (setpriv, from
+# util-linux), then checks that the parent still lives (it may have died
+# before the signal was set) and becomes the worker. No Python runs in the
+# child: a `preexec_fn` makes Python fork() instead of vfork(), and gRPC's
+# fork handlers in a process with TFF's threads can abort or hang the child
+# before its exec (seen: "Fatal Python error: Aborted", and a TFF context
+# waiting forever for a worker that never started).
+_TIE_SCRIPT = '[ "$PPID" = "$1" ] || exit 1; shift; exec "$@"'
+
+
+def _tied_command(setpriv: str, args: Any, parent: int) -> Any:
+  """`args` run behind setpriv's parent-death SIGKILL (`args` unchanged if
+  not a list of arguments)."""
+  if isinstance(args, (str, bytes, os.PathLike)) or not args:
+    return args
+  return [
+      setpriv,
+      '--pdeathsig',
+      'KILL',
+      '--',
+      '/bin/sh',
+      '-c',
+      _TIE_SCRIPT,
+      'tied-worker',
+      str(parent),
+      *args,
+  ]
 
 
 class _TiedPopen(subprocess.Popen, metaclass=_AnyPopen):
   """A `subprocess.Popen` whose child the kernel kills with this process."""
 
   def __init__(self, args, **kwargs):  # pylint: disable=super-init-not-called
-    if kwargs.get('preexec_fn') is None:
-      prctl = ctypes.CDLL(None, use_errno=True).prctl  # Loaded before fork.
-      parent = os.getpid()
-      kwargs['preexec_fn'] = lambda: _die_with_parent(prctl, parent)
+    setpriv = shutil.which('setpriv')
+    if setpriv and not kwargs.get('shell') and not kwargs.get('executable'):
+      args = _tied_command(setpriv, args, os.getpid())
     # pytype cannot follow **kwargs into Popen's overloads.
     _in_spawner_thread(
         lambda: subprocess.Popen.__init__(  # pytype: disable=wrong-arg-types
@@ -146,16 +167,21 @@ class _TiedSubprocess:
 def tie_workers_to_process() -> bool:
   """TFF's local workers started from now on end when this process ends.
 
-  Linux only: each `worker_binary` TFF's local execution context starts gets
-  the parent-death signal SIGKILL (`prctl(PR_SET_PDEATHSIG)`), so not even a
-  SIGKILL of this process leaves it running. Idempotent; does nothing after
+  Linux with util-linux's `setpriv` only: each `worker_binary` TFF's local
+  execution context starts gets the parent-death signal SIGKILL
+  (`setpriv --pdeathsig`, `prctl(PR_SET_PDEATHSIG)`), so not even a SIGKILL
+  of this process leaves it running. Idempotent; does nothing after
   `stop_new_workers` or before TFF is imported.
 
   Returns:
     Whether workers started from now on are tied.
   """
   factory = sys.modules.get(_FACTORY)
-  if factory is None or not sys.platform.startswith('linux'):
+  if (
+      factory is None
+      or not sys.platform.startswith('linux')
+      or not shutil.which('setpriv')
+  ):
     return False
   if factory.subprocess is subprocess:
     factory.subprocess = _TiedSubprocess

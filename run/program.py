@@ -57,6 +57,7 @@ import dataclasses
 import datetime
 import functools
 import json
+import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Optional, Protocol
@@ -591,6 +592,53 @@ def _release_managers(output_dir: str, name: str, csv_file: str):
   )
 
 
+# TFF's names (`evaluation_program_logic`) for the manager's own state and
+# each evaluation's state under `evaluation/`.
+_EVAL_MANAGER_STATE = 'eval_manager'
+_EVAL_STATE = re.compile(r'evaluation_of_train_round_(\d+)')
+
+
+class EvaluationAfterState(tff.learning.programs.EvaluationManager):
+  """TFF's `EvaluationManager` that resumes only the evaluations of saved
+  training rounds.
+
+  `train_model` starts round N's evaluation (and saves its state) before
+  round N's training state is saved, and `StateAfterMetrics` holds that
+  save until round N's metrics row is written. A program stopped in
+  between resumes after round N - 1, trains round N again and would start
+  its evaluation on a state TFF already saved (`ProgramStateExistsError`).
+  Here the evaluations of rounds after `saved_round`, the last saved
+  training state's, are forgotten on resume: started again with the round.
+  """
+
+  def __init__(self, *args, root_dir: str, saved_round: int, **kwargs):
+    super().__init__(*args, **kwargs)
+    self._root_dir = root_dir
+    self._saved_round = saved_round
+
+  async def resume_from_previous_state(self) -> None:
+    """Drops the evaluations of unsaved rounds, then resumes the rest."""
+    manager = self.create_state_manager_fn(_EVAL_MANAGER_STATE)
+    empty = np.zeros([0], np.int32)
+    loaded, version = await manager.load_latest((empty, empty))
+    if loaded is not None:
+      rounds, starts = (np.asarray(v) for v in loaded)
+      keep = rounds <= self._saved_round
+      if not keep.all():
+        await manager.save((rounds[keep], starts[keep]), version=version + 1)
+    for name in await asyncio.to_thread(self._states_on_disk):
+      if int(_EVAL_STATE.fullmatch(name).group(1)) > self._saved_round:
+        await self.create_state_manager_fn(name).remove_all()
+    await super().resume_from_previous_state()
+
+  def _states_on_disk(self) -> list[str]:
+    if not os.path.isdir(self._root_dir):
+      return []
+    return sorted(
+        n for n in os.listdir(self._root_dir) if _EVAL_STATE.fullmatch(n)
+    )
+
+
 def build_evaluation_manager(
     model_fn: task_base.ModelFn,
     data_source: tff.program.FederatedDataSource,
@@ -598,14 +646,17 @@ def build_evaluation_manager(
     output_dir: str,
     cohort_size: int,
     divergence_checks: Optional[list[DivergenceCheck]] = None,
-) -> tff.learning.programs.EvaluationManager:
+    saved_round: int = 0,
+) -> EvaluationAfterState:
   """TFF's `EvaluationManager` running `build_fed_eval` on `data_source`.
 
   Each evaluation runs one round of `cohort_size` clients; its state lives
-  under `output_dir/evaluation/` so interrupted evaluations resume, and its
-  metrics go to `evaluation.csv` and `tensorboard/evaluation`. With
-  `divergence_checks`, a `DivergenceCheck` of the evaluation metrics is
-  appended to it (an evaluation loss that is not finite is not released).
+  under `output_dir/evaluation/` so interrupted evaluations resume (those of
+  rounds after `saved_round`, the last saved training round, start again
+  with their round: `EvaluationAfterState`), and its metrics go to
+  `evaluation.csv` and `tensorboard/evaluation`. With `divergence_checks`,
+  a `DivergenceCheck` of the evaluation metrics is appended to it (an
+  evaluation loss that is not finite is not released).
   """
   metrics_manager = _release_managers(
       output_dir, 'evaluation', 'evaluation.csv'
@@ -614,22 +665,24 @@ def build_evaluation_manager(
     metrics_manager = DivergenceCheck(metrics_manager, 'evaluation')
     divergence_checks.append(metrics_manager)
 
+  root_dir = os.path.join(output_dir, 'evaluation')
+
   def create_state_manager(name: str) -> tff.program.FileProgramStateManager:
-    return tff.program.FileProgramStateManager(
-        os.path.join(output_dir, 'evaluation', name)
-    )
+    return tff.program.FileProgramStateManager(os.path.join(root_dir, name))
 
   def create_process(name: str):
     del name
     return tff.learning.algorithms.build_fed_eval(model_fn), None
 
-  return tff.learning.programs.EvaluationManager(
+  return EvaluationAfterState(
       data_source=data_source,
       aggregated_metrics_manager=metrics_manager,
       create_state_manager_fn=create_state_manager,
       create_process_fn=create_process,
       cohort_size=cohort_size,
       duration=datetime.timedelta(seconds=0),
+      root_dir=root_dir,
+      saved_round=saved_round,
   )
 
 
@@ -736,12 +789,18 @@ async def _train(
 ):
   evaluation_manager = None
   if eval_source is not None:
+    # The round `train_model` resumes after (a damaged newest version is
+    # set aside here, as `train_model`'s own load would).
+    _, saved_round = await managers.state.load_latest(
+        await _state_structure(process, train_source)
+    )
     evaluation_manager = build_evaluation_manager(
         model_fn,
         eval_source,
         output_dir=output_dir,
         cohort_size=config.eval_clients or eval_source.num_clients,
         divergence_checks=_divergence_checks,
+        saved_round=saved_round,
     )
   await tff.learning.programs.train_model(
       train_process=process,
@@ -755,12 +814,18 @@ async def _train(
       evaluation_periodicity=config.rounds_per_eval or config.total_rounds,
   )
   # The state the program ended with, as a resumed program would load it.
+  saved, version = await managers.state.load_latest(
+      await _state_structure(process, train_source)
+  )
+  return saved.state, version
+
+
+async def _state_structure(process, train_source):
+  """The structure `train_model` saves its program state in."""
   initial = await tff.program.materialize_value(process.initialize())
-  structure = tff.learning.programs.ProgramState(
+  return tff.learning.programs.ProgramState(
       initial, 0, 0, train_source.iterator()
   )
-  saved, version = await managers.state.load_latest(structure)
-  return saved.state, version
 
 
 def _run_rounds(context, output_dir: str, train) -> tuple[Any, int]:

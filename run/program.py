@@ -58,6 +58,7 @@ import datetime
 import functools
 import json
 import re
+import shutil
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Optional, Protocol
@@ -626,17 +627,17 @@ class EvaluationAfterState(tff.learning.programs.EvaluationManager):
       keep = rounds <= self._saved_round
       if not keep.all():
         await manager.save((rounds[keep], starts[keep]), version=version + 1)
-    for name in await asyncio.to_thread(self._states_on_disk):
-      if int(_EVAL_STATE.fullmatch(name).group(1)) > self._saved_round:
-        await self.create_state_manager_fn(name).remove_all()
+    await asyncio.to_thread(self._remove_unsaved_rounds)
     await super().resume_from_previous_state()
 
-  def _states_on_disk(self) -> list[str]:
+  def _remove_unsaved_rounds(self) -> None:
+    """Removes the state folders of evaluations of unsaved rounds."""
     if not os.path.isdir(self._root_dir):
-      return []
-    return sorted(
-        n for n in os.listdir(self._root_dir) if _EVAL_STATE.fullmatch(n)
-    )
+      return
+    for name in os.listdir(self._root_dir):
+      match = _EVAL_STATE.fullmatch(name)
+      if match and int(match.group(1)) > self._saved_round:
+        shutil.rmtree(os.path.join(self._root_dir, name))
 
 
 def build_evaluation_manager(

@@ -8,6 +8,7 @@ program's data source selects exactly the simulation's clients and shuffles).
 """
 
 import csv
+import datetime
 import json
 import os
 import subprocess
@@ -373,3 +374,65 @@ def test_run_async_errors_are_not_chained_to_its_loop_probe():
   with pytest.raises(ValueError, match='bad') as raised:
     simulation.run_async(fail())
   assert raised.value.__context__ is None  # No "no running event loop".
+
+
+def test_evaluations_of_rounds_after_the_saved_state_are_forgotten(
+    tmp_path, monkeypatch
+):
+  """A program stopped after round 3's evaluation started but before its
+  training state was saved resumes after round 2: round 3's evaluation (its
+  entry in TFF's manager state and its state folder) is dropped, since the
+  resumed round 3 starts it again; round 2's is resumed."""
+  # pylint: disable=g-import-not-at-top
+  import asyncio
+  import tensorflow_federated as tff
+
+  # pylint: enable=g-import-not-at-top
+  root = tmp_path / 'evaluation'
+
+  def state(name):
+    return tff.program.FileProgramStateManager(str(root / name))
+
+  async def setup():
+    await state('eval_manager').save(
+        (np.array([2, 3], np.int32), np.array([10, 11], np.int32)), version=0
+    )
+    for r in (2, 3):
+      await state(f'evaluation_of_train_round_{r:05d}').save(
+          np.int32(r), version=0
+      )
+
+  asyncio.run(setup())
+  resumed = []
+
+  async def tffs_resume(self):
+    loaded, _ = await state('eval_manager').load_latest(
+        (np.zeros([0], np.int32), np.zeros([0], np.int32))
+    )
+    resumed.append([a.tolist() for a in loaded])
+    del self
+
+  monkeypatch.setattr(
+      tff.learning.programs.EvaluationManager,
+      'resume_from_previous_state',
+      tffs_resume,
+  )
+  manager = program.EvaluationAfterState(
+      data_source=None,
+      aggregated_metrics_manager=None,
+      create_state_manager_fn=state,
+      create_process_fn=lambda name: (None, None),
+      cohort_size=1,
+      duration=datetime.timedelta(seconds=0),
+      root_dir=str(root),
+      saved_round=2,
+  )
+  asyncio.run(manager.resume_from_previous_state())
+  assert resumed == [[[2], [10]]]
+  assert sorted(os.listdir(root)) == [
+      'eval_manager',
+      'evaluation_of_train_round_00002',
+  ]
+  # Nothing after the saved round: nothing changes.
+  asyncio.run(manager.resume_from_previous_state())
+  assert resumed[-1] == [[2], [10]]

@@ -2211,3 +2211,60 @@ def test_a_method_that_diverged_on_a_reported_seed_is_counted_on_the_page(
   }
   with pytest.raises(RuntimeError, match='FedAvg diverged on reported seed 0'):
     bench.report(choices, {}, [0, 1, 2], lambda _: None)
+
+
+def test_the_summary_is_each_methods_worst10_difference_and_verdict():
+  fedavg = [[0.1] * 5 + [0.9] * 5, [0.2] * 5 + [0.9] * 5, [0.3] * 5 + [0.9] * 5]
+  better = [
+      [0.5] * 5 + [0.9] * 5,
+      [0.6] * 5 + [0.9] * 5,
+      [0.65] * 5 + [0.9] * 5,
+  ]
+  report = _report({'fedavg': fedavg, 'fedprox': better})
+  lines = benchmark_page.summary_table(report)
+  assert lines[0] == '<!-- summary: synthetic -->'
+  assert lines[-1] == '<!-- /summary -->'
+  assert lines[1] == (
+      '**Synthetic(1,1)**, held-out data; FedAvg at worst-10% 20.0% and mean '
+      '55.0% (mean over seeds [0, 1, 2]):'
+  )
+  d = [0.4, 0.4, 0.35]
+  mean = sum(d) / 3
+  std = math.sqrt(sum((x - mean) ** 2 for x in d) / 2)
+  half = 4.303 * std / math.sqrt(3)
+  assert lines[-2] == (
+      f'| FedProx | {100 * mean:+.1f} +- {100 * half:.1f} | 3 of 3 | '
+      'resolved |'
+  )
+  # Inside the half-width: not resolved.
+  noisy = [[0.5] * 10, [0.0] * 10, [0.3] * 10]
+  report = _report({'fedavg': fedavg, 'fedprox': noisy})
+  assert benchmark_page.summary_table(report)[-2].endswith(
+      '| 1 of 3 | not resolved |'
+  )
+  text = 'a\n' + '\n'.join(lines) + '\nb'
+  assert benchmark_page.summary_block(text, 'synthetic') == '\n'.join(lines)
+  assert benchmark_page.summary_block(text, 'shakespeare') is None
+
+
+@pytest.mark.parametrize('setting', sorted(_PAGE_FLAGS))
+def test_the_readme_repeats_each_pages_summary(setting):
+  # The README's results are the pages' summaries, verbatim; while a
+  # setting is being rerun (no page) the README says so and links the
+  # archived page.
+  root = binary.ROOT
+  with open(os.path.join(root, 'README.md')) as f:
+    readme = f.read()
+  path = os.path.join(root, f'docs/results/benchmark_{setting}.md')
+  if not os.path.exists(path):
+    assert 'being rerun' in readme
+    assert _ARCHIVED[setting] in readme
+    assert benchmark_page.summary_block(readme, setting) is None
+    return
+  with open(path) as f:
+    block = benchmark_page.summary_block(f.read(), setting)
+  assert block is not None, f'{path} has no summary'
+  assert (
+      benchmark_page.summary_block(readme, setting) == block
+  ), f'README.md: paste the summary of {path}'
+  assert f'(docs/results/benchmark_{setting}.md)' in readme

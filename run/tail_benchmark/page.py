@@ -292,6 +292,66 @@ def findings(
   return out
 
 
+# The markers around a page's summary, which the README repeats verbatim
+# (tests/test_benchmark.py checks it; `summary_block` reads it back).
+SUMMARY_BEGIN = '<!-- summary: {setting} -->'
+SUMMARY_END = '<!-- /summary -->'
+
+
+def summary_table(report: Report) -> list[str]:
+  """The page's headline, for the README: each method's held-out
+  worst-10% accuracy minus FedAvg's, its 95% half-width, the seeds where it
+  is better and whether the seeds resolve it, at FedAvg's operating point.
+  No link inside: the README and the page hold it verbatim.
+  """
+  name = report.setting.name
+  labels = {m.name: label for m, label, _ in report.rows('test')}
+  base = next((r for r in report.rows('test') if r[0].name == 'fedavg'), None)
+  lines = [SUMMARY_BEGIN.format(setting=name)]
+  if base is not None:
+    cells = []
+    for column, what in (('worst10', 'worst-10%'), ('mean', 'mean')):
+      mean, _ = stats.mean_std([s[column] for s in finished(base[2])])
+      cells.append(f'{what} {100 * mean:.1f}%')
+    lines += [
+        f'**{report.setting.title or name}**, held-out data; FedAvg at '
+        + ' and '.join(cells)
+        + f' (mean over seeds {list(report.seeds)}):',
+        '',
+    ]
+  lines += [
+      '| method | worst-10% minus FedAvg (points, +- 95% half-width) | '
+      'seeds better | verdict |',
+      '|---|---:|---:|---|',
+  ]
+  steps = example_steps(report)
+  for method, column, mean, std, wins, n, half in paired_rows(report, 'test'):
+    if column != 'worst10':
+      continue
+    words = stats.verdict(mean, std, half, steps['worst10'])
+    width = 'n/a' if math.isnan(half) else f'{100 * half:.1f}'
+    lines.append(
+        f'| {labels[method.name]} | {100 * mean:+.1f} +- {width} | '
+        f'{wins} of {n} | '
+        f'{"resolved" if words.startswith("resolved") else "not resolved"} |'
+    )
+  lines.append(SUMMARY_END)
+  return lines
+
+
+def summary_block(text: str, setting: str) -> Optional[str]:
+  """The summary of `setting` in a page's or the README's text (markers
+  included), or None."""
+  begin = SUMMARY_BEGIN.format(setting=setting)
+  start = text.find(begin)
+  if start < 0:
+    return None
+  end = text.find(SUMMARY_END, start)
+  if end < 0:
+    return None
+  return text[start : end + len(SUMMARY_END)]
+
+
 def diverged_lines(report: Report) -> list[str]:
   """One sentence per method whose chosen configuration diverged on a
   reported seed: its statistics are over the seeds it finished."""
@@ -854,6 +914,10 @@ def page(report: Report, pngs: Sequence[str]) -> str:
           paired_rows(report, 'test'), 'held-out data', example_steps(report)
       ),
       *diverged_lines(report),
+      '',
+      '**Summary** (the README repeats it):',
+      '',
+      *summary_table(report),
       '',
       f'![per-client accuracy CDFs]({os.path.basename(pngs[0])})',
       '',

@@ -244,6 +244,7 @@ class Setting:
   budget: Budget
   scale: str
   shakespeare_data: bool = False
+  title: str = ''  # Its name in summaries (default: `name`).
 
 
 SETTINGS = {
@@ -276,6 +277,7 @@ SETTINGS = {
         'and 50 unseen; 800 rounds of 10 devices (where FedAvg plateaus), one '
         'epoch, batch 10, learning rates around 0.1 (the thesis: 0.01 to 0.1, '
         'thousands of rounds)',
+        title='Synthetic(1,1)',
     ),
     # The Delta-FL Shakespeare preset (roles with >= 100 windows, half
     # training, half unseen; H = 20, one-hot, GRU) at a trained operating
@@ -312,6 +314,7 @@ SETTINGS = {
         "rates around 1 (the authors' code: 0.1 halved every 200 rounds; "
         'the paper gives none)',
         shakespeare_data=True,
+        title='Shakespeare, real roles',
     ),
     'custom': Setting(
         'custom',

@@ -273,6 +273,46 @@ def test_the_plans_cost_is_each_methods_median_seconds_per_round(tmp_path):
   assert 'total: 10 to 11 training runs; 0.6 to 0.8 CPU hours' in text
   assert '0.3 to 0.4 hours of wall time on 2 workers' in text
   assert 'no cost for TERM' in text
+  assert '--calibrate_rounds=N measures it' in text
+  assert 'cost: each method' in text and ': fedavg' in text
+
+
+def test_a_calibration_run_costs_a_round_past_its_tracing():
+  # 10 rounds: the first traces (2 s), the others take 0.5 s (median);
+  # metrics and checkpoints 1 s over the run; 2 evaluations of 1.5 s; the
+  # rest of the 12 s wall time is start-up.
+  record = {
+      'wall_s': 12.0,
+      'seconds': {
+          'training': 6.5,
+          'evaluation': 3.0,
+          'metrics': 0.6,
+          'checkpoints': 0.4,
+      },
+      'curve': {'test': [[5, 0.1, 0.0], [10, 0.2, 0.0]]},
+  }
+  rounds = [2.0, 0.5, 0.4, 0.6, 0.5, 0.5, 0.7, 0.5, 0.3, 0.5]
+  c = plan.calibration(record, 10, rounds)
+  assert c.round_s == pytest.approx(0.5 + 0.1)
+  assert c.evaluation_s == pytest.approx(1.5)
+  assert c.startup_s == pytest.approx(12.0 - 3.0 - 6.0)
+  # 800 rounds evaluated every 100: 3 s + 800 x 0.6 s + 8 x 1.5 s.
+  assert c.seconds_per_round(800, 100) == pytest.approx(
+      (3.0 + 480.0 + 12.0) / 800
+  )
+  assert c.seconds_per_round(800, 0) == pytest.approx((3.0 + 480.0 + 1.5) / 800)
+  with pytest.raises(ValueError, match='no timed parts'):
+    plan.calibration({'wall_s': 1.0}, 10)
+  text = plan.table(
+      [plan.Stage('final', 'report', 'fedavg', 5, 5, 800)],
+      {'fedavg': c.seconds_per_round(800, 100)},
+      1,
+      {'fedavg': 'FedAvg'},
+      calibrated=['fedavg'],
+  )
+  assert 'cost measured by a calibration run on this machine' in text
+  assert text.splitlines()[-1].endswith(': FedAvg')
+  assert 'cost: each method' not in text
 
 
 def test_a_first_rung_keeps_each_rates_best_so_a_slow_starter_wins():
@@ -1536,6 +1576,11 @@ def test_bad_input_is_one_line_before_any_run(tmp_path):
           ['--plan', '--from_records', f'--records_dir={tmp_path}'],
           '--plan runs nothing: not with --rerun or --from_records',
       ),
+      (['--calibrate_rounds=5'], '--calibrate_rounds costs a plan'),
+      (
+          ['--plan', '--calibrate_rounds=-1'],
+          '--calibrate_rounds must be >= 0, got -1',
+      ),
       (
           ['--rerun=missing', f'--records_dir={tmp_path}'],
           '--rerun: no record',
@@ -2268,3 +2313,38 @@ def test_the_readme_repeats_each_pages_summary(setting):
       benchmark_page.summary_block(readme, setting) == block
   ), f'README.md: paste the summary of {path}'
   assert f'(docs/results/benchmark_{setting}.md)' in readme
+
+
+def test_the_plan_calibrates_a_method_without_records(tmp_path):
+  # --calibrate_rounds: FedAvg, with no record, is costed by the second of
+  # two short runs in one worker, in <output_dir>/calibration (never in
+  # --records_dir); the plan's hours then have a number, and planning
+  # again reuses the calibration's records (the same cost, no run).
+  args = [
+      '--setting=synthetic',
+      '--plan',
+      '--calibrate_rounds=3',
+      '--algorithms=fedavg',
+      f'--records_dir={tmp_path / "records"}',
+      f'--output_dir={tmp_path / "out"}',
+  ]
+  stdout, _ = _benchmark(args)
+  lines = stdout.splitlines()
+  calibrated = [l for l in lines if l.startswith('calibrated FedAvg (3 rounds')]
+  assert len(calibrated) == 1, stdout
+  per_round = float(re.search(r': ([0-9.]+) s per round at 800', stdout)[1])
+  assert per_round > 0
+  report = next(l for l in lines if l.startswith('final   report'))
+  assert report.split()[-1] == f'{5 * 800 * per_round / 3600:.2f}'
+  assert 'cost measured by a calibration run on this machine' in stdout
+  assert not (tmp_path / 'records').exists()
+  assert sorted(
+      f
+      for f in os.listdir(tmp_path / 'out' / 'calibration')
+      if f.endswith('.json')
+  ) == [
+      'select_calibrate_fedavg_r3_seed0.json',
+      'select_calibrate_fedavg_r3_seed1.json',
+  ]
+  again, _ = _benchmark(args)
+  assert again == stdout

@@ -71,6 +71,8 @@ and `--from_records` rebuilds the page from them alone. Runs execute in
 runs and their TFF workers (`processes`).
 """
 
+import contextlib
+import csv
 import json
 import math
 import os
@@ -298,7 +300,17 @@ def define_flags(flag_values: Optional[flags.FlagValues] = None) -> None:
       False,
       'Print the runs each stage of the selection and the report will '
       'make (a range where results decide) and their projected CPU hours '
-      'from the records in --records_dir; run nothing.',
+      'from the records in --records_dir; run nothing (but the calibration '
+      'runs of --calibrate_rounds).',
+  )
+  define(
+      'integer',
+      'calibrate_rounds',
+      0,
+      'With --plan: each method with no record in --records_dir is costed '
+      'on this machine by the second of two runs of this many rounds in one '
+      'worker (its start-up, seconds per round and per evaluation), in '
+      '<output_dir>/calibration; 0: records only; 20 or more is steadier.',
   )
   define(
       'list',
@@ -581,6 +593,12 @@ def main(argv) -> int:
       raise UsageError(
           '--plan runs nothing: not with --rerun or --from_records'
       )
+    if FLAGS.calibrate_rounds and not FLAGS.plan:
+      raise UsageError('--calibrate_rounds costs a plan: give --plan too')
+    if FLAGS.calibrate_rounds < 0:
+      raise UsageError(
+          f'--calibrate_rounds must be >= 0, got {FLAGS.calibrate_rounds}'
+      )
     rerun_records = {
         name: rerun.load(records_dir, name) for name in FLAGS.rerun
     }
@@ -592,7 +610,9 @@ def main(argv) -> int:
       folder = _shakespeare_data(
           output_dir,
           FLAGS.data_dir,
-          build=not (FLAGS.from_records or FLAGS.plan),
+          build=not (
+              FLAGS.from_records or (FLAGS.plan and not FLAGS.calibrate_rounds)
+          ),
       )
       task_flags = task_flags + [f'--data_dir={folder}']
   except (UsageError, run_dir.OutputDirError, rerun.RerunError) as e:
@@ -610,12 +630,31 @@ def main(argv) -> int:
         max_extensions=FLAGS.max_extensions,
         max_extra_seeds=FLAGS.max_extra_seeds,
     )
+    costs = plan.seconds_per_round(records_dir)
+    calibrated = []
+    if FLAGS.calibrate_rounds:
+      try:
+        with processes.signals_stop():
+          try:
+            for method in methods_run:
+              if method.baseline or method.name in costs:
+                continue
+              costs[method.name] = _calibrate(
+                  method, budget, task_flags, output_dir, FLAGS.data_seed
+              )
+              calibrated.append(method.name)
+          except processes.Stopped as e:
+            return _interrupted(e, '; nothing was planned')
+      except RuntimeError as e:
+        print(f'benchmark: error: {str(e).splitlines()[-1]}', file=sys.stderr)
+        return 1
     print(
         plan.table(
             planned,
-            plan.seconds_per_round(records_dir),
+            costs,
             FLAGS.jobs,
             {m.name: m.label for m in methods_run},
+            calibrated,
         )
     )
     return 0
@@ -815,6 +854,71 @@ def _overrides() -> list[str]:
       )
       if getattr(FLAGS, name) is not None
   ]
+
+
+def _calibrate(method, budget, task_flags, output_dir, data_seed) -> float:
+  """`method`'s seconds per round in a run of the budget (`plan.Calibration`),
+  measured in a folder of its own by the second of two `--calibrate_rounds`
+  runs in one worker: the benchmark's workers keep their builds between
+  runs, so the first run's process start and imports are not a run's."""
+  rounds = FLAGS.calibrate_rounds
+  folder = os.path.join(output_dir, 'calibration')
+  os.makedirs(folder, exist_ok=True)
+  grid = method.knob_grid(budget.learning_rate) if method.knob else ()
+  config = bench_selection.Config(  # The centre of its grids.
+      grid[len(grid) // 2] if grid else None, budget.learning_rate
+  )
+  runs = bench_records.Runs(folder, folder, 1, False)
+  try:
+    for seed in (0, 1):  # The first warms the worker.
+      args = bench_selection.run_args(
+          task_flags,
+          budget,
+          method,
+          config,
+          seed,
+          phase='select',
+          root=os.path.join(folder, 'runs'),
+          data_seed=data_seed,
+          rounds=rounds,
+      )
+      name = f'select_calibrate_{method.name}_r{rounds}_seed{seed}'
+      args = [
+          a
+          for a in args
+          if not a.startswith(('--experiment_name=', '--rounds_per_eval='))
+      ] + [f'--experiment_name={name}', f'--rounds_per_eval={rounds}']
+      # Named apart from its folder: no final model is kept.
+      record = runs.run(args, rounds, method.personal, name=name)
+      if record.get('diverged'):
+        raise RuntimeError(
+            f'the calibration run of {method.label} diverged: '
+            f'{record["diverged"]}'
+        )
+  finally:
+    runs.close()
+  measured = plan.calibration(
+      record, rounds, _round_seconds(os.path.join(folder, 'runs', name))
+  )
+  per_round = measured.seconds_per_round(budget.rounds, budget.eval_every)
+  print(
+      f'calibrated {method.label} ({rounds} rounds, the second run in its '
+      f'worker): start-up {measured.startup_s:.1f} s, '
+      f'{measured.round_s:.3f} s per round, {measured.evaluation_s:.1f} s per '
+      f'evaluation: {per_round:.3f} s per round at {budget.rounds} rounds',
+      flush=True,
+  )
+  return per_round
+
+
+def _round_seconds(run: str) -> list[float]:
+  """The `round_seconds` column of a run's `metrics.csv`, in order."""
+  out = []
+  with open(os.path.join(run, 'metrics.csv'), newline='') as f:
+    for row in csv.DictReader(f):
+      with contextlib.suppress(KeyError, TypeError, ValueError):
+        out.append(float(row['round_seconds']))
+  return out
 
 
 def _interrupted(stopped: processes.Stopped, then: str) -> int:

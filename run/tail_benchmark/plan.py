@@ -150,6 +150,68 @@ def seconds_per_round(records_dir: str) -> dict[str, float]:
   return {m: statistics.median(v) for m, v in found.items()}
 
 
+@dataclasses.dataclass(frozen=True)
+class Calibration:
+  """A method's cost measured by one short run on this machine.
+
+  Attributes:
+    rounds: The run's rounds.
+    startup_s: Its wall time outside the timed parts (data, building,
+      tracing): paid once per run.
+    round_s: Seconds per round of training, metrics and checkpoints.
+    evaluation_s: Seconds per evaluation of the held-out parts.
+  """
+
+  rounds: int
+  startup_s: float
+  round_s: float
+  evaluation_s: float
+
+  def seconds_per_round(self, rounds: int, eval_every: int) -> float:
+    """A run of `rounds` rounds evaluated every `eval_every` (0: at the
+    end only), per round, start-up spread over its rounds."""
+    evaluations = max(1, rounds // eval_every) if eval_every else 1
+    total = (
+        self.startup_s + rounds * self.round_s + evaluations * self.evaluation_s
+    )
+    return total / rounds
+
+
+def calibration(
+    record: dict, rounds: int, round_seconds: Sequence[float] = ()
+) -> Calibration:
+  """A `Calibration` from the record of a run of `rounds` rounds.
+
+  A round's training is the median of `round_seconds` (the run's
+  `metrics.csv` column) past the first round, which also traces; metrics
+  and checkpoints are spread over the rounds; an evaluation is the timed
+  evaluation over the curve's points (at least one); the start-up is the
+  wall time the rest leaves (the first round's tracing in it).
+
+  Raises:
+    ValueError: If the record has no timed parts.
+  """
+  parts = record.get('seconds')
+  if not isinstance(parts, dict) or 'training' not in parts or rounds < 1:
+    raise ValueError('the calibration run recorded no timed parts')
+  wall = float(record.get('timed_wall_s', record['wall_s']))
+  steady = list(round_seconds[1:])
+  training = statistics.median(steady) if steady else parts['training'] / rounds
+  other = sum(
+      v for k, v in parts.items() if k not in ('training', 'evaluation')
+  )
+  round_s = training + other / rounds
+  curves = record.get('curve') or {}
+  evaluations = max((len(c) for c in curves.values()), default=0) or 1
+  evaluation = float(parts.get('evaluation', 0.0))
+  return Calibration(
+      rounds=rounds,
+      startup_s=max(0.0, wall - evaluation - rounds * round_s),
+      round_s=round_s,
+      evaluation_s=evaluation / evaluations,
+  )
+
+
 def _hours(runs: int, rounds: int, cost: Optional[float]) -> Optional[float]:
   return None if cost is None else runs * rounds * cost / 3600
 
@@ -159,8 +221,13 @@ def table(
     costs: dict[str, float],
     jobs: int,
     labels: Optional[dict[str, str]] = None,
+    calibrated: Sequence[str] = (),
 ) -> str:
-  """The plan as text: one line per stage, then the totals."""
+  """The plan as text: one line per stage, then the totals.
+
+  `calibrated` names the methods whose cost a calibration run measured
+  (`Calibration`); the others' come from records.
+  """
   names: dict[str, str] = dict(labels or {})
   lines = [
       f'{"phase":7} {"stage":24} {"method":14} {"runs":>9} {"rounds":>6} '
@@ -202,12 +269,24 @@ def table(
         'no cost for '
         + ', '.join(names.get(m, m) for m in unknown)
         + ': no record of theirs in --records_dir (not in the hours above); '
-        'a first rung of theirs (--algorithms=... with --first_rung and '
-        '--rounds small) gives one'
+        '--calibrate_rounds=N measures it with one short run each'
     )
-  else:
+  recorded = [
+      m
+      for m in dict.fromkeys(s.method for s in planned)
+      if m in costs and m not in calibrated
+  ]
+  if recorded:
     lines.append(
         "cost: each method's median seconds per round over its records in "
         '--records_dir (their wall_s over their rounds, evaluations included)'
+        + (': ' + ', '.join(names.get(m, m) for m in recorded))
+    )
+  if calibrated:
+    lines.append(
+        'cost measured by a calibration run on this machine '
+        '(--calibrate_rounds: its start-up paid once per run, its seconds '
+        'per round of training and per evaluation): '
+        + ', '.join(names.get(m, m) for m in calibrated)
     )
   return '\n'.join(lines)

@@ -9,6 +9,8 @@ anchors); README.md stays short and links every page of docs/.
 import pathlib
 import re
 
+import pytest
+
 # The links name files anywhere in the checkout (the real one behind this
 # file's symlink), which Bazel's runfiles do not hold: `external` keeps Bazel
 # from caching the result.
@@ -146,3 +148,29 @@ def test_the_link_checker_finds_what_is_broken(tmp_path):
       '#b: no such heading',
   ]
   assert anchors('# X\n## X\n## X\n') == {'x', 'x-1', 'x-2'}
+
+
+def test_the_option_table_is_the_registrys():
+  # docs/usage.md's option table is generated from the algorithms'
+  # declarations (`python -m tools.option_table --write` after a change).
+  from tools import option_table  # pylint: disable=g-import-not-at-top
+
+  usage = (ROOT / 'docs' / 'usage.md').read_text()
+  assert (
+      option_table.table() in usage
+  ), 'docs/usage.md: run python -m tools.option_table --write'
+  # One row per declared option, each naming its algorithms.
+  rows = [l for l in option_table.table().splitlines() if l.startswith('| `--')]
+  from tff_algos import registry  # pylint: disable=g-import-not-at-top
+
+  assert len(rows) == len(registry.all_options())
+  assert any(
+      r.startswith('| `--fedplus_lambda` | `fedavg_plus`, `fedgeomed_plus`')
+      for r in rows
+  )
+  changed = option_table.replace(
+      usage, option_table.BEGIN + '\nx\n' + option_table.END
+  )
+  assert option_table.table() not in changed
+  with pytest.raises(ValueError, match='no table'):
+    option_table.replace('no markers here', 'x')

@@ -2225,7 +2225,7 @@ def test_a_method_that_diverged_on_a_reported_seed_is_counted_on_the_page(
   paired = {r[1]: r[2:] for r in benchmark_page.paired_rows(report, 'test')}
   mean, _, _, n, _ = paired['mean']
   assert n == 2 and mean == pytest.approx(0.0)  # Seeds 0 and 2 only.
-  lines = benchmark_page.diverged_lines(report)
+  lines = benchmark_page.unstable_lines(report)
   assert lines == [
       '* FedProx diverged on reported seed 1 of [0, 1, 2] at its chosen '
       'configuration: its statistics and differences are over the seeds '
@@ -2245,6 +2245,12 @@ def test_a_method_that_diverged_on_a_reported_seed_is_counted_on_the_page(
   cdf, diff = tmp_path / 'cdf.png', tmp_path / 'diff.png'
   benchmark_page.write_pictures(report, str(cdf), str(diff))
   assert cdf.stat().st_size > 1000 and diff.stat().st_size > 1000
+  report.results['fedprox'][2]['unstable'] = True  # Fell back on seed 2.
+  assert benchmark_page.unstable_lines(report)[1] == (
+      "* FedProx's held-out curve fell back to the trivial score after "
+      'leaving it on reported seed 2 of [0, 1, 2]; those seeds are in its '
+      'statistics.'
+  )
   # FedAvg is the reference every row pairs with: its divergence stops
   # the report in one line.
   runs.run = lambda args, rounds, personal, name=None: {

@@ -352,9 +352,10 @@ def summary_block(text: str, setting: str) -> Optional[str]:
   return text[start : end + len(SUMMARY_END)]
 
 
-def diverged_lines(report: Report) -> list[str]:
+def unstable_lines(report: Report) -> list[str]:
   """One sentence per method whose chosen configuration diverged on a
-  reported seed: its statistics are over the seeds it finished."""
+  reported seed (its statistics are over the seeds it finished) and one per
+  method whose held-out curve fell back to the trivial score there."""
   out = []
   for method in report.methods:
     runs = report.results.get(method.name, [])
@@ -366,6 +367,18 @@ def diverged_lines(report: Report) -> list[str]:
           f'{list(report.seeds)} at its chosen configuration: its statistics '
           'and differences are over the seeds where it finished, so they '
           'describe it only where it trains.'
+      )
+    fell = [
+        s
+        for s, r in zip(report.seeds, runs)
+        if r.get('unstable') and not r.get('diverged')
+    ]
+    if fell:
+      out.append(
+          f"* {method.label}'s held-out curve fell back to the trivial score "
+          f'after leaving it on reported seed{"s" if len(fell) > 1 else ""} '
+          f'{", ".join(map(str, fell))} of {list(report.seeds)}; those seeds '
+          'are in its statistics.'
       )
   return out
 
@@ -913,7 +926,7 @@ def page(report: Report, pngs: Sequence[str]) -> str:
       *findings(
           paired_rows(report, 'test'), 'held-out data', example_steps(report)
       ),
-      *diverged_lines(report),
+      *unstable_lines(report),
       '',
       '**Summary** (the README repeats it):',
       '',

@@ -87,7 +87,7 @@ def _arrays(weights) -> dict[str, np.ndarray]:
 def export_model(path: str) -> None:
   """Writes the finished run's final model weights to `path` (an .npz of
   `trainable_K` and `non_trainable_K` arrays), whole or not at all."""
-  _, process, _, out_dir, _, _ = train.prepare(writer='train')
+  _, process, _, out_dir = train.prepare(writer='train')[:4]
   weights = _final_weights(process, process.initialize(), out_dir)
   buffer = io.BytesIO()
   np.savez(buffer, **_arrays(weights))
@@ -215,7 +215,7 @@ def fine_tune_run(
   starts = list(starts)
   if not starts or set(starts) - set(STARTS):
     raise ValueError(f'starts must be some of {STARTS}, got {starts}')
-  task, process, _, out_dir, _, _ = train.prepare(writer='train')
+  task, process, _, out_dir = train.prepare(writer='train')[:4]
   initial = process.initialize()
   weights = {'initial': process.get_model_weights(initial)}
   if 'final' in starts:

@@ -79,6 +79,7 @@ from run import train  # The training binary's flags, reused by main().
 from tasks import base as task_base
 from tasks import evaluation
 from tasks import registry
+from tff_algos import registry as algorithm_registry
 from tff_algos import runtime
 from tff_algos import stateful
 from tff_algos import stragglers as stragglers_lib
@@ -647,7 +648,7 @@ def build_evaluation_manager(
     output_dir: str,
     cohort_size: int,
     divergence_checks: Optional[list[DivergenceCheck]] = None,
-    saved_round: int = 0,
+    saved_round: int,
 ) -> EvaluationAfterState:
   """TFF's `EvaluationManager` running `build_fed_eval` on `data_source`.
 
@@ -1143,8 +1144,9 @@ def _check_flags(values: flags.FlagValues, client_states: bool) -> None:
         '--stacked_size_groups applies to --simulation_engine=stacked of '
         'run.train only'
     )
-  if values.algorithm == 'afl':
-    raise ValueError(f'--algorithm=afl: {_CLIENT_INDEX_REFUSAL}')
+  entry = algorithm_registry.ALGORITHMS.get(values.algorithm)
+  if entry is not None and entry.client_index:
+    raise ValueError(f'--algorithm={values.algorithm}: {_CLIENT_INDEX_REFUSAL}')
   if values.client_state_dir:
     raise ValueError(
         '--client_state_dir applies to run.train only (the program keeps '
@@ -1195,9 +1197,8 @@ def binary_main(
   values = flags.FLAGS
   try:
     _check_flags(values, stateful_binary)
-    task, process, sim_config, out_dir = train.prepare(
-        STATEFUL_WRITER if stateful_binary else 'program'
-    )[:4]
+    prepared = train.prepare(STATEFUL_WRITER if stateful_binary else 'program')
+    task, process, sim_config, out_dir = prepared[:4]
     client_states = None
     if stateful_binary:
       client_states = client_states_from_flags()
@@ -1216,7 +1217,7 @@ def binary_main(
     config.validate(
         len(task.train_data.client_ids), len(task.test_data.client_ids)
     )
-    secure = values.algorithm == 'deltafl' and values.secure_quantile != 'none'
+    secure = prepared.spec.uses_secure_intrinsics
   except (ValueError, TypeError, OSError) as e:
     print(f'{prog}: error: {e}', file=sys.stderr)
     return 2

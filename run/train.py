@@ -709,7 +709,19 @@ def build_task():
   return task
 
 
-def prepare(writer: str = 'train'):
+class Prepared(typing.NamedTuple):
+  """What `prepare` builds from the flags."""
+
+  task: Any
+  process: Any
+  config: simulation.SimulationConfig
+  out_dir: str
+  tracker: Any
+  engine: Any
+  spec: algorithms.AlgorithmSpec
+
+
+def prepare(writer: str = 'train') -> Prepared:
   """Validates the flags and builds `(task, process, config, out_dir)`.
 
   Args:
@@ -904,7 +916,7 @@ def prepare(writer: str = 'train'):
         f'{tracker.delta:g} (RDP)',
         file=sys.stderr,
     )
-  return task, process, config, out_dir, tracker, engine
+  return Prepared(task, process, config, out_dir, tracker, engine, spec)
 
 
 def client_state_store(process, out_dir):
@@ -1010,7 +1022,7 @@ def main(argv) -> int:
       print(f'train: error: {e}', file=sys.stderr)
       return 1
     try:
-      train(*job)
+      train(*job[:6])
     except (
         simulation.SimulationError,
         task_base.TaskError,
@@ -1019,7 +1031,7 @@ def main(argv) -> int:
       print(f'train: error: {e}', file=sys.stderr)
       return 1
     except Exception as e:  # pylint: disable=broad-except
-      message = disk_full_message(e, job[3])
+      message = disk_full_message(e, job.out_dir)
       if message is None:
         raise
       print(f'train: error: {message}', file=sys.stderr)

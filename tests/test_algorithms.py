@@ -4,9 +4,12 @@ import pytest
 import tensorflow_federated as tff
 
 from run import algorithms
+from run import simulation
 from tasks import synthetic
 from tff_algos import aggregators
 from tff_algos import attacks
+from tff_algos import registry
+from tff_algos import stateful
 
 
 @pytest.mark.parametrize(
@@ -101,3 +104,20 @@ def test_update_attack_defaults_and_process_marker():
   assert 'aggregator coordinate_median, attack model_replacement' in (
       spec.describe()
   )
+
+
+@pytest.mark.parametrize('name', registry.names())
+def test_the_client_index_trait_is_the_processs(name):
+  # `Algorithm.client_index` refuses a program before anything is built;
+  # it must say what the built process's client data carry.
+  entry = registry.get(name)
+  process = algorithms.build_process(
+      algorithms.AlgorithmSpec(name, **entry.example),
+      synthetic.create_softmax_regression_model_fn(),
+      num_clients=4,
+      clients_per_round=4,
+  )
+  if stateful.is_stateful(process):
+    assert not entry.client_index
+    return
+  assert simulation.needs_client_index(process) == entry.client_index

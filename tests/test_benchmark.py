@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import time
+from typing import Optional
 
 import numpy as np
 import pytest
@@ -1734,7 +1735,7 @@ def test_real_roles_end_to_end_resumed_and_a_cell_rerun(tmp_path):
     finally:
       with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
-  assert code == 128 + signal.SIGTERM, ''.join(seen) + rest
+  assert code == -signal.SIGTERM, ''.join(seen) + rest  # Died of it.
   assert 'benchmark: interrupted (SIGTERM)' in rest
   assert 'Traceback' not in rest
   finished = {
@@ -2251,6 +2252,18 @@ def test_a_method_that_diverged_on_a_reported_seed_is_counted_on_the_page(
       'leaving it on reported seed 2 of [0, 1, 2]; those seeds are in its '
       'statistics.'
   )
+  # Diverged on every seed: no row anywhere, and the findings say so.
+  every = [
+      dict(r, diverged='round 3: nan', splits={}) for r in results['fedprox']
+  ]
+  report = dataclasses.replace(report, results={**results, 'fedprox': every})
+  assert [r[0].name for r in report.rows('test')] == ['fedavg']
+  assert 'FedProx' not in ''.join(benchmark_page.summary_table(report))
+  assert benchmark_page.unstable_lines(report) == [
+      '* FedProx diverged on every reported seed [0, 1, 2] at its chosen '
+      'configuration: it has no row in the tables, the differences or the '
+      'summary.'
+  ]
   # FedAvg is the reference every row pairs with: its divergence stops
   # the report in one line.
   runs.run = lambda args, rounds, personal, name=None: {
@@ -2298,6 +2311,29 @@ def test_the_summary_is_each_methods_worst10_difference_and_verdict():
   assert benchmark_page.summary_block(text, 'shakespeare') is None
 
 
+def _readme_problems(readme: str, page: Optional[str], setting: str):
+  """What the README gets wrong about `setting`'s page (text, or None while
+  it is being rerun)."""
+  readme_block = benchmark_page.summary_block(readme, setting)
+  if page is None:
+    rerun_paragraphs = [p for p in readme.split('\n\n') if 'being rerun' in p]
+    problems = []
+    if not any(_ARCHIVED[setting] in p for p in rerun_paragraphs):
+      problems.append('no "being rerun" paragraph links the archived page')
+    if readme_block is not None:
+      problems.append('a summary of a page being rerun')
+    return problems
+  block = benchmark_page.summary_block(page, setting)
+  if block is None:
+    return ['the page has no summary']
+  problems = []
+  if readme_block != block:
+    problems.append(f'paste the summary of docs/results/benchmark_{setting}.md')
+  if f'(docs/results/benchmark_{setting}.md)' not in readme:
+    problems.append('no link to the page')
+  return problems
+
+
 @pytest.mark.parametrize('setting', sorted(_PAGE_FLAGS))
 def test_the_readme_repeats_each_pages_summary(setting):
   # The README's results are the pages' summaries, verbatim; while a
@@ -2307,18 +2343,35 @@ def test_the_readme_repeats_each_pages_summary(setting):
   with open(os.path.join(root, 'README.md')) as f:
     readme = f.read()
   path = os.path.join(root, f'docs/results/benchmark_{setting}.md')
-  if not os.path.exists(path):
-    assert 'being rerun' in readme
-    assert _ARCHIVED[setting] in readme
-    assert benchmark_page.summary_block(readme, setting) is None
-    return
-  with open(path) as f:
-    block = benchmark_page.summary_block(f.read(), setting)
-  assert block is not None, f'{path} has no summary'
-  assert (
-      benchmark_page.summary_block(readme, setting) == block
-  ), f'README.md: paste the summary of {path}'
-  assert f'(docs/results/benchmark_{setting}.md)' in readme
+  page = None
+  if os.path.exists(path):
+    with open(path) as f:
+      page = f.read()
+  assert not _readme_problems(readme, page, setting)
+
+
+def test_the_readme_check_finds_a_stale_or_missing_summary():
+  report = _report({'fedavg': [[0.1] * 10] * 3, 'fedprox': [[0.3] * 10] * 3})
+  block = '\n'.join(benchmark_page.summary_table(report))
+  page = f'# page\n\n{block}\n'
+  link = '[page](docs/results/benchmark_synthetic.md)'
+  assert not _readme_problems(f'{link}\n{block}\n', page, 'synthetic')
+  stale = block.replace('FedProx | +20.0', 'FedProx | +19.0')
+  assert stale != block
+  assert _readme_problems(f'{link}\n{stale}\n', page, 'synthetic') == [
+      'paste the summary of docs/results/benchmark_synthetic.md'
+  ]
+  assert _readme_problems(block, page, 'synthetic') == ['no link to the page']
+  archived = _ARCHIVED['synthetic']
+  assert not _readme_problems(
+      f'Synthetic: being rerun ({archived})', None, 'synthetic'
+  )
+  assert _readme_problems(
+      f'Synthetic: being rerun.\n\n{archived}\n{block}', None, 'synthetic'
+  ) == [
+      'no "being rerun" paragraph links the archived page',
+      'a summary of a page being rerun',
+  ]
 
 
 def test_the_plan_calibrates_a_method_without_records(tmp_path):
@@ -2346,7 +2399,7 @@ def test_the_plan_calibrates_a_method_without_records(tmp_path):
   assert not (tmp_path / 'records').exists()
   assert sorted(
       f
-      for f in os.listdir(tmp_path / 'out' / 'calibration')
+      for f in os.listdir(tmp_path / 'out' / 'calibration' / 'fedavg')
       if f.endswith('.json')
   ) == [
       'select_calibrate_fedavg_r3_seed0.json',
@@ -2354,3 +2407,11 @@ def test_the_plan_calibrates_a_method_without_records(tmp_path):
   ]
   again, _ = _benchmark(args)
   assert again == stdout
+  # Half a calibration is not reused: both runs are made again, the second
+  # in a warm worker.
+  folder = tmp_path / 'out' / 'calibration' / 'fedavg'
+  first = (folder / 'select_calibrate_fedavg_r3_seed0.json').read_text()
+  (folder / 'select_calibrate_fedavg_r3_seed1.json').unlink()
+  _benchmark(args)
+  assert (folder / 'select_calibrate_fedavg_r3_seed0.json').read_text() != first
+  assert (folder / 'select_calibrate_fedavg_r3_seed1.json').exists()

@@ -386,8 +386,16 @@ def test_evaluations_of_rounds_after_the_saved_state_are_forgotten(
   # pylint: disable=g-import-not-at-top
   import asyncio
   import tensorflow_federated as tff
+  from tensorflow_federated.python.learning.programs import (
+      evaluation_program_logic as tff_eval,
+  )
 
   # pylint: enable=g-import-not-at-top
+  # The names the manager drops are TFF's own (private there: a rename in
+  # TFF must fail here, not leave the drop a no-op).
+  assert tff_eval._EVAL_MANAGER_KEY == 'eval_manager'  # pylint: disable=protected-access
+  name_of = tff_eval._EVAL_NAME_PATTERN.format  # pylint: disable=protected-access
+  assert name_of(round_num=3) == 'evaluation_of_train_round_00003'
   root = tmp_path / 'evaluation'
 
   def state(name):

@@ -4,6 +4,7 @@
 import contextlib
 import csv
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -226,7 +227,8 @@ def _state(pid: int) -> str:
 
 
 @pytest.mark.skipif(
-    not sys.platform.startswith('linux'), reason='PDEATHSIG is Linux only'
+    not sys.platform.startswith('linux') or shutil.which('setpriv') is None,
+    reason="PDEATHSIG is Linux only, set through util-linux's setpriv",
 )
 def test_a_tied_child_becomes_its_command_and_dies_with_its_parent():
   # The child becomes the command itself (exec, no Python run in it after

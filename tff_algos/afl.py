@@ -370,6 +370,7 @@ ALGORITHM = options_lib.Algorithm(
     options=AflOptions,
     definition=_definition,
     builder=_build,
+    client_index=True,
     own_server_step=(
         'the model takes a step of gamma_w (the client learning rate) along '
         'the mixture-weighted gradient'

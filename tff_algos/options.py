@@ -313,6 +313,8 @@ class Algorithm:
     example: Options of a representative run (timing benchmarks).
     label: Its name in tables (default: `name`).
     in_benchmark: The tail benchmark runs it (with its tuned options).
+    client_index: Its clients' data carry the client's index (AFL's mixture
+      weights), which a TFF 0.87 program cannot pass per client.
   """
 
   name: str
@@ -331,6 +333,7 @@ class Algorithm:
   example: Mapping[str, Any] = dataclasses.field(default_factory=dict)
   label: str = ''
   in_benchmark: bool = True
+  client_index: bool = False
 
   def __post_init__(self):
     unknown = set(self.engines) - set(ENGINES)

@@ -9,7 +9,8 @@ CI step that reads the script's output waits for it forever.
 `install_worker_cleanup()` makes the current process end its workers when it
 exits normally, on an uncaught exception, and on SIGTERM, SIGINT or SIGHUP.
 A SIGKILL cannot be caught: on Linux the workers it starts are also tied to
-it (`tie_workers_to_process`), so the kernel ends them when it dies however
+it when util-linux's `setpriv` with `--pdeathsig` is installed
+(`tie_workers_to_process`), so the kernel ends them when it dies however
 it dies. Elsewhere, callers that may SIGKILL a run should start it in its own
 process group and kill the group (the test suite and `.ci/run` do).
 
@@ -28,6 +29,7 @@ import atexit
 from concurrent import futures
 import contextlib
 import ctypes
+import functools
 import os
 import queue
 import shutil
@@ -143,11 +145,34 @@ def _tied_command(setpriv: str, args: Any, parent: int) -> Any:
   ]
 
 
+@functools.cache
+def _setpriv() -> Optional[str]:
+  """util-linux's `setpriv` if it can set the parent-death signal.
+
+  Checked by running it once: a `setpriv` older than util-linux 2.33 has no
+  `--pdeathsig`, and a tied worker that cannot start would leave TFF
+  waiting for it forever.
+  """
+  path = shutil.which('setpriv')
+  if path is None:
+    return None
+  try:
+    subprocess.run(
+        [path, '--pdeathsig', 'KILL', '--', 'true'],
+        check=True,
+        capture_output=True,
+        timeout=30,
+    )
+  except (OSError, subprocess.SubprocessError):
+    return None
+  return path
+
+
 class _TiedPopen(subprocess.Popen, metaclass=_AnyPopen):
   """A `subprocess.Popen` whose child the kernel kills with this process."""
 
   def __init__(self, args, **kwargs):  # pylint: disable=super-init-not-called
-    setpriv = shutil.which('setpriv')
+    setpriv = _setpriv()
     if setpriv and not kwargs.get('shell') and not kwargs.get('executable'):
       args = _tied_command(setpriv, args, os.getpid())
     # pytype cannot follow **kwargs into Popen's overloads.
@@ -177,11 +202,7 @@ def tie_workers_to_process() -> bool:
     Whether workers started from now on are tied.
   """
   factory = sys.modules.get(_FACTORY)
-  if (
-      factory is None
-      or not sys.platform.startswith('linux')
-      or not shutil.which('setpriv')
-  ):
+  if factory is None or not sys.platform.startswith('linux') or not _setpriv():
     return False
   if factory.subprocess is subprocess:
     factory.subprocess = _TiedSubprocess

@@ -324,7 +324,10 @@ def _run_dpfedavg_stoppably():
     except processes.Stopped as e:
       ended = processes.end_children(e.signum)
       return processes.exit_stopped(
-          'privacy_experiments', e, ended, 'the last checkpoint'
+          'privacy_experiments',
+          e,
+          '; rerun the same command to resume from the last checkpoint',
+          ended,
       )
     except RuntimeError as e:  # A run failed (reproduce.run_one).
       print(f'privacy_experiments: error: {e}', file=sys.stderr)

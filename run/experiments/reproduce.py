@@ -732,7 +732,10 @@ def main(argv) -> int:
       ended = processes.end_children(e.signum)
       pool.shutdown(wait=True, cancel_futures=True)
       return processes.exit_stopped(
-          'reproduce', e, ended, 'the last checkpoints'
+          'reproduce',
+          e,
+          '; rerun the same command to resume from the last checkpoints',
+          ended,
       )
     finally:
       pool.shutdown(wait=True, cancel_futures=True)

@@ -71,12 +71,10 @@ and `--from_records` rebuilds the page from them alone. Runs execute in
 runs and their TFF workers (`processes`).
 """
 
-import contextlib
-import csv
 import json
 import math
 import os
-import signal
+import shutil
 import sys
 import threading
 import time
@@ -644,9 +642,14 @@ def main(argv) -> int:
               )
               calibrated.append(method.name)
           except processes.Stopped as e:
-            return _interrupted(e, '; nothing was planned')
-      except RuntimeError as e:
-        print(f'benchmark: error: {str(e).splitlines()[-1]}', file=sys.stderr)
+            return processes.exit_stopped(
+                'benchmark', e, '; nothing was planned'
+            )
+      except (RuntimeError, ValueError, OSError) as e:
+        print(
+            f'benchmark: error: calibration: {str(e).splitlines()[-1]}',
+            file=sys.stderr,
+        )
         return 1
     print(
         plan.table(
@@ -711,10 +714,11 @@ def main(argv) -> int:
       except processes.Stopped as e:
         # Raised in the pool (which ended the running workers) or in this
         # thread, e.g. while a worker computed the trivial score: end them.
-        return _interrupted(
+        runs.close()  # Before the process dies of the signal.
+        return processes.exit_stopped(
+            'benchmark',
             e,
-            ' and their TFF workers; rerun the same command to resume '
-            '(finished runs are kept)',
+            '; rerun the same command to resume (finished runs are kept)',
         )
       except (RuntimeError, bench_records.MissingRecord) as e:
         print(f'benchmark: error: {str(e).splitlines()[-1]}', file=sys.stderr)
@@ -787,7 +791,10 @@ def _rerun(records: dict[str, dict], output_dir: str, task_flags) -> int:
             records, runs, data_dir, lambda line: print(line, flush=True)
         )
       except processes.Stopped as e:
-        return _interrupted(e, f'; the reruns are in {folder}')
+        runs.close()  # Before the process dies of the signal.
+        return processes.exit_stopped(
+            'benchmark', e, f'; the reruns are in {folder}'
+        )
       except RuntimeError as e:
         print(f'benchmark: error: {str(e).splitlines()[-1]}', file=sys.stderr)
         return 1
@@ -862,7 +869,12 @@ def _calibrate(method, budget, task_flags, output_dir, data_seed) -> float:
   runs in one worker: the benchmark's workers keep their builds between
   runs, so the first run's process start and imports are not a run's."""
   rounds = FLAGS.calibrate_rounds
-  folder = os.path.join(output_dir, 'calibration')
+  folder = os.path.join(output_dir, 'calibration', method.name)
+  names = [f'select_calibrate_{method.name}_r{rounds}_seed{s}' for s in (0, 1)]
+  if not all(os.path.exists(os.path.join(folder, f'{n}.json')) for n in names):
+    # Only a whole earlier calibration is reused: a half-done one would
+    # resume a run, or run the second in a cold worker.
+    shutil.rmtree(folder, ignore_errors=True)
   os.makedirs(folder, exist_ok=True)
   grid = method.knob_grid(budget.learning_rate) if method.knob else ()
   config = bench_selection.Config(  # The centre of its grids.
@@ -882,7 +894,7 @@ def _calibrate(method, budget, task_flags, output_dir, data_seed) -> float:
           data_seed=data_seed,
           rounds=rounds,
       )
-      name = f'select_calibrate_{method.name}_r{rounds}_seed{seed}'
+      name = names[seed]
       args = [
           a
           for a in args
@@ -898,7 +910,9 @@ def _calibrate(method, budget, task_flags, output_dir, data_seed) -> float:
   finally:
     runs.close()
   measured = plan.calibration(
-      record, rounds, _round_seconds(os.path.join(folder, 'runs', name))
+      record,
+      rounds,
+      bench_records.round_seconds(os.path.join(folder, 'runs', name)),
   )
   per_round = measured.seconds_per_round(budget.rounds, budget.eval_every)
   print(
@@ -909,31 +923,6 @@ def _calibrate(method, budget, task_flags, output_dir, data_seed) -> float:
       flush=True,
   )
   return per_round
-
-
-def _round_seconds(run: str) -> list[float]:
-  """The `round_seconds` column of a run's `metrics.csv`, in order."""
-  out = []
-  with open(os.path.join(run, 'metrics.csv'), newline='') as f:
-    for row in csv.DictReader(f):
-      with contextlib.suppress(KeyError, TypeError, ValueError):
-        out.append(float(row['round_seconds']))
-  return out
-
-
-def _interrupted(stopped: processes.Stopped, then: str) -> int:
-  """Ends the running workers (unless the pool did), says so and what
-  `then`, and returns the exit status of the signal."""
-  ended = getattr(stopped, 'ended', None)
-  if ended is None:
-    ended = processes.end_children(stopped.signum)
-  print(
-      f'benchmark: interrupted ({stopped}): ended {ended} running worker'
-      f'{"" if ended == 1 else "s"}{then}',
-      file=sys.stderr,
-      flush=True,
-  )
-  return 130 if stopped.signum == signal.SIGINT else 128 + stopped.signum
 
 
 def run_main() -> None:

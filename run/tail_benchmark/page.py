@@ -361,6 +361,13 @@ def unstable_lines(report: Report) -> list[str]:
     runs = report.results.get(method.name, [])
     seeds = [s for s, r in zip(report.seeds, runs) if r.get('diverged')]
     if seeds:
+      if len(seeds) == len(runs):
+        out.append(
+            f'* {method.label} diverged on every reported seed '
+            f'{list(report.seeds)} at its chosen configuration: it has no '
+            'row in the tables, the differences or the summary.'
+        )
+        continue
       out.append(
           f'* {method.label} diverged on reported seed'
           f'{"s" if len(seeds) > 1 else ""} {", ".join(map(str, seeds))} of '

@@ -14,6 +14,7 @@ finished runs and cost a few percent of a training run each.
 
 from collections.abc import Iterable, Sequence
 import dataclasses
+import math
 import os
 import statistics
 from typing import Optional
@@ -169,8 +170,10 @@ class Calibration:
 
   def seconds_per_round(self, rounds: int, eval_every: int) -> float:
     """A run of `rounds` rounds evaluated every `eval_every` (0: at the
-    end only), per round, start-up spread over its rounds."""
-    evaluations = max(1, rounds // eval_every) if eval_every else 1
+    end only) and at its last round, per round, start-up spread over its rounds.
+    """
+    # Every `eval_every` rounds and at the last.
+    evaluations = math.ceil(rounds / eval_every) if eval_every else 1
     total = (
         self.startup_s + rounds * self.round_s + evaluations * self.evaluation_s
     )

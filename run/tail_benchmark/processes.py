@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Optional
 
 from run import run_dir
 
@@ -106,17 +106,25 @@ def end_children(signum: int, grace_s: float = 10.0) -> int:
   return len(procs)
 
 
-def exit_stopped(prog: str, stopped: Stopped, ended: int, since: str) -> int:
-  """Says a driver was interrupted and how to resume; then dies of it.
+def exit_stopped(
+    prog: str, stopped: Stopped, then: str, ended: Optional[int] = None
+) -> int:
+  """Says a driver was interrupted, what it ended and `then` (how to
+  resume); then dies of the signal.
 
-  Returns 130 for SIGINT; for another signal the process ends by that
-  signal (its default action), as a shell expects.
+  `ended`: the runs ended; by default the pool's count on `stopped` (set
+  when the pool ended them) or else `end_children`'s. Returns 130 for
+  SIGINT; for another signal the process ends by that signal (its default
+  action), as a shell expects.
   """
+  if ended is None:
+    ended = getattr(stopped, 'ended', None)
+  if ended is None:
+    ended = end_children(stopped.signum)
   print(
       f'{prog}: interrupted ({stopped}): ended {ended} running training '
       f'run{"" if ended == 1 else "s"} and '
-      f'{"its" if ended == 1 else "their"} TFF workers; rerun the same '
-      f'command to resume from {since}',
+      f'{"its" if ended == 1 else "their"} TFF workers{then}',
       file=sys.stderr,
       flush=True,
   )

@@ -8,6 +8,7 @@ examples, wall time and origin (`origin`). `record_problem` and
 `fine_tuning_problem` say what is wrong with a damaged record.
 """
 
+import contextlib
 import csv
 import json
 import math
@@ -114,6 +115,16 @@ def _curve(run_path: str, rounds: int) -> dict[str, list[list[float]]]:
         out.setdefault(split, []).append(
             [int(row['round_num']), float(value), float(sq10)]
         )
+  return out
+
+
+def round_seconds(run_path: str) -> list[float]:
+  """The `round_seconds` column of a run's `metrics.csv`, in order."""
+  out = []
+  with open(os.path.join(run_path, 'metrics.csv'), newline='') as f:
+    for row in csv.DictReader(f):
+      with contextlib.suppress(KeyError, TypeError, ValueError):
+        out.append(float(row['round_seconds']))
   return out
 
 

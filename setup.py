@@ -32,16 +32,13 @@ BINARIES = (
     'run.tail_benchmark.benchmark',
     'run.benchmarks.bench',
     'run.benchmarks.bench_suite',
-    'run.benchmarks.bench_scale',
-    'run.benchmarks.bench_loss_pass',
-    'run.benchmarks.bench_ditto_scale',
-    'run.benchmarks.bench_padding',
     'run.download',
     'run.shakespeare_text',
 )
 
-# The paper reproductions and one-off experiments (`run/experiments`) run
-# from a clone (`python -m run.experiments.<name>`): they are not installed.
+# The paper reproductions and the one-off experiments and benchmarks
+# (`run/experiments`) run from a clone (`python -m run.experiments.<name>`):
+# they are not installed.
 NOT_INSTALLED = ('run.experiments', 'run.experiments.*')
 
 # Files other than Python modules that the packages read at run time; none

@@ -334,7 +334,7 @@ _SIZE_GROUPS = flags.DEFINE_boolean(
     False,
     "stacked: run a round's clients in size-ordered groups where that saves "
     'a fifth of the padded batch slots (clients of very unequal sizes, e.g. '
-    'full Shakespeare roles: run.benchmarks.bench_padding); the same result '
+    'full Shakespeare roles: run.experiments.bench_padding); the same result '
     'to float rounding, which long runs can amplify.',
 )
 _WORKERS = flags.DEFINE_list(

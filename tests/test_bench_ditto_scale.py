@@ -1,4 +1,4 @@
-"""run.benchmarks.bench_ditto_scale: EMNIST-sized Ditto through the disk
+"""run.experiments.bench_ditto_scale: EMNIST-sized Ditto through the disk
 store."""
 
 import json
@@ -6,12 +6,12 @@ import os
 
 import numpy as np
 
-from run.benchmarks import bench_ditto_scale
+from run.experiments import bench_ditto_scale
 from tests import binary
 
 
 def _run(args, timeout=400):
-  return binary.run_module('run.benchmarks.bench_ditto_scale', args, timeout)
+  return binary.run_module('run.experiments.bench_ditto_scale', args, timeout)
 
 
 def test_synthetic_clients_are_emnist_sized_and_deterministic():

@@ -1,4 +1,4 @@
-"""run.benchmarks.bench_loss_pass: the loss pass by iterator equals the one by
+"""run.experiments.bench_loss_pass: the loss pass by iterator equals the one by
 reduce."""
 
 import re
@@ -7,7 +7,7 @@ from tests import binary
 
 
 def _run(args, timeout=400):
-  return binary.run_module('run.benchmarks.bench_loss_pass', args, timeout)
+  return binary.run_module('run.experiments.bench_loss_pass', args, timeout)
 
 
 def test_one_round_of_term_both_loss_passes_agree():

@@ -1,8 +1,8 @@
-"""run.benchmarks.bench_padding: the padding a vectorized round runs."""
+"""run.experiments.bench_padding: the padding a vectorized round runs."""
 
 import re
 
-from run.benchmarks import bench_padding
+from run.experiments import bench_padding
 from tasks import shakespeare_text
 from tests import binary
 
@@ -25,7 +25,7 @@ def test_real_roles_and_bad_flags(tmp_path):
   data = tmp_path / 'data'
   shakespeare_text.build(str(data))
   code, stdout, stderr = binary.run_module(
-      'run.benchmarks.bench_padding',
+      'run.experiments.bench_padding',
       [f'--data_dir={data}', '--presets=deltafl', '--rounds=20'],
   )
   assert code == 0, stderr[-2000:]
@@ -65,7 +65,7 @@ def test_real_roles_and_bad_flags(tmp_path):
       (f'--data_dir={data}', 'stray'): "unexpected arguments ['stray']",
   }
   results = binary.call_main_in_subprocess(
-      'run.benchmarks.bench_padding',
+      'run.experiments.bench_padding',
       'bench_padding',
       list(bad)
       + [[f'--data_dir={data}', '--presets=qffl', '--rounds=2', biggest]],
@@ -80,7 +80,7 @@ def test_real_roles_and_bad_flags(tmp_path):
 
 def test_a_missing_data_file_is_the_error_line_only(tmp_path):
   code, stdout, stderr = binary.run_module(
-      'run.benchmarks.bench_padding', [f'--data_dir={tmp_path}']
+      'run.experiments.bench_padding', [f'--data_dir={tmp_path}']
   )
   assert code == 2, stderr
   lines = binary.error_lines(stderr)

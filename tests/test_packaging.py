@@ -13,12 +13,12 @@ requirements-nodeps.txt.
 # every binary is declared here (one per line; test_binaries_are_declared
 # checks the list against the checkout under pytest).
 # bazel-data: run/benchmarks/bench.py
-# bazel-data: run/benchmarks/bench_ditto_scale.py
-# bazel-data: run/benchmarks/bench_loss_pass.py
-# bazel-data: run/benchmarks/bench_padding.py
-# bazel-data: run/benchmarks/bench_scale.py
 # bazel-data: run/benchmarks/bench_suite.py
 # bazel-data: run/download.py
+# bazel-data: run/experiments/bench_ditto_scale.py
+# bazel-data: run/experiments/bench_loss_pass.py
+# bazel-data: run/experiments/bench_padding.py
+# bazel-data: run/experiments/bench_scale.py
 # bazel-data: run/experiments/ditto_lambda_sweep.py
 # bazel-data: run/experiments/ditto_theorem7.py
 # bazel-data: run/experiments/fedplus_regression.py

@@ -87,15 +87,15 @@ BASE = {
         '--rounds=1',
         '--warmup_rounds=0',
     ],
-    'run.benchmarks.bench_scale': [
+    'run.experiments.bench_scale': [
         '--populations=4',
         '--clients_per_round=2',
         '--rounds=1',
         '--warmup_rounds=0',
         '--paths=batched',
     ],
-    'run.benchmarks.bench_loss_pass': ['--rounds=1', '--warmup_rounds=0'],
-    'run.benchmarks.bench_ditto_scale': [
+    'run.experiments.bench_loss_pass': ['--rounds=1', '--warmup_rounds=0'],
+    'run.experiments.bench_ditto_scale': [
         '--num_clients=4',
         '--clients_per_round=2',
         '--rounds=1',
@@ -103,7 +103,7 @@ BASE = {
         '--touch_clients=2',
         '--examples_per_client=5',
     ],
-    'run.benchmarks.bench_padding': ['--rounds=1'],
+    'run.experiments.bench_padding': ['--rounds=1'],
     'run.experiments.ditto_lambda_sweep': [
         '--trials=1',
         '--numpy_trials=1',
@@ -134,7 +134,7 @@ _DISK_STATES = ['--client_state_store=disk']
 # the binary write to an output flag (`{flag: extra args}`).
 OUTPUTS = {
     'run.download': {'data_dir': []},
-    'run.benchmarks.bench_ditto_scale': {'state_dir': []},
+    'run.experiments.bench_ditto_scale': {'state_dir': []},
     'run.tail_benchmark.benchmark': {'records_dir': []},
     'run.train': {
         'client_state_dir': ['--algorithm=ditto', '--ditto_lambda=1']
@@ -165,7 +165,7 @@ INPUTS = {
     'run.tail_benchmark.benchmark': [
         ('data_dir', ['--setting=shakespeare'], ('damaged',))
     ],
-    'run.benchmarks.bench_padding': [('data_dir', [], BOTH)],
+    'run.experiments.bench_padding': [('data_dir', [], BOTH)],
     'run.experiments.qffl_h_scale': [
         ('data_dir', ['--use_synthetic_data=false'], BOTH)
     ],

@@ -50,7 +50,7 @@ AFL's clients carry their indices. The stacked engine runs the algorithms
 whose client work it has in stacked form (`stacked.check_definition`); the
 others are left out with a note.
 Ditto's store on disk at EMNIST scale is
-`run/benchmarks/bench_ditto_scale.py`'s subject.
+`run/experiments/bench_ditto_scale.py`'s subject.
 
 Per system: examples/s and seconds/round (wall), CPU seconds/round (this
 process and its TFF worker), and the ratios to stock FedAvg, to the plain

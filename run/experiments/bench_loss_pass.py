@@ -3,7 +3,7 @@ r"""Cost of the tail-aware algorithms' loss pass against a FedAvg round.
 
 Example (what docs/performance.md records, "Tail-aware round cost"):
 
-  python -m run.benchmarks.bench_loss_pass --algorithms=qffl,deltafl,term \
+  python -m run.experiments.bench_loss_pass --algorithms=qffl,deltafl,term \
       --rounds=8
 
 q-FFL, TERM, Delta-FL and AFL evaluate each selected client's loss at the

@@ -3,7 +3,7 @@ r"""Ditto at EMNIST scale: memory and store cost of 3,400 personal CNNs.
 
 Example (what docs/performance.md records, "Ditto at 3,400 clients"):
 
-  python -m run.benchmarks.bench_ditto_scale --num_clients=3400 \
+  python -m run.experiments.bench_ditto_scale --num_clients=3400 \
       --clients_per_round=10 \
       --rounds=20 --touch_clients=1000 --output_json=/tmp/ditto_scale.json
 

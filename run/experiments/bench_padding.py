@@ -3,7 +3,7 @@ r"""Padding of the stacked engine's vectorized rounds on real Shakespeare.
 
 Example (what docs/performance.md records):
 
-  python -m run.benchmarks.bench_padding \
+  python -m run.experiments.bench_padding \
       --data_dir=output/benchmark/shakespeare/data
 
 The vectorized stacked engine runs a group of clients for its longest

@@ -3,7 +3,7 @@ r"""Per-round cost against the population size (nothing is O(population)).
 
 Example (what docs/performance.md records):
 
-  python -m run.benchmarks.bench_scale --populations=100,10000 \
+  python -m run.experiments.bench_scale --populations=100,10000 \
       --clients_per_round=100 \
       --rounds=4 --warmup_rounds=1
 

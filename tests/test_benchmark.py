@@ -2415,3 +2415,20 @@ def test_the_plan_calibrates_a_method_without_records(tmp_path):
   _benchmark(args)
   assert (folder / 'select_calibrate_fedavg_r3_seed0.json').read_text() != first
   assert (folder / 'select_calibrate_fedavg_r3_seed1.json').exists()
+
+
+def test_with_flags_replaces_in_place_and_appends_the_rest():
+  args = ['--task=synthetic', '--experiment_name=a', '--seed=1']
+  assert bench_records.with_flags(
+      args, {'experiment_name': 'b', 'rounds_per_eval': 3}
+  ) == [
+      '--task=synthetic',
+      '--experiment_name=b',
+      '--seed=1',
+      '--rounds_per_eval=3',
+  ]
+  assert (
+      bench_records.with_flags(args, {'data_dir': '/d'}, add_missing=False)
+      == args
+  )
+  assert args == ['--task=synthetic', '--experiment_name=a', '--seed=1']

@@ -895,11 +895,9 @@ def _calibrate(method, budget, task_flags, output_dir, data_seed) -> float:
           rounds=rounds,
       )
       name = names[seed]
-      args = [
-          a
-          for a in args
-          if not a.startswith(('--experiment_name=', '--rounds_per_eval='))
-      ] + [f'--experiment_name={name}', f'--rounds_per_eval={rounds}']
+      args = bench_records.with_flags(
+          args, {'experiment_name': name, 'rounds_per_eval': rounds}
+      )
       # Named apart from its folder: no final model is kept.
       record = runs.run(args, rounds, method.personal, name=name)
       if record.get('diverged'):

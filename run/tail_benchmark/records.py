@@ -17,7 +17,7 @@ import shlex
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Optional
 
 from run import atomic
@@ -41,6 +41,24 @@ WALL = 'benchmark_wall.json'  # Wall time of a run's unfinished invocations.
 
 def flag_value(args: Sequence[str], name: str) -> str:
   return next(a.split('=', 1)[1] for a in args if a.startswith(f'--{name}='))
+
+
+def with_flags(
+    args: Sequence[str], values: Mapping[str, Any], add_missing: bool = True
+) -> list[str]:
+  """`args` with `--NAME=value` for each `values` item in place of the
+  flag's own, in order; a flag `args` lacks is appended (or, with
+  `add_missing=False`, not added)."""
+  out, seen = [], set()
+  for arg in args:
+    name = arg[2:].split('=', 1)[0] if arg.startswith('--') else None
+    if name in values:
+      arg = f'--{name}={values[name]}'
+      seen.add(name)
+    out.append(arg)
+  if add_missing:
+    out += [f'--{n}={v}' for n, v in values.items() if n not in seen]
+  return out
 
 
 def load_json(path: str) -> tuple[Optional[Any], Optional[str]]:

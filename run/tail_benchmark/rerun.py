@@ -37,15 +37,13 @@ def rerun_args(
   shared a folder, are rerun apart); `--data_dir` becomes `data_dir` where
   the record has one.
   """
-  out = []
-  for arg in args:
-    if arg.startswith('--root_output_dir='):
-      arg = f'--root_output_dir={root}'
-    elif arg.startswith('--experiment_name='):
-      arg = f'--experiment_name={name}'
-    elif arg.startswith('--data_dir=') and data_dir is not None:
-      arg = f'--data_dir={data_dir}'
-    out.append(arg)
+  out = bench_records.with_flags(
+      args, {'root_output_dir': root, 'experiment_name': name}
+  )
+  if data_dir is not None:
+    out = bench_records.with_flags(
+        out, {'data_dir': data_dir}, add_missing=False
+    )
   return out
 
 

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Optional
 
 from run.tail_benchmark import processes
+from run.tail_benchmark import records as bench_records
 from run.tail_benchmark import settings as bench_settings
 from run.tail_benchmark import stats
 
@@ -378,12 +379,9 @@ class Benchmark:
       args = self._args(
           method, Config(None, self.budget.learning_rate), 0, phase
       )
-      args = [
-          a
-          if not a.startswith('--experiment_name=')
-          else f'--experiment_name=trivial_{phase}'
-          for a in args
-      ]
+      args = bench_records.with_flags(
+          args, {'experiment_name': f'trivial_{phase}'}
+      )
       get = getattr(self.runs, 'trivial', None)
       self._trivial[phase] = get(args, phase) if get else {}
     return self._trivial[phase]

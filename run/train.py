@@ -127,16 +127,6 @@ _DATA_SEED = flags.DEFINE_integer(
 )
 
 
-def _option_type(name: str) -> Any:
-  """The declared type of option `name` (Optional[X] gives X)."""
-  owner = algorithm_registry.get(algorithm_registry.owners(name)[0]).options
-  hint = typing.get_type_hints(owner)[name]
-  args = [a for a in typing.get_args(hint) if a is not type(None)]  # pylint: disable=unidiomatic-typecheck
-  if typing.get_origin(hint) is typing.Union and len(args) == 1:
-    return args[0]
-  return typing.get_origin(hint) or hint
-
-
 _DEFINE = {
     float: flags.DEFINE_float,
     int: flags.DEFINE_integer,
@@ -158,7 +148,7 @@ def define_algorithm_flags() -> None:
   for name, field in algorithm_registry.all_options().items():
     if name in _OPTION_FLAGS:
       continue
-    kind = _option_type(name)
+    kind = algorithm_registry.option_type(name)
     default = list(field.default) if kind is tuple else field.default
     owners = ', '.join(algorithm_registry.owners(name))
     _OPTION_FLAGS[name] = _DEFINE[kind](

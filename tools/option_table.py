@@ -24,26 +24,28 @@ END = '<!-- /options -->'
 USAGE = os.path.join(os.path.dirname(__file__), '..', 'docs', 'usage.md')
 
 
-def _default(field: dataclasses.Field) -> str:
+def _default(name: str, field: dataclasses.Field) -> str:
   value: Any = field.default
+  kind = registry.option_type(name)
   if value is None:
     return '-'
-  if isinstance(value, bool):
+  if kind is bool:
     return 'true' if value else 'false'
-  if isinstance(value, (tuple, list)):
-    return ','.join(f'{v:g}' for v in value) or '-'
-  if isinstance(value, float):
+  if kind is tuple:
+    return ','.join(str(v) for v in value) or '-'
+  if kind is float:
     return f'{value:g}'
-  return f'`{value}`' if isinstance(value, str) else str(value)
+  return f'`{value}`' if kind is str else str(value)
 
 
-def _valid(field: dataclasses.Field) -> str:
+def _valid(name: str, field: dataclasses.Field) -> str:
   meta = field.metadata
+  kind = registry.option_type(name)
   if meta.get('choices'):
     return ', '.join(f'`{c}`' for c in meta['choices'])
-  if field.type in (bool, 'bool') or isinstance(field.default, bool):
+  if kind is bool:
     return 'true, false'
-  if isinstance(field.default, str):
+  if kind is str:
     return 'text'
   return options_lib.range_text(meta)
 
@@ -58,10 +60,8 @@ def table() -> str:
   for name, field in registry.all_options().items():
     owners = ', '.join(f'`{o}`' for o in registry.owners(name))
     what = field.metadata['help'].replace('|', '\\|')
-    lines.append(
-        f'| `--{name}` | {owners} | {_default(field)} | {_valid(field)} | '
-        f'{what} |'
-    )
+    default, valid = _default(name, field), _valid(name, field)
+    lines.append(f'| `--{name}` | {owners} | {default} | {valid} | {what} |')
   lines.append(END)
   return '\n'.join(lines)
 

@@ -87,7 +87,8 @@ def _arrays(weights) -> dict[str, np.ndarray]:
 def export_model(path: str) -> None:
   """Writes the finished run's final model weights to `path` (an .npz of
   `trainable_K` and `non_trainable_K` arrays), whole or not at all."""
-  _, process, _, out_dir = train.prepare(writer='train')[:4]
+  job = train.prepare(writer='train')
+  process, out_dir = job.process, job.out_dir
   weights = _final_weights(process, process.initialize(), out_dir)
   buffer = io.BytesIO()
   np.savez(buffer, **_arrays(weights))
@@ -215,7 +216,8 @@ def fine_tune_run(
   starts = list(starts)
   if not starts or set(starts) - set(STARTS):
     raise ValueError(f'starts must be some of {STARTS}, got {starts}')
-  task, process, _, out_dir = train.prepare(writer='train')[:4]
+  job = train.prepare(writer='train')
+  task, process, out_dir = job.task, job.process, job.out_dir
   initial = process.initialize()
   weights = {'initial': process.get_model_weights(initial)}
   if 'final' in starts:

@@ -1198,7 +1198,8 @@ def binary_main(
   try:
     _check_flags(values, stateful_binary)
     prepared = train.prepare(STATEFUL_WRITER if stateful_binary else 'program')
-    task, process, sim_config, out_dir = prepared[:4]
+    task, process = prepared.task, prepared.process
+    sim_config, out_dir = prepared.config, prepared.out_dir
     client_states = None
     if stateful_binary:
       client_states = client_states_from_flags()

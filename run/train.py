@@ -1012,7 +1012,14 @@ def main(argv) -> int:
       print(f'train: error: {e}', file=sys.stderr)
       return 1
     try:
-      train(*job[:6])
+      train(
+          job.task,
+          job.process,
+          job.config,
+          job.out_dir,
+          job.tracker,
+          job.engine,
+      )
     except (
         simulation.SimulationError,
         task_base.TaskError,

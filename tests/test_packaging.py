@@ -21,6 +21,7 @@ requirements-nodeps.txt.
 # bazel-data: run/experiments/bench_scale.py
 # bazel-data: run/experiments/ditto_lambda_sweep.py
 # bazel-data: run/experiments/ditto_theorem7.py
+# bazel-data: run/experiments/fedavg_weighting.py
 # bazel-data: run/experiments/fedplus_regression.py
 # bazel-data: run/experiments/fedprox_sim.py
 # bazel-data: run/experiments/numpy_sim.py

@@ -81,7 +81,28 @@ def broken_links(page: pathlib.Path) -> list[str]:
 
 
 def pages() -> list[pathlib.Path]:
-  return [ROOT / 'README.md', *sorted((ROOT / 'docs').glob('*.md'))]
+  return [
+      ROOT / 'README.md',
+      *sorted((ROOT / 'docs').glob('*.md')),
+      *sorted((ROOT / 'docs' / 'results' / 'notes').glob('*.md')),
+  ]
+
+
+# docs/results.md is a reference: each section a summary of at most this
+# many lines with a link to its page or notes, no issue numbers in headings.
+RESULTS_SECTION_MAX_LINES = 15
+
+
+def test_results_sections_are_short_summaries_with_links():
+  text = (ROOT / 'docs' / 'results.md').read_text(encoding='utf-8')
+  sections = re.split(r'(?m)^## ', text)[1:]
+  assert len(sections) >= 8
+  for section in sections:
+    title, _, body = section.partition('\n')
+    assert not re.search(r'issue|#\d', title, re.IGNORECASE), title
+    lines = [l for l in body.strip().splitlines() if l.strip()]
+    assert len(lines) <= RESULTS_SECTION_MAX_LINES, (title, len(lines))
+    assert relative_links(body), f'{title}: no link to its page or notes'
 
 
 def test_the_pages_exist():
@@ -132,6 +153,13 @@ def test_readme_links_every_docs_page():
       if p.relative_to(ROOT).as_posix() not in linked
   ]
   assert not unlinked
+  results = (ROOT / 'docs' / 'results.md').read_text(encoding='utf-8')
+  notes = {t.partition('#')[0] for t in relative_links(results)}
+  assert not [
+      p.name
+      for p in sorted((ROOT / 'docs' / 'results' / 'notes').glob('*.md'))
+      if f'results/notes/{p.name}' not in notes
+  ], 'docs/results.md links every page of docs/results/notes'
 
 
 def test_the_link_checker_finds_what_is_broken(tmp_path):

@@ -362,14 +362,15 @@ def build_local_training_client_work(
   """Client work running `local_training` on each selected client.
 
   The client trains with the definition's proximal strength and weight
-  decay and sends its `client_result` (FedAvg's and FedProx's:
-  `weighted_delta_result`, the delta with `client_weight`).
+  decay, or runs the definition's own stateless `local_work`, and sends its
+  `client_result` (FedAvg's and FedProx's: `weighted_delta_result`, the
+  delta with `client_weight`).
 
   Args:
     model_fn: No-arg callable returning a new `VariableModel`.
     optimizer: Client optimizer (`tff.learning.optimizers.Optimizer`).
-    definition: The algorithm's `definition.AlgorithmDefinition`, one with
-      plain local training (no loss pass, no `local_work`), e.g.
+    definition: The algorithm's `definition.AlgorithmDefinition`, one
+      without a loss pass, personal models or server state, e.g.
       `fed_prox.engine_definition`.
     metrics_aggregator: Aggregator of training metrics (default
       `tff.learning.metrics.sum_then_finalize`).
@@ -385,10 +386,14 @@ def build_local_training_client_work(
         'definition must be a definition.AlgorithmDefinition, got '
         f'{type(definition).__name__}'
     )
-  if definition.loss_pass != 'none' or definition.local_work is not None:
+  if (
+      definition.loss_pass != 'none'
+      or definition.personal_models
+      or definition.server_state is not None
+  ):
     raise ValueError(
-        f'{definition.name}: this client work runs plain local training, '
-        'without a loss pass or local_work'
+        f'{definition.name}: this client work runs local training or a '
+        'stateless local_work, without a loss pass'
     )
   if not isinstance(optimizer, tff.learning.optimizers.Optimizer):
     raise TypeError(
@@ -405,15 +410,24 @@ def build_local_training_client_work(
 
     @tf.function
     def train(initial_weights, dataset):
-      delta, num_examples, non_finite = local_training(
-          model,
-          optimizer,
-          initial_weights,
-          dataset,
-          proximal_strength=definition.proximal_strength,
-          weight_decay=definition.weight_decay,
-          loop_implementation=loop_implementation,
-      )
+      if definition.local_work is None:
+        delta, num_examples, non_finite = local_training(
+            model,
+            optimizer,
+            initial_weights,
+            dataset,
+            proximal_strength=definition.proximal_strength,
+            weight_decay=definition.weight_decay,
+            loop_implementation=loop_implementation,
+        )
+      else:
+        work = definition.local_work(
+            model, initial_weights, dataset, (), loop_implementation
+        )
+        delta = tf.nest.pack_sequence_as(
+            initial_weights.trainable, list(work.vector)
+        )
+        num_examples, non_finite = work.num_examples, work.non_finite
       vector, weight = structured_client_result(
           definition, {}, None, None, delta, num_examples, non_finite
       )

@@ -48,6 +48,7 @@ from tff_algos import attacks
 from tff_algos import client_work as client_work_lib
 from tff_algos import definition as definition_lib
 from tff_algos import options as options_lib
+from tff_algos import stacked_work
 from tff_algos import stateful
 
 ModelFn = Callable[[], tff.learning.models.VariableModel]
@@ -181,14 +182,17 @@ def local_work(
   )
 
 
+# Ditto's client counts, in its definition's order.
+CLIENT_COUNTS = ('personal_non_finite', 'personal_examples')
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
-class PersonalWork:
+class PersonalWork(stacked_work.StackedLocalWork):
   """Ditto's client work (`local_work` with these settings), as a callable.
 
   Called as a definition's `local_work` `(model, weights, dataset, personal,
-  loop_implementation)`; its fields tell an engine that computes the same
-  passes in its own form (the stacked engine: clients vectorized) what they
-  are.
+  loop_implementation)`; `stacked_kernel` computes the same passes with the
+  clients stacked (the stacked engine).
 
   Attributes:
     client_optimizer: The global pass's optimizer (FedAvg's local training).
@@ -215,6 +219,72 @@ class PersonalWork:
         personal_steps=self.personal_steps,
         loop_implementation=loop_implementation,
     )
+
+  @property
+  def extra_passes(self) -> int:
+    return len(self.lambdas)  # One read of the stream per personal pass.
+
+  def training_optimizer(self, run_optimizer):
+    del run_optimizer
+    return self.client_optimizer
+
+  def check_stacked(self, definition) -> None:
+    if self.personal_steps:
+      raise stacked_work.StackedEngineError(
+          'the stacked engine runs personal passes of one read of the '
+          f'stream each; {definition.name} with personal_steps='
+          f'{self.personal_steps} runs on the batched engine'
+      )
+    if tuple(definition.client_counts) != CLIENT_COUNTS:
+      raise stacked_work.StackedEngineError(
+          f'the stacked engine counts {", ".join(CLIENT_COUNTS)} per round; '
+          f'{definition.name} has client counts {definition.client_counts}'
+      )
+
+  def stacked_kernel(self, kit):
+    """`local_work` on stacked clients: the engine's local training, then
+    per lambda a pass of the personal models [K, ...] from their own start,
+    pulled toward the broadcast model, each reading the client's stream once
+    more; a non-finite personal model is kept at the previous one and
+    counted."""
+    solver = kit.solver(self.personal_optimizer)
+    lambdas = self.lambdas
+
+    def personal_pass(w0, start, x_all, y_all, idx, valid, lam, decay):
+      # grad F_k(v) + lam (v - w0) from the personal models `start`.
+      return kit.descend(
+          start, w0, solver, x_all, y_all, idx, valid, lam, decay
+      )
+
+    def round_work(inputs):
+      result = kit.train(inputs)  # The global pass, first (`local_work`).
+      new_personal = []
+      dropped = tf.constant(0, tf.int32)
+      for g, lam in enumerate(lambdas):
+        pos = inputs.extra_pos[g]
+        valid = tf.logical_and(pos >= 0, inputs.kept[None, :, None])
+        models, _ = kit.run_clients(
+            personal_pass,
+            inputs.w0,
+            inputs.personal[g],
+            inputs.x_all,
+            inputs.y_all,
+            kit.indices(pos, inputs.x_all),
+            valid,
+            inputs.steps,
+            lam,
+            0.0,
+        )
+        models, bad = stacked_work.keep_finite(kit, models, inputs.personal[g])
+        new_personal.append(models)
+        dropped += tf.reduce_sum(tf.cast(bad, tf.int32))
+      # Each personal pass reads the stream once, as the global one.
+      seen = tf.cast(tf.reduce_sum(result.sums[2]), tf.int32) * len(lambdas)
+      return result._replace(
+          personal=tuple(new_personal), client_counts=(dropped, seen)
+      )
+
+    return round_work
 
 
 def engine_definition(
@@ -264,7 +334,7 @@ def engine_definition(
           personal_steps=personal_steps,
       ),
       personal_models=len(lambdas),
-      client_counts=('personal_non_finite', 'personal_examples'),
+      client_counts=CLIENT_COUNTS,
   )
 
 

@@ -50,6 +50,7 @@ from tensorflow_federated.python.learning import loop_builder
 from tff_algos import client_work as client_work_lib
 from tff_algos import definition as definition_lib
 from tff_algos import options as options_lib
+from tff_algos import stacked_work
 from tff_algos import stateful
 
 ModelFn = Callable[[], tff.learning.models.VariableModel]
@@ -187,13 +188,12 @@ def local_work(
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
-class FedPlusWork:
+class FedPlusWork(stacked_work.StackedLocalWork):
   """Fed+'s client work (`local_work` with these settings), as a callable.
 
   Called as a definition's `local_work` `(model, weights, dataset, personal,
-  loop_implementation)`; its fields tell an engine that computes the same
-  steps in its own form (the stacked engine: clients vectorized) what they
-  are (as `ditto.PersonalWork`).
+  loop_implementation)`; `stacked_kernel` computes the same steps with the
+  clients stacked (the stacked engine).
 
   Attributes:
     psi, sigma, delta, lam, learning_rate: Psi, sigma, delta, lambda, eta.
@@ -227,6 +227,77 @@ class FedPlusWork:
         local_steps=self.local_steps,
         loop_implementation=loop_implementation,
     )
+
+  def check_stacked(self, definition) -> None:
+    if self.local_steps:
+      raise stacked_work.StackedEngineError(
+          'the stacked engine runs Fed+ local steps over one read of the '
+          f'stream; {definition.name} with local_steps={self.local_steps} '
+          'runs on the batched engine'
+      )
+    if definition.personal_models != 1 or len(definition.client_counts) != 1:
+      raise stacked_work.StackedEngineError(
+          'the stacked engine runs Fed+ with one personal model and one '
+          f'non-finite count; {definition.name} has '
+          f'{definition.personal_models} and {definition.client_counts}'
+      )
+
+  def stacked_kernel(self, kit):
+    """`local_work` on stacked clients: each client's new local model from
+    its own (the client-state models [K, ...]) over one read of its stream;
+    a non-finite one keeps the previous model and is counted."""
+    # Plain steps of size eta (`local_update`), then mixed with kappa.
+    solver = kit.solver(
+        tff.learning.optimizers.build_sgdm(learning_rate=self.learning_rate)
+    )
+
+    def local_pass(w0, start, x_all, y_all, idx, valid, proximal, decay):
+      # As `local_update` for each client k from its model `start[k]` and
+      # the broadcast `w0`: theta_k = prox(w_k - w0) (per client: the geomed
+      # norm is over the client's whole model), the start (1 - lambda) w_k +
+      # lambda w0, and steps mixed with kappa toward w0 + theta_k.
+      del proximal, decay
+      diff = tuple(v - g[None] for v, g in zip(start, w0))
+      theta = tf.vectorized_map(
+          lambda d: tuple(prox(self.psi, list(d), self.delta)),
+          diff,
+          fallback_to_while_loop=False,
+      )
+      anchor = tuple(g[None] + t for g, t in zip(w0, theta))
+      w_start = tuple(
+          (1.0 - self.lam) * v + self.lam * g[None] for v, g in zip(start, w0)
+      )
+      return kit.descend(
+          w_start,
+          anchor,
+          solver,
+          x_all,
+          y_all,
+          idx,
+          valid,
+          0.0,
+          0.0,
+          mix=self.kappa,
+      )
+
+    def round_work(inputs):
+      models, sums = kit.run_clients(
+          local_pass,
+          inputs.w0,
+          inputs.personal[0],
+          inputs.x_all,
+          inputs.y_all,
+          inputs.idx,
+          inputs.valid,
+          inputs.steps,
+          0.0,
+          0.0,
+      )
+      models, bad = stacked_work.keep_finite(kit, models, inputs.personal[0])
+      count = tf.reduce_sum(tf.cast(bad, tf.int32))
+      return stacked_work.LocalResult(models, sums, bad, (models,), (count,))
+
+    return round_work
 
 
 def aggregate_step(mean_model, mean_theta):
@@ -642,6 +713,7 @@ def _entry(name: str, psi: str, label: str) -> options_lib.Algorithm:
       builder=build,
       engines=('tff', 'batched', 'stacked'),
       stateful=True,
+      own_weighting=True,  # Every party's model with weight 1.
       own_server_step=(
           'the new global model is the Psi-regularised mean or median of the '
           'local models'

@@ -49,29 +49,23 @@ the Keras `VariableModel` (metrics, variable assignments) at every step.
 
 Every algorithm runs from its one definition (`tff_algos.definition`, the
 same object the batched engine runs: loss pass, round context, client filter,
-client contribution, server rule); the engine has no per-algorithm code. The
+client contribution, server rule); the engine names no algorithm. The
 elementwise parts of a definition are called on `[K]` vectors, a per-client
-message (q-FFL's) is mapped over the clients. The client work is local
-training, or the loss and full gradient at the broadcast model for a
-definition whose `local_work` is `client_work.full_gradient_work` (AFL, with
-its mixture as server state, and q-FedSGD), or Ditto's (`ditto.PersonalWork`):
-local training, then per lambda a pass of the personal models [K, ...] (fed
-from and returned to the client-state store, as the batched engine's) from
-their own start, pulled toward the broadcast model, each pass reading the
-order stream's next pass (the next shuffle order, as the batched engine's
-re-reads of the client's dataset); a non-finite personal result keeps the
-previous model and is counted; or Fed+'s (`fed_plus.FedPlusWork`): from
-each client's own model [K, ...] (from the client-state store), its prox
-term (per client), the lambda-mixed start and plain steps mixed with kappa
-toward the broadcast model plus that term, over one read of the stream; a
-non-finite result keeps the previous model and is counted, and the server
-rule sees every client's model. Ditto with `personal_steps` > 0, Fed+ with
-`local_steps` > 0 and other client work are refused (`check_definition`).
-The server step (and its rejection of a non-finite update) is the batched
-engine's. The
-client optimizer is applied to the stacked weights; it must be elementwise
-with per-weight state (SGD with or without momentum, Adagrad): an optimizer
-with a step counter (Adam, Yogi) is refused; so is Ditto's personal optimizer.
+message (q-FFL's) is mapped over the clients. The engine's own client work
+is local training, or the loss and full gradient at the broadcast model for
+a definition whose `local_work` is `client_work.full_gradient_work`. Any
+other client work runs here only through its own kernel
+(`tff_algos.stacked_work.StackedLocalWork`: Ditto's personal passes, Fed+'s
+mixed steps), composed from the engine's pieces (`_StackedOps`, the kernel's
+`Kit`: mini-batch descent with a proximal pull and mixing, passes over the
+round's clients, further reads of each client's stream in new shuffle
+orders, client-state models [K, ...] fed from and returned to the
+client-state store as the batched engine's); the work says which of its
+settings it cannot run (`check_definition`). The server step (and its
+rejection of a non-finite update) is the batched engine's. The client
+optimizer is applied to the stacked weights; it must be elementwise with
+per-weight state (SGD with or without momentum, Adagrad): an optimizer with
+a step counter (Adam, Yogi) is refused, as is such a kernel's optimizer.
 
 `next` takes and returns the process's own `LearningAlgorithmState`, so
 checkpoints, evaluation and resumption are shared with the federated path,
@@ -90,16 +84,14 @@ import tensorflow_federated as tff
 
 from tff_algos import batched
 from tff_algos import client_work as client_work_lib
-from tff_algos import ditto
-from tff_algos import fed_plus
 from tff_algos import stacked_rnn
+from tff_algos import stacked_work
 
 SUPPORTED_METRICS = ('accuracy', 'loss', 'num_examples', 'num_batches')
 _CHECK_SEED = 20261122
 
 
-class StackedEngineError(ValueError):
-  """A task, model or optimizer the stacked engine cannot run."""
+StackedEngineError = stacked_work.StackedEngineError
 
 
 def _as_xy(element):
@@ -497,45 +489,17 @@ def _optimizer_state(optimizer, trainable_specs):
 def check_definition(definition) -> None:
   """Raises `StackedEngineError` for a definition the engine cannot run.
 
-  The engine computes three kinds of client work on stacked weights: local
-  training with the client optimizer, the loss and full gradient at the
-  broadcast model (`client_work.full_gradient_work`: AFL, q-FedSGD), and
-  Ditto's (`ditto.PersonalWork`: local training, then one proximal pass per
-  lambda from the personal models, each reading the stream once more) and
-  Fed+'s (`fed_plus.FedPlusWork`: kappa-mixed steps from each client's own
-  model, one read of the stream). Ditto with `personal_steps` > 0, Fed+ with
-  `local_steps` > 0 (a step count cycling a stream whose every cycle is a
-  new shuffle order) and a definition with other client work of its own run
-  on the batched engine, which calls that work's own function: here it
-  would have to be written a second time, in stacked form.
+  The engine computes two kinds of client work itself on stacked weights:
+  local training with the client optimizer, and the loss and full gradient
+  at the broadcast model (`client_work.full_gradient_work`: AFL, q-FedSGD).
+  Other work runs here through its own kernel
+  (`stacked_work.StackedLocalWork`), which also says which of its settings
+  it cannot run; a definition with other client work of its own runs on the
+  batched engine, which calls that work's own function.
   """
   work = definition.local_work
-  if isinstance(work, fed_plus.FedPlusWork):
-    if work.local_steps:
-      raise StackedEngineError(
-          'the stacked engine runs Fed+ local steps over one read of the '
-          f'stream; {definition.name} with local_steps={work.local_steps} '
-          'runs on the batched engine'
-      )
-    if definition.personal_models != 1 or len(definition.client_counts) != 1:
-      raise StackedEngineError(
-          'the stacked engine runs Fed+ with one personal model and one '
-          f'non-finite count; {definition.name} has '
-          f'{definition.personal_models} and {definition.client_counts}'
-      )
-    return
-  if isinstance(work, ditto.PersonalWork):
-    if work.personal_steps:
-      raise StackedEngineError(
-          'the stacked engine runs personal passes of one read of the '
-          f'stream each; {definition.name} with personal_steps='
-          f'{work.personal_steps} runs on the batched engine'
-      )
-    if tuple(definition.client_counts) != _DITTO_COUNTS:
-      raise StackedEngineError(
-          f'the stacked engine counts {", ".join(_DITTO_COUNTS)} per round; '
-          f'{definition.name} has client counts {definition.client_counts}'
-      )
+  if isinstance(work, stacked_work.StackedLocalWork):
+    work.check_stacked(definition)
     return
   if work not in (None, client_work_lib.full_gradient_work):
     raise StackedEngineError(
@@ -545,8 +509,381 @@ def check_definition(definition) -> None:
     )
 
 
-# Ditto's client counts, in its definition's order.
-_DITTO_COUNTS = ('personal_non_finite', 'personal_examples')
+class _StackedOps:
+  """The round graph's pieces: the engine's `stacked_work.Kit`.
+
+  Built once in the engine's graph; its methods add ops when the round
+  function is traced. Every tensor of weights is a tuple of the trainable
+  weights, stacked [K, ...] where it is per client.
+  """
+
+  def __init__(
+      self,
+      engine: 'StackedEngine',
+      functional,
+      loss_none,
+      trainable_specs,
+      training_optimizer,
+  ):
+    self.definition = engine.definition
+    self._functional = functional
+    self._per_example_loss = functools.partial(example_losses, loss_none)
+    self._trainable_specs = trainable_specs
+    self._vectorize = engine.vectorize
+    self._rnn_forward = engine.rnn_forward
+    self._shuffle = engine._shuffle  # pylint: disable=protected-access
+    self._engine = engine
+    self.non_trainable = ()  # The model's, set before the round is traced.
+    self._training_solver = self.solver(training_optimizer)
+    self._gradient_work = (
+        self.definition.local_work is client_work_lib.full_gradient_work
+    )
+
+  # Helpers a kernel uses.
+
+  def solver(self, optimizer):
+    """`(optimizer, its initial state, its per-weight keys)` for `descend`."""
+    return (optimizer,) + _optimizer_state(optimizer, self._trainable_specs)
+
+  @staticmethod
+  def finite_per_client(stacked):
+    return _finite_per_client(stacked)
+
+  @staticmethod
+  def per_client(mask, tensor):
+    return _per_client(mask, tensor)
+
+  def indices(self, pos, x_all):
+    """Example indices of padded slots (the last, dummy, row on padding)."""
+    engine = self._engine
+    dummy = tf.cast(tf.shape(x_all)[0] - 1, tf.int64)
+    safe = tf.maximum(pos, 0)
+    if self._shuffle:
+      local = tf.gather(engine._order, safe)  # pylint: disable=protected-access
+    else:
+      local = safe
+    base = engine._base_ph[None, :, None]  # pylint: disable=protected-access
+    return tf.where(pos >= 0, base + local, dummy)
+
+  # The model.
+
+  def predict(self, w, x, training):
+    return self._functional.predict_on_batch(
+        (list(w), list(self.non_trainable)), x, training
+    )
+
+  def forward(self, w_stacked, x):
+    """Predictions [K, b, ...] of each client's weights on its batch."""
+    if self._vectorize and self._rnn_forward is not None:
+      return self._rnn_forward(w_stacked, x)
+    if self._vectorize:
+      return tf.vectorized_map(
+          lambda a: self.predict(a[0], a[1], True),
+          (w_stacked, x),
+          fallback_to_while_loop=True,
+      )
+    return self.predict([w[0] for w in w_stacked], x[0], True)[None]
+
+  def _batch_loss(self, w, x, y, mask):
+    """`(predictions, per-client mean loss, per-client count)` of a step."""
+    preds = self.forward(w, x)
+    count = tf.reduce_sum(mask, axis=1)
+    client_loss = tf.reduce_sum(
+        self._per_example_loss(y, preds) * mask, axis=1
+    ) / tf.maximum(count, 1.0)
+    return preds, client_loss, count
+
+  # Passes over the clients' streams.
+
+  def descend(
+      self,
+      w_start,
+      anchor,
+      solver,
+      x_all,
+      y_all,
+      idx,
+      valid,
+      proximal,
+      decay,
+      mix=None,
+  ):
+    """Mini-batch steps of the clients of `idx` [S, K, b] from `w_start`.
+
+    `w_start` is stacked [K, ...]; the proximal term pulls toward `anchor`
+    ([K, ...] or broadcast [...]); `solver` is `(optimizer, its initial
+    state, its per-weight keys)`. With `mix` (Fed+'s kappa) each step's
+    result is `mix * step + (1 - mix) * anchor`. Returns `(weights
+    [K, ...], sums)`.
+    """
+    optimizer, initial_state, per_weight = solver
+    k = tf.shape(idx)[1]
+    stack = lambda t: tf.broadcast_to(t[None], tf.concat([[k], tf.shape(t)], 0))
+    state = collections.OrderedDict(
+        (key, tf.nest.map_structure(tf.convert_to_tensor, value))
+        for key, value in initial_state.items()
+    )
+    for key in per_weight:
+      state[key] = tuple(
+          stack(tf.convert_to_tensor(v))
+          for v in tf.nest.flatten(initial_state[key])
+      )
+    w = w_start
+    zeros_k = tf.zeros([k], tf.float32)
+    sums = (zeros_k, zeros_k, zeros_k, zeros_k)
+    for t in tf.range(tf.shape(idx)[0]):
+      slots = idx[t]
+      mask = tf.cast(valid[t], tf.float32)
+      active = tf.reduce_any(valid[t], axis=1)
+      x = tf.gather(x_all, slots)
+      y = tf.gather(y_all, slots)
+      with tf.GradientTape() as tape:
+        tape.watch(w)
+        preds, client_loss, count = self._batch_loss(w, x, y, mask)
+        total = tf.reduce_sum(client_loss)
+      grads = tape.gradient(total, w)
+      if proximal:
+        grads = tuple(
+            g + proximal * (v - v0) for g, v, v0 in zip(grads, w, anchor)
+        )
+      if decay:
+        grads = tuple(g + decay * v for g, v in zip(grads, w))
+      new_state, new_w = optimizer.next(state, w, grads)
+      if mix is not None:
+        new_w = tuple(mix * n + (1.0 - mix) * z for n, z in zip(new_w, anchor))
+      keep = functools.partial(_keep_active, active)
+      w = tuple(keep(n, o) for n, o in zip(new_w, w))
+      merged = collections.OrderedDict(
+          (key, tf.nest.map_structure(tf.convert_to_tensor, value))
+          for key, value in new_state.items()
+      )
+      for key in per_weight:
+        merged[key] = tuple(
+            keep(n, o)
+            for n, o in zip(tf.nest.flatten(new_state[key]), state[key])
+        )
+      state = merged
+      sums = _add_step(
+          sums, client_loss, count, correct_predictions(y, preds), mask, active
+      )
+    return w, sums
+
+  def local_training(
+      self, w0, start, x_all, y_all, idx, valid, proximal, decay
+  ):
+    """Local training of the clients of `idx` [S, K, b] from `w0`.
+
+    `(deltas, sums)`; `start` is None (every client starts at `w0`).
+    """
+    del start
+    k = tf.shape(idx)[1]
+    w_start = tuple(
+        tf.broadcast_to(v[None], tf.concat([[k], tf.shape(v)], 0)) for v in w0
+    )
+    w, sums = self.descend(
+        w_start,
+        w_start,
+        self._training_solver,
+        x_all,
+        y_all,
+        idx,
+        valid,
+        proximal,
+        decay,
+    )
+    delta = tuple(a - c for a, c in zip(w_start, w))
+    return delta, sums
+
+  def gradient_at(self, w0, start, x_all, y_all, idx, valid, proximal, decay):
+    """Each client's mean gradient at `w0` over its stream.
+
+    As `client_work.full_gradient_work`: batch-mean gradients weighted by
+    the batch sizes, divided by the examples; the metrics of the pass.
+    """
+    del start, proximal, decay
+    k = tf.shape(idx)[1]
+    w = tuple(
+        tf.broadcast_to(v[None], tf.concat([[k], tf.shape(v)], 0)) for v in w0
+    )
+    grad_sums = tuple(tf.zeros_like(v) for v in w)
+    zeros_k = tf.zeros([k], tf.float32)
+    sums = (zeros_k, zeros_k, zeros_k, zeros_k)
+    for t in tf.range(tf.shape(idx)[0]):
+      mask = tf.cast(valid[t], tf.float32)
+      x = tf.gather(x_all, idx[t])
+      y = tf.gather(y_all, idx[t])
+      with tf.GradientTape() as tape:
+        tape.watch(w)
+        preds, client_loss, count = self._batch_loss(w, x, y, mask)
+        total = tf.reduce_sum(client_loss)
+      grads = tape.gradient(total, w)
+      grad_sums = tuple(
+          a + _per_client(count, g) * g for a, g in zip(grad_sums, grads)
+      )
+      sums = _add_step(
+          sums,
+          client_loss,
+          count,
+          correct_predictions(y, preds),
+          mask,
+          tf.reduce_any(valid[t], axis=1),
+      )
+    n = tf.maximum(sums[2], 1.0)
+    return tuple(g / _per_client(n, g) for g in grad_sums), sums
+
+  def _grouped(
+      self, pass_fn, w0, start, x_all, y_all, idx, valid, steps, proximal, decay
+  ):
+    """`pass_fn` over size-ordered groups, each to its longest steps."""
+    engine = self._engine
+    order = engine._order_ph  # pylint: disable=protected-access
+    bounds = engine._bounds_ph  # pylint: disable=protected-access
+    idx_s = tf.gather(idx, order, axis=1)
+    valid_s = tf.gather(valid, order, axis=1)
+    steps_s = tf.cast(tf.gather(steps, order), tf.int32)
+    start_s = None
+    if start is not None:
+      start_s = tuple(tf.gather(v, order) for v in start)
+    g_count = tf.size(bounds) - 1
+    new_ta = lambda dtype: tf.TensorArray(
+        dtype, size=g_count, infer_shape=False
+    )
+    deltas = [new_ta(s.dtype) for s in self._trainable_specs]
+    sums = [new_ta(tf.float32) for _ in range(4)]
+    for g in tf.range(g_count):
+      a, b = bounds[g], bounds[g + 1]
+      s = tf.reduce_max(steps_s[a:b])
+      d, m = pass_fn(
+          w0,
+          None if start_s is None else tuple(v[a:b] for v in start_s),
+          x_all,
+          y_all,
+          idx_s[:s, a:b],
+          valid_s[:s, a:b],
+          proximal,
+          decay,
+      )
+      deltas = [ta.write(g, v) for ta, v in zip(deltas, d)]
+      sums = [ta.write(g, v) for ta, v in zip(sums, m)]
+    back = tf.math.invert_permutation(order)
+    unsort = lambda ta: tf.gather(ta.concat(), back)
+    return (
+        tuple(unsort(ta) for ta in deltas),
+        tuple(unsort(ta) for ta in sums),
+    )
+
+  def run_clients(
+      self, pass_fn, w0, start, x_all, y_all, idx, valid, steps, proximal, decay
+  ):
+    """`pass_fn` for every client: `(vectors [K, ...], sums [K])`.
+
+    Vectorized in `_grouped`'s groups, else client after client; `start` is
+    None or the clients' stacked start weights [K, ...].
+    """
+    if self._vectorize:
+      return self._grouped(
+          pass_fn, w0, start, x_all, y_all, idx, valid, steps, proximal, decay
+      )
+    k_count = tf.shape(idx)[1]
+    deltas = [
+        tf.TensorArray(s.dtype, size=k_count) for s in self._trainable_specs
+    ]
+    sums = [tf.TensorArray(tf.float32, size=k_count) for _ in range(4)]
+    for k in tf.range(k_count):
+      s = tf.cast(steps[k], tf.int32)
+      d, m = pass_fn(
+          w0,
+          None if start is None else tuple(v[k : k + 1] for v in start),
+          x_all,
+          y_all,
+          idx[:s, k : k + 1],
+          valid[:s, k : k + 1],
+          proximal,
+          decay,
+      )
+      deltas = [ta.write(k, v[0]) for ta, v in zip(deltas, d)]
+      sums = [ta.write(k, v[0]) for ta, v in zip(sums, m)]
+    return (
+        tuple(ta.stack() for ta in deltas),
+        tuple(ta.stack() for ta in sums),
+    )
+
+  def train(self, inputs: stacked_work.RoundInputs) -> stacked_work.LocalResult:
+    """The engine's own work: local training's deltas (or, for
+    `client_work.full_gradient_work`, the gradients at `w0`), zeroed where
+    non-finite."""
+    pass_fn = self.gradient_at if self._gradient_work else self.local_training
+    deltas, sums = self.run_clients(
+        pass_fn,
+        inputs.w0,
+        None,
+        inputs.x_all,
+        inputs.y_all,
+        inputs.idx,
+        inputs.valid,
+        inputs.steps,
+        self.definition.proximal_strength,
+        self.definition.weight_decay,
+    )
+    ok = _finite_per_client(deltas)
+    deltas = tuple(
+        tf.where(_per_client(ok, d), d, tf.zeros_like(d)) for d in deltas
+    )
+    return stacked_work.LocalResult(deltas, sums, tf.logical_not(ok))
+
+  def loss_at(self, w0, x_all, y_all, idx, valid):
+    """Each client's mean loss over its (loss-pass) stream at `w0`.
+
+    Summed as `client_work.local_loss` does (batch means, weighted by
+    batch sizes, accumulated batch after batch), so that exact ties, e.g.
+    at a zero-initialised model, tie the same way in Delta-FL's filter.
+    """
+    preds = self.predict(w0, x_all, False)
+    losses = tf.reshape(self._per_example_loss(y_all[None], preds[None]), [-1])
+    mask = tf.cast(valid, tf.float32)
+    counts = tf.reduce_sum(mask, axis=2)
+    means = tf.math.divide_no_nan(
+        tf.reduce_sum(tf.gather(losses, idx) * mask, axis=2), counts
+    )
+    k = tf.shape(idx)[1]
+    total = tf.zeros([k], tf.float32)
+    n = tf.zeros([k], tf.float32)
+    for t in tf.range(tf.shape(idx)[0]):
+      total += counts[t] * means[t]
+      n += counts[t]
+    return total / tf.maximum(n, 1.0), n
+
+
+def _add_step(sums, client_loss, count, correct, mask, active):
+  """The pass's `(loss, correct, examples, batches)` [K] after one step."""
+  loss_sum, correct_sum, n_sum, batches = sums
+  return (
+      loss_sum + client_loss * count,
+      correct_sum + tf.reduce_sum(correct * mask, axis=1),
+      n_sum + count,
+      batches + tf.cast(active, tf.float32),
+  )
+
+
+def _finalized_metrics(metric_specs, sums):
+  """The model's unfinalized training metrics from the clients' sums."""
+  loss_sum, correct_sum, n_sum, batches = (tf.reduce_sum(s) for s in sums)
+  values = {
+      'accuracy': [correct_sum, n_sum],
+      'loss': [loss_sum, n_sum],
+      'num_examples': [n_sum],
+      'num_batches': [batches],
+  }
+  metrics = collections.OrderedDict()
+  for name, spec in metric_specs.items():
+    metrics[name] = tf.nest.pack_sequence_as(
+        spec,
+        [
+            tf.cast(tf.reshape(v, s.shape), s.dtype)
+            for v, s in zip(values[name], tf.nest.flatten(spec))
+        ],
+    )
+  return metrics
 
 
 class StackedEngine:
@@ -643,21 +980,18 @@ class StackedEngine:
     self._shuffle = bool(shuffle)
     self._buffer = shuffle_buffer_size
     self.examples = ClientExamples(client_data, preprocess_train)
-    # A loss pass that training continues reads pass 0, training pass 1;
-    # Ditto's personal passes read the passes after training's, in order.
+    # A loss pass that training continues reads pass 0, training pass 1; a
+    # kernel's further passes (`extra_passes`) read the passes after, in order.
     continued = self.definition.loss_pass == 'continued'
     self._train_pass = 1 if continued else 0
-    self._personal_work = None
-    if isinstance(self.definition.local_work, ditto.PersonalWork):
-      self._personal_work = self.definition.local_work
-    # Fed+'s steps from each client's own model read the stream once.
-    self._fedplus_work = None
-    if isinstance(self.definition.local_work, fed_plus.FedPlusWork):
-      self._fedplus_work = self.definition.local_work
-    self._num_personal_passes = (
-        len(self._personal_work.lambdas) if self._personal_work else 0
+    work = self.definition.local_work
+    self._kernel_work = (
+        work if isinstance(work, stacked_work.StackedLocalWork) else None
     )
-    self._passes = self._train_pass + 1 + self._num_personal_passes
+    self._extra_passes = (
+        self._kernel_work.extra_passes if self._kernel_work else 0
+    )
+    self._passes = self._train_pass + 1 + self._extra_passes
     functional, loss_none = self._functional_model(model_fn)
     self.vectorize = bool(self._vectorize_arg)
     if not self.vectorize:
@@ -717,469 +1051,31 @@ class StackedEngine:
     definition = self.definition
     if not definition.server_optimizer:
       opt_state_specs = ()
-    personal_work = self._personal_work
-    # Ditto's global pass runs its definition's client optimizer (as the
-    # batched engine, which calls the definition's work).
-    client_opt = (
-        personal_work.client_optimizer
-        if personal_work
-        else alg.client_optimizer
-    )
-    global_solver = (client_opt,) + _optimizer_state(
-        client_opt, trainable_specs
-    )
-    personal_solver = None
-    if personal_work:
-      personal_solver = (personal_work.personal_optimizer,) + _optimizer_state(
-          personal_work.personal_optimizer, trainable_specs
-      )
-    fedplus_work = self._fedplus_work
-    fedplus_solver = None
-    if fedplus_work:
-      # Fed+'s plain steps of size eta (`fed_plus.local_update`), then mixed.
-      sgd = tff.learning.optimizers.build_sgdm(
-          learning_rate=fedplus_work.learning_rate
-      )
-      fedplus_solver = (sgd,) + _optimizer_state(sgd, trainable_specs)
+    work = self._kernel_work
+    # A kind's training pass may run its own optimizer (Ditto's global pass
+    # runs its definition's, as the batched engine, which calls the work).
+    training_optimizer = alg.client_optimizer
+    if work is not None:
+      training_optimizer = work.training_optimizer(alg.client_optimizer)
     metric_specs = tf.nest.map_structure(
         lambda t: tf.TensorSpec(t.shape, t.dtype),
         model.report_local_unfinalized_metrics(),
     )
-    x_spec, y_spec = self.examples.x_spec, self.examples.y_spec
-    b = self.batch_size
-    vectorize = self.vectorize
-    gradient_work = definition.local_work is client_work_lib.full_gradient_work
-    non_trainable = None
-
-    ph = tf.compat.v1.placeholder
-    placeholders = batched._placeholders  # pylint: disable=protected-access
-    self._weights_ph = placeholders(weight_specs, 'weights')
-    self._opt_state_ph = placeholders(opt_state_specs, 'server')
-    self._x_ph = ph(x_spec.dtype, [None] + x_spec.shape.as_list(), 'x')
-    self._y_ph = ph(y_spec.dtype, [None], 'y')
-    self._base_ph = ph(tf.int64, [None], 'base')  # First example of client k.
-    self._train_pos_ph = ph(tf.int64, [None, None, b], 'train_pos')
-    self._loss_pos_ph = ph(tf.int64, [None, None, b], 'loss_pos')
-    self._steps_ph = ph(tf.int64, [None], 'steps')
-    self._order_ph = ph(tf.int32, [None], 'order')  # size_groups' order.
-    self._bounds_ph = ph(tf.int32, [None], 'bounds')  # and its groups.
-    self._personal_ph, self._server_state_ph, self._indices_ph = (
-        batched.state_placeholders(definition, trainable_specs)
+    self._make_placeholders(weight_specs, opt_state_specs, trainable_specs)
+    ops = _StackedOps(
+        self, functional, loss_none, trainable_specs, training_optimizer
     )
-    # Ditto's personal passes' slots [G, S, K, b] (as `train_pos`, passes
-    # after).
-    self._personal_pos_ph = ph(
-        tf.int64, [self._num_personal_passes, None, None, b], 'personal_pos'
-    )
-    self._seeds_ph = ph(tf.int64, [None], 'seeds')
-    self._sizes_ph = ph(tf.int64, [None], 'sizes')
-    self._epochs_ph = ph(tf.int64, [None], 'epochs')
-    self._takes_ph = ph(tf.int64, [None], 'takes')
-    self._order = order_stream(
-        self._seeds_ph,
-        self._sizes_ph,
-        self._epochs_ph,
-        self._takes_ph,
-        b,
-        passes=self._passes,
-        buffer_size=self._buffer,
-    )
-
-    def indices(pos, x_all):
-      """Example indices of padded slots (the last, dummy, row on padding)."""
-      dummy = tf.cast(tf.shape(x_all)[0] - 1, tf.int64)
-      safe = tf.maximum(pos, 0)
-      if self._shuffle:
-        local = tf.gather(self._order, safe)
-      else:
-        local = safe
-      base = self._base_ph[None, :, None]
-      return tf.where(pos >= 0, base + local, dummy)
-
-    def predict(w, x, training):
-      return functional.predict_on_batch(
-          (list(w), list(non_trainable)), x, training
-      )
-
-    def forward(w_stacked, x):
-      """Predictions [K, b, ...] of each client's weights on its batch."""
-      if vectorize and self.rnn_forward is not None:
-        return self.rnn_forward(w_stacked, x)
-      if vectorize:
-        return tf.vectorized_map(
-            lambda a: predict(a[0], a[1], True),
-            (w_stacked, x),
-            fallback_to_while_loop=True,
-        )
-      return predict([w[0] for w in w_stacked], x[0], True)[None]
-
-    per_example_loss = functools.partial(example_losses, loss_none)
-    correct = correct_predictions
-
-    def descend(
-        w_start,
-        anchor,
-        solver,
-        x_all,
-        y_all,
-        idx,
-        valid,
-        proximal,
-        decay,
-        mix=None,
-    ):
-      """Mini-batch steps of the clients of `idx` [S, K, b] from `w_start`.
-
-      `w_start` is stacked [K, ...]; the proximal term pulls toward `anchor`
-      ([K, ...] or broadcast [...]); `solver` is `(optimizer, its initial
-      state, its per-weight keys)`. With `mix` (Fed+'s kappa) each step's
-      result is `mix * step + (1 - mix) * anchor`. Returns `(weights
-      [K, ...], sums)`.
-      """
-      optimizer, initial_state, per_weight = solver
-      k = tf.shape(idx)[1]
-      stack = lambda t: tf.broadcast_to(
-          t[None], tf.concat([[k], tf.shape(t)], 0)
-      )
-      state = collections.OrderedDict(
-          (key, tf.nest.map_structure(tf.convert_to_tensor, value))
-          for key, value in initial_state.items()
-      )
-      for key in per_weight:
-        state[key] = tuple(
-            stack(tf.convert_to_tensor(v))
-            for v in tf.nest.flatten(initial_state[key])
-        )
-      w = w_start
-      zeros_k = tf.zeros([k], tf.float32)
-      sums = (zeros_k, zeros_k, zeros_k, zeros_k)
-      for t in tf.range(tf.shape(idx)[0]):
-        slots = idx[t]
-        mask = tf.cast(valid[t], tf.float32)
-        active = tf.reduce_any(valid[t], axis=1)
-        x = tf.gather(x_all, slots)
-        y = tf.gather(y_all, slots)
-        with tf.GradientTape() as tape:
-          tape.watch(w)
-          preds = forward(w, x)
-          losses = per_example_loss(y, preds)
-          count = tf.reduce_sum(mask, axis=1)
-          client_loss = tf.reduce_sum(losses * mask, axis=1) / tf.maximum(
-              count, 1.0
-          )
-          total = tf.reduce_sum(client_loss)
-        grads = tape.gradient(total, w)
-        if proximal:
-          grads = tuple(
-              g + proximal * (v - v0) for g, v, v0 in zip(grads, w, anchor)
-          )
-        if decay:
-          grads = tuple(g + decay * v for g, v in zip(grads, w))
-        new_state, new_w = optimizer.next(state, w, grads)
-        if mix is not None:
-          new_w = tuple(
-              mix * n + (1.0 - mix) * z for n, z in zip(new_w, anchor)
-          )
-        keep = functools.partial(_keep_active, active)
-        w = tuple(keep(n, o) for n, o in zip(new_w, w))
-        merged = collections.OrderedDict(
-            (key, tf.nest.map_structure(tf.convert_to_tensor, value))
-            for key, value in new_state.items()
-        )
-        for key in per_weight:
-          merged[key] = tuple(
-              keep(n, o)
-              for n, o in zip(tf.nest.flatten(new_state[key]), state[key])
-          )
-        state = merged
-        loss_sum, correct_sum, n_sum, batches = sums
-        sums = (
-            loss_sum + client_loss * count,
-            correct_sum + tf.reduce_sum(correct(y, preds) * mask, axis=1),
-            n_sum + count,
-            batches + tf.cast(active, tf.float32),
-        )
-      return w, sums
-
-    def train(w0, start, x_all, y_all, idx, valid, proximal, decay):
-      """Local training of the clients of `idx` [S, K, b] from `w0`.
-
-      `(deltas, sums)`; `start` is None (every client starts at `w0`).
-      """
-      del start
-      k = tf.shape(idx)[1]
-      w_start = tuple(
-          tf.broadcast_to(v[None], tf.concat([[k], tf.shape(v)], 0)) for v in w0
-      )
-      w, sums = descend(
-          w_start,
-          w_start,
-          global_solver,
-          x_all,
-          y_all,
-          idx,
-          valid,
-          proximal,
-          decay,
-      )
-      delta = tuple(a - c for a, c in zip(w_start, w))
-      return delta, sums
-
-    def personal_pass(w0, start, x_all, y_all, idx, valid, lam, decay):
-      """Ditto's personal pass: `(new personal models, sums)`.
-
-      From the clients' personal models `start` [K, ...] with the personal
-      optimizer on grad F_k(v) + lam (v - w0), anchored at the broadcast
-      `w0` (as `ditto.personal_training`).
-      """
-      return descend(
-          start, w0, personal_solver, x_all, y_all, idx, valid, lam, decay
-      )
-
-    def fedplus_pass(w0, start, x_all, y_all, idx, valid, proximal, decay):
-      """Fed+'s local steps: `(new local models [K, ...], sums)`.
-
-      As `fed_plus.local_update` for each client k from its model `start[k]`
-      and the broadcast `w0`: theta_k = prox(w_k - w0) (per client: the
-      geomed norm is over the client's whole model), the start (1 - lambda)
-      w_k + lambda w0, and plain steps of size eta mixed with kappa toward
-      w0 + theta_k.
-      """
-      del proximal, decay
-      work = fedplus_work
-      diff = tuple(v - g[None] for v, g in zip(start, w0))
-      theta = tf.vectorized_map(
-          lambda d: tuple(fed_plus.prox(work.psi, list(d), work.delta)),
-          diff,
-          fallback_to_while_loop=False,
-      )
-      anchor = tuple(g[None] + t for g, t in zip(w0, theta))
-      lam = work.lam
-      w_start = tuple(
-          (1.0 - lam) * v + lam * g[None] for v, g in zip(start, w0)
-      )
-      return descend(
-          w_start,
-          anchor,
-          fedplus_solver,
-          x_all,
-          y_all,
-          idx,
-          valid,
-          0.0,
-          0.0,
-          mix=work.kappa,
-      )
-
-    def gradient_at(w0, start, x_all, y_all, idx, valid, proximal, decay):
-      """Each client's mean gradient at `w0` over its stream.
-
-      As `client_work.full_gradient_work`: batch-mean gradients weighted by
-      the batch sizes, divided by the examples; the metrics of the pass.
-      """
-      del start, proximal, decay
-      k = tf.shape(idx)[1]
-      w = tuple(
-          tf.broadcast_to(v[None], tf.concat([[k], tf.shape(v)], 0)) for v in w0
-      )
-      grad_sums = tuple(tf.zeros_like(v) for v in w)
-      zeros_k = tf.zeros([k], tf.float32)
-      sums = (zeros_k, zeros_k, zeros_k, zeros_k)
-      for t in tf.range(tf.shape(idx)[0]):
-        mask = tf.cast(valid[t], tf.float32)
-        x = tf.gather(x_all, idx[t])
-        y = tf.gather(y_all, idx[t])
-        with tf.GradientTape() as tape:
-          tape.watch(w)
-          preds = forward(w, x)
-          count = tf.reduce_sum(mask, axis=1)
-          client_loss = tf.reduce_sum(
-              per_example_loss(y, preds) * mask, axis=1
-          ) / tf.maximum(count, 1.0)
-          total = tf.reduce_sum(client_loss)
-        grads = tape.gradient(total, w)
-        grad_sums = tuple(
-            a + _per_client(count, g) * g for a, g in zip(grad_sums, grads)
-        )
-        loss_sum, correct_sum, n_sum, batches = sums
-        sums = (
-            loss_sum + client_loss * count,
-            correct_sum + tf.reduce_sum(correct(y, preds) * mask, axis=1),
-            n_sum + count,
-            batches + tf.cast(tf.reduce_any(valid[t], axis=1), tf.float32),
-        )
-      n = tf.maximum(sums[2], 1.0)
-      return tuple(g / _per_client(n, g) for g in grad_sums), sums
-
-    client_pass = gradient_at if gradient_work else train
-
-    def grouped_pass(
-        pass_fn, w0, start, x_all, y_all, idx, valid, steps, proximal, decay
-    ):
-      """`pass_fn` over size-ordered groups, each to its longest steps."""
-      order, bounds = self._order_ph, self._bounds_ph
-      idx_s = tf.gather(idx, order, axis=1)
-      valid_s = tf.gather(valid, order, axis=1)
-      steps_s = tf.cast(tf.gather(steps, order), tf.int32)
-      start_s = None
-      if start is not None:
-        start_s = tuple(tf.gather(v, order) for v in start)
-      g_count = tf.size(bounds) - 1
-      new_ta = lambda dtype: tf.TensorArray(
-          dtype, size=g_count, infer_shape=False
-      )
-      deltas = [new_ta(s.dtype) for s in trainable_specs]
-      sums = [new_ta(tf.float32) for _ in range(4)]
-      for g in tf.range(g_count):
-        a, b = bounds[g], bounds[g + 1]
-        s = tf.reduce_max(steps_s[a:b])
-        d, m = pass_fn(
-            w0,
-            None if start_s is None else tuple(v[a:b] for v in start_s),
-            x_all,
-            y_all,
-            idx_s[:s, a:b],
-            valid_s[:s, a:b],
-            proximal,
-            decay,
-        )
-        deltas = [ta.write(g, v) for ta, v in zip(deltas, d)]
-        sums = [ta.write(g, v) for ta, v in zip(sums, m)]
-      back = tf.math.invert_permutation(order)
-      unsort = lambda ta: tf.gather(ta.concat(), back)
-      return (
-          tuple(unsort(ta) for ta in deltas),
-          tuple(unsort(ta) for ta in sums),
-      )
-
-    def run_clients(
-        pass_fn, w0, start, x_all, y_all, idx, valid, steps, proximal, decay
-    ):
-      """`pass_fn` for every client: `(vectors [K, ...], sums [K])`.
-
-      Vectorized in `grouped_pass`'s groups, else client after client;
-      `start` is None or the clients' stacked start weights [K, ...].
-      """
-      if vectorize:
-        return grouped_pass(
-            pass_fn,
-            w0,
-            start,
-            x_all,
-            y_all,
-            idx,
-            valid,
-            steps,
-            proximal,
-            decay,
-        )
-      k_count = tf.shape(idx)[1]
-      deltas = [tf.TensorArray(s.dtype, size=k_count) for s in trainable_specs]
-      sums = [tf.TensorArray(tf.float32, size=k_count) for _ in range(4)]
-      for k in tf.range(k_count):
-        s = tf.cast(steps[k], tf.int32)
-        d, m = pass_fn(
-            w0,
-            None if start is None else tuple(v[k : k + 1] for v in start),
-            x_all,
-            y_all,
-            idx[:s, k : k + 1],
-            valid[:s, k : k + 1],
-            proximal,
-            decay,
-        )
-        deltas = [ta.write(k, v[0]) for ta, v in zip(deltas, d)]
-        sums = [ta.write(k, v[0]) for ta, v in zip(sums, m)]
-      return (
-          tuple(ta.stack() for ta in deltas),
-          tuple(ta.stack() for ta in sums),
-      )
-
-    def train_clients(
-        w0, x_all, y_all, idx, valid, steps, proximal=0.0, decay=0.0
-    ):
-      """`(deltas [K, ...], (loss, correct, examples, batches) [K])`.
-
-      The deltas of local training, or the gradients of `gradient_at`.
-      """
-      return run_clients(
-          client_pass,
-          w0,
-          None,
-          x_all,
-          y_all,
-          idx,
-          valid,
-          steps,
-          proximal,
-          decay,
-      )
-
-    def personal_passes(w0, personal, x_all, y_all, personal_pos, kept, steps):
-      """Ditto's personal models after its passes, and how many were kept.
-
-      Pass g (lambda_g) starts from the clients' personal models
-      `personal[g]` and reads the slots `personal_pos[g]`; a client's
-      non-finite result keeps its previous model (counted, as
-      `stateful.zero_non_finite_to` in `ditto.local_work`).
-      """
-      new_personal = []
-      dropped = tf.constant(0, tf.int32)
-      for g, lam in enumerate(personal_work.lambdas):
-        pos = personal_pos[g]
-        valid = tf.logical_and(pos >= 0, kept[None, :, None])
-        v_new, _ = run_clients(
-            personal_pass,
-            w0,
-            personal[g],
-            x_all,
-            y_all,
-            indices(pos, x_all),
-            valid,
-            steps,
-            lam,
-            0.0,
-        )
-        ok = _finite_per_client(v_new)
-        new_personal.append(
-            tuple(
-                tf.where(_per_client(ok, n), n, o)
-                for n, o in zip(v_new, personal[g])
-            )
-        )
-        dropped += tf.reduce_sum(tf.cast(tf.logical_not(ok), tf.int32))
-      return tuple(new_personal), dropped
-
-    def loss_at(w0, x_all, y_all, idx, valid):
-      """Each client's mean loss over its (loss-pass) stream at `w0`.
-
-      Summed as `client_work.local_loss` does (batch means, weighted by
-      batch sizes, accumulated batch after batch), so that exact ties, e.g.
-      at a zero-initialised model, tie the same way in Delta-FL's filter.
-      """
-      preds = predict(w0, x_all, False)
-      losses = tf.reshape(per_example_loss(y_all[None], preds[None]), [-1])
-      mask = tf.cast(valid, tf.float32)
-      counts = tf.reduce_sum(mask, axis=2)
-      means = tf.math.divide_no_nan(
-          tf.reduce_sum(tf.gather(losses, idx) * mask, axis=2), counts
-      )
-      k = tf.shape(idx)[1]
-      total = tf.zeros([k], tf.float32)
-      n = tf.zeros([k], tf.float32)
-      for t in tf.range(tf.shape(idx)[0]):
-        total += counts[t] * means[t]
-        n += counts[t]
-      return total / tf.maximum(n, 1.0), n
-
-    def clean(deltas):
-      """Deltas zeroed where non-finite, and the [K] non-finite flags."""
-      ok = _finite_per_client(deltas)
-      return tuple(
-          tf.where(_per_client(ok, d), d, tf.zeros_like(d)) for d in deltas
-      ), tf.logical_not(ok)
-
+    local_work = ops.train if work is None else work.stacked_kernel(ops)
     server_state_rule = definition.server_state
+
+    def round_losses(w0, x_all, y_all, idx, valid, loss_pos):
+      """The loss pass's `(losses, counts)` [K] (None without one)."""
+      if definition.loss_pass == 'fresh':
+        return ops.loss_at(w0, x_all, y_all, idx, valid)
+      if definition.loss_pass == 'continued':
+        lidx = ops.indices(loss_pos, x_all)
+        return ops.loss_at(w0, x_all, y_all, lidx, loss_pos >= 0)
+      return None, None
 
     @tf.function
     def round_fn(
@@ -1193,19 +1089,13 @@ class StackedEngine:
         server_state,
         client_indices,
         personal,
-        personal_pos,
+        extra_pos,
     ):
       w0 = tuple(tf.nest.flatten(weights.trainable))
-      idx = indices(train_pos, x_all)
+      idx = ops.indices(train_pos, x_all)
       valid = train_pos >= 0
       k_count = tf.shape(train_pos)[1]
-      if definition.loss_pass == 'fresh':
-        losses, counts = loss_at(w0, x_all, y_all, idx, valid)
-      elif definition.loss_pass == 'continued':
-        lidx = indices(loss_pos, x_all)
-        losses, counts = loss_at(w0, x_all, y_all, lidx, loss_pos >= 0)
-      else:
-        losses, counts = None, None
+      losses, counts = round_losses(w0, x_all, y_all, idx, valid, loss_pos)
       context = definition.prepare(losses, counts)
       kept = tf.ones([k_count], tf.bool)
       if definition.trains is not None:
@@ -1213,52 +1103,13 @@ class StackedEngine:
         kept = definition.trains(context, losses)
         valid = tf.logical_and(valid, kept[None, :, None])
         steps = tf.where(kept, steps, tf.zeros_like(steps))
-      new_personal, client_counts = (), ()
-      if fedplus_work:
-        # Each client's new local model from its own; a non-finite one keeps
-        # the previous model (`stateful.zero_non_finite_to`) and is counted.
-        deltas, sums = run_clients(
-            fedplus_pass,
-            w0,
-            personal[0],
-            x_all,
-            y_all,
-            idx,
-            valid,
-            steps,
-            0.0,
-            0.0,
-        )
-        ok = _finite_per_client(deltas)
-        deltas = tuple(
-            tf.where(_per_client(ok, n), n, o)
-            for n, o in zip(deltas, personal[0])
-        )
-        bad = tf.logical_not(ok)
-        new_personal = (deltas,)
-        client_counts = (tf.reduce_sum(tf.cast(bad, tf.int32)),)
-      else:
-        deltas, sums = train_clients(
-            w0,
-            x_all,
-            y_all,
-            idx,
-            valid,
-            steps,
-            definition.proximal_strength,
-            definition.weight_decay,
-        )
-        deltas, bad = clean(deltas)
+      result = local_work(
+          stacked_work.RoundInputs(
+              w0, personal, x_all, y_all, idx, valid, steps, kept, extra_pos
+          )
+      )
+      deltas, sums, bad = result.vectors, result.sums, result.non_finite
       num_examples = sums[2]
-      if personal_work:  # After the global pass, as in `ditto.local_work`.
-        new_personal, dropped = personal_passes(
-            w0, personal, x_all, y_all, personal_pos, kept, steps
-        )
-        # Each personal pass reads the stream once, as the global one.
-        seen = tf.cast(tf.reduce_sum(num_examples), tf.int32) * len(
-            personal_work.lambdas
-        )
-        client_counts = (dropped, seen)
       if definition.loss_pass == 'work':  # The gradient pass's losses.
         losses = sums[0] / tf.maximum(num_examples, 1.0)
         counts = num_examples
@@ -1287,52 +1138,36 @@ class StackedEngine:
       extra = collections.OrderedDict(
           definition.metrics(context, losses, scalar_sum, k_count)
       )
-      extra.update(zip(definition.client_counts, client_counts))
+      extra.update(zip(definition.client_counts, result.client_counts))
       new_server_state = ()
       if server_state_rule is not None:
         new_server_state, state_metrics = server_state_rule.update(
             server_state, losses, client_indices
         )
         extra.update(state_metrics)
-      result = batched.server_rule(
+      server_out = batched.server_rule(
           definition, w0, vector_sum, scalar_sum, client_vectors
       )
-      extra.update(result.metrics)
-      trainable = result.result
+      extra.update(server_out.metrics)
+      trainable = server_out.result
       if definition.server_optimizer:
         opt_state, trainable, rejected = _server_step(
             server_opt, opt_state, w0, trainable
         )
         extra['update_non_finite'] = tf.cast(rejected, tf.int32)
-      loss_sum, correct_sum, n_sum, batches = (tf.reduce_sum(s) for s in sums)
-      metrics = collections.OrderedDict()
-      values = {
-          'accuracy': [correct_sum, n_sum],
-          'loss': [loss_sum, n_sum],
-          'num_examples': [n_sum],
-          'num_batches': [batches],
-      }
-      for name, spec in metric_specs.items():
-        metrics[name] = tf.nest.pack_sequence_as(
-            spec,
-            [
-                tf.cast(tf.reshape(v, s.shape), s.dtype)
-                for v, s in zip(values[name], tf.nest.flatten(spec))
-            ],
-        )
       return (
           tuple(trainable),
           opt_state,
-          metrics,
+          _finalized_metrics(metric_specs, sums),
           extra,
           new_server_state,
-          new_personal,
+          result.personal,
       )
 
-    non_trainable = tuple(tf.nest.flatten(self._weights_ph.non_trainable))
+    ops.non_trainable = tuple(tf.nest.flatten(self._weights_ph.non_trainable))
     weights_in = tff.learning.models.ModelWeights(
         trainable=list(tf.nest.flatten(self._weights_ph.trainable)),
-        non_trainable=list(non_trainable),
+        non_trainable=list(ops.non_trainable),
     )
     trainable, opt_state, metric_sums, extra, server_state, personal = round_fn(
         weights_in,
@@ -1345,7 +1180,7 @@ class StackedEngine:
         self._server_state_ph,
         self._indices_ph,
         self._personal_ph,
-        self._personal_pos_ph,
+        self._extra_pos_ph,
     )
     finalizers = model.metric_finalizers()
     finalized = collections.OrderedDict(
@@ -1363,6 +1198,45 @@ class StackedEngine:
         tf.compat.v1.local_variables_initializer(),
     ]
     self._init_ops = init
+
+  def _make_placeholders(self, weight_specs, opt_state_specs, trainable_specs):
+    """The round's inputs, and the order stream of its clients' passes (in
+    the engine's graph: `_build` calls it from `__init__`)."""
+    # pylint: disable=attribute-defined-outside-init
+    x_spec, y_spec = self.examples.x_spec, self.examples.y_spec
+    b = self.batch_size
+    ph = tf.compat.v1.placeholder
+    placeholders = batched._placeholders  # pylint: disable=protected-access
+    self._weights_ph = placeholders(weight_specs, 'weights')
+    self._opt_state_ph = placeholders(opt_state_specs, 'server')
+    self._x_ph = ph(x_spec.dtype, [None] + x_spec.shape.as_list(), 'x')
+    self._y_ph = ph(y_spec.dtype, [None], 'y')
+    self._base_ph = ph(tf.int64, [None], 'base')  # First example of client k.
+    self._train_pos_ph = ph(tf.int64, [None, None, b], 'train_pos')
+    self._loss_pos_ph = ph(tf.int64, [None, None, b], 'loss_pos')
+    self._steps_ph = ph(tf.int64, [None], 'steps')
+    self._order_ph = ph(tf.int32, [None], 'order')  # size_groups' order.
+    self._bounds_ph = ph(tf.int32, [None], 'bounds')  # and its groups.
+    self._personal_ph, self._server_state_ph, self._indices_ph = (
+        batched.state_placeholders(self.definition, trainable_specs)
+    )
+    # The further passes' slots [P, S, K, b] (as `train_pos`, passes after).
+    self._extra_pos_ph = ph(
+        tf.int64, [self._extra_passes, None, None, b], 'extra_pos'
+    )
+    self._seeds_ph = ph(tf.int64, [None], 'seeds')
+    self._sizes_ph = ph(tf.int64, [None], 'sizes')
+    self._epochs_ph = ph(tf.int64, [None], 'epochs')
+    self._takes_ph = ph(tf.int64, [None], 'takes')
+    self._order = order_stream(
+        self._seeds_ph,
+        self._sizes_ph,
+        self._epochs_ph,
+        self._takes_ph,
+        b,
+        passes=self._passes,
+        buffer_size=self._buffer,
+    )
 
   # -------------------------------------------------------------------------
   # Running.
@@ -1446,12 +1320,14 @@ class StackedEngine:
     )
     train_pos, steps = layout(self._train_pass)
     loss_pos = layout(0)[0] if self._train_pass else train_pos[:0]
-    # Ditto's personal passes read the stream again, one pass each, in order.
-    num_personal = self._num_personal_passes
-    personal_pos = np.zeros([0, 0, len(sizes), self.batch_size], np.int64)
-    if num_personal:
-      personal_pos = np.stack(
-          [layout(self._train_pass + 1 + g)[0] for g in range(num_personal)]
+    # A kernel's further passes read the stream again, one pass each, in order.
+    extra_pos = np.zeros([0, 0, len(sizes), self.batch_size], np.int64)
+    if self._extra_passes:
+      extra_pos = np.stack(
+          [
+              layout(self._train_pass + 1 + g)[0]
+              for g in range(self._extra_passes)
+          ]
       )
     order, bounds = round_groups(steps, group_by_size=self.group_by_size)
     # (real examples, batch slots run) of this round's training pass.
@@ -1476,7 +1352,7 @@ class StackedEngine:
             self._sizes_ph: sizes,
             self._epochs_ph: epochs,
             self._takes_ph: takes,
-            self._personal_pos_ph: personal_pos,
+            self._extra_pos_ph: extra_pos,
         }
     )
     feed.update(

@@ -81,6 +81,11 @@ def robust_algorithms() -> tuple[str, ...]:
   )
 
 
+def weighted_algorithms() -> tuple[str, ...]:
+  """The algorithms whose mean follows `--client_weighting`."""
+  return tuple(n for n in registry.names() if not registry.get(n).own_weighting)
+
+
 def dp_algorithms() -> tuple[str, ...]:
   """Algorithms whose aggregate is a (uniform) mean of model deltas."""
   return tuple(e.name for e in registry.ALGORITHMS.values() if e.dp)
@@ -272,6 +277,11 @@ class AlgorithmSpec:
       raise flag_wording(e) from None
     self._validate_robustness(entry)
     self._validate_dp(entry)
+    if entry.own_weighting and self.client_weighting != 'num_examples':
+      raise ValueError(
+          f'--client_weighting applies to {", ".join(weighted_algorithms())}'
+          f', not {self.name} (it weighs its clients by its own rule)'
+      )
 
   def _validate_robustness(self, entry: options_lib.Algorithm) -> None:
     """Aggregator and attack options (one message per problem)."""

@@ -89,7 +89,9 @@ _SERVER_MOMENTUM = flags.DEFINE_float(
 _WEIGHTING = flags.DEFINE_string(
     'client_weighting',
     'num_examples',
-    'Aggregation weights: num_examples or uniform.',
+    f'Aggregation weights of {", ".join(algorithms.weighted_algorithms())}:'
+    ' num_examples or uniform (the others weigh clients by their own rule '
+    'and refuse it).',
 )
 _SAMPLING = flags.DEFINE_string(
     'client_sampling',

@@ -463,6 +463,81 @@ def test_the_server_rate_is_tuned_along_a_line_through_the_best(first_rung):
   assert 'server' not in row
 
 
+def _weighting_score(flag):
+  """Best at lr 0.1 and strength 0.1; uniform client weights add 0.05 (on
+  the first rung and in full alike)."""
+  lr, mu = float(flag['client_learning_rate']), float(
+      flag.get('proximal_strength', flag.get('q', 0.1))
+  )
+  base = 0.5 - abs(math.log10(lr / 0.1)) / 10 - abs(math.log10(mu / 0.1)) / 10
+  base += 0.05 * (flag.get('client_weighting') == 'uniform')
+  return [base - 0.1, base, base + 0.1] * 4
+
+
+@pytest.mark.parametrize('tuned', [True, False])
+def test_the_client_weighting_is_tuned_along_a_line_where_it_applies(tuned):
+  runs, bench = _bench(
+      _weighting_score,
+      ('fedavg', 'fedprox', 'qffl'),
+      grids={'q': (0.01, 0.1, 1.0)},
+      first_rung=1,
+      tune_client_weighting=tuned,
+  )
+  choices = bench.select([100, 101], lambda _: None)
+  uniform = _flags_of(runs.calls, client_weighting='uniform')
+  assert not _flags_of(runs.calls, client_weighting='num_examples')
+  if not tuned:
+    assert not uniform
+    assert choices['fedprox'].best == bench_selection.Config(0.1, 0.1)
+    return
+  # The best first-rung configuration of FedAvg and of FedProx runs again
+  # with uniform weights, which wins and goes on to both selection seeds;
+  # q-FedAvg weighs its clients by its own rule: never a weighting flag.
+  first = _flags_of(uniform, seed=100, total_rounds=1)
+  assert sorted(
+      bench_records.flag_value(a, 'experiment_name') for a in first
+  ) == [
+      'select_fedavg_lr0.1_uniform_seed100',
+      'select_fedprox_proximal_strength0.1_lr0.1_uniform_seed100',
+  ]
+  assert not _flags_of(uniform, algorithm='qffl')
+  best = bench_selection.Config(0.1, 0.1, weighting='uniform')
+  assert choices['fedprox'].best == best
+  assert set(choices['fedprox'].tried[best]) == {100, 101}
+  assert choices['fedprox'].edges == ()
+  assert choices['fedprox'].rungs[0] == 10
+  assert choices['fedavg'].best.weighting == 'uniform'
+  assert choices['qffl'].best.weighting == 'num_examples'
+  report = benchmark_page.Report(
+      setting=bench_settings.SETTINGS['custom'],
+      budget=bench.budget,
+      task_flags=[],
+      methods=bench.methods,
+      seeds=[0],
+      sel_seeds=[100, 101],
+      grids=bench.grids,
+      choices=choices,
+      ft_choices={},
+      results={},
+      commands=[],
+      wall={},
+      data_seed=3,
+      keep=bench_settings.KEEP,
+      argv=[],
+      overrides=[],
+  )
+  assert benchmark_page.weighting_sentence(report).startswith(
+      'The client weighting of FedAvg, FedProx (the algorithms whose mean'
+  )
+  row = next(
+      l
+      for l in benchmark_page.selection_table(report).splitlines()
+      if l.startswith('| FedProx |')
+  )
+  assert '| 0.05, 0.1, 0.2; client weights by num_examples, uniform |' in row
+  assert 'lr=0.1, uniform client weights |' in row
+
+
 def test_without_server_rate_tuning_no_run_sets_it():
   runs, _ = _bench(_server_lr_score, ('fedavg', 'fedprox'), first_rung=1)
   _.select([100, 101], lambda _: None)

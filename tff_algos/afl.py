@@ -371,6 +371,7 @@ ALGORITHM = options_lib.Algorithm(
     definition=_definition,
     builder=_build,
     client_index=True,
+    own_weighting=True,  # The mixture lambda weighs the clients.
     own_server_step=(
         'the model takes a step of gamma_w (the client learning rate) along '
         'the mixture-weighted gradient'

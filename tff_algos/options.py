@@ -304,8 +304,9 @@ class Algorithm:
       best joint configuration (`TunedOption.line`).
     aggregators: Takes a robust model aggregator and update attacks.
     dp: Takes a DP mean aggregator.
-    own_weighting: Weighs clients by its own options (the run-wide client
-      weighting does not apply).
+    own_weighting: Weighs clients by its own rule (the run-wide client
+      weighting does not apply, and a binary refuses it rather than ignore
+      it).
     drops_stragglers: Stragglers' partial work is dropped.
     own_server_step: Empty when the run's server optimizer applies the
       aggregate; else the algorithm's own server step, described (the

@@ -468,6 +468,7 @@ QFFL = options_lib.Algorithm(
     builder=_build_qffl,
     tuned=_TUNED_Q,
     own_server_step=_OWN_STEP,
+    own_weighting=True,  # h_k and the q-weighted updates, weight 1 each.
     example=dict(q=1.0),
 )
 QFEDSGD = options_lib.Algorithm(
@@ -480,5 +481,6 @@ QFEDSGD = options_lib.Algorithm(
     builder=_build_qfedsgd,
     tuned=_TUNED_Q,
     own_server_step=_OWN_STEP,
+    own_weighting=True,  # h_k and the q-weighted updates, weight 1 each.
     example=dict(q=1.0),
 )

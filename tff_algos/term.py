@@ -315,5 +315,6 @@ ALGORITHM = options_lib.Algorithm(
         'tilt', grid=(0.3, 1.0, 3.0, 10.0, 30.0), low=1e-4, high=100.0
     ),
     aggregators=True,
+    own_weighting=True,  # n_k exp(t F_k): the tilt weighs the examples.
     example=dict(tilt=1.0),
 )

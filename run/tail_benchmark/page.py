@@ -426,6 +426,9 @@ def selection_table(report: Report) -> str:
     server = sorted({c.slr for c in every})
     if len(server) > 1:
       lrs += '; server ' + ', '.join(f'{v:g}' for v in server)
+    weightings = sorted({getattr(c, 'weighting', '') for c in every})
+    if len(weightings) > 1:
+      lrs += '; client weights by ' + ', '.join(weightings)
     chosen = best.describe(choice.method)
     if choice.edges:
       chosen += ' **(at an edge: ' + ', '.join(choice.edges) + ')**'
@@ -568,6 +571,19 @@ def server_lr_sentence(report: Report) -> str:
       f"grid: each one's best configuration {where} runs again at the other "
       f'server rates of {{{grid}}} on the same seed and rounds, and these '
       'join the ranking (a choice at an edge extends as the others). '
+  )
+
+
+def weighting_sentence(report: Report) -> str:
+  """How the client weighting was chosen (empty where it was not tuned)."""
+  tuned = [m.label for m in report.methods if m.run_weighting]
+  if not getattr(report.budget, 'tune_client_weighting', False) or not tuned:
+    return ''
+  return (
+      f'The client weighting of {", ".join(tuned)} (the algorithms whose '
+      "mean follows the run's --client_weighting; the others weigh their "
+      'clients by their own rule) is tuned along the same kind of line: by '
+      "examples (FedAvg's experiments) or uniform (its algorithm box). "
   )
 
 
@@ -862,6 +878,7 @@ def page(report: Report, pngs: Sequence[str]) -> str:
       f'{"third" if abs(report.keep - 1 / 3) < 1e-9 else report.keep} goes on '
       'to the next (configurations per rung below). '
       + server_lr_sentence(report)
+      + weighting_sentence(report)
       + 'Criterion: the '
       'validation worst-10% accuracy as a superquantile (continuous); where '
       'it ties (the worst 10% all at 0), the worst 20%, 30%, 50%, then the '

@@ -12,7 +12,7 @@ import dataclasses
 import math
 import signal
 from collections.abc import Sequence
-from typing import Optional
+from typing import Any, Optional
 
 from run.tail_benchmark import processes
 from run.tail_benchmark import records as bench_records
@@ -22,33 +22,38 @@ from run.tail_benchmark import stats
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-  """One configuration of a method: its knob value, client learning rate
-  and server learning rate (1: TFF's default, absent from names and
-  flags)."""
+  """One configuration of a method: its knob value, client learning rate,
+  server learning rate (1: TFF's default) and client weighting (by
+  examples: the default); defaults are absent from names and flags."""
 
   value: Optional[float]
   lr: float
   slr: float = 1.0
   # Line knobs away from their defaults: `((name, value), ...)`, sorted.
   extra: tuple[tuple[str, float], ...] = ()
+  weighting: str = bench_settings.WEIGHTINGS[0]
 
   def describe(self, method: bench_settings.Method) -> str:
     knob = '' if method.knob is None else f'{method.knob}={self.value:g}, '
     server = '' if self.slr == 1.0 else f', server lr={self.slr:g}'
     lines = ''.join(f', {n}={v:g}' for n, v in self.extra)
-    return f'{knob}lr={self.lr:g}{server}{lines}'
+    weights = ''
+    if self.weighting != bench_settings.WEIGHTINGS[0]:
+      weights = f', {self.weighting} client weights'
+    return f'{knob}lr={self.lr:g}{server}{lines}{weights}'
 
-  def get(self, axis: str, method: bench_settings.Method) -> float:
-    """The value on `axis` ('value', 'lr', 'slr' or a line's name)."""
-    if axis in ('value', 'lr', 'slr'):
+  def get(self, axis: str, method: bench_settings.Method) -> Any:
+    """The value on `axis` ('value', 'lr', 'slr', 'weighting' or a line's
+    name)."""
+    if axis in _FIELDS:
       return getattr(self, axis)
     return dict(self.extra).get(axis, method.line(axis).default)
 
   def with_value(
-      self, axis: str, value: float, method: bench_settings.Method
+      self, axis: str, value: Any, method: bench_settings.Method
   ) -> 'Config':
     """This configuration with `axis` at `value`."""
-    if axis in ('value', 'lr', 'slr'):
+    if axis in _FIELDS:
       return dataclasses.replace(self, **{axis: value})
     extra = dict(self.extra)
     extra.pop(axis, None)
@@ -57,14 +62,21 @@ class Config:
     return dataclasses.replace(self, extra=tuple(sorted(extra.items())))
 
 
+# The axes that are fields of `Config` (the others: line knobs in `extra`).
+_FIELDS = ('value', 'lr', 'slr', 'weighting')
+
+
 def run_name(
     phase: str, method: bench_settings.Method, config: Config, seed: int
 ) -> str:
   knob = '' if method.knob is None else f'_{method.knob}{config.value:g}'
   server = '' if config.slr == 1.0 else f'_slr{config.slr:g}'
   lines = ''.join(f'_{n}{v:g}' for n, v in config.extra)
+  weights = ''
+  if config.weighting != bench_settings.WEIGHTINGS[0]:
+    weights = f'_{config.weighting}'
   return (
-      f'{phase}_{method.name}{knob}_lr{config.lr:g}{server}{lines}'
+      f'{phase}_{method.name}{knob}_lr{config.lr:g}{server}{lines}{weights}'
       f'_seed{seed}'
   )
 
@@ -96,6 +108,11 @@ def run_args(
           []
           if config.slr == 1.0
           else [f'--server_learning_rate={config.slr:g}']
+      )
+      + (
+          []
+          if config.weighting == bench_settings.WEIGHTINGS[0]
+          else [f'--client_weighting={config.weighting}']
       )
       + method.knob_flags(config)
       + [
@@ -215,7 +232,8 @@ def _axes(choice: Choice) -> tuple[str, ...]:
   """The axes tuned: the knob, the client learning rate, and the server
   learning rate and line knobs where more than one value was tried."""
   axes = (('value',) if choice.method.knob else ()) + ('lr',)
-  for axis in ('slr', *(line.name for line in choice.method.lines)):
+  lines = (line.name for line in choice.method.lines)
+  for axis in ('slr', 'weighting', *lines):
     if len(_values(choice, axis)) > 1:
       axes += (axis,)
   return axes
@@ -254,6 +272,8 @@ def _edges(choice: Choice) -> tuple[str, ...]:
     value = choice.best.get(axis, method)
     if len(values) < 2 or value not in (values[0], values[-1]):
       continue
+    if axis == 'weighting':
+      continue  # Both weightings were tried: nothing lies beyond.
     if axis not in ('value', 'lr', 'slr'):
       line = method.line(axis)
       if value in (line.bound_low, line.bound_high):
@@ -636,6 +656,8 @@ class Benchmark:
     out = []
     if self.budget.tune_server_lr and method.server_lr:
       out.append(('slr', tuple(self.grids['server_learning_rate'])))
+    if self.budget.tune_client_weighting and method.run_weighting:
+      out.append(('weighting', bench_settings.WEIGHTINGS))
     for line in method.lines:
       out.append((line.name, tuple(self.grids.get(line.name, line.grid))))
     return out

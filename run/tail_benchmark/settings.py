@@ -41,6 +41,11 @@ HIGHER_IS_BETTER = stats.HIGHER_IS_BETTER
 KEEP = 1 / 3  # Successive halving: the share of configurations that go on.
 
 
+# The run-wide client weightings (`--client_weighting`), the default first:
+# by examples (FedAvg's experiments) or uniform (its algorithm box).
+WEIGHTINGS = ('num_examples', 'uniform')
+
+
 # Task flags of the stacked engine alone, dropped from the other engines'
 # runs (the batched engine runs a round's clients one after another).
 STACKED_ONLY_FLAGS = ('--stacked_size_groups', '--nostacked_size_groups')
@@ -110,6 +115,12 @@ class Method:
     return not self.baseline and not registry.get(self.name).own_server_step
 
   @property
+  def run_weighting(self) -> bool:
+    """Its mean follows the run's client weighting (tuned where the budget
+    says so); the others weigh their clients by their own rule."""
+    return not self.baseline and not registry.get(self.name).own_weighting
+
+  @property
   def engine(self) -> str:
     return 'stacked' if self.name in STACKED else 'batched'
 
@@ -153,6 +164,10 @@ class Budget:
   # The server learning rate is tuned (`Benchmark._server_lr_step`) for
   # the algorithms with a server optimizer; else it stays 1.
   tune_server_lr: bool = False
+  # The client weighting (`WEIGHTINGS`) is tuned along a line, as the server
+  # learning rate, for the algorithms whose mean follows it
+  # (`Method.run_weighting`); else it stays by examples.
+  tune_client_weighting: bool = False
   # Algorithms run on the batched engine even where the stacked one runs
   # them (both give the TFF path's weights; records name their engine).
   on_batched: tuple[str, ...] = ()
@@ -272,6 +287,7 @@ SETTINGS = {
             first_rung=200,
             eval_every=100,
             tune_server_lr=True,
+            tune_client_weighting=True,
         ),
         'Synthetic(1,1) with 100 devices (the thesis: 30 to 100), 50 training '
         'and 50 unseen; 800 rounds of 10 devices (where FedAvg plateaus), one '
@@ -306,6 +322,7 @@ SETTINGS = {
             first_rung=75,
             eval_every=30,
             tune_server_lr=True,
+            tune_client_weighting=True,
         ),
         'a seeded 200 of the 1,038 eligible roles (100 training, 100 '
         "unseen), each role's first 1,000 windows, GRU 64 (the paper: GRU "

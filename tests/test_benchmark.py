@@ -572,6 +572,34 @@ def test_a_first_rung_and_an_eval_period_are_checked_and_stated():
   ]
 
 
+@pytest.mark.parametrize(
+    'args, changed',
+    [
+        ([], {}),
+        (['--notune_client_weighting'], dict(tune_client_weighting=False)),
+        (['--rounds=40', '--first_rung=10'], dict(rounds=40, first_rung=10)),
+    ],
+)
+def test_the_budget_is_the_settings_but_what_flags_override(
+    monkeypatch, args, changed
+):
+  # Every field of the setting's budget reaches the runs (a field without a
+  # flag keeps the setting's value, never the dataclass default).
+  from absl import flags  # pylint: disable=g-import-not-at-top
+
+  values = flags.FlagValues()  # absl's global flags stay untouched.
+  bm.define_flags(values)
+  monkeypatch.setattr(bm, 'FLAGS', values)
+  values(['benchmark', '--setting=synthetic', *args])
+  setting = bench_settings.SETTINGS['synthetic']
+  assert setting.budget.tune_client_weighting
+  budget = bm._budget(setting)  # pylint: disable=protected-access
+  assert budget == dataclasses.replace(setting.budget, **changed)
+  assert set(bm.BUDGET_FLAGS) <= {
+      f.name for f in dataclasses.fields(bench_settings.Budget)
+  }
+
+
 def test_the_stacked_only_flags_stay_off_the_other_engines():
   setting = bench_settings.SETTINGS['shakespeare']
   budget = dataclasses.replace(setting.budget, on_batched=('ditto',))

@@ -71,6 +71,7 @@ and `--from_records` rebuilds the page from them alone. Runs execute in
 runs and their TFF workers (`processes`).
 """
 
+import dataclasses
 import json
 import math
 import os
@@ -242,6 +243,15 @@ def define_flags(flag_values: Optional[flags.FlagValues] = None) -> None:
       'server_learning_rate:...), or keep it at 1.',
   )
   define(
+      'bool',
+      'tune_client_weighting',
+      None,
+      "Override the setting's choice: tune the client weighting (by examples "
+      'or uniform) of the algorithms whose mean follows --client_weighting '
+      '(their best configuration of the first rung again with uniform '
+      'weights), or keep it by examples.',
+  )
+  define(
       'integer',
       'eval_every',
       None,
@@ -342,25 +352,34 @@ def _ints(name: str, values: list[str]) -> list[int]:
   return out
 
 
+# The budget's fields a flag of the same name overrides.
+BUDGET_FLAGS = (
+    'rounds',
+    'clients_per_round',
+    'local_epochs',
+    'batch_size',
+    'learning_rate',
+    'fine_tune_epochs',
+    'first_rung',
+    'eval_every',
+    'tune_server_lr',
+    'local_epochs_max',
+    'tune_client_weighting',
+)
+
+
 def _budget(setting: bench_settings.Setting) -> bench_settings.Budget:
   b = setting.budget
 
-  def pick(flag, default):
-    value = getattr(FLAGS, flag)
-    return default if value is None else value
-
-  budget = bench_settings.Budget(
-      rounds=pick('rounds', b.rounds),
-      clients_per_round=pick('clients_per_round', b.clients_per_round),
-      local_epochs=pick('local_epochs', b.local_epochs),
-      batch_size=pick('batch_size', b.batch_size),
-      learning_rate=pick('learning_rate', b.learning_rate),
-      fine_tune_epochs=pick('fine_tune_epochs', b.fine_tune_epochs),
-      local_epochs_max=pick('local_epochs_max', b.local_epochs_max),
-      first_rung=pick('first_rung', b.first_rung),
-      eval_every=pick('eval_every', b.eval_every),
-      tune_server_lr=pick('tune_server_lr', b.tune_server_lr),
-      on_batched=b.on_batched,
+  # The setting's budget, with the fields its flags override (a field
+  # without a flag keeps the setting's value).
+  budget = dataclasses.replace(
+      b,
+      **{
+          name: getattr(FLAGS, name)
+          for name in BUDGET_FLAGS
+          if getattr(FLAGS, name) is not None
+      },
   )
   for name in (
       'rounds',
@@ -847,18 +866,7 @@ def read_bound(path: str) -> dict[str, Any]:
 def _overrides() -> list[str]:
   return [
       f'--{name}={getattr(FLAGS, name)}'
-      for name in (
-          'rounds',
-          'clients_per_round',
-          'local_epochs',
-          'batch_size',
-          'learning_rate',
-          'fine_tune_epochs',
-          'first_rung',
-          'eval_every',
-          'tune_server_lr',
-          'local_epochs_max',
-      )
+      for name in BUDGET_FLAGS
       if getattr(FLAGS, name) is not None
   ]
 

@@ -63,7 +63,7 @@ builder's client computation calls (`AlgorithmDefinition.local_work`).
 import collections
 from collections.abc import Callable, Mapping, Sequence
 import dataclasses
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 import numpy as np
 import tensorflow as tf
@@ -364,6 +364,170 @@ def _any_non_finite(structure):
   )
 
 
+def server_step(server_opt, opt_state, trainable, update):
+  """The optimizer step; a non-finite update is rejected (no change)."""
+  trainable = tuple(trainable)
+  new_state, new_trainable = server_opt.next(
+      opt_state, trainable, tuple(tf.nest.flatten(update))
+  )
+  bad = _any_non_finite(update)
+  new_trainable = tf.nest.map_structure(
+      lambda n, o: tf.where(bad, o, n), tuple(new_trainable), trainable
+  )
+  new_state = tf.nest.map_structure(
+      lambda n, o: tf.where(bad, o, n), new_state, opt_state
+  )
+  return new_state, new_trainable, bad
+
+
+class RoundSums(NamedTuple):
+  """What a round's clients gave, summed (both engines build one)."""
+
+  context: Mapping[str, Any]  # The round context (`definition.prepare`).
+  losses: Any  # [K] losses of the loss pass or the work (None: no pass).
+  num_clients: Any
+  client_counts: tuple[Any, ...]  # The definition's, summed.
+  vector_sum: tuple[Any, ...]
+  scalar_sum: Any
+  client_vectors: Any  # [K, ...] vectors the server sees (or None).
+
+
+def finish_round(
+    definition,
+    server_opt,
+    w0,
+    opt_state,
+    sums: RoundSums,
+    server_state,
+    indices,
+):
+  """The round's server part, the same in both engines.
+
+  The definition's round metrics and counts, its server-state update, its
+  server rule and, with a server optimizer, the step (a non-finite update
+  rejected). Returns `(trainable, opt_state, extra metrics, server state)`.
+  """
+  extra = collections.OrderedDict(
+      definition.metrics(
+          sums.context, sums.losses, sums.scalar_sum, sums.num_clients
+      )
+  )
+  extra.update(zip(definition.client_counts, sums.client_counts))
+  new_server_state = ()
+  if definition.server_state is not None:
+    new_server_state, state_metrics = definition.server_state.update(
+        server_state, sums.losses, indices
+    )
+    extra.update(state_metrics)
+  result = server_rule(
+      definition, w0, sums.vector_sum, sums.scalar_sum, sums.client_vectors
+  )
+  extra.update(result.metrics)
+  trainable = tuple(result.result)
+  if definition.server_optimizer:
+    opt_state, trainable, bad = server_step(
+        server_opt, opt_state, w0, trainable
+    )
+    extra['update_non_finite'] = tf.cast(bad, tf.int32)
+  return trainable, opt_state, extra, new_server_state
+
+
+class _ClientPasses:
+  """One client's passes in the batched engine's round graph (a client
+  after another, each through the task's own tf.data pipeline).
+
+  `streams` is `(raw, offsets, seeds, epochs, takes)`: every client's raw
+  examples concatenated, client k's slice `offsets[k]:offsets[k + 1]`, its
+  shuffle seed, epochs and batches to take.
+  """
+
+  def __init__(
+      self,
+      model,
+      preprocess_train,
+      definition,
+      client_optimizer,
+      *,
+      shuffle: bool,
+      loop_implementation,
+  ):
+    self._model = model
+    self._preprocess = preprocess_train
+    self._definition = definition
+    self._optimizer = client_optimizer
+    self._shuffle = shuffle
+    self._loop = loop_implementation
+
+  def dataset(self, streams, k):
+    """Client k's training stream (its first shuffle order)."""
+    raw, offsets, seeds, epochs, takes = streams
+    examples = tf.nest.map_structure(
+        lambda t: t[offsets[k] : offsets[k + 1]], raw
+    )
+    ds = tf.data.Dataset.from_tensor_slices(examples)
+    ds = self._preprocess(ds, epochs[k], seeds[k] if self._shuffle else None)
+    return ds.take(takes[k])
+
+  def broadcast_losses(self, weights, streams):
+    """Each client's `(loss, examples)` at `weights`, clients in order."""
+    num_clients = tf.size(streams[2])
+    losses = tf.TensorArray(tf.float32, size=num_clients)
+    counts = tf.TensorArray(tf.int64, size=num_clients)
+    for k in tf.range(num_clients):
+      ds = self.dataset(streams, k)
+      self._model.reset_metrics()
+      loss, n = client_work_lib.local_loss(
+          self._model, weights, ds, loop_implementation=self._loop
+      )
+      losses = losses.write(k, loss)
+      counts = counts.write(k, n)
+    return losses.stack(), counts.stack()
+
+  def work(self, weights, streams, k, context, loss, count, personal):
+    """Client k's work: `(loss, count, LocalWork)`.
+
+    Training reads a fresh copy of the stream (first shuffle order), as the
+    federated path's computations each rebuild the dataset, unless the
+    definition's loss pass is continued by training (`loss`, `count`: the
+    fresh pass's, or None).
+    """
+    definition, model = self._definition, self._model
+    ds = self.dataset(streams, k)
+    model.reset_metrics()
+    if definition.loss_pass == 'continued':
+      loss, count = client_work_lib.local_loss(
+          model, weights, ds, loop_implementation=self._loop
+      )
+      # `ds` again, its iterator created after `loss` (see the class doc).
+      with tf.control_dependencies([loss]):
+        variant = tf.identity(tf.data.experimental.to_variant(ds))
+      ds = tf.data.experimental.from_variant(variant, ds.element_spec)
+    if definition.trains is not None:
+      # A filtered-out client does no work: its stream is cut to no batch
+      # (no step, no metric update, a zero delta), as the federated path's
+      # skip branch.
+      kept = definition.trains(context, loss)
+      ds = ds.take(tf.where(kept, tf.constant(-1, tf.int64), 0))
+    if definition.local_work is None:
+      delta, n, non_finite = client_work_lib.local_training(
+          model,
+          self._optimizer,
+          weights,
+          ds,
+          proximal_strength=definition.proximal_strength,
+          weight_decay=definition.weight_decay,
+          loop_implementation=self._loop,
+      )
+      work = definition_lib.LocalWork(
+          tuple(tf.nest.flatten(delta)), n, non_finite
+      )
+    else:
+      work = definition.local_work(model, weights, ds, personal, self._loop)
+      if definition.loss_pass == 'work':
+        loss, count = work.loss, work.num_examples
+    return loss, count, work
+
+
 class BatchedEngine:
   """Runs rounds of a supported algorithm in one TensorFlow call each.
 
@@ -480,94 +644,35 @@ class BatchedEngine:
         lambda t: tf.TensorSpec(t.shape, t.dtype),
         model.report_local_unfinalized_metrics(),
     )
-    shuffle = self._shuffle
-    fast_loop = loop_implementation
-
-    def client_dataset(raw, offsets, seeds, epochs, takes, k):
-      examples = tf.nest.map_structure(
-          lambda t: t[offsets[k] : offsets[k + 1]], raw
-      )
-      ds = tf.data.Dataset.from_tensor_slices(examples)
-      ds = preprocess_train(ds, epochs[k], seeds[k] if shuffle else None)
-      return ds.take(takes[k])
+    clients = _ClientPasses(
+        model,
+        preprocess_train,
+        definition,
+        alg.client_optimizer,
+        shuffle=self._shuffle,
+        loop_implementation=loop_implementation,
+    )
+    pass_kind = definition.loss_pass  # A Python string: static branches.
+    sees_clients = definition.server_sees_clients
 
     def zeros(specs):
       return tf.nest.map_structure(lambda s: tf.zeros(s.shape, s.dtype), specs)
-
-    def as_weights(weights):
-      return tff.learning.models.ModelWeights(
-          trainable=list(tf.nest.flatten(weights.trainable)),
-          non_trainable=list(tf.nest.flatten(weights.non_trainable)),
-      )
-
-    def server_step(opt_state, trainable, update):
-      """The optimizer step; a non-finite update is rejected (no change)."""
-      trainable = tuple(trainable)
-      new_state, new_trainable = server_opt.next(
-          opt_state, trainable, tuple(tf.nest.flatten(update))
-      )
-      bad = _any_non_finite(update)
-      new_trainable = tf.nest.map_structure(
-          lambda n, o: tf.where(bad, o, n), tuple(new_trainable), trainable
-      )
-      new_state = tf.nest.map_structure(
-          lambda n, o: tf.where(bad, o, n), new_state, opt_state
-      )
-      return new_state, new_trainable, bad
-
-    pass_kind = definition.loss_pass  # A Python string: static branches.
-
-    def broadcast_losses(weights, raw, offsets, seeds, epochs, takes):
-      """Each client's `(loss, examples)` at `weights`, clients in order."""
-      num_clients = tf.size(seeds)
-      losses = tf.TensorArray(tf.float32, size=num_clients)
-      counts = tf.TensorArray(tf.int64, size=num_clients)
-      for k in tf.range(num_clients):
-        ds = client_dataset(raw, offsets, seeds, epochs, takes, k)
-        model.reset_metrics()
-        loss, n = client_work_lib.local_loss(
-            model, weights, ds, loop_implementation=fast_loop
-        )
-        losses = losses.write(k, loss)
-        counts = counts.write(k, n)
-      return losses.stack(), counts.stack()
-
-    def continue_stream(ds, loss):
-      """`ds` again, its iterator created after `loss` (see the class doc)."""
-      with tf.control_dependencies([loss]):
-        variant = tf.identity(tf.data.experimental.to_variant(ds))
-      return tf.data.experimental.from_variant(variant, ds.element_spec)
-
-    num_personal = definition.personal_models
-    sees_clients = definition.server_sees_clients
-    server_state_rule = definition.server_state
 
     def client_arrays(specs, size):
       return tuple(tf.TensorArray(s.dtype, size=size) for s in specs)
 
     @tf.function
-    def round_fn(
-        weights,
-        opt_state,
-        raw,
-        offsets,
-        seeds,
-        epochs,
-        takes,
-        personal,
-        server_state,
-        indices,
-    ):
-      weights = as_weights(weights)
-      num_clients = tf.size(seeds)
+    def round_fn(weights, opt_state, streams, personal, server_state, indices):
+      weights = tff.learning.models.ModelWeights(
+          trainable=list(tf.nest.flatten(weights.trainable)),
+          non_trainable=list(tf.nest.flatten(weights.non_trainable)),
+      )
+      num_clients = tf.size(streams[2])
+      losses = counts = None
       if pass_kind == 'fresh':
-        losses, counts = broadcast_losses(
-            weights, raw, offsets, seeds, epochs, takes
-        )
-        context = definition.prepare(losses, counts)
-      else:
-        context = definition.prepare(None, None)
-      if server_state_rule is not None:
+        losses, counts = clients.broadcast_losses(weights, streams)
+      context = definition.prepare(losses, counts)
+      if definition.server_state is not None:
         context = dict(context, server_state=server_state)
       # Per-client outputs, collected only when the definition has them: the
       # continued pass's or the work's losses, the new personal models, the
@@ -580,7 +685,7 @@ class BatchedEngine:
       )
       new_personal = tuple(
           client_arrays(trainable_specs, num_clients)
-          for _ in range(num_personal)
+          for _ in range(definition.personal_models)
       )
       vector_list = (
           (client_arrays(trainable_specs, num_clients),) if sees_clients else ()
@@ -592,50 +697,15 @@ class BatchedEngine:
       scalar_sum = tf.constant(0.0)
       metrics = zeros(metric_specs)
       for k in tf.range(num_clients):
-        # Training reads a fresh copy of the stream (first shuffle order), as
-        # the federated path's computations each rebuild the dataset, unless
-        # the definition's loss pass is continued by training.
-        ds = client_dataset(raw, offsets, seeds, epochs, takes, k)
-        model.reset_metrics()
         loss, count = None, None
         if pass_kind == 'fresh':
           loss, count = losses[k], counts[k]
-        elif pass_kind == 'continued':
-          loss, count = client_work_lib.local_loss(
-              model, weights, ds, loop_implementation=fast_loop
-          )
-          ds = continue_stream(ds, loss)
-        if definition.trains is not None:
-          # A filtered-out client does no work: its stream is cut to no batch
-          # (no step, no metric update, a zero delta), as the federated
-          # path's skip branch.
-          kept = definition.trains(context, loss)
-          ds = ds.take(tf.where(kept, tf.constant(-1, tf.int64), 0))
-        if definition.local_work is None:
-          delta, n, non_finite = client_work_lib.local_training(
-              model,
-              alg.client_optimizer,
-              weights,
-              ds,
-              proximal_strength=definition.proximal_strength,
-              weight_decay=definition.weight_decay,
-              loop_implementation=fast_loop,
-          )
-          work = definition_lib.LocalWork(
-              tuple(tf.nest.flatten(delta)), n, non_finite
-          )
-        else:
-          work = definition.local_work(
-              model,
-              weights,
-              ds,
-              tuple(tuple(w[k] for w in p) for p in personal),
-              fast_loop,
-          )
-          if pass_kind == 'work':
-            loss, count = work.loss, work.num_examples
+        client_personal = tuple(tuple(w[k] for w in p) for p in personal)
+        loss, count, work = clients.work(
+            weights, streams, k, context, loss, count, client_personal
+        )
         client_context = context
-        if server_state_rule is not None:
+        if definition.server_state is not None:
           client_context = dict(context, client_index=indices[k])
         vector, scalar = definition.client_result(
             client_context,
@@ -669,37 +739,28 @@ class BatchedEngine:
         metrics = _nest_add(metrics, model_metrics)
       if collect_losses:
         losses = loss_list[0].stack()
-      elif pass_kind == 'none':
-        losses = None
-      extra = collections.OrderedDict(
-          definition.metrics(context, losses, scalar_sum, num_clients)
+      trainable, new_opt_state, extra, new_server_state = finish_round(
+          definition,
+          server_opt,
+          tuple(weights.trainable),
+          opt_state,
+          RoundSums(
+              context,
+              losses,
+              num_clients,
+              client_counts,
+              vector_sum,
+              scalar_sum,
+              tuple(ta.stack() for ta in vector_list[0])
+              if sees_clients
+              else None,
+          ),
+          server_state,
+          indices,
       )
-      extra.update(zip(definition.client_counts, client_counts))
-      new_server_state = ()
-      if server_state_rule is not None:
-        new_server_state, state_metrics = server_state_rule.update(
-            server_state, losses, indices
-        )
-        extra.update(state_metrics)
       stacked_personal = tuple(
           tuple(ta.stack() for ta in tas) for tas in new_personal
       )
-      result = server_rule(
-          definition,
-          tuple(weights.trainable),
-          vector_sum,
-          scalar_sum,
-          tuple(ta.stack() for ta in vector_list[0]) if sees_clients else None,
-      )
-      extra.update(result.metrics)
-      if not definition.server_optimizer:
-        new_opt_state = ()
-        trainable = tuple(result.result)
-      else:
-        new_opt_state, trainable, bad = server_step(
-            opt_state, weights.trainable, result.result
-        )
-        extra['update_non_finite'] = tf.cast(bad, tf.int32)
       return (
           trainable,
           new_opt_state,
@@ -712,11 +773,13 @@ class BatchedEngine:
     trainable, opt_state, metric_sums, extra, personal, server_state = round_fn(
         self._weights_ph,
         self._opt_state_ph,
-        self._raw_ph,
-        self._offsets_ph,
-        self._seeds_ph,
-        self._epochs_ph,
-        self._takes_ph,
+        (
+            self._raw_ph,
+            self._offsets_ph,
+            self._seeds_ph,
+            self._epochs_ph,
+            self._takes_ph,
+        ),
         self._personal_ph,
         self._server_state_ph,
         self._indices_ph,

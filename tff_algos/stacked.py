@@ -346,22 +346,6 @@ def round_groups(
   return order, bounds
 
 
-def _server_step(server_opt, opt_state, trainable, update):
-  """The optimizer step, rejected (no change) if the update is not finite."""
-  trainable = tuple(trainable)
-  new_state, new_trainable = server_opt.next(
-      opt_state, trainable, tuple(tf.nest.flatten(update))
-  )
-  bad = batched._any_non_finite(update)  # pylint: disable=protected-access
-  new_trainable = tf.nest.map_structure(
-      lambda n, o: tf.where(bad, o, n), tuple(new_trainable), trainable
-  )
-  new_state = tf.nest.map_structure(
-      lambda n, o: tf.where(bad, o, n), new_state, opt_state
-  )
-  return new_state, new_trainable, bad
-
-
 def _per_client(mask, tensor):
   """`mask` [K] broadcast against `tensor` [K, ...]."""
   shape = tf.concat(
@@ -1133,30 +1117,25 @@ class StackedEngine:
       client_vectors = vectors if definition.server_sees_clients else None
       if definition.weighted:
         vectors = tuple(v * _per_client(scalars, v) for v in vectors)
-      vector_sum = tuple(tf.reduce_sum(v, axis=0) for v in vectors)
-      scalar_sum = tf.reduce_sum(scalars)
-      extra = collections.OrderedDict(
-          definition.metrics(context, losses, scalar_sum, k_count)
+      trainable, opt_state, extra, new_server_state = batched.finish_round(
+          definition,
+          server_opt,
+          w0,
+          opt_state,
+          batched.RoundSums(
+              context,
+              losses,
+              k_count,
+              result.client_counts,
+              tuple(tf.reduce_sum(v, axis=0) for v in vectors),
+              tf.reduce_sum(scalars),
+              client_vectors,
+          ),
+          server_state,
+          client_indices,
       )
-      extra.update(zip(definition.client_counts, result.client_counts))
-      new_server_state = ()
-      if server_state_rule is not None:
-        new_server_state, state_metrics = server_state_rule.update(
-            server_state, losses, client_indices
-        )
-        extra.update(state_metrics)
-      server_out = batched.server_rule(
-          definition, w0, vector_sum, scalar_sum, client_vectors
-      )
-      extra.update(server_out.metrics)
-      trainable = server_out.result
-      if definition.server_optimizer:
-        opt_state, trainable, rejected = _server_step(
-            server_opt, opt_state, w0, trainable
-        )
-        extra['update_non_finite'] = tf.cast(rejected, tf.int32)
       return (
-          tuple(trainable),
+          trainable,
           opt_state,
           _finalized_metrics(metric_specs, sums),
           extra,

@@ -177,7 +177,7 @@ def test_poisson_client_sampling_is_seeded_and_has_rate_m_over_n():
 def test_deltafl_with_dp_counts_its_private_quantile():
   s = spec(
       name='deltafl',
-      client_weighting='num_examples',  # Its own option weighs: uniform_weights.
+      client_weighting='num_examples',  # It weighs by uniform_weights.
       theta=0.5,
       uniform_weights=True,
       secure_quantile='private',

@@ -310,6 +310,21 @@ def test_every_option_is_a_flag_with_its_default_and_owners():
   assert set(train._OPTION_FLAGS) == set(registry.all_options())
 
 
+@pytest.mark.parametrize('name', BUILT_IN)
+def test_an_entry_that_declares_the_stacked_engine_has_work_it_runs(name):
+  # The declared engines and the stacked engine's own check agree on each
+  # entry's representative options: a kind of client work the engine does
+  # not compute itself must bring its kernel (stacked_work.StackedLocalWork).
+  entry = registry.get(name)
+  spec = algorithms.AlgorithmSpec(name, **entry.example)
+  definition = engines.batched_algorithm(spec).definition()
+  if 'stacked' in entry.engines:
+    stacked.check_definition(definition)
+  else:
+    with pytest.raises(stacked.StackedEngineError):
+      stacked.check_definition(definition)
+
+
 def test_engines_follow_the_table():
   # The engine's own error type (callers skip what it cannot run).
   with pytest.raises(stacked.StackedEngineError) as info:

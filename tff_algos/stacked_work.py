@@ -96,25 +96,25 @@ class Kit(Protocol):
   """
 
   def solver(self, optimizer: Any) -> Any:
-    ...
+    """`optimizer` prepared for `descend` (its initial per-weight state)."""
 
   def descend(self, *args, **kwargs) -> Any:
-    ...
+    """Mini-batch steps of every client from its stacked start."""
 
   def run_clients(self, pass_fn: ClientPass, *args) -> Any:
-    ...
+    """`pass_fn` over the round's clients, as the engine runs training."""
 
   def train(self, inputs: RoundInputs) -> LocalResult:
-    ...
+    """The engine's own work (local training or the full gradient)."""
 
   def indices(self, pos: tf.Tensor, x_all: tf.Tensor) -> tf.Tensor:
-    ...
+    """Example indices of slot positions (the dummy row on padding)."""
 
   def finite_per_client(self, stacked) -> tf.Tensor:
-    ...
+    """[K] bool: every entry of client k's slices is finite."""
 
   def per_client(self, mask: tf.Tensor, tensor: tf.Tensor) -> tf.Tensor:
-    ...
+    """A [K] mask broadcast against a [K, ...] tensor."""
 
 
 class StackedLocalWork(abc.ABC):

@@ -222,7 +222,7 @@ class Choice:
     )
 
 
-def _values(choice: Choice, axis: str) -> list[float]:
+def _values(choice: Choice, axis: str) -> list[Any]:
   return sorted(
       {c.get(axis, choice.method) for c in (*choice.tried, *choice.early)}
   )
@@ -651,8 +651,9 @@ class Benchmark:
 
   def _lines(
       self, method: bench_settings.Method
-  ) -> list[tuple[str, tuple[float, ...]]]:
-    """The knobs `method` tunes along lines: `(axis, values)`."""
+  ) -> list[tuple[str, tuple[Any, ...]]]:
+    """The knobs `method` tunes along lines: `(axis, values)` (numbers, or
+    the weightings' names)."""
     out = []
     if self.budget.tune_server_lr and method.server_lr:
       out.append(('slr', tuple(self.grids['server_learning_rate'])))

@@ -379,6 +379,28 @@ def _server_lr_score(flag):
   return [base - 0.1, base, base + 0.1] * 4
 
 
+def _selection_report(bench, choices):
+  """A page's report of a selection alone (no reported seeds)."""
+  return benchmark_page.Report(
+      setting=bench_settings.SETTINGS['custom'],
+      budget=bench.budget,
+      task_flags=[],
+      methods=bench.methods,
+      seeds=[0],
+      sel_seeds=[100, 101],
+      grids=bench.grids,
+      choices=choices,
+      ft_choices={},
+      results={},
+      commands=[],
+      wall={},
+      data_seed=3,
+      keep=bench_settings.KEEP,
+      argv=[],
+      overrides=[],
+  )
+
+
 @pytest.mark.parametrize('first_rung', [1, 0])
 def test_the_server_rate_is_tuned_along_a_line_through_the_best(first_rung):
   runs, bench = _bench(
@@ -428,24 +450,7 @@ def test_the_server_rate_is_tuned_along_a_line_through_the_best(first_rung):
   assert choices['fedprox'].best == bench_selection.Config(0.1, 0.1, 4.0)
   assert choices['fedprox'].edges == ('server_learning_rate',)
   assert choices['fedavg'].best == bench_selection.Config(None, 0.1, 4.0)
-  report = benchmark_page.Report(
-      setting=bench_settings.SETTINGS['custom'],
-      budget=bench.budget,
-      task_flags=[],
-      methods=bench.methods,
-      seeds=[0],
-      sel_seeds=[100, 101],
-      grids=bench.grids,
-      choices=choices,
-      ft_choices={},
-      results={},
-      commands=[],
-      wall={},
-      data_seed=3,
-      keep=bench_settings.KEEP,
-      argv=[],
-      overrides=[],
-  )
+  report = _selection_report(bench, choices)
   page = benchmark_page.selection_table(report)
   where = 'of the first rung' if first_rung else 'on the first seed'
   assert benchmark_page.server_lr_sentence(report) == (
@@ -508,24 +513,7 @@ def test_the_client_weighting_is_tuned_along_a_line_where_it_applies(tuned):
   assert choices['fedprox'].rungs[0] == 10
   assert choices['fedavg'].best.weighting == 'uniform'
   assert choices['qffl'].best.weighting == 'num_examples'
-  report = benchmark_page.Report(
-      setting=bench_settings.SETTINGS['custom'],
-      budget=bench.budget,
-      task_flags=[],
-      methods=bench.methods,
-      seeds=[0],
-      sel_seeds=[100, 101],
-      grids=bench.grids,
-      choices=choices,
-      ft_choices={},
-      results={},
-      commands=[],
-      wall={},
-      data_seed=3,
-      keep=bench_settings.KEEP,
-      argv=[],
-      overrides=[],
-  )
+  report = _selection_report(bench, choices)
   assert benchmark_page.weighting_sentence(report).startswith(
       'The client weighting of FedAvg, FedProx (the algorithms whose mean'
   )

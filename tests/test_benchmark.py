@@ -469,13 +469,15 @@ def test_the_server_rate_is_tuned_along_a_line_through_the_best(first_rung):
 
 
 def _weighting_score(flag):
-  """Best at lr 0.1 and strength 0.1; uniform client weights add 0.05 (on
-  the first rung and in full alike)."""
-  lr, mu = float(flag['client_learning_rate']), float(
-      flag.get('proximal_strength', flag.get('q', 0.1))
-  )
+  """Best at lr 0.1 and knob 0.1; uniform client weights (the run's or
+  Delta-FL's own) add 0.05 (on the first rung and in full alike)."""
+  knob = flag.get('proximal_strength', flag.get('q', flag.get('theta', 0.1)))
+  lr, mu = float(flag['client_learning_rate']), float(knob)
   base = 0.5 - abs(math.log10(lr / 0.1)) / 10 - abs(math.log10(mu / 0.1)) / 10
-  base += 0.05 * (flag.get('client_weighting') == 'uniform')
+  base += 0.05 * (
+      flag.get('client_weighting') == 'uniform'
+      or flag.get('uniform_weights') == 'true'
+  )
   return [base - 0.1, base, base + 0.1] * 4
 
 
@@ -483,29 +485,35 @@ def _weighting_score(flag):
 def test_the_client_weighting_is_tuned_along_a_line_where_it_applies(tuned):
   runs, bench = _bench(
       _weighting_score,
-      ('fedavg', 'fedprox', 'qffl'),
-      grids={'q': (0.01, 0.1, 1.0)},
+      ('fedavg', 'fedprox', 'qffl', 'deltafl'),
+      grids={'q': (0.01, 0.1, 1.0), 'theta': (0.05, 0.1, 0.2)},
       first_rung=1,
       tune_client_weighting=tuned,
   )
   choices = bench.select([100, 101], lambda _: None)
   uniform = _flags_of(runs.calls, client_weighting='uniform')
+  own = _flags_of(runs.calls, uniform_weights='true')
   assert not _flags_of(runs.calls, client_weighting='num_examples')
   if not tuned:
-    assert not uniform
+    assert not uniform and not own
     assert choices['fedprox'].best == bench_selection.Config(0.1, 0.1)
     return
-  # The best first-rung configuration of FedAvg and of FedProx runs again
-  # with uniform weights, which wins and goes on to both selection seeds;
-  # q-FedAvg weighs its clients by its own rule: never a weighting flag.
-  first = _flags_of(uniform, seed=100, total_rounds=1)
+  # The best first-rung configuration of FedAvg, FedProx and Delta-FL runs
+  # again with uniform weights (Delta-FL through its own option), which wins
+  # and goes on to both selection seeds; q-FedAvg weighs its clients by its
+  # own rule: never a weighting flag.
+  first = _flags_of(uniform + own, seed=100, total_rounds=1)
   assert sorted(
       bench_records.flag_value(a, 'experiment_name') for a in first
   ) == [
+      'select_deltafl_theta0.1_lr0.1_uniform_seed100',
       'select_fedavg_lr0.1_uniform_seed100',
       'select_fedprox_proximal_strength0.1_lr0.1_uniform_seed100',
   ]
-  assert not _flags_of(uniform, algorithm='qffl')
+  assert all(bench_records.flag_value(a, 'algorithm') == 'deltafl' for a in own)
+  assert not _flags_of(uniform, algorithm='deltafl')
+  assert not _flags_of(uniform + own, algorithm='qffl')
+  assert choices['deltafl'].best.weighting == 'uniform'
   best = bench_selection.Config(0.1, 0.1, weighting='uniform')
   assert choices['fedprox'].best == best
   assert set(choices['fedprox'].tried[best]) == {100, 101}
@@ -514,8 +522,12 @@ def test_the_client_weighting_is_tuned_along_a_line_where_it_applies(tuned):
   assert choices['fedavg'].best.weighting == 'uniform'
   assert choices['qffl'].best.weighting == 'num_examples'
   report = _selection_report(bench, choices)
-  assert benchmark_page.weighting_sentence(report).startswith(
-      'The client weighting of FedAvg, FedProx (the algorithms whose mean'
+  assert benchmark_page.weighting_sentence(report) == (
+      'The client weighting of FedAvg, FedProx, Delta-FL is tuned along the '
+      "same kind of line: FedAvg, FedProx follow the run's --client_weighting,"
+      " by examples (FedAvg's experiments) or uniform (its algorithm box); "
+      'Delta-FL weighs by examples or, with --uniform_weights, uniformly (its '
+      'own switch). The other methods weigh their clients by their own rule. '
   )
   row = next(
       l

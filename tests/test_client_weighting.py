@@ -8,6 +8,8 @@ Both are checked on each registered algorithm's own definition, with three
 clients of 4, 9 and 2 examples.
 """
 
+import dataclasses
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -20,7 +22,7 @@ from tff_algos import registry
 EXAMPLES = (4.0, 9.0, 2.0)
 
 
-def contributions(name: str, weighting: tff.learning.ClientWeighting):
+def contributions(name: str, weighting: tff.learning.ClientWeighting, **values):
   """The three clients' weighted vectors and scalars, as the engines sum
   them (`client_result` on the round context, mapped per client where the
   message needs one client at a time)."""
@@ -35,7 +37,7 @@ def contributions(name: str, weighting: tff.learning.ClientWeighting):
       client_weighting=weighting,
       num_clients=3,
   )
-  options = registry.options_from_values(name, dict(entry.example))
+  options = registry.options_from_values(name, {**entry.example, **values})
   definition = entry.definition(options, context)
   losses = tf.constant([1.0, 2.0, 0.5])
   counts = tf.constant(EXAMPLES)
@@ -87,3 +89,35 @@ def test_the_binary_refuses_a_weighting_it_would_ignore():
         '--client_weighting applies to fedavg, fedprox, ditto, not '
         f'{name} (it weighs its clients by its own rule)'
     )
+
+
+@pytest.mark.parametrize(
+    'name', [n for n in registry.names() if registry.get(n).uniform_option]
+)
+def test_an_own_uniform_option_weighs_each_client_alike(name):
+  # Delta-FL's alpha_k: its examples by default, 1 with the option; a
+  # benchmark tunes the option as the run-wide weighting of the others.
+  by_examples = contributions(name, tff.learning.ClientWeighting.NUM_EXAMPLES)
+  uniform = contributions(
+      name,
+      tff.learning.ClientWeighting.NUM_EXAMPLES,
+      **{registry.get(name).uniform_option: True},
+  )
+  # The quantile moves with the weights (the kept set may differ): compare
+  # the clients both keep.
+  kept = (uniform[-3:] > 0) & (by_examples[-3:] > 0)
+  assert kept.any() and not np.allclose(by_examples, uniform)
+  np.testing.assert_allclose(uniform[-3:][kept], 1.0)
+  np.testing.assert_allclose(by_examples[-3:][kept], np.asarray(EXAMPLES)[kept])
+
+
+def test_a_uniform_option_is_an_own_weighting_switch():
+  entry = registry.get('deltafl')
+  assert entry.uniform_option == 'uniform_weights'
+  for bad in (
+      dict(uniform_option='no_such_option'),
+      dict(uniform_option='theta'),  # Not a boolean off by default.
+      dict(own_weighting=False),
+  ):
+    with pytest.raises(ValueError, match='is not a boolean option off'):
+      dataclasses.replace(entry, **bad)

@@ -761,5 +761,6 @@ ALGORITHM = options_lib.Algorithm(
     aggregators=True,
     dp=True,
     own_weighting=True,
+    uniform_option='uniform_weights',
     example=dict(theta=0.5),
 )

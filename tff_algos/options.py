@@ -307,6 +307,9 @@ class Algorithm:
     own_weighting: Weighs clients by its own rule (the run-wide client
       weighting does not apply, and a binary refuses it rather than ignore
       it).
+    uniform_option: With `own_weighting`, the boolean option that makes its
+      rule weigh clients uniformly instead of by examples (a benchmark tunes
+      it as it tunes the run-wide weighting); empty: none.
     drops_stragglers: Stragglers' partial work is dropped.
     own_server_step: Empty when the run's server optimizer applies the
       aggregate; else the algorithm's own server step, described (the
@@ -329,6 +332,7 @@ class Algorithm:
   aggregators: bool = False
   dp: bool = False
   own_weighting: bool = False
+  uniform_option: str = ''
   drops_stragglers: bool = False
   own_server_step: str = ''
   example: Mapping[str, Any] = dataclasses.field(default_factory=dict)
@@ -353,6 +357,15 @@ class Algorithm:
         raise ValueError(
             f'{self.name}: line option {line.name} unknown or not a line'
         )
+    if self.uniform_option and (
+        not self.own_weighting
+        or self.uniform_option not in names
+        or names[self.uniform_option].default is not False
+    ):
+      raise ValueError(
+          f'{self.name}: uniform option {self.uniform_option} is not a '
+          'boolean option off by default of an own_weighting algorithm'
+      )
     for key in self.example:
       if key not in names:
         raise ValueError(f'{self.name}: example option {key} unknown')

@@ -248,8 +248,9 @@ def define_flags(flag_values: Optional[flags.FlagValues] = None) -> None:
       None,
       "Override the setting's choice: tune the client weighting (by examples "
       'or uniform) of the algorithms whose mean follows --client_weighting '
-      '(their best configuration of the first rung again with uniform '
-      'weights), or keep it by examples.',
+      "or that have their own switch (Delta-FL's --uniform_weights): their "
+      'best configuration of the first rung again with uniform weights; or '
+      'keep it by examples.',
   )
   define(
       'integer',

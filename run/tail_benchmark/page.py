@@ -576,14 +576,28 @@ def server_lr_sentence(report: Report) -> str:
 
 def weighting_sentence(report: Report) -> str:
   """How the client weighting was chosen (empty where it was not tuned)."""
-  tuned = [m.label for m in report.methods if m.run_weighting]
-  if not getattr(report.budget, 'tune_client_weighting', False) or not tuned:
+  if not getattr(report.budget, 'tune_client_weighting', False):
     return ''
+  run = [m.label for m in report.methods if m.run_weighting]
+  own = [m for m in report.methods if m.uniform_option]
+  if not run and not own:
+    return ''
+  tuned = ', '.join([*run, *(m.label for m in own)])
+  parts = []
+  if run:
+    parts.append(
+        f"{', '.join(run)} follow the run's --client_weighting, by examples "
+        "(FedAvg's experiments) or uniform (its algorithm box)"
+    )
+  for m in own:
+    parts.append(
+        f'{m.label} weighs by examples or, with --{m.uniform_option}, '
+        'uniformly (its own switch)'
+    )
   return (
-      f'The client weighting of {", ".join(tuned)} (the algorithms whose '
-      "mean follows the run's --client_weighting; the others weigh their "
-      'clients by their own rule) is tuned along the same kind of line: by '
-      "examples (FedAvg's experiments) or uniform (its algorithm box). "
+      f'The client weighting of {tuned} is tuned along the same kind of '
+      f"line: {'; '.join(parts)}. The other methods weigh their clients by "
+      'their own rule. '
   )
 
 

@@ -46,7 +46,7 @@ def _line_values(
   count = 0
   if budget.tune_server_lr and method.server_lr:
     count += len(grids['server_learning_rate']) - 1
-  if budget.tune_client_weighting and method.run_weighting:
+  if budget.tune_client_weighting and method.tunes_weighting:
     count += len(bench_settings.WEIGHTINGS) - 1
   for line in method.lines:
     count += len(grids.get(line.name, line.grid)) - 1

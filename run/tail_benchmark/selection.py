@@ -109,11 +109,7 @@ def run_args(
           if config.slr == 1.0
           else [f'--server_learning_rate={config.slr:g}']
       )
-      + (
-          []
-          if config.weighting == bench_settings.WEIGHTINGS[0]
-          else [f'--client_weighting={config.weighting}']
-      )
+      + method.weighting_flags(config.weighting)
       + method.knob_flags(config)
       + [
           f'--simulation_engine={engine}',
@@ -657,7 +653,7 @@ class Benchmark:
     out = []
     if self.budget.tune_server_lr and method.server_lr:
       out.append(('slr', tuple(self.grids['server_learning_rate'])))
-    if self.budget.tune_client_weighting and method.run_weighting:
+    if self.budget.tune_client_weighting and method.tunes_weighting:
       out.append(('weighting', bench_settings.WEIGHTINGS))
     for line in method.lines:
       out.append((line.name, tuple(self.grids.get(line.name, line.grid))))

@@ -121,6 +121,28 @@ class Method:
     return not self.baseline and not registry.get(self.name).own_weighting
 
   @property
+  def uniform_option(self) -> str:
+    """The option that makes its own rule weigh clients uniformly (empty:
+    none, or it follows the run's weighting)."""
+    return '' if self.baseline else registry.get(self.name).uniform_option
+
+  @property
+  def tunes_weighting(self) -> bool:
+    """Its client weighting has a switch: the run's or its own option."""
+    return self.run_weighting or bool(self.uniform_option)
+
+  def weighting_flags(self, weighting: str) -> list[str]:
+    """The flags that weigh its clients by `weighting` (of `WEIGHTINGS`;
+    the default, by examples, has none)."""
+    if weighting == WEIGHTINGS[0]:
+      return []
+    if not self.tunes_weighting or weighting != 'uniform':
+      raise ValueError(f'{self.name} has no {weighting} client weighting')
+    if self.run_weighting:
+      return [f'--client_weighting={weighting}']
+    return [f'--{self.uniform_option}=true']
+
+  @property
   def engine(self) -> str:
     return 'stacked' if self.name in STACKED else 'batched'
 

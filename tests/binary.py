@@ -16,8 +16,18 @@ def run_module(module, args, timeout=400):
   The binary runs in its own process group, which is killed afterwards so no
   TFF worker of a timed-out or crashed run outlives the test.
   """
+  return _run(['-m', module], args, timeout)
+
+
+def run_code(code, args, timeout=400):
+  """`run_module`'s result for `python -c code` with `args` (e.g. a test's
+  registration of a toy algorithm, then the binary's main)."""
+  return _run(['-c', code], args, timeout)
+
+
+def _run(how, args, timeout):
   with subprocess.Popen(
-      [sys.executable, '-m', module] + list(args),
+      [sys.executable, *how] + list(args),
       cwd=ROOT,
       stdout=subprocess.PIPE,
       stderr=subprocess.PIPE,

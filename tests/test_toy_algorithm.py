@@ -9,12 +9,7 @@ algorithm refuses it, and the TFF path and both engines train it to the
 same per-client numbers.
 """
 
-import contextlib
 import dataclasses
-import os
-import signal
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -107,20 +102,7 @@ ARGS = [
 
 def run_binary(args, timeout=400):
   """`(returncode, stdout, stderr)` of the binary with the toy registered."""
-  with subprocess.Popen(
-      [sys.executable, '-c', _LAUNCH] + list(args),
-      cwd=binary.ROOT,
-      stdout=subprocess.PIPE,
-      stderr=subprocess.PIPE,
-      text=True,
-      start_new_session=True,
-  ) as proc:
-    try:
-      stdout, stderr = proc.communicate(timeout=timeout)
-    finally:  # Nothing of the run (its TFF worker included) outlives it.
-      with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-  return proc.returncode, stdout, stderr
+  return binary.run_code(_LAUNCH, args, timeout)
 
 
 @pytest.fixture

@@ -359,19 +359,26 @@ def build_local_training_client_work(
         tff.learning.LoopImplementation.DATASET_REDUCE
     ),
 ) -> tff.learning.templates.ClientWorkProcess:
-  """Client work running `local_training` on each selected client.
+  """The TFF client work of a definition whose clients train locally.
 
-  The client trains with the definition's proximal strength and weight
-  decay, or runs the definition's own stateless `local_work`, and sends its
-  `client_result` (FedAvg's and FedProx's: `weighted_delta_result`, the
-  delta with `client_weight`).
+  Each selected client trains with the definition's proximal strength and
+  weight decay, or runs the definition's own stateless `local_work`, and
+  sends its `client_result` (FedAvg's and FedProx's: `weighted_delta_result`,
+  the delta with `client_weight`). With a fresh loss pass declared through
+  `reductions` (TERM's), each client first evaluates the broadcast model;
+  the server reduces the clients' values with `tff.federated_sum`, `max` or
+  `min`, broadcasts that round context, and the clients the definition's
+  `trains` keeps (all, without it) train on a fresh pass over their data,
+  the others sending a zero delta with weight 0. The engines compute the
+  same context with `definition.prepare`.
 
   Args:
     model_fn: No-arg callable returning a new `VariableModel`.
     optimizer: Client optimizer (`tff.learning.optimizers.Optimizer`).
-    definition: The algorithm's `definition.AlgorithmDefinition`, one
-      without a loss pass, personal models or server state, e.g.
-      `fed_prox.engine_definition`.
+    definition: The algorithm's `definition.AlgorithmDefinition`, one without
+      personal models or server state, whose loss pass is none or fresh with
+      its context declared as `reductions`, e.g. `fed_prox.engine_definition`
+      or `term.engine_definition`.
     metrics_aggregator: Aggregator of training metrics (default
       `tff.learning.metrics.sum_then_finalize`).
     loop_implementation: How local datasets are iterated.
@@ -379,21 +386,29 @@ def build_local_training_client_work(
   Returns:
     A `ClientWorkProcess` whose result is the definition's vector and
     weight, and whose measurements are the aggregated training metrics under
-    `train`.
+    `train`; with a loss pass also `loss_at_broadcast` (the clients' mean),
+    each reduction by its name and, with `trains`, `fraction_kept`.
+
+  Raises:
+    TypeError: For a wrong argument type.
+    ValueError: For a definition this client work cannot run.
   """
   if not isinstance(definition, definition_lib.AlgorithmDefinition):
     raise TypeError(
         'definition must be a definition.AlgorithmDefinition, got '
         f'{type(definition).__name__}'
     )
+  loss_pass = definition.loss_pass == 'fresh'
   if (
-      definition.loss_pass != 'none'
+      definition.loss_pass not in ('none', 'fresh')
+      or (loss_pass and not definition.reductions)
       or definition.personal_models
       or definition.server_state is not None
   ):
     raise ValueError(
         f'{definition.name}: this client work runs local training or a '
-        'stateless local_work, without a loss pass'
+        'stateless local_work, after no loss pass or a fresh one whose round '
+        'context is declared as reductions'
     )
   if not isinstance(optimizer, tff.learning.optimizers.Optimizer):
     raise TypeError(
@@ -404,46 +419,84 @@ def build_local_training_client_work(
       model_fn, metrics_aggregator
   )
 
-  @tff.tensorflow.computation(weights_type, data_type)
-  def client_update(initial_weights, dataset):
-    model = model_fn()
-
-    @tf.function
-    def train(initial_weights, dataset):
-      if definition.local_work is None:
-        delta, num_examples, non_finite = local_training(
-            model,
-            optimizer,
-            initial_weights,
-            dataset,
-            proximal_strength=definition.proximal_strength,
-            weight_decay=definition.weight_decay,
-            loop_implementation=loop_implementation,
-        )
-      else:
-        work = definition.local_work(
-            model, initial_weights, dataset, (), loop_implementation
-        )
-        delta = tf.nest.pack_sequence_as(
-            initial_weights.trainable, list(work.vector)
-        )
-        num_examples, non_finite = work.num_examples, work.non_finite
-      vector, weight = structured_client_result(
-          definition, {}, None, None, delta, num_examples, non_finite
+  def train(model, weights, dataset, context, loss, count):
+    if definition.local_work is None:
+      delta, num_examples, non_finite = local_training(
+          model,
+          optimizer,
+          weights,
+          dataset,
+          proximal_strength=definition.proximal_strength,
+          weight_decay=definition.weight_decay,
+          loop_implementation=loop_implementation,
       )
-      return (
-          tff.learning.templates.ClientResult(
-              update=vector, update_weight=weight
+    else:
+      work = definition.local_work(
+          model, weights, dataset, (), loop_implementation
+      )
+      delta = tf.nest.pack_sequence_as(weights.trainable, list(work.vector))
+      num_examples, non_finite = work.num_examples, work.non_finite
+    return structured_client_result(
+        definition, context, loss, count, delta, num_examples, non_finite
+    )
+
+  def client_train_fn(model, weights, dataset, context, loss, count):
+    kept = tf.constant(True)
+    if definition.trains is None:
+      vector, weight = train(model, weights, dataset, context, loss, count)
+    else:
+      kept = definition.trains(context, loss)
+      vector, weight = tf.cond(
+          kept,
+          lambda: train(model, weights, dataset, context, loss, count),
+          lambda: (
+              tf.nest.map_structure(tf.zeros_like, weights.trainable),
+              tf.constant(0.0),
           ),
-          model.report_local_unfinalized_metrics(),
       )
-
-    return train(initial_weights, dataset)
+    return (
+        tff.learning.templates.ClientResult(
+            update=vector, update_weight=weight
+        ),
+        model.report_local_unfinalized_metrics(),
+        tf.cast(kept, tf.float32),
+    )
 
   init_fn = empty_server_state()
+  types = (weights_type, data_type, init_fn.type_signature.result)
+  build = _loss_pass_client_work if loss_pass else _plain_client_work
+  return build(
+      model_fn,
+      definition,
+      client_train_fn,
+      types,
+      init_fn,
+      metrics_aggregation_fn,
+  )
+
+
+def _plain_client_work(
+    model_fn,
+    definition,
+    client_train_fn,
+    types,
+    init_fn,
+    metrics_aggregation_fn,
+):
+  """`build_local_training_client_work`'s process without a loss pass."""
+  del definition  # In `client_train_fn`.
+  weights_type, data_type, state_type = types
+
+  @tff.tensorflow.computation(weights_type, data_type)
+  def client_update(weights, dataset):
+    model = model_fn()
+    run = tf.function(
+        lambda w, d: client_train_fn(model, w, d, {}, None, None)[:2]
+    )
+    return run(weights, dataset)
 
   @tff.federated_computation(
-      init_fn.type_signature.result,
+      state_type,
       tff.FederatedType(weights_type, tff.CLIENTS),
       tff.FederatedType(data_type, tff.CLIENTS),
   )
@@ -451,12 +504,92 @@ def build_local_training_client_work(
     client_result, model_outputs = tff.federated_map(
         client_update, (weights, client_data)
     )
-    train_metrics = metrics_aggregation_fn(model_outputs)
     measurements = tff.federated_zip(
-        collections.OrderedDict(train=train_metrics)
+        collections.OrderedDict(train=metrics_aggregation_fn(model_outputs))
     )
     return tff.templates.MeasuredProcessOutput(
         state, client_result, measurements
+    )
+
+  return tff.learning.templates.ClientWorkProcess(init_fn, next_fn)
+
+
+_FEDERATED_REDUCE = {
+    'sum': tff.federated_sum,
+    'max': tff.federated_max,
+    'min': tff.federated_min,
+}
+
+
+def _loss_pass_client_work(
+    model_fn,
+    definition,
+    client_train_fn,
+    types,
+    init_fn,
+    metrics_aggregation_fn,
+):
+  """`build_local_training_client_work`'s process after a fresh loss pass:
+  the loss, then the reductions placed with TFF's operators, then
+  `client_train_fn` with that context."""
+  weights_type, data_type, state_type = types
+  names = tuple(name for name, _ in definition.reductions)
+  kinds = tuple(r.kind for _, r in definition.reductions)
+
+  @tff.tensorflow.computation(weights_type, data_type)
+  def client_loss(weights, dataset):
+    model = model_fn()
+
+    @tf.function
+    def run(weights, dataset):
+      loss, count = local_loss(  # pytype: disable=bad-unpacking
+          model, weights, dataset
+      )
+      values = tuple(r.value(loss, count) for _, r in definition.reductions)
+      return loss, count, values
+
+    return run(weights, dataset)
+
+  loss_type, count_type, values_type = client_loss.type_signature.result
+
+  @tff.tensorflow.computation(
+      weights_type, data_type, loss_type, count_type, values_type
+  )
+  def client_train(weights, dataset, loss, count, values):
+    model = model_fn()
+
+    @tf.function
+    def run(weights, dataset, loss, count, values):
+      context = dict(zip(names, values))
+      return client_train_fn(model, weights, dataset, context, loss, count)
+
+    return run(weights, dataset, loss, count, tuple(values))
+
+  @tff.federated_computation(
+      state_type,
+      tff.FederatedType(weights_type, tff.CLIENTS),
+      tff.FederatedType(data_type, tff.CLIENTS),
+  )
+  def next_fn(state, weights, client_data):
+    losses, counts, values = tff.federated_map(
+        client_loss, (weights, client_data)
+    )
+    reduced = [
+        _FEDERATED_REDUCE[kind](values[i]) for i, kind in enumerate(kinds)
+    ]
+    context = tff.federated_broadcast(tff.federated_zip(tuple(reduced)))
+    result, model_outputs, kept = tff.federated_map(
+        client_train, (weights, client_data, losses, counts, context)
+    )
+    measured = collections.OrderedDict(
+        train=metrics_aggregation_fn(model_outputs),
+        loss_at_broadcast=tff.federated_mean(losses),
+    )
+    measured.update(zip(names, reduced))
+    if definition.trains is not None:
+      measured['fraction_kept'] = tff.federated_mean(kept)
+    return tff.templates.MeasuredProcessOutput(
+        state, result, tff.federated_zip(measured)
     )
 
   return tff.learning.templates.ClientWorkProcess(init_fn, next_fn)

@@ -9,11 +9,14 @@ own `fed_prox.py` does. Swap any part through the builders' arguments.
 """
 
 from collections.abc import Callable
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
+
+from tff_algos import client_work as client_work_lib
+from tff_algos import definition as definition_lib
 
 ModelFn = Callable[[], tff.learning.models.VariableModel]
 
@@ -93,6 +96,106 @@ def compose_model_delta_process(
       aggregator,
       finalizer,
   )
+
+
+def build_from_definition(
+    model_fn: ModelFn,
+    definition: definition_lib.AlgorithmDefinition,
+    client_optimizer: tff.learning.optimizers.Optimizer,
+    server_optimizer: Optional[tff.learning.optimizers.Optimizer] = None,
+    *,
+    model_distributor: Optional[
+        tff.learning.templates.DistributionProcess
+    ] = None,
+    model_aggregator: Optional[tff.aggregators.WeightedAggregationFactory] = (
+        None
+    ),
+    update_attack: Optional[
+        Callable[
+            [tff.learning.templates.ClientWorkProcess],
+            tff.learning.templates.ClientWorkProcess,
+        ]
+    ] = None,
+    metrics_aggregator: Optional[Callable[..., tff.Computation]] = None,
+    loop_implementation: tff.learning.LoopImplementation = (
+        tff.learning.LoopImplementation.DATASET_REDUCE
+    ),
+) -> tff.learning.templates.LearningProcess:
+  """The TFF learning process of a definition, derived from it alone.
+
+  For a definition whose server takes the weighted mean of the clients'
+  vectors (`definition.mean_update`) and applies it with a server optimizer:
+  its client work is `client_work.build_local_training_client_work` (local
+  training, or a stateless `local_work`, after no loss pass or a fresh one
+  whose context is declared as `reductions`), the mean is `model_aggregator`
+  (so robust and DP aggregators compose) and the server optimizer the
+  definition's `fixed_server_optimizer` or `server_optimizer`. The engines
+  run the same definition.
+
+  Args:
+    model_fn: No-arg callable returning a new `VariableModel`.
+    definition: The algorithm's `definition.AlgorithmDefinition`.
+    client_optimizer: The local solver.
+    server_optimizer: Applies the mean (default SGD, lr 1.0).
+    model_distributor: Default: broadcast.
+    model_aggregator: Weighted factory (default `tff.aggregators.MeanFactory`).
+    update_attack: Optional client-work wrapper (`tff_algos.attacks`).
+    metrics_aggregator: Training-metrics aggregator.
+    loop_implementation: How local datasets are iterated.
+
+  Returns:
+    The `LearningProcess`.
+
+  Raises:
+    ValueError: For a definition whose round this cannot place (its own
+      server rule, server state or personal models: write its builder).
+  """
+  if (
+      definition.server is not definition_lib.mean_update
+      or not definition.weighted
+      or not definition.server_optimizer
+      or definition.server_sees_clients
+  ):
+    raise ValueError(
+        f'{definition.name}: a builder derives from a definition whose '
+        "server applies the weighted mean of the clients' vectors with a "
+        'server optimizer; write this one by hand'
+    )
+  work = client_work_lib.build_local_training_client_work(
+      model_fn,
+      client_optimizer,
+      definition,
+      metrics_aggregator=metrics_aggregator,
+      loop_implementation=loop_implementation,
+  )
+  return compose_model_delta_process(
+      model_fn,
+      work,
+      server_optimizer_fn=definition.fixed_server_optimizer or server_optimizer,
+      model_distributor=model_distributor,
+      model_aggregator=model_aggregator,
+      update_attack=update_attack,
+  )
+
+
+def definition_builder(
+    definition_fn: Callable[[Any, Any], definition_lib.AlgorithmDefinition],
+) -> Callable[[Any, ModelFn, Any], tff.learning.templates.LearningProcess]:
+  """An `options.Algorithm.builder` that is `build_from_definition` of the
+  entry's `definition_fn(options, context)`, with the context's optimizers,
+  loop and aggregation (a robust or DP mean, an attack)."""
+
+  def build(options, model_fn, context):
+    return build_from_definition(
+        model_fn,
+        definition_fn(options, context),
+        context.client_optimizer,
+        context.server_optimizer,
+        loop_implementation=context.loop_implementation,
+        **context.aggregation(context.clients_per_round),
+    )
+
+  return build
 
 
 def model_weights_as_numpy(

@@ -12,7 +12,11 @@ terms that do not depend on how the clients are run:
    e.g. AFL's and q-FedSGD's at the broadcast model);
 2. a **round context** from all the clients' losses (`prepare`: e.g. Delta-FL's
    quantile threshold, TERM's largest tilted loss), and which clients train
-   (`trains`: Delta-FL's filter);
+   (`trains`: Delta-FL's filter). Declared as `reductions` (sums, maxima and
+   minima over the clients of a per-client value), the context is also
+   what the TFF path computes with `tff.federated_sum`/`max`/`min`, so
+   `client_work.build_local_training_client_work` derives the TFF client
+   work from the definition alone (TERM's);
 3. **local training** with the definition's proximal strength and weight
    decay (`client_work.local_training`);
 4. each client's **contribution** (`client_result`: a vector and a scalar;
@@ -60,6 +64,10 @@ import tensorflow as tf
 
 LOSS_PASSES = ('none', 'fresh', 'continued', 'work')
 
+# A `Reduction`'s kinds: the engines' reduction over the clients axis (TFF's
+# federated operator is `tff.federated_<kind>`).
+REDUCTIONS = {'sum': tf.reduce_sum, 'max': tf.reduce_max, 'min': tf.reduce_min}
+
 
 def no_context(losses, counts) -> Mapping[str, Any]:
   """A round context with nothing in it."""
@@ -82,6 +90,41 @@ def mean_update(w0, vector_sum, scalar_sum):
   """The weighted mean of the clients' deltas: sum(w_k d_k) / sum(w_k)."""
   del w0
   return tuple(v / scalar_sum for v in vector_sum)
+
+
+@dataclasses.dataclass(frozen=True)
+class Reduction:
+  """A round-wide value from every client's loss pass.
+
+  Attributes:
+    kind: `'sum'`, `'max'` or `'min'` over the clients (`REDUCTIONS`).
+    value: `(loss, count) -> tensor`, elementwise: the engines call it on
+      the `[K]` losses and example counts, a TFF client on its own; `count`
+      is a number of examples (cast it as the value needs).
+  """
+
+  kind: str
+  value: Callable[[tf.Tensor, tf.Tensor], tf.Tensor]
+
+  def __post_init__(self):
+    if self.kind not in REDUCTIONS:
+      raise ValueError(
+          f'a reduction is one of {tuple(REDUCTIONS)}, got {self.kind!r}'
+      )
+
+
+@dataclasses.dataclass(frozen=True)
+class ReducedContext:
+  """The `prepare` of a definition that declares `reductions`: each name's
+  reduction of its value over the clients."""
+
+  reductions: tuple[tuple[str, Reduction], ...]
+
+  def __call__(self, losses, counts) -> Mapping[str, Any]:
+    return {
+        name: REDUCTIONS[r.kind](r.value(losses, counts))
+        for name, r in self.reductions
+    }
 
 
 @dataclasses.dataclass
@@ -158,6 +201,9 @@ class AlgorithmDefinition:
       return a `ServerOutput` to add round metrics.
     loss_pass: One of `LOSS_PASSES`.
     prepare: `(losses, counts) -> context` from every client's loss pass.
+    reductions: `((name, Reduction), ...)`: the round context as reductions
+      over the clients (then `prepare` is derived from them:
+      `ReducedContext`), which a TFF client work can place itself.
     trains: `(context, loss) -> bool`: whether the client trains (None: all).
     metrics: `(context, losses, scalar_sum, num_clients) -> OrderedDict` of
       the round's extra metrics (the engine adds `update_non_finite` when
@@ -187,6 +233,7 @@ class AlgorithmDefinition:
   server: Callable[..., tuple[tf.Tensor, ...]] = mean_update
   loss_pass: str = 'none'
   prepare: Callable[..., Mapping[str, Any]] = no_context
+  reductions: tuple[tuple[str, Reduction], ...] = ()
   trains: Optional[Callable[..., tf.Tensor]] = None
   metrics: Callable[..., Mapping[str, tf.Tensor]] = no_metrics
   weighted: bool = True
@@ -206,6 +253,8 @@ class AlgorithmDefinition:
       raise ValueError(
           f'loss_pass must be one of {LOSS_PASSES}, got {self.loss_pass!r}'
       )
+    if self.reductions:
+      self._derive_prepare()
     if self.loss_pass == 'continued' and (
         self.prepare is not no_context or self.trains is not None
     ):
@@ -237,3 +286,22 @@ class AlgorithmDefinition:
           'proximal_strength and weight_decay configure local training, '
           'which local_work replaces'
       )
+
+  def _derive_prepare(self) -> None:
+    """`prepare` from `reductions` (checked: a fresh loss pass, distinct
+    names, no hand-written `prepare` besides)."""
+    names = [name for name, _ in self.reductions]
+    if len(set(names)) != len(names) or not all(
+        isinstance(r, Reduction) for _, r in self.reductions
+    ):
+      raise ValueError('reductions are (distinct name, Reduction) pairs')
+    if self.loss_pass != 'fresh':
+      raise ValueError(
+          "reductions reduce a fresh loss pass (loss_pass 'fresh')"
+      )
+    derived = ReducedContext(tuple(self.reductions))
+    if self.prepare is not no_context and self.prepare != derived:
+      raise ValueError('give either prepare or reductions, not both')
+    # A frozen dataclass: set the derived field as its constructor would.
+    object.__setattr__(self, 'reductions', derived.reductions)
+    object.__setattr__(self, 'prepare', derived)

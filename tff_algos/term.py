@@ -62,88 +62,23 @@ def build_term_client_work(
 ) -> tff.learning.templates.ClientWorkProcess:
   """Client work: loss at the broadcast model, local training, tilted weight.
 
+  The definition's client work (`client_work.build_local_training_client_work`):
+  its reductions, the largest tilted loss and the largest loss, are placed
+  with `tff.federated_max`.
+
   Returns:
     A `ClientWorkProcess` whose results are model deltas weighted by
     n_k exp(t F_k - max t F), with measurements `train` (training metrics),
-    `loss_at_broadcast` (mean over clients) and `max_loss_at_broadcast`.
+    `loss_at_broadcast` (mean over clients), `max_tilted_loss` and
+    `max_loss_at_broadcast`.
   """
-  definition = engine_definition(tilt=tilt, proximal_strength=proximal_strength)
-  weights_type, data_type, metrics_aggregation_fn = (
-      client_work_lib.model_types_and_metrics(model_fn, metrics_aggregator)
+  return client_work_lib.build_local_training_client_work(
+      model_fn,
+      optimizer,
+      engine_definition(tilt=tilt, proximal_strength=proximal_strength),
+      metrics_aggregator=metrics_aggregator,
+      loop_implementation=loop_implementation,
   )
-
-  @tff.tensorflow.computation(weights_type, data_type)
-  def client_loss(weights, dataset):
-    model = model_fn()
-
-    @tf.function
-    def run(weights, dataset):
-      loss, n = client_work_lib.local_loss(model, weights, dataset)
-      return loss, n, tilt * loss
-
-    return run(weights, dataset)
-
-  @tff.tensorflow.computation(
-      weights_type, data_type, np.float32, np.int64, np.float32
-  )
-  def client_train(weights, dataset, loss, num_examples, max_tilted_loss):
-    model = model_fn()
-
-    @tf.function
-    def run(weights, dataset, loss, num_examples, max_tilted_loss):
-      delta, trained_examples, non_finite = client_work_lib.local_training(
-          model,
-          optimizer,
-          weights,
-          dataset,
-          proximal_strength=definition.proximal_strength,
-          loop_implementation=loop_implementation,
-      )
-      # The round context that `definition.prepare` computes from every
-      # client's loss is here the federated max of the tilted losses.
-      delta, weight = client_work_lib.structured_client_result(
-          definition,
-          {'max_tilted_loss': max_tilted_loss},
-          loss,
-          num_examples,
-          delta,
-          trained_examples,
-          non_finite,
-      )
-      return (
-          tff.learning.templates.ClientResult(
-              update=delta, update_weight=weight
-          ),
-          model.report_local_unfinalized_metrics(),
-      )
-
-    return run(weights, dataset, loss, num_examples, max_tilted_loss)
-
-  init_fn = client_work_lib.empty_server_state()
-
-  @tff.federated_computation(
-      init_fn.type_signature.result,
-      tff.FederatedType(weights_type, tff.CLIENTS),
-      tff.FederatedType(data_type, tff.CLIENTS),
-  )
-  def next_fn(state, weights, client_data):
-    losses, counts, tilted = tff.federated_map(
-        client_loss, (weights, client_data)
-    )
-    max_tilted = tff.federated_broadcast(tff.federated_max(tilted))
-    result, model_outputs = tff.federated_map(
-        client_train, (weights, client_data, losses, counts, max_tilted)
-    )
-    measurements = tff.federated_zip(
-        collections.OrderedDict(
-            train=metrics_aggregation_fn(model_outputs),
-            loss_at_broadcast=tff.federated_mean(losses),
-            max_loss_at_broadcast=tff.federated_max(losses),
-        )
-    )
-    return tff.templates.MeasuredProcessOutput(state, result, measurements)
-
-  return tff.learning.templates.ClientWorkProcess(init_fn, next_fn)
 
 
 def build_term(
@@ -206,21 +141,18 @@ def build_term(
         'client_optimizer_fn must be a tff.learning.optimizers.Optimizer, got '
         f'{type(client_optimizer_fn).__name__}'
     )
-  work = build_term_client_work(
+  return composition.build_from_definition(
       model_fn,
+      engine_definition(
+          tilt=float(tilt), proximal_strength=float(proximal_strength)
+      ),
       client_optimizer_fn,
-      tilt=float(tilt),
-      proximal_strength=float(proximal_strength),
-      metrics_aggregator=metrics_aggregator,
-      loop_implementation=loop_implementation,
-  )
-  return composition.compose_model_delta_process(
-      model_fn,
-      work,
-      server_optimizer_fn=server_optimizer_fn,
+      server_optimizer_fn,
       model_distributor=model_distributor,
       model_aggregator=model_aggregator,
       update_attack=update_attack,
+      metrics_aggregator=metrics_aggregator,
+      loop_implementation=loop_implementation,
   )
 
 
@@ -241,10 +173,6 @@ def engine_definition(
     The `definition.AlgorithmDefinition` both engines run.
   """
 
-  def prepare(losses, counts):
-    del counts
-    return {'max_tilted_loss': tf.reduce_max(tilt * losses)}
-
   def client_result(context, loss, count, delta, num_examples, non_finite):
     del num_examples
     weight = tilted_weight(
@@ -263,7 +191,16 @@ def engine_definition(
       name='term',
       client_result=client_result,
       loss_pass='fresh',
-      prepare=prepare,
+      reductions=(
+          (
+              'max_tilted_loss',
+              definition_lib.Reduction('max', lambda loss, _: tilt * loss),
+          ),
+          (
+              'max_loss_at_broadcast',
+              definition_lib.Reduction('max', lambda loss, _: loss),
+          ),
+      ),
       metrics=metrics,
       proximal_strength=proximal_strength,
   )

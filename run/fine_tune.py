@@ -84,25 +84,29 @@ def _arrays(weights) -> dict[str, np.ndarray]:
   }
 
 
-def export_model(path: str) -> None:
-  """Writes the finished run's final model weights to `path` (an .npz of
-  `trainable_K` and `non_trainable_K` arrays), whole or not at all."""
+def model_bytes() -> bytes:
+  """The finished run's final model weights as an .npz of `trainable_K` and
+  `non_trainable_K` arrays (the benchmark keeps it beside FedAvg's
+  records)."""
   job = train.prepare(writer='train')
   process, out_dir = job.process, job.out_dir
   weights = _final_weights(process, process.initialize(), out_dir)
   buffer = io.BytesIO()
   np.savez(buffer, **_arrays(weights))
-  atomic.write_bytes(path, buffer.getvalue())
+  return buffer.getvalue()
 
 
-def load_model(path: str, like):
-  """The weights `export_model` wrote, shaped as the `ModelWeights` `like`.
+def load_model(path: str, like, content: Optional[bytes] = None):
+  """The weights `model_bytes` gave, shaped as the `ModelWeights` `like`
+  (read from `content`, the file's bytes, where given: a model sent to a
+  worker; `path` then only names it).
 
   Raises:
     ValueError: The file is unreadable or of another model.
   """
   try:
-    with np.load(path) as data:
+    source = path if content is None else io.BytesIO(content)
+    with np.load(source) as data:
       arrays = {k: data[k] for k in data.files}
   except (OSError, ValueError) as e:
     raise ValueError(f'{path}: unreadable saved model ({e})') from None
@@ -179,11 +183,6 @@ def trivial_scores() -> dict[str, Any]:
   return out
 
 
-def write_trivial_scores(path: str) -> None:
-  """`trivial_scores` as JSON at `path`, whole or not at all."""
-  atomic.write_text(path, json.dumps(trivial_scores()))
-
-
 def fine_tune_run(
     *,
     learning_rates: Sequence[float],
@@ -192,6 +191,7 @@ def fine_tune_run(
     unseen_fraction: float = 0.5,
     starts: Sequence[str] = STARTS,
     model_path: Optional[str] = None,
+    model: Optional[bytes] = None,
 ) -> dict[str, Any]:
   """Fine-tunes the finished run named by the parsed flags; see the module.
 
@@ -203,8 +203,9 @@ def fine_tune_run(
       fine-tunes on.
     starts: The starting models (of `STARTS`): `final` needs the run's
       final model, `initial` only its flags.
-    model_path: The final model as `export_model` saved it (default: the
+    model_path: The final model as `model_bytes` gave it (default: the
       run's last checkpoint).
+    model: That file's content, sent instead of read (`model_path` names it).
 
   Raises:
     ValueError: Bad arguments, or the run has no checkpoint.
@@ -222,7 +223,7 @@ def fine_tune_run(
   weights = {'initial': process.get_model_weights(initial)}
   if 'final' in starts:
     weights['final'] = (
-        load_model(model_path, weights['initial'])
+        load_model(model_path, weights['initial'], model)
         if model_path
         else _final_weights(process, initial, out_dir)
     )

@@ -45,7 +45,7 @@ WRITES_THEIR_OWN_TEMPORARY_FILES = {
     ('tools/build_deps.py', 'write'): 'generated BUILD files; --check',
     ('run/tail_benchmark/pool.py', '_start'): 'a worker log, appended',
     ('run/tail_benchmark/pool.py', 'serve'): 'the stdout pipe, not a file',
-    ('run/fine_tune.py', 'export_model'): 'into memory, then run.atomic',
+    ('run/fine_tune.py', 'model_bytes'): 'into memory (sent, then written)',
 }
 
 

@@ -9,6 +9,7 @@ loops); the end-to-end runs use real roles of the plays that the pinned
 
 import contextlib
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -1114,38 +1115,27 @@ def test_a_finished_run_is_reused_only_with_its_own_arguments(tmp_path, capfd):
       f'--root_output_dir={tmp_path}',
       '--experiment_name=final_fedavg_seed0',
   ]
-  runs = bench_records.Runs(str(tmp_path / 'rec'), str(tmp_path), 1, False)
+  finished = functools.partial(bench_records._finished, say=bench_records.warn)
   summary = {'round_num': 5, 'summaries': {}}
   (run / 'summary.json').write_text(json.dumps(summary))
-  assert runs._finished(str(run), 5, args) is None  # No mark: not finished.
+  assert finished(str(run), 5, args) is None  # No mark: not finished.
   (run / bench_records.RECORD).write_text(
       json.dumps({'wall_s': 3.5, 'args': args})
   )
-  assert runs._finished(str(run), 5, args) == 3.5
+  assert finished(str(run), 5, args) == 3.5
   capfd.readouterr()
-  assert runs._finished(str(run), 6, args) is None  # Fewer rounds: resume,
+  assert finished(str(run), 6, args) is None  # Fewer rounds: resume,
   assert not capfd.readouterr().err  # and no warning (a first rung's).
   with pytest.raises(RuntimeError, match='finished run of other settings'):
-    runs._finished(str(run), 5, args + ['--client_learning_rate=1'])
+    finished(str(run), 5, args + ['--client_learning_rate=1'])
   capfd.readouterr()
   # A summary of the wrong shape, or garbage: run again, with one warning.
   for text in (json.dumps({'round_num': 5, 'summaries': []}), '{"round'):
     (run / 'summary.json').write_text(text)
-    assert runs._finished(str(run), 5, args) is None
+    assert finished(str(run), 5, args) is None
     err = capfd.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith('benchmark: warning: ')
     assert 'summary.json' in err[0]
-
-
-class _StoppedWorker:
-
-  def __init__(self, path):
-    self.path = path
-
-  def run(self, args):
-    os.makedirs(self.path, exist_ok=True)
-    time.sleep(0.3)
-    raise processes.NotStarted()
 
 
 def test_a_folder_past_the_rounds_asked_is_refused(tmp_path):
@@ -1154,7 +1144,7 @@ def test_a_folder_past_the_rounds_asked_is_refused(tmp_path):
   run = tmp_path / 'select_fedavg_lr1_seed100'
   run.mkdir()
   args = ['--task=synthetic', '--total_rounds=300']
-  runs = bench_records.Runs(str(tmp_path / 'rec'), str(tmp_path), 1, False)
+  finished = functools.partial(bench_records._finished, say=bench_records.warn)
   (run / 'summary.json').write_text(
       json.dumps({'round_num': 300, 'summaries': {}})
   )
@@ -1162,8 +1152,8 @@ def test_a_folder_past_the_rounds_asked_is_refused(tmp_path):
       json.dumps({'wall_s': 3.5, 'args': args})
   )
   with pytest.raises(RuntimeError, match='300 rounds, past the 75'):
-    runs._finished(str(run), 75, args)
-  assert runs._finished(str(run), 300, args) == 3.5
+    finished(str(run), 75, args)
+  assert finished(str(run), 300, args) == 3.5
 
 
 def test_a_record_keeps_each_split_curve_up_to_its_rounds(tmp_path):
@@ -1216,6 +1206,13 @@ def test_a_first_rung_run_continues_to_the_straight_runs_result(tmp_path):
     early = runs.run(args(2, 'select_a'), 2, False, name='select_a_r2')
     continued = runs.run(args(4, 'select_a'), 4, False)
     straight = runs.run(args(4, 'select_b'), 4, False)
+    # The worker makes each record where the run's folder is and sends it
+    # back; a folder of another run is refused in one line, and the worker
+    # goes on.
+    other = args(4, 'select_b') + ['--client_learning_rate=0.2']
+    with pytest.raises(RuntimeError, match='finished run of other settings'):
+      runs._run(other, 4, False)
+    assert runs._run(args(4, 'select_b'), 4, False) == straight
   finally:
     runs.close()
   # FedAvg's full runs keep their final model; a first rung's does not.
@@ -1511,11 +1508,16 @@ def test_a_resumed_run_counts_every_invocation(tmp_path):
       '--experiment_name=final_x',
       '--holdout=test',
   ]
-  runs = bench_records.Runs(str(tmp_path / 'rec'), str(tmp_path), 1, False)
-  runs._local.worker = _StoppedWorker(str(tmp_path / 'final_x'))
+
+  def stopped(args):
+    del args
+    os.makedirs(tmp_path / 'final_x', exist_ok=True)
+    time.sleep(0.3)
+    raise processes.NotStarted()
+
   for _ in range(2):
     with pytest.raises(processes.NotStarted):
-      runs._run(args, 3, False)
+      bench_records.make_record(args, 3, False, stopped)
   with open(tmp_path / 'final_x' / bench_records.WALL) as f:
     assert json.load(f)['wall_s'] >= 0.6  # Both invocations.
 
@@ -1794,6 +1796,7 @@ def _roles_args(data, out):
       '--rounds=2',
       '--first_rung=0',
       '--notune_server_lr',
+      '--notune_client_weighting',
       '--clients_per_round=3',
       '--seeds=0,1',
       '--selection_seeds=100',

@@ -20,7 +20,12 @@ in the process, with four builds kept between runs (`_Builds`):
 A run gives the same summary in a worker as in its own process
 (`tests/test_run_pool.py` checks it, across seeds and configurations). Each
 run still writes its own folder, resumes from its own checkpoints and ends its
-TFF workers, exactly as `python -m run.train` would. A worker is a process
+TFF workers, exactly as `python -m run.train` would. The benchmark's record
+of a run is made in the worker from that folder (`RunWorker.record`,
+`records.make_record`) and only the record travels back to the driver, which
+keeps it, as do a fine-tuning's result, the trivial scores and FedAvg's final
+model (sent back, and sent to the worker that fine-tunes it): the driver
+reads no run folder but its `--plan` calibration run's round times. A worker is a process
 group of its own (`start_new_session`): the driver's `processes.end_children`
 ends it, and the TFF workers under it, on a signal; a driver that dies
 without one (SIGKILL, the OOM killer) is noticed by the worker itself, which
@@ -32,6 +37,7 @@ and on a copy of its original stdout (the binary's own printing goes to
 stderr, which the driver sends to a log file).
 """
 
+import base64
 import collections
 import contextlib
 import io
@@ -55,7 +61,10 @@ _CACHE_SIZE = 4
 
 # The worker process's program (not a binary of its own: nothing to run by
 # hand).
-_WORKER_MAIN = 'from run.tail_benchmark import pool; pool.worker_main()'
+_WORKER_MAIN = (
+    'from run.tail_benchmark import pool, records;'
+    ' pool.worker_main(records.make_record)'
+)
 
 
 class RunFailed(RuntimeError):
@@ -127,36 +136,67 @@ class RunWorker:
     if reply['code'] != 0:
       raise RunFailed(reply['error'], reply['code'])
 
-  def fine_tune(self, args: Sequence[str], **options) -> None:
-    """`run.fine_tune.fine_tune_run(**options)` of the finished run `args`.
+  def record(
+      self, args: Sequence[str], rounds: int, personal: bool
+  ) -> dict[str, Any]:
+    """The record of the run `args` of `rounds` rounds, made in the worker
+    (`records.make_record`: it runs unless its folder holds it finished);
+    the worker's warnings are repeated here.
+
+    Raises:
+      RunFailed: The run's exit code was not 0 (its last error line).
+      RuntimeError: Its folder holds another run (one line).
+      processes.NotStarted: The driver is ending.
+    """
+    reply = self._request(
+        {'record': list(args), 'rounds': rounds, 'personal': personal}
+    )
+    for line in reply.get('warnings', ()):
+      print(f'benchmark: warning: {line}', file=sys.stderr, flush=True)
+    if reply.get('refused'):
+      raise RuntimeError(reply['error'])
+    if reply['code'] != 0:
+      raise RunFailed(reply['error'], reply['code'])
+    return reply['record']
+
+  def fine_tune(
+      self, args: Sequence[str], model: Optional[bytes] = None, **options
+  ) -> dict[str, Any]:
+    """`run.fine_tune.fine_tune_run(**options)` of the finished run `args`:
+    its result, sent back (`model`: the saved model's bytes, sent along).
 
     Raises:
       RunFailed: It failed (its error line).
     """
-    reply = self._request({'fine_tune': list(args), 'options': options})
+    request = {'fine_tune': list(args), 'options': options}
+    if model is not None:
+      request['model'] = base64.b64encode(model).decode('ascii')
+    reply = self._request(request)
     if reply['code'] != 0:
       raise RunFailed(reply['error'], reply['code'])
+    return reply['result']
 
-  def export_model(self, args: Sequence[str], path: str) -> None:
-    """`run.fine_tune.export_model(path)` of the finished run `args`.
+  def export_model(self, args: Sequence[str]) -> bytes:
+    """`run.fine_tune.model_bytes()` of the finished run `args`, sent back.
 
     Raises:
       RunFailed: It failed (its error line).
     """
-    reply = self._request({'export_model': list(args), 'path': path})
+    reply = self._request({'export_model': list(args)})
     if reply['code'] != 0:
       raise RunFailed(reply['error'], reply['code'])
+    return base64.b64decode(reply['model'])
 
-  def trivial(self, args: Sequence[str], path: str) -> None:
-    """`run.fine_tune.trivial_scores()` of the task of `args`, written to
-    `path` as JSON.
+  def trivial(self, args: Sequence[str]) -> dict[str, Any]:
+    """`run.fine_tune.trivial_scores()` of the task of `args`, sent back.
 
     Raises:
       RunFailed: It failed (its error line).
     """
-    reply = self._request({'trivial': list(args), 'path': path})
+    reply = self._request({'trivial': list(args)})
     if reply['code'] != 0:
       raise RunFailed(reply['error'], reply['code'])
+    return reply['result']
 
   def check(self, args: Sequence[str]) -> Optional[str]:
     """The binary's error line for `args` without running it, or None.
@@ -339,8 +379,9 @@ def _end_with_driver(driver: int, period: float = 0.5) -> None:
   threading.Thread(target=watch, name='end-with-driver', daemon=True).start()
 
 
-def serve() -> int:
-  """The worker: one request per stdin line, one reply per line."""
+def serve(make_record: Callable[..., dict]) -> int:
+  """The worker: one request per stdin line, one reply per line
+  (`make_record`: `records.make_record`, for `record` requests)."""
   _end_with_driver(os.getppid())
   proto = os.fdopen(os.dup(1), 'w')
   os.dup2(2, 1)  # The binary's printing goes to the log, not the protocol.
@@ -359,7 +400,7 @@ def serve() -> int:
   kill_workers = runtime.kill_workers
   runtime.kill_workers = lambda *args, **kwargs: 0
   try:
-    return _serve_requests(proto, train, fine_tune)
+    return _serve_requests(proto, train, fine_tune, make_record)
   finally:
     runtime.kill_workers = kill_workers
 
@@ -368,7 +409,7 @@ def serve() -> int:
 _INTERRUPTED = (130, 128 + signal.SIGTERM, 128 + signal.SIGHUP)
 
 
-def _serve_requests(proto, train, fine_tune) -> int:
+def _serve_requests(proto, train, fine_tune, make_record) -> int:
   """`serve`'s loop: runs each request; 1 after a bug in the binary."""
   # pylint: disable=g-import-not-at-top
   from absl import flags
@@ -380,13 +421,21 @@ def _serve_requests(proto, train, fine_tune) -> int:
     request = json.loads(line)
     kind = next(
         k
-        for k in ('run', 'check', 'fine_tune', 'export_model', 'trivial')
+        for k in (
+            'run',
+            'record',
+            'check',
+            'fine_tune',
+            'export_model',
+            'trivial',
+        )
         if k in request
     )
     args = request[kind]
     tail = _Tail(real_stderr)
     sys.stderr = tail
     code = 0
+    extra = {}
     try:
       flags_.unparse_flags()
       try:
@@ -403,28 +452,35 @@ def _serve_requests(proto, train, fine_tune) -> int:
           code = 2
       elif code == 0 and kind == 'fine_tune':
         try:
-          fine_tune.fine_tune_run(**request['options'])
+          model = request.get('model')
+          extra['result'] = fine_tune.fine_tune_run(
+              **request['options'],
+              model=None if model is None else base64.b64decode(model),
+          )
         except (ValueError, TypeError, OSError) as e:
           print(f'fine_tune: error: {e}', file=sys.stderr)
           code = 1
       elif code == 0 and kind in ('export_model', 'trivial'):
         try:
           if kind == 'export_model':
-            fine_tune.export_model(request['path'])
+            model = fine_tune.model_bytes()
+            extra['model'] = base64.b64encode(model).decode('ascii')
           else:
-            fine_tune.write_trivial_scores(request['path'])
+            extra['result'] = fine_tune.trivial_scores()
         except (ValueError, TypeError, OSError) as e:
           print(f'{kind}: error: {e}', file=sys.stderr)
           code = 1
+      elif code == 0 and kind == 'record':
+        code, extra = _record(request, train, make_record, tail)
       elif code == 0:
         code = train.main(['train'])
-        if code in _INTERRUPTED:
-          # The driver forwarded a signal to end its runs: this worker ends
-          # too (it would otherwise wait for a next run until the driver's
-          # grace period ran out and killed it).
-          proto.write(json.dumps({'code': code, 'error': 'interrupted'}) + '\n')
-          proto.flush()
-          return code
+      if code in _INTERRUPTED:
+        # The driver forwarded a signal to end its runs: this worker ends
+        # too (it would otherwise wait for a next run until the driver's
+        # grace period ran out and killed it).
+        proto.write(json.dumps({'code': code, 'error': 'interrupted'}) + '\n')
+        proto.flush()
+        return code
     except Exception as e:  # pylint: disable=broad-except
       # A bug in the binary: report it, then end this worker (a fresh one
       # takes the next run) rather than run on in an unknown state.
@@ -436,16 +492,48 @@ def _serve_requests(proto, train, fine_tune) -> int:
     finally:
       sys.stderr = real_stderr
     reply = {'code': code, 'error': tail.error_line() if code else ''}
+    reply.update(extra)
     proto.write(json.dumps(reply) + '\n')
     proto.flush()
   return 0
 
 
-def worker_main() -> None:
+def _record(request, train, make_record, tail) -> tuple[int, dict]:
+  """A `record` request: `make_record` (`records.make_record`) with the
+  parsed flags' run.
+
+  Returns:
+    `(exit code, reply fields)`: the record and the warnings, or `refused`
+    and the error for a folder that holds another run.
+  """
+  warnings = []
+
+  def train_once(args):
+    del args  # Parsed already.
+    code = train.main(['train'])
+    if code:
+      raise RunFailed(tail.error_line(), code)
+
+  try:
+    record = make_record(
+        request['record'],
+        request['rounds'],
+        request['personal'],
+        train_once,
+        warnings.append,
+    )
+  except RunFailed as e:
+    return e.code, {'warnings': warnings}
+  except RuntimeError as e:
+    return 1, {'warnings': warnings, 'refused': True, 'error': str(e)}
+  return 0, {'warnings': warnings, 'record': record}
+
+
+def worker_main(make_record: Callable[..., dict]) -> None:
   """A worker process: `serve`, then end with its TFF workers."""
   code = 1
   try:
-    code = serve()
+    code = serve(make_record)
   finally:
     # pylint: disable=g-import-not-at-top
     from tff_algos import runtime

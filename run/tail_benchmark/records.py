@@ -4,7 +4,9 @@
 `Runs` runs a training run, a fine-tuning or the trivial score in a
 long-lived worker (`run_pool`), or reads it back from its record in
 `--records_dir`; a record holds its arguments, per-client arrays, curve,
-examples, wall time and origin (`origin`). `record_problem` and
+examples, wall time and origin (`origin`). The worker makes a training run's
+record from the run's folder (`make_record`) and sends it back, as it sends
+a fine-tuning's result and the trivial scores. `record_problem` and
 `fine_tuning_problem` say what is wrong with a damaged record.
 """
 
@@ -17,7 +19,7 @@ import shlex
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Optional
 
 from run import atomic
@@ -479,7 +481,9 @@ class Runs:
       if self.origin is not None:
         record['origin'] = self.origin
       if keep_model and not record.get('diverged'):
-        self._worker().export_model(args, self.model_path(name))
+        atomic.write_bytes(
+            self.model_path(name), self._worker().export_model(args)
+        )
       atomic.write_text(self._record_path(name), json.dumps(record))
     with self._lock:
       self.wall[phase] += record['wall_s']
@@ -505,13 +509,10 @@ class Runs:
       return record
     if self.from_records:
       raise MissingRecord(f'no record {path}')
-    tmp = os.path.join(self.log_dir, f'{name}.json')
     try:
-      self._worker().trivial(args, os.path.abspath(tmp))
+      record = {'args': list(args), **self._worker().trivial(args)}
     finally:
       self.release()
-    with open(tmp) as f:
-      record = {'args': list(args), **json.load(f)}
     if self.origin is not None:
       record['origin'] = self.origin
     atomic.write_text(path, json.dumps(rounded(record)))
@@ -519,101 +520,10 @@ class Runs:
       self.used[name] = record
     return record
 
-  def _finished(self, path: str, rounds: int, args: list[str]):
-    """A finished run folder's wall time, or None (then it is run)."""
-    summary = read_json(os.path.join(path, 'summary.json'), 'summary.json')
-    mark = read_json(os.path.join(path, RECORD), RECORD)
-    if summary is None or mark is None:
-      return None
-    done = summary.get('round_num') if isinstance(summary, dict) else None
-    if isinstance(done, int) and done > rounds:
-      raise RuntimeError(
-          f'{path} holds a run of {done} rounds, past the {rounds} asked '
-          'for; use another --output_dir (or remove that folder)'
-      )
-    if isinstance(done, int) and done < rounds:
-      return None  # Fewer rounds (e.g. a first rung's): it continues.
-    if not (
-        isinstance(summary, dict)
-        and isinstance(summary.get('summaries'), dict)
-        and summary.get('round_num') == rounds
-        and isinstance(mark, dict)
-    ):
-      warn(
-          f'{path}: summary.json or {RECORD} of the wrong shape; running '
-          'it again'
-      )
-      return None
-    if mark.get('args') != list(args):
-      raise RuntimeError(
-          f'{path} holds a finished run of other settings; use another '
-          '--output_dir (or remove that folder)'
-      )
-    return float(mark.get('wall_s', math.nan))
-
   def _run(self, args: list[str], rounds: int, personal: bool) -> dict:
-    path = os.path.join(
-        flag_value(args, 'root_output_dir'), flag_value(args, 'experiment_name')
-    )
-    wall = self._finished(path, rounds, args)
-    if wall is not None and not has_clients(path, personal):
-      aside = f'{path}.damaged-{int(time.time())}'
-      os.replace(path, aside)
-      warn(
-          f'{path}: a finished run without its per-client files (clients/); '
-          f'moved to {aside}, running it again'
-      )
-      wall = None
-    if wall is None:
-      earlier = read_json(os.path.join(path, WALL), WALL) or {}
-      before = (
-          float(earlier.get('wall_s', 0.0))
-          if isinstance(earlier, dict)
-          else 0.0
-      )
-      start = time.time()
-      try:
-        self._worker().run(args)
-      except run_pool.RunFailed as e:
-        if not _diverged(e):
-          raise
-        # A run that diverged: in selection the worst score, in the report
-        # a seed the page counts; not an error.
-        return {
-            'args': list(args),
-            'splits': {},
-            'diverged': str(e),
-            'examples': 0,
-            'wall_s': round(before + time.time() - start, 1),
-        }
-      except BaseException:
-        if os.path.isdir(path):  # Its time so far counts when it resumes.
-          atomic.write_text(
-              os.path.join(path, WALL),
-              json.dumps({'wall_s': before + time.time() - start}),
-          )
-        raise
-      wall = before + time.time() - start
-      atomic.write_text(
-          os.path.join(path, RECORD),
-          json.dumps(
-              {
-                  'wall_s': round(wall, 1),
-                  'args': list(args),
-                  'last_wall_s': round(time.time() - start, 1),
-              }
-          ),
-      )
-    summary = read_json(os.path.join(path, 'summary.json'), 'summary.json')
-    return {
-        'args': list(args),
-        'task': (summary or {}).get('task', ''),
-        'splits': rounded(_client_rows(path, personal)),
-        'curve': rounded(_curve(path, rounds)),
-        'examples': _examples(path, rounds),
-        'wall_s': round(wall, 1),
-        **_timed(path, rounds),
-    }
+    """The run's record, made by a worker where the run ran
+    (`make_record`): only the record comes back."""
+    return self._worker().record(args, rounds, personal)
 
   def fine_tune(
       self,
@@ -652,6 +562,7 @@ class Runs:
     if record is None and self.from_records:
       raise MissingRecord(f'no record {self._record_path(name)}')
     if record is None:
+      content = None  # The saved final model, sent to the worker.
       if start == 'final':
         model = self.model_path(run)
         if not os.path.isfile(model):
@@ -661,11 +572,10 @@ class Runs:
               'trains it again)'
           )
         options['model_path'] = os.path.abspath(model)
-      path = os.path.join(flag_value(args, 'root_output_dir'), run)
+        with open(model, 'rb') as f:
+          content = f.read()
       start_s = time.time()
-      self._worker().fine_tune(args, **options)
-      with open(os.path.join(path, 'fine_tuning.json')) as f:
-        result = json.load(f)
+      result = self._worker().fine_tune(args, content, **options)
       record = {
           'args': key,
           'splits': rounded({start: result[start]}),
@@ -679,3 +589,118 @@ class Runs:
       self.wall[phase] += record['wall_s']
       self.used[name] = record
     return record
+
+
+def _finished(path: str, rounds: int, args: Sequence[str], say):
+  """A finished run folder's wall time, or None (then it is run)."""
+  summary = read_json(os.path.join(path, 'summary.json'), 'summary.json')
+  mark = read_json(os.path.join(path, RECORD), RECORD)
+  if summary is None or mark is None:
+    return None
+  done = summary.get('round_num') if isinstance(summary, dict) else None
+  if isinstance(done, int) and done > rounds:
+    raise RuntimeError(
+        f'{path} holds a run of {done} rounds, past the {rounds} asked '
+        'for; use another --output_dir (or remove that folder)'
+    )
+  if isinstance(done, int) and done < rounds:
+    return None  # Fewer rounds (e.g. a first rung's): it continues.
+  if not (
+      isinstance(summary, dict)
+      and isinstance(summary.get('summaries'), dict)
+      and summary.get('round_num') == rounds
+      and isinstance(mark, dict)
+  ):
+    say(
+        f'{path}: summary.json or {RECORD} of the wrong shape; running '
+        'it again'
+    )
+    return None
+  if mark.get('args') != list(args):
+    raise RuntimeError(
+        f'{path} holds a finished run of other settings; use another '
+        '--output_dir (or remove that folder)'
+    )
+  return float(mark.get('wall_s', math.nan))
+
+
+def make_record(
+    args: Sequence[str],
+    rounds: int,
+    personal: bool,
+    train: Callable[[Sequence[str]], None],
+    say: Callable[[str], None] = warn,
+) -> dict:
+  """One training run's record, made where the run's folder is.
+
+  `train(args)` runs `run.train` with `args` (raising `run_pool.RunFailed`
+  for a non-zero exit) unless the folder holds the finished run; a run that
+  diverged is a record that says so. The record holds the arguments, the
+  per-client arrays of each split, the curve, the examples counted and the
+  wall time summed over the run's invocations (`run_pool` workers call this
+  and send the record back to the driver, which keeps it). `say` gets its
+  warnings.
+
+  Raises:
+    RuntimeError: The folder holds another run (one line).
+  """
+  path = os.path.join(
+      flag_value(args, 'root_output_dir'), flag_value(args, 'experiment_name')
+  )
+  wall = _finished(path, rounds, args, say)
+  if wall is not None and not has_clients(path, personal):
+    aside = f'{path}.damaged-{int(time.time())}'
+    os.replace(path, aside)
+    say(
+        f'{path}: a finished run without its per-client files (clients/); '
+        f'moved to {aside}, running it again'
+    )
+    wall = None
+  if wall is None:
+    earlier = read_json(os.path.join(path, WALL), WALL) or {}
+    before = (
+        float(earlier.get('wall_s', 0.0)) if isinstance(earlier, dict) else 0.0
+    )
+    start = time.time()
+    try:
+      train(args)
+    except run_pool.RunFailed as e:
+      if not _diverged(e):
+        raise
+      # A run that diverged: in selection the worst score, in the report
+      # a seed the page counts; not an error.
+      return {
+          'args': list(args),
+          'splits': {},
+          'diverged': str(e),
+          'examples': 0,
+          'wall_s': round(before + time.time() - start, 1),
+      }
+    except BaseException:
+      if os.path.isdir(path):  # Its time so far counts when it resumes.
+        atomic.write_text(
+            os.path.join(path, WALL),
+            json.dumps({'wall_s': before + time.time() - start}),
+        )
+      raise
+    wall = before + time.time() - start
+    atomic.write_text(
+        os.path.join(path, RECORD),
+        json.dumps(
+            {
+                'wall_s': round(wall, 1),
+                'args': list(args),
+                'last_wall_s': round(time.time() - start, 1),
+            }
+        ),
+    )
+  summary = read_json(os.path.join(path, 'summary.json'), 'summary.json')
+  return {
+      'args': list(args),
+      'task': (summary or {}).get('task', ''),
+      'splits': rounded(_client_rows(path, personal)),
+      'curve': rounded(_curve(path, rounds)),
+      'examples': _examples(path, rounds),
+      'wall_s': round(wall, 1),
+      **_timed(path, rounds),
+  }

@@ -112,20 +112,16 @@ def build_fed_prox(
       proximal_strength=proximal_strength,
       name='fedprox' if proximal_strength else 'fedavg',
   )
-  work = client_work_lib.build_local_training_client_work(
+  return composition.build_from_definition(
       model_fn,
-      client_optimizer_fn,
       definition,
-      metrics_aggregator=metrics_aggregator,
-      loop_implementation=loop_implementation,
-  )
-  return composition.compose_model_delta_process(
-      model_fn,
-      work,
-      server_optimizer_fn=server_optimizer_fn,
+      client_optimizer_fn,
+      server_optimizer_fn,
       model_distributor=model_distributor,
       model_aggregator=model_aggregator,
       update_attack=update_attack,
+      metrics_aggregator=metrics_aggregator,
+      loop_implementation=loop_implementation,
   )
 
 

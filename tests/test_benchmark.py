@@ -2245,38 +2245,32 @@ def test_a_finished_folder_without_its_client_files_is_moved_and_run_again(
   assert again['splits'] == first['splits']
 
 
-class _DivergingWorker:
-
-  def run(self, args):
-    del args
-    raise run_pool.RunFailed('run.train: error: round 7 diverged: loss nan', 1)
+def _diverging(args):
+  del args
+  raise run_pool.RunFailed('run.train: error: round 7 diverged: loss nan', 1)
 
 
 def test_a_reported_run_that_diverges_is_a_record_not_an_abort(tmp_path):
   # Selection or report: a run that diverges is recorded as diverged (the
-  # report phase goes on); any other failure stays an error.
-  runs = bench_records.Runs(str(tmp_path / 'rec'), str(tmp_path), 1, False)
-  runs._local.worker = _DivergingWorker()
+  # report phase goes on); any other failure stays an error. The worker
+  # makes the record (`make_record`).
   for holdout in ('validation', 'test'):
     args = [
         f'--root_output_dir={tmp_path}',
         f'--experiment_name=x_{holdout}',
         f'--holdout={holdout}',
     ]
-    record = runs._run(args, 3, False)
+    record = bench_records.make_record(args, 3, False, _diverging)
     assert 'round 7 diverged' in record['diverged']
     assert record['splits'] == {} and record['examples'] == 0
     assert bench_records.record_problem(record) is None
 
-  class _Failing:
+  def failing(args):
+    del args
+    raise run_pool.RunFailed('run.train: error: no such file', 1)
 
-    def run(self, args):
-      del args
-      raise run_pool.RunFailed('run.train: error: no such file', 1)
-
-  runs._local.worker = _Failing()
   with pytest.raises(run_pool.RunFailed, match='no such file'):
-    runs._run(
+    bench_records.make_record(
         [
             f'--root_output_dir={tmp_path}',
             '--experiment_name=y',
@@ -2284,6 +2278,7 @@ def test_a_reported_run_that_diverges_is_a_record_not_an_abort(tmp_path):
         ],
         3,
         False,
+        failing,
     )
 
 

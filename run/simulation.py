@@ -1072,6 +1072,8 @@ def _evaluate(
         include_train=config.eval_train_clients,
         eval_computation=eval_computation,
     )
+    # Personal models can overflow while the global one trains on.
+    _check_evaluation_finite(personal, round_num)
     if outputs:
       write_client_csv(
           os.path.join(

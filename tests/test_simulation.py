@@ -430,3 +430,44 @@ def test_metrics_files_are_what_tffs_release_managers_write(tmp_path):
   assert ours_events == _events(tmp_path / 'tff' / 'tb')
   # Rounds 1-5 (round 3 with 2 more), 4-6 (6 with 2 more), then 2 again.
   assert len(ours_events) == (5 * 5 + 2) + (3 * 5 + 2) + 5
+
+
+def test_personal_models_that_overflow_are_divergence(monkeypatch):
+  # Ditto's personal models can overflow while its global model's training
+  # loss stays finite: the run ends in the divergence line (which the
+  # benchmark records as diverged), not in a traceback from the summaries.
+  finite = {
+      'test': {
+          'client_id': np.array([b'a', b'b']),
+          'num_examples': np.array([3, 4]),
+          'accuracy': np.array([0.5, 0.25]),
+          'loss': np.array([1.0, 2.0]),
+      }
+  }
+  personal = {
+      'personal/test': {
+          **finite['test'],
+          'loss': np.array([1.6e28, np.inf]),
+      }
+  }
+  monkeypatch.setattr(simulation, 'evaluate_per_client', lambda *a, **k: finite)
+  monkeypatch.setattr(
+      simulation, 'evaluate_personal_per_client', lambda *a, **k: personal
+  )
+
+  class Process:
+
+    def get_model_weights(self, state):
+      return state
+
+  config = simulation.SimulationConfig(
+      total_rounds=1, clients_per_round=2, eval_train_clients=False
+  )
+  with pytest.raises(simulation.SimulationError) as info:
+    simulation._evaluate(  # pylint: disable=protected-access
+        Process(), None, None, None, config, None, 7, store=object()
+    )
+  assert str(info.value).startswith(
+      'training diverged at round 7 (the per-client evaluation of its model on'
+      ' personal/test has non-finite loss'
+  )

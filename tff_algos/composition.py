@@ -19,6 +19,11 @@ from tff_algos import client_work as client_work_lib
 from tff_algos import definition as definition_lib
 
 ModelFn = Callable[[], tff.learning.models.VariableModel]
+# A client-work wrapper simulating corrupted clients (`tff_algos.attacks`).
+UpdateAttack = Callable[
+    [tff.learning.templates.ClientWorkProcess],
+    tff.learning.templates.ClientWorkProcess,
+]
 
 
 def compose_model_delta_process(
@@ -32,12 +37,7 @@ def compose_model_delta_process(
     model_aggregator: Optional[tff.aggregators.WeightedAggregationFactory] = (
         None
     ),
-    update_attack: Optional[
-        Callable[
-            [tff.learning.templates.ClientWorkProcess],
-            tff.learning.templates.ClientWorkProcess,
-        ]
-    ] = None,
+    update_attack: Optional[UpdateAttack] = None,
 ) -> tff.learning.templates.LearningProcess:
   """Composes a learning process around a model-delta client work.
 
@@ -110,12 +110,7 @@ def build_from_definition(
     model_aggregator: Optional[tff.aggregators.WeightedAggregationFactory] = (
         None
     ),
-    update_attack: Optional[
-        Callable[
-            [tff.learning.templates.ClientWorkProcess],
-            tff.learning.templates.ClientWorkProcess,
-        ]
-    ] = None,
+    update_attack: Optional[UpdateAttack] = None,
     metrics_aggregator: Optional[Callable[..., tff.Computation]] = None,
     loop_implementation: tff.learning.LoopImplementation = (
         tff.learning.LoopImplementation.DATASET_REDUCE

@@ -98,12 +98,7 @@ def build_term(
     model_aggregator: Optional[tff.aggregators.WeightedAggregationFactory] = (
         None
     ),
-    update_attack: Optional[
-        Callable[
-            [tff.learning.templates.ClientWorkProcess],
-            tff.learning.templates.ClientWorkProcess,
-        ]
-    ] = None,
+    update_attack: Optional[composition.UpdateAttack] = None,
 ) -> tff.learning.templates.LearningProcess:
   """Builds federated TERM (Li et al., ICLR 2021; thesis section 7.7.2.2).
 

@@ -25,12 +25,12 @@ of a run is made in the worker from that folder (`RunWorker.record`,
 `records.make_record`) and only the record travels back to the driver, which
 keeps it, as do a fine-tuning's result, the trivial scores and FedAvg's final
 model (sent back, and sent to the worker that fine-tunes it): the driver
-reads no run folder but its `--plan` calibration run's round times. A worker is a process
-group of its own (`start_new_session`): the driver's `processes.end_children`
-ends it, and the TFF workers under it, on a signal; a driver that dies
-without one (SIGKILL, the OOM killer) is noticed by the worker itself, which
-then ends its group within a second (`_end_with_driver`): the run stops, its
-folder keeps its last checkpoint.
+reads no run folder but its `--plan` calibration run's round times. A worker
+is a process group of its own (`start_new_session`): the driver's
+`processes.end_children` ends it, and the TFF workers under it, on a signal;
+a driver that dies without one (SIGKILL, the OOM killer) is noticed by the
+worker itself, which then ends its group within a second (`_end_with_driver`):
+the run stops, its folder keeps its last checkpoint.
 
 The protocol is one JSON line each way per request, on the worker's stdin
 and on a copy of its original stdout (the binary's own printing goes to

@@ -24,7 +24,7 @@ algorithms; label poisoning is data-level and applies to all
 import dataclasses
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Optional
 
 import tensorflow_federated as tff
@@ -116,16 +116,26 @@ def drops_stragglers(algorithm: str) -> bool:
   return entry is not None and entry.drops_stragglers
 
 
-def flag_wording(error: options_lib.OptionError) -> ValueError:
-  """The `ValueError` of `error` with the options it names as `--flags`."""
+def word_as_flags(
+    error: options_lib.OptionError, flags: Mapping[str, str]
+) -> str:
+  """The message of `error` with the options it names as `--flags`.
+
+  Args:
+    error: The error; its `options` are the option names its message uses.
+    flags: The flag of each option name (absent: the name itself).
+  """
   text = str(error)
   for name in error.options:
     text = re.sub(
-        rf'(?<![-\w]){re.escape(name)}\b',
-        f'--{FLAG_NAMES.get(name, name)}',
-        text,
+        rf'(?<![-\w]){re.escape(name)}\b', f'--{flags.get(name, name)}', text
     )
-  return ValueError(text)
+  return text
+
+
+def flag_wording(error: options_lib.OptionError) -> ValueError:
+  """The `ValueError` of `error` with the options it names as `--flags`."""
+  return ValueError(word_as_flags(error, FLAG_NAMES))
 
 
 @dataclasses.dataclass(frozen=True, init=False)

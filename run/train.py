@@ -13,7 +13,6 @@ same command again resumes from the last checkpoint there.
 """
 
 import errno
-import math
 import os
 import sys
 import typing
@@ -40,8 +39,8 @@ from run import simulation
 from tasks import base as task_base
 from tasks import download
 from tasks import holdout
+from tasks import options as task_options_lib
 from tasks import registry
-from tasks import synthetic
 from tff_algos import attacks
 from tff_algos import options as options_lib
 from tff_algos import registry as algorithm_registry
@@ -172,11 +171,6 @@ _STATE_DIR = flags.DEFINE_string(
     'client_state_dir',
     None,
     'Folder of the client-state store (default <experiment>/client_states).',
-)
-_VAL_FRACTION = flags.DEFINE_float(
-    'synthetic_validation_fraction',
-    0.0,
-    'Synthetic per-client validation fraction (Ditto lambda selection).',
 )
 # User-level differential privacy (privacy/, issue 6).
 _CLIP = flags.DEFINE_float(
@@ -347,10 +341,6 @@ _LOOP = flags.DEFINE_string(
     'How clients iterate their data in TFF: dataset_reduce or '
     "dataset_iterator (TFF's advice for GPUs).",
 )
-# Task options.
-_DATA_DIR = flags.DEFINE_string(
-    'data_dir', None, "Folder with TFF's cached dataset files (~/.tff)."
-)
 _DOWNLOAD = flags.DEFINE_boolean(
     'download',
     False,
@@ -358,97 +348,22 @@ _DOWNLOAD = flags.DEFINE_boolean(
     'progress bar, verified, resumable; see tasks/download.py). Off: a '
     'missing file stops the run and nothing touches the network.',
 )
-_USE_SYNTHETIC = flags.DEFINE_boolean(
-    'use_synthetic_data',
-    False,
-    "File tasks: use TFF's small synthetic stand-in data instead of files.",
-)
-_NUM_CLIENTS = flags.DEFINE_integer(
-    'num_clients', 100, 'Synthetic tasks: number of clients.'
-)
-_ALPHA = flags.DEFINE_float('synthetic_alpha', 1.0, 'Synthetic alpha.')
-_BETA = flags.DEFINE_float('synthetic_beta', 1.0, 'Synthetic beta.')
-_SIZE_LAW = flags.DEFINE_string(
-    'synthetic_size_law',
-    'fedprox',
-    'Synthetic client sizes: fedprox, table_4_4 or constant.',
-)
-_TEST_FRACTION = flags.DEFINE_float(
-    'synthetic_test_fraction', 0.2, 'Synthetic per-client test fraction.'
-)
-_MIN_EXAMPLES = flags.DEFINE_integer(
-    'min_examples', 0, 'File tasks: drop clients with fewer examples.'
-)
-_TEST_CLIENTS = flags.DEFINE_float(
-    'test_clients_fraction',
-    0.0,
-    'Evaluate on this fraction of unseen clients, the Delta-FL protocol (0: '
-    "each client's own test split).",
-)
-_MAX_CLIENTS = flags.DEFINE_integer(
-    'max_clients', None, 'File tasks: keep at most this many clients.'
-)
-_EMNIST_MODEL = flags.DEFINE_string(
-    'emnist_model',
-    'cnn_dropout',
-    'emnist_character model: linear, convnet, cnn_dropout, cnn or 2nn.',
-)
-_ONLY_DIGITS = flags.DEFINE_boolean(
-    'only_digits', False, 'emnist_character: 10 digit classes only.'
-)
-_SHAKESPEARE_PRESET = flags.DEFINE_string(
-    'shakespeare_preset',
-    'deltafl',
-    "shakespeare_leaf: the seed's setting, "
-    'deltafl, qffl or fedprox (see docs/tasks.md).',
-)
-_MAX_EXAMPLES = flags.DEFINE_integer(
-    'max_examples_per_client',
-    None,
-    "shakespeare_leaf scale-down: keep each role's first N windows.",
-)
-_RNN_UNITS = flags.DEFINE_integer(
-    'rnn_units',
-    None,
-    "shakespeare_leaf scale-down: recurrent width instead of the preset's.",
-)
-_PRESET_FLAGS = ('shakespeare_preset', 'max_examples_per_client', 'rnn_units')
+# One flag per task option (`tasks.registry`), by flag name.
+_TASK_FLAGS: dict[str, flags.FlagHolder] = {}
 
-_LEAF_DIR = flags.DEFINE_string(
-    'leaf_dir',
-    None,
-    'leaf: folder of a LEAF-format dataset (train/*.json, test/*.json).',
-)
-_LEAF_DATASET = flags.DEFINE_string(
-    'leaf_dataset',
-    'auto',
-    'leaf: femnist, sent140, shakespeare or auto (detected from the data).',
-)
-_LEAF_MODEL = flags.DEFINE_string(
-    'leaf_model',
-    None,
-    "leaf: femnist cnn (LEAF's), convnet or linear; "
-    'sent140 stacked_lstm or bag_log_reg; shakespeare stacked_lstm (default: '
-    "the first, LEAF's).",
-)
-_LEAF_LSTM_UNITS = flags.DEFINE_integer(
-    'leaf_lstm_units',
-    None,
-    'leaf: units of the stacked LSTMs (default '
-    "LEAF's: 256 shakespeare, 100 sent140).",
-)
-_LEAF_VOCAB = flags.DEFINE_integer(
-    'leaf_vocab_size',
-    None,
-    'leaf sent140: most frequent training tokens kept (default 10000).',
-)
-_LEAF_FLAGS = (
-    'leaf_dir',
-    'leaf_dataset',
-    'leaf_model',
-    'leaf_lstm_units',
-    'leaf_vocab_size',
-)
+
+def define_task_flags() -> None:
+  """Defines a flag per option of the registered tasks (new ones only).
+
+  Its default, help and the tasks it applies to come from the option's
+  declaration; values are checked by the task's options (`task_options`).
+  """
+  for name, flag in registry.option_flags().items():
+    if name not in _TASK_FLAGS:
+      _TASK_FLAGS[name] = _DEFINE[flag.kind](name, flag.default, flag.help)
+
+
+define_task_flags()
 
 
 class UsageError(ValueError):
@@ -459,75 +374,81 @@ def num_classes_for_attack() -> int:
   """Label classes for --attack=label_poison (0 when not poisoning)."""
   if _ATTACK.value != 'label_poison':
     return 0
-  if _TASK.value in registry.SYNTHETIC_TASKS:
-    return synthetic.NUM_CLASSES
-  if _TASK.value == 'emnist_character':
-    return 10 if _ONLY_DIGITS.value else 62
-  raise UsageError(
-      '--attack=label_poison applies to the classification tasks '
-      f'({", ".join(registry.SYNTHETIC_TASKS)}, emnist_character), not '
-      f'{_TASK.value}'
-  )
-
-
-def _in_range(
-    flag: str,
-    value: float,
-    low: float,
-    high: float,
-    *,
-    low_open: bool = False,
-    high_open: bool = True,
-) -> None:
-  ok = (low < value if low_open else low <= value) and (
-      value < high if high_open else value <= high
-  )
-  if not ok or math.isnan(value):
+  entry = task_entry()
+  if entry.label_classes is None:
+    classifiers = [
+        t.name for t in registry.TASKS.values() if t.label_classes is not None
+    ]
     raise UsageError(
-        f'--{flag} must be in {"(" if low_open else "["}{low:g}, {high:g}'
-        f'{")" if high_open else "]"}, got {value}'
+        '--attack=label_poison applies to the classification tasks '
+        f'({", ".join(classifiers)}), not {entry.name}'
     )
+  return entry.label_classes(task_options())
+
+
+def task_entry() -> task_options_lib.Task:
+  """The registry entry of `--task`."""
+  if _TASK.value not in registry.TASKS:
+    raise UsageError(
+        f'unknown --task={_TASK.value!r}; choose one of: '
+        f'{", ".join(registry.TASK_NAMES)}'
+    )
+  return registry.TASKS[_TASK.value]
+
+
+def task_options() -> task_options_lib.TaskOptions:
+  """The options of `--task` from its flags, checked.
+
+  An option takes its flag's value when the flag is given and its own
+  default otherwise (a flag shared by tasks has one default). A task flag
+  given for a task that does not take it is refused, naming the tasks it
+  applies to.
+  """
+  entry = task_entry()
+  own = entry.flags()
+  for name, flag in registry.option_flags().items():
+    if flags.FLAGS[name].present and name not in own.values():
+      raise UsageError(
+          f'--{name} applies to --task={", ".join(flag.owners)}, not '
+          f'--task={entry.name}'
+      )
+  if _DOWNLOAD.value and not download.files_for_task(entry.name):
+    readers = [t for t in registry.TASK_NAMES if download.files_for_task(t)]
+    raise UsageError(
+        "--download applies to the tasks read from TFF's files "
+        f'({", ".join(readers)}), not --task={entry.name}'
+    )
+  fields = options_lib.fields_of(entry.options)
+  options = entry.options(
+      **{
+          name: _TASK_FLAGS[flag].value
+          if flags.FLAGS[flag].present
+          else fields[name].default
+          for name, flag in own.items()
+      }
+  )
+  try:
+    for name, field in fields.items():
+      options_lib.check_value(name, getattr(options, name), field.metadata)
+  except options_lib.OptionError as e:
+    raise UsageError(algorithms.word_as_flags(e, own)) from None
+  try:
+    options.check()
+  except options_lib.OptionError as e:
+    raise UsageError(
+        f'--task={entry.name} {algorithms.word_as_flags(e, own)}'
+    ) from None
+  return options
 
 
 def check_task_flags() -> None:
-  """Checks the task flags, naming them as the user typed them.
-
-  The tasks' own messages name their keyword arguments (`test_fraction`
-  stands for two flags there).
-  """
-  _in_range('test_clients_fraction', _TEST_CLIENTS.value, 0, 1)
-  if _TASK.value in registry.SYNTHETIC_TASKS:
-    _in_range(
-        'synthetic_test_fraction', _TEST_FRACTION.value, 0, 1, low_open=True
-    )
-    _in_range(
-        'synthetic_validation_fraction',
-        _VAL_FRACTION.value,
-        0,
-        1 - _TEST_FRACTION.value,
-    )
-    for flag in (_ALPHA, _BETA):
-      _in_range(flag.name, flag.value, 0, float('inf'))
-    if _SIZE_LAW.value not in synthetic.SIZE_LAWS:
-      raise UsageError(
-          f'unknown --synthetic_size_law={_SIZE_LAW.value!r}; '
-          f'choose one of: {", ".join(synthetic.SIZE_LAWS)}'
-      )
-  if _MIN_EXAMPLES.value < 0:
-    raise UsageError(f'--min_examples must be >= 0, got {_MIN_EXAMPLES.value}')
-  if _MAX_CLIENTS.value is not None and _MAX_CLIENTS.value < 1:
-    raise UsageError(f'--max_clients must be >= 1, got {_MAX_CLIENTS.value}')
+  """Checks the task flags, naming them as the user typed them."""
+  task_options()
 
 
 def task_kwargs() -> dict:
   """Arguments of `tasks.registry.create_task` from the flags."""
-  check_task_flags()
-  name = _TASK.value
-  if name not in registry.TASK_NAMES:
-    raise UsageError(
-        f'unknown --task={name!r}; choose one of: '
-        f'{", ".join(registry.TASK_NAMES)}'
-    )
+  options = task_options()
   if _BATCH_SIZE.value < 1:
     raise UsageError(
         f'--client_batch_size must be >= 1, got {_BATCH_SIZE.value}'
@@ -535,98 +456,13 @@ def task_kwargs() -> dict:
   data_seed = _SEED.value if _DATA_SEED.value is None else _DATA_SEED.value
   if data_seed < 0:
     raise UsageError(f'--data_seed must be >= 0, got {data_seed}')
-  kwargs = {'seed': data_seed, 'batch_size': _BATCH_SIZE.value}
-  if name not in registry.PRESET_TASKS:
-    for flag in _PRESET_FLAGS:
-      if flags.FLAGS[flag].present:
-        raise UsageError(f'--{flag} applies to --task=shakespeare_leaf only')
-  elif (
-      flags.FLAGS['min_examples'].present
-      or flags.FLAGS['test_clients_fraction'].present
-  ):
-    raise UsageError(
-        '--task=shakespeare_leaf takes its selection rule and '
-        'split from --shakespeare_preset; drop --min_examples and'
-        ' --test_clients_fraction'
-    )
-
-  if name in registry.SYNTHETIC_TASKS or name in registry.REGRESSION_TASKS:
-    for flag in ('data_dir', 'download', 'use_synthetic_data'):
-      if flags.FLAGS[flag].present:  # Would be silently ignored.
-        raise UsageError(
-            f'--{flag} applies to the tasks read from files, not '
-            f'--task={name} (built-in data)'
-        )
-  leaf_flags = [f for f in _LEAF_FLAGS if flags.FLAGS[f].present]
-  if name != 'leaf' and leaf_flags:
-    raise UsageError(f'--{leaf_flags[0]} applies to --task=leaf only')
-  if name == 'leaf':
-    for flag in ('data_dir', 'use_synthetic_data'):
-      if flags.FLAGS[flag].present:
-        raise UsageError(f'--task=leaf reads --leaf_dir, not --{flag}')
-    if not _LEAF_DIR.value:
-      raise UsageError(
-          '--task=leaf reads a LEAF-format dataset: pass '
-          '--leaf_dir (the folder holding train/ and test/)'
-      )
-    kwargs.update(
-        leaf_dir=_LEAF_DIR.value,
-        leaf_dataset=(
-            None if _LEAF_DATASET.value == 'auto' else _LEAF_DATASET.value
-        ),
-        min_examples=_MIN_EXAMPLES.value,
-        test_clients_fraction=_TEST_CLIENTS.value,
-        max_clients=_MAX_CLIENTS.value,
-        model=_LEAF_MODEL.value,
-        lstm_units=_LEAF_LSTM_UNITS.value,
-        vocab_size=_LEAF_VOCAB.value,
-    )
-    return kwargs
-  if name in registry.REGRESSION_TASKS:
-    # Fed+ section 5.1: 10 parties unless --num_clients is given.
-    if flags.FLAGS['num_clients'].present:
-      kwargs['num_parties'] = _NUM_CLIENTS.value
-    return kwargs
-  if name in registry.SYNTHETIC_TASKS:
-    if _NUM_CLIENTS.value < 1:
-      raise UsageError(f'--num_clients must be >= 1, got {_NUM_CLIENTS.value}')
-    kwargs.update(
-        num_clients=_NUM_CLIENTS.value,
-        alpha=_ALPHA.value,
-        beta=_BETA.value,
-        size_law=_SIZE_LAW.value,
-        test_fraction=_TEST_FRACTION.value,
-        test_clients_fraction=_TEST_CLIENTS.value,
-    )
-    if _VAL_FRACTION.value:
-      kwargs['validation_fraction'] = _VAL_FRACTION.value
-  else:
-    if not _USE_SYNTHETIC.value and not _DATA_DIR.value:
-      raise UsageError(
-          f'--task={name} reads TFF dataset files: pass --data_dir (the '
-          'folder holding them), or --use_synthetic_data'
-      )
-    if name in registry.PRESET_TASKS:
-      kwargs.update(
-          preset=_SHAKESPEARE_PRESET.value,
-          data_dir=_DATA_DIR.value,
-          use_synthetic_data=_USE_SYNTHETIC.value,
-          max_clients=_MAX_CLIENTS.value,
-          max_examples_per_client=_MAX_EXAMPLES.value,
-          rnn_units=_RNN_UNITS.value,
-      )
-      if _DATA_SEED.value is not None:
-        kwargs['model_seed'] = _SEED.value
-      return kwargs
-    kwargs.update(
-        data_dir=_DATA_DIR.value,
-        use_synthetic_data=_USE_SYNTHETIC.value,
-        min_examples=_MIN_EXAMPLES.value,
-        test_clients_fraction=_TEST_CLIENTS.value,
-        max_clients=_MAX_CLIENTS.value,
-    )
-    if name == 'emnist_character':
-      kwargs.update(model=_EMNIST_MODEL.value, only_digits=_ONLY_DIGITS.value)
+  kwargs = {
+      'seed': data_seed,
+      'batch_size': _BATCH_SIZE.value,
+      **options.task_kwargs(),
+  }
+  if task_entry().model_seed and _DATA_SEED.value is not None:
+    kwargs['model_seed'] = _SEED.value
   return kwargs
 
 
@@ -684,10 +520,10 @@ def build_task():
   """The task the flags name, with its holdout parts (downloaded first
   where `--download` asks)."""
   kwargs = task_kwargs()
-  if _DOWNLOAD.value and not _USE_SYNTHETIC.value:
+  if _DOWNLOAD.value and not kwargs['use_synthetic_data']:
     download.ensure(
         download.files_for_task(_TASK.value),
-        _DATA_DIR.value,
+        kwargs['data_dir'],
         progress=_PROGRESS.value,
     )
   task = registry.create_task(_TASK.value, **kwargs)

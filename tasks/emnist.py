@@ -29,6 +29,7 @@ Every model takes `(x [B, 28, 28, 1] float32, y [B] int32)` and reports
 `accuracy` (sparse categorical accuracy) and the cross-entropy loss.
 """
 
+import dataclasses
 import os
 from typing import Optional
 
@@ -38,6 +39,7 @@ from tensorflow_federated.python.simulation.baselines.emnist import emnist_model
 
 from tasks import base
 from tasks import data_files
+from tasks import options as task_options
 
 MODELS = ('linear', 'convnet', 'cnn_dropout', 'cnn', '2nn')
 SHUFFLE_BUFFER_SIZE = 10_000  # Larger than any writer (418 examples at most).
@@ -256,3 +258,30 @@ def create_task(
           f'model {model}, {num_classes(only_digits)} classes'
       ),
   )
+
+
+@dataclasses.dataclass(frozen=True)
+class EmnistOptions(task_options.DataFiles, task_options.ClientChoice):
+  """Options of `emnist_character`."""
+
+  only_digits: bool = task_options.option(False, '10 digit classes only.')
+  model: str = task_options.option(
+      'cnn_dropout',
+      'Model: linear, convnet, cnn_dropout, cnn or 2nn.',
+      choices=MODELS,
+      flag='emnist_model',
+  )
+
+
+def _label_classes(options: EmnistOptions) -> int:
+  return 10 if options.only_digits else 62
+
+
+TASK = task_options.Task(
+    name='emnist_character',
+    data='`emnist_all.sqlite` in data_dir',
+    model='linear / convnet / cnn_dropout / cnn / 2nn',
+    options=EmnistOptions,
+    create=create_task,
+    label_classes=_label_classes,
+)

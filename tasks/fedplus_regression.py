@@ -21,13 +21,15 @@ j = 50, 100, ...); the error is the per-sample MSE.
 """
 
 import collections
-from typing import Optional
+import dataclasses
+from typing import Any, Optional
 
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
 from tasks import base
+from tasks import options as task_options
 
 DIM = 1000
 
@@ -132,3 +134,24 @@ def create_task(
           f'd={dim}; linear regression'
       ),
   )
+
+
+@dataclasses.dataclass(frozen=True)
+class FedPlusRegressionOptions(task_options.TaskOptions):
+  """Options of `fedplus_regression`."""
+
+  num_parties: int = task_options.option(
+      10, 'Number of parties (Fed+: 10).', low=2, flag='num_clients'
+  )
+
+  def task_kwargs(self) -> dict[str, Any]:
+    return {} if self.num_parties == 10 else {'num_parties': self.num_parties}
+
+
+TASK = task_options.Task(
+    name='fedplus_regression',
+    data='Fed+ section 5.1 synthetic regression, built in',
+    model='linear regression (MSE)',
+    options=FedPlusRegressionOptions,
+    create=create_task,
+)

@@ -94,6 +94,7 @@ from tasks import base
 from tasks import data_files
 from tasks import emnist
 from tasks import leaf_cache
+from tasks import options as task_options
 
 DATASETS = ('femnist', 'sent140', 'shakespeare')
 MODELS = {
@@ -1012,3 +1013,62 @@ def create_task(
           f'{examples} training examples, {protocol}; model {model}{detail}'
       ),
   )
+
+
+@dataclasses.dataclass(frozen=True)
+class LeafOptions(task_options.ClientChoice):
+  """Options of `leaf` (flags `leaf_*`)."""
+
+  leaf_dir: Optional[str] = task_options.option(
+      None, 'Folder of a LEAF-format dataset (train/*.json, test/*.json).'
+  )
+  leaf_dataset: str = task_options.option(
+      'auto',
+      'femnist, sent140, shakespeare or auto (detected from the data).',
+      choices=DATASETS + ('auto',),
+  )
+  max_clients: Optional[int] = task_options.option(
+      None, 'Keep at most this many clients.', low=1
+  )
+  model: Optional[str] = task_options.option(
+      None,
+      "femnist cnn (LEAF's), convnet or linear; sent140 stacked_lstm or "
+      "bag_log_reg; shakespeare stacked_lstm (default: the first, LEAF's).",
+      flag='leaf_model',
+  )
+  lstm_units: Optional[int] = task_options.option(
+      None,
+      "Units of the stacked LSTMs (default LEAF's: 256 shakespeare, 100 "
+      'sent140).',
+      low=1,
+      flag='leaf_lstm_units',
+  )
+  vocab_size: Optional[int] = task_options.option(
+      None,
+      'sent140: most frequent training tokens kept (default 10000).',
+      low=1,
+      flag='leaf_vocab_size',
+  )
+
+  def check(self) -> None:
+    if not self.leaf_dir:
+      raise task_options.OptionError(
+          'reads a LEAF-format dataset: pass leaf_dir (the folder holding '
+          'train/ and test/)',
+          'leaf_dir',
+      )
+
+  def task_kwargs(self) -> dict[str, Any]:
+    kwargs = super().task_kwargs()
+    if self.leaf_dataset == 'auto':
+      kwargs['leaf_dataset'] = None
+    return kwargs
+
+
+TASK = task_options.Task(
+    name='leaf',
+    data='LEAF JSON (train/, test/) in leaf_dir',
+    model="LEAF's CNN, stacked LSTMs, bag of words",
+    options=LeafOptions,
+    create=create_task,
+)

@@ -29,6 +29,7 @@ embedding's `mask_zero` mask to the loss (checked in the tests).
 `min_examples` counts raw snippets, not windows.
 """
 
+import dataclasses
 import os
 from typing import Optional
 
@@ -39,6 +40,7 @@ from tensorflow_federated.python.simulation.baselines.shakespeare import char_pr
 
 from tasks import base
 from tasks import data_files
+from tasks import options as task_options
 
 CHAR_VOCAB = tuple(char_prediction_preprocessing.CHAR_VOCAB)
 PAD, OOV, BOS, EOS = char_prediction_preprocessing.get_special_tokens()
@@ -255,3 +257,17 @@ def create_task(
           f'char LSTM 2x256, windows of {sequence_length}'
       ),
   )
+
+
+@dataclasses.dataclass(frozen=True)
+class ShakespeareOptions(task_options.DataFiles, task_options.ClientChoice):
+  """Options of `shakespeare_character`."""
+
+
+TASK = task_options.Task(
+    name='shakespeare_character',
+    data='`shakespeare.sqlite` in data_dir',
+    model="TFF's character LSTM",
+    options=ShakespeareOptions,
+    create=create_task,
+)

@@ -45,6 +45,7 @@ import tensorflow_federated as tff
 
 from tasks import base
 from tasks import data_files
+from tasks import options as task_options
 
 LEAF_VOCAB = (
     '\n !"&\'(),-.0123456789:;>?ABCDEFGHIJKLMNOPQRSTUVWXYZ[]'
@@ -549,3 +550,32 @@ def create_task(
           f'{model}'
       ),
   )
+
+
+@dataclasses.dataclass(frozen=True)
+class ShakespeareLeafOptions(task_options.DataFiles):
+  """Options of `shakespeare_leaf`: its preset fixes the client selection
+  and the split (no `min_examples`, no `test_clients_fraction`)."""
+
+  preset: str = task_options.option(
+      'deltafl',
+      "The seed's setting, deltafl, qffl or fedprox (see docs/tasks.md).",
+      choices=tuple(PRESETS),
+      flag='shakespeare_preset',
+  )
+  max_examples_per_client: Optional[int] = task_options.option(
+      None, "Scale-down: keep each role's first N windows.", low=1
+  )
+  rnn_units: Optional[int] = task_options.option(
+      None, "Scale-down: recurrent width instead of the preset's.", low=1
+  )
+
+
+TASK = task_options.Task(
+    name='shakespeare_leaf',
+    data='`shakespeare.sqlite` in data_dir, LEAF windows',
+    model="the seeds' GRU / LSTM (`preset`: deltafl, qffl, fedprox)",
+    options=ShakespeareLeafOptions,
+    create=create_task,
+    model_seed=True,
+)

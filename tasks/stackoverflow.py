@@ -35,6 +35,8 @@ epochs repeated after batching, so batches never straddle epochs; seeded
 initialisers. `min_examples` counts raw examples (posts' sentences).
 """
 
+import dataclasses
+import functools
 import os
 from typing import Optional
 
@@ -46,6 +48,7 @@ from tensorflow_federated.python.simulation.baselines.stackoverflow import word_
 
 from tasks import base
 from tasks import data_files
+from tasks import options as task_options
 
 TASK_TYPES = ('word', 'tag')
 DEFAULT_WORD_VOCAB_SIZE = 10_000
@@ -414,3 +417,24 @@ def create_task(
           f'{model_text}'
       ),
   )
+
+
+@dataclasses.dataclass(frozen=True)
+class StackOverflowOptions(task_options.DataFiles, task_options.ClientChoice):
+  """Options of `stackoverflow_word` and `stackoverflow_tag`."""
+
+
+WORD_TASK = task_options.Task(
+    name='stackoverflow_word',
+    data='`stackoverflow.sqlite` + word counts',
+    model="TFF's next-word LSTM",
+    options=StackOverflowOptions,
+    create=functools.partial(create_task, task_type='word'),
+)
+TAG_TASK = task_options.Task(
+    name='stackoverflow_tag',
+    data='`stackoverflow.sqlite` + counts',
+    model="TFF's tag logistic regression",
+    options=StackOverflowOptions,
+    create=functools.partial(create_task, task_type='tag'),
+)

@@ -29,19 +29,23 @@ Decisions where the thesis is silent (documented in docs/tasks.md):
 """
 
 import collections
-import math
 from collections.abc import Sequence
-from typing import Optional
+import dataclasses
+import functools
+import math
+from typing import Any, Optional
 
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
 from tasks import base
+from tasks import options as task_options
 
 NUM_FEATURES = 60
 NUM_CLASSES = 10
 SIZE_LAWS = ('fedprox', 'table_4_4', 'constant')
+option = task_options.option
 
 
 def client_sizes(
@@ -332,3 +336,85 @@ def create_task(
           f' examples ({size_law} sizes, {protocol}); softmax regression 60x10'
       ),
   )
+
+
+@dataclasses.dataclass(frozen=True)
+class SyntheticOptions(task_options.TaskOptions):
+  """Options of `synthetic` and `synthetic_iid` (flags `synthetic_*`)."""
+
+  num_clients: int = option(100, 'Number of clients.', low=1)
+  alpha: float = option(
+      1.0, 'Model heterogeneity.', low=0, flag='synthetic_alpha'
+  )
+  beta: float = option(
+      1.0, 'Feature heterogeneity.', low=0, flag='synthetic_beta'
+  )
+  size_law: str = option(
+      'fedprox',
+      'Client sizes: fedprox, table_4_4 or constant.',
+      choices=SIZE_LAWS,
+      flag='synthetic_size_law',
+  )
+  test_fraction: float = option(
+      0.2,
+      'Per-client test fraction.',
+      low=0,
+      high=1,
+      low_open=True,
+      high_open=True,
+      flag='synthetic_test_fraction',
+  )
+  validation_fraction: float = option(
+      0.0,
+      'Per-client validation fraction (Ditto lambda selection).',
+      low=0,
+      high=1,
+      high_open=True,
+      flag='synthetic_validation_fraction',
+  )
+  test_clients_fraction: float = option(
+      0.0,
+      'Evaluate on this fraction of unseen clients, the Delta-FL protocol (0: '
+      "each client's own test split).",
+      low=0,
+      high=1,
+      high_open=True,
+  )
+
+  def check(self) -> None:
+    if self.validation_fraction >= 1 - self.test_fraction:
+      raise task_options.OptionError(
+          f'takes validation_fraction in [0, {1 - self.test_fraction:g}) '
+          f'(below 1 - test_fraction), got {self.validation_fraction}',
+          'validation_fraction',
+          'test_fraction',
+      )
+
+  def task_kwargs(self) -> dict[str, Any]:
+    kwargs = super().task_kwargs()
+    if not self.validation_fraction:
+      del kwargs['validation_fraction']
+    return kwargs
+
+
+def _label_classes(options: SyntheticOptions) -> int:
+  del options
+  return NUM_CLASSES
+
+
+TASK = task_options.Task(
+    name='synthetic',
+    data='Synthetic(alpha, beta), built in',
+    model='softmax regression 60x10',
+    options=SyntheticOptions,
+    create=create_task,
+    label_classes=_label_classes,
+)
+IID_TASK = task_options.Task(
+    name='synthetic_iid',
+    data='Synthetic-IID, built in',
+    model='softmax regression 60x10',
+    options=SyntheticOptions,
+    create=functools.partial(create_task, iid=True),
+    label_classes=_label_classes,
+)

@@ -202,3 +202,23 @@ def test_the_option_table_is_the_registrys():
   assert option_table.table() not in changed
   with pytest.raises(ValueError, match='no table'):
     option_table.replace('no markers here', 'x')
+
+
+def test_the_task_option_table_is_the_registrys():
+  # docs/tasks.md's task option table is generated from the tasks'
+  # declarations (`python -m tools.option_table --write` after a change).
+  from tasks import registry  # pylint: disable=g-import-not-at-top
+  from tools import option_table  # pylint: disable=g-import-not-at-top
+
+  tasks_md = (ROOT / 'docs' / 'tasks.md').read_text()
+  assert (
+      option_table.task_table() in tasks_md
+  ), 'docs/tasks.md: run python -m tools.option_table --write'
+  rows = [
+      l for l in option_table.task_table().splitlines() if l.startswith('| `')
+  ]
+  assert len(rows) == len(registry.option_flags())
+  assert (
+      '| `--num_clients` | `synthetic`, `synthetic_iid`, `fedplus_regression` '
+      '| 100 (`fedplus_regression`: 10) | >= 1 | Number of clients. |'
+  ) in rows

@@ -620,7 +620,7 @@ def test_bad_input_through_the_binary_one_line_exit_2(dirs, tmp_path):
       ),
       (
           ['--task=leaf', f'--leaf_dir={femnist}', '--leaf_dataset=reddit'],
-          "unknown LEAF dataset 'reddit'",
+          "unknown --leaf_dataset='reddit'; choose one of: femnist, sent140",
       ),
       (
           ['--task=leaf', f'--leaf_dir={femnist}', '--leaf_vocab_size=9'],
@@ -628,11 +628,13 @@ def test_bad_input_through_the_binary_one_line_exit_2(dirs, tmp_path):
       ),
       (
           ['--task=leaf', f'--leaf_dir={femnist}', '--data_dir=/tmp'],
-          '--task=leaf reads --leaf_dir, not --data_dir',
+          '--data_dir applies to --task=emnist_character, '
+          'shakespeare_character, stackoverflow_word, stackoverflow_tag, '
+          'shakespeare_leaf, not --task=leaf',
       ),
       (
           ['--task=synthetic', f'--leaf_dir={femnist}'],
-          '--leaf_dir applies to --task=leaf only',
+          '--leaf_dir applies to --task=leaf, not --task=synthetic',
       ),
   ]
   with subprocess.Popen(

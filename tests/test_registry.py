@@ -177,6 +177,7 @@ def test_options_are_frozen_dataclasses_with_help_and_ranges(name):
         'low_open',
         'high_open',
         'choices',
+        'flag',
     }
   # The representative options are valid.
   entry.options(**entry.example).validate()

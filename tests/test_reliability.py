@@ -41,6 +41,7 @@ SMALL = [
     '--seed=3',
     '--progress=false',
 ]
+_SYNTHETIC_FLAGS = ('--num_clients', '--synthetic_size_law')
 MAINS = {
     'train': train.main,
     'program': program.main,
@@ -165,13 +166,14 @@ SHARED_CASES = [
     (['--test_clients_fraction=-0.1'], 2, '--test_clients_fraction must be'),
     (['--synthetic_test_fraction=2'], 2, '--synthetic_test_fraction must be'),
     (['--synthetic_test_fraction=nan'], 2, '--synthetic_test_fraction'),
-    (['--synthetic_alpha=-1'], 2, '--synthetic_alpha must be'),
+    (['--synthetic_alpha=-1'], 2, '--synthetic_alpha must be >= 0, got -1'),
     (['--synthetic_beta=inf'], 2, '--synthetic_beta must be'),
     (['--synthetic_size_law=bogus'], 2, '--synthetic_size_law'),
     (
         ['--synthetic_validation_fraction=0.9'],
         2,
-        '--synthetic_validation_fraction',
+        '--task=synthetic takes --synthetic_validation_fraction in [0, 0.8) '
+        '(below 1 - --synthetic_test_fraction), got 0.9',
     ),
     (['--task=emnist_character'], 2, 'pass --data_dir'),
     (
@@ -193,6 +195,16 @@ SHARED_CASES = [
         2,
         '--max_clients must be >= 1',
     ),
+    (
+        [
+            '--task=emnist_character',
+            '--use_synthetic_data',
+            '--synthetic_alpha=2',
+        ],
+        2,
+        '--synthetic_alpha applies to --task=synthetic, synthetic_iid, not '
+        '--task=emnist_character',
+    ),
     (['--attack=bogus'], 2, "unknown --attack='bogus'"),
     (['--aggregator=bogus'], 2, "unknown --aggregator='bogus'"),
     (['--clip=-1'], 2, '--clip must be >= 0'),
@@ -208,8 +220,26 @@ SHARED_CASES = [
     ),
     (['--seed=x'], 2, 'seed'),
     (['--seed=-1'], 2, '--seed must be >= 0, got -1'),
-    (['--download'], 2, '--download applies to the tasks read from files'),
-    (['--data_dir={scratch}'], 2, '--data_dir applies to the tasks read'),
+    (
+        ['--download'],
+        2,
+        "--download applies to the tasks read from TFF's files "
+        '(emnist_character, shakespeare_character, stackoverflow_word, '
+        'stackoverflow_tag), not --task=synthetic',
+    ),
+    (
+        ['--data_dir={scratch}'],
+        2,
+        '--data_dir applies to --task=emnist_character, '
+        'shakespeare_character, stackoverflow_word, stackoverflow_tag, '
+        'shakespeare_leaf, not --task=synthetic',
+    ),
+    (
+        ['--shakespeare_preset=qffl'],
+        2,
+        '--shakespeare_preset applies to --task=shakespeare_leaf, not '
+        '--task=synthetic',
+    ),
     (['--nosuchflag=1'], 2, "Unknown command line flag 'nosuchflag'"),
     (['--flagfile={scratch}/missing.flags'], 2, 'Unable to open flagfile'),
     (['stray'], 2, 'unexpected arguments: stray'),
@@ -328,8 +358,11 @@ def test_bad_input_is_one_line_and_touches_nothing(
     earlier, which, args, code, text
 ):
   before = tree_hashes(earlier['run'])
+  small = SMALL
+  if '--task=emnist_character' in args:  # Without the synthetic task's flags.
+    small = [a for a in SMALL if a.split('=')[0] not in _SYNTHETIC_FLAGS]
   argv = (
-      SMALL
+      small
       + BASE[which]
       + [
           f'--root_output_dir={earlier["root"]}',

@@ -20,6 +20,7 @@ names (`OptionError.options`); a command line adds its own flag wording.
 from collections.abc import Callable, Mapping
 import dataclasses
 import math
+import typing
 from typing import Any, Optional
 
 import tensorflow_federated as tff
@@ -44,6 +45,7 @@ def option(
     low_open: bool = False,
     high_open: bool = False,
     choices: tuple[str, ...] = (),
+    flag: Optional[str] = None,
 ) -> Any:
   """A dataclass field with its default, valid range and one-line help.
 
@@ -55,6 +57,8 @@ def option(
     low_open: `low` itself is invalid.
     high_open: `high` itself is invalid.
     choices: The valid values of a string option.
+    flag: The command-line flag that sets it, where it is not the option's
+      name (tasks: `synthetic_alpha` sets `alpha`).
 
   Returns:
     A `dataclasses.field` whose metadata holds the above.
@@ -68,8 +72,14 @@ def option(
           low_open=low_open,
           high_open=high_open,
           choices=choices,
+          flag=flag,
       ),
   )
+
+
+def flag_of(field: dataclasses.Field) -> str:
+  """The command-line flag of a declared option."""
+  return field.metadata.get('flag') or field.name
 
 
 def range_text(meta: Mapping[str, Any]) -> str:
@@ -107,6 +117,8 @@ def check_value(name: str, value: Any, meta: Mapping[str, Any]) -> None:
           f'{", ".join(meta["choices"])}',
           name,
       )
+    return
+  if isinstance(value, str):  # A free string: its user checks it.
     return
   values = value if isinstance(value, tuple) else (value,)
   for v in values:
@@ -155,6 +167,16 @@ class Options:
 def fields_of(options_class: type) -> dict[str, dataclasses.Field]:
   """The declared options of an options class, by name."""
   return {f.name: f for f in dataclasses.fields(options_class)}
+
+
+def field_type(options_class: type, name: str) -> Any:
+  """The declared type of an option (`Optional[X]` gives X; `tuple[X, ...]`
+  gives tuple)."""
+  hint = typing.get_type_hints(options_class)[name]
+  args = [a for a in typing.get_args(hint) if a is not type(None)]  # pylint: disable=unidiomatic-typecheck
+  if typing.get_origin(hint) is typing.Union and len(args) == 1:
+    hint = args[0]
+  return typing.get_origin(hint) or hint
 
 
 def given(options: Options) -> list[str]:

@@ -28,7 +28,6 @@ The others run on the tff, batched and stacked engines.
 
 import dataclasses
 from collections.abc import Mapping
-import typing
 from typing import Any
 
 from tff_algos import afl
@@ -112,12 +111,7 @@ def owners(option: str) -> tuple[str, ...]:
 def option_type(option: str) -> Any:
   """The declared type of `option` (`Optional[X]` gives X; `tuple[X, ...]`
   gives tuple)."""
-  owner = get(owners(option)[0]).options
-  hint = typing.get_type_hints(owner)[option]
-  args = [a for a in typing.get_args(hint) if a is not type(None)]  # pylint: disable=unidiomatic-typecheck
-  if typing.get_origin(hint) is typing.Union and len(args) == 1:
-    hint = args[0]
-  return typing.get_origin(hint) or hint
+  return options_lib.field_type(get(owners(option)[0]).options, option)
 
 
 def default_of(option: str) -> Any:

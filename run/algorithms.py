@@ -9,10 +9,10 @@ aggregation, attacks and DP. Errors from `tff_algos` name options;
 `AlgorithmSpec.validate` words them as this package's flags (`--name`).
 
 Robust aggregation (`aggregator`, for the algorithms whose registry entry
-has `aggregators`): `mean` (default), `geometric_median` (`gm_passes`),
-`coordinate_median`, `trimmed_mean` (`trim_fraction`), `krum`
-(`krum_num_byzantine`, `krum_num_selected`), `clip` (`clip_norm` or
-`clip_target_quantile`); see `tff_algos.aggregators`. Update attacks
+has `aggregators`): the entries of `tff_algos.aggregators.AGGREGATORS`
+(`mean`, the default, `geometric_median`, `coordinate_median`,
+`trimmed_mean`, `krum`, `clip`), each with its declared options
+(`gm_passes`, ...), given by name. Update attacks
 (`attack` = gaussian or model_replacement, `attack_scale`) apply to the same
 algorithms; label poisoning is data-level and applies to all
 (`tff_algos.attacks`). User-level DP (`privacy.dp_aggregation`, issue 6):
@@ -39,23 +39,6 @@ from tff_algos import registry
 # The built-in algorithms (`tff_algos.registry.names()` adds registered ones).
 ALGORITHM_NAMES = registry.names()
 OPTIMIZERS = ('sgd', 'adam', 'adagrad', 'yogi')
-AGGREGATORS = (
-    'mean',
-    'geometric_median',
-    'coordinate_median',
-    'trimmed_mean',
-    'krum',
-    'clip',
-)
-# Aggregator options: (spec field, the aggregator it belongs to).
-AGGREGATOR_OPTIONS = (
-    ('gm_passes', 'geometric_median'),
-    ('trim_fraction', 'trimmed_mean'),
-    ('krum_num_byzantine', 'krum'),
-    ('krum_num_selected', 'krum'),
-    ('clip_norm', 'clip'),
-    ('clip_target_quantile', 'clip'),
-)
 SERVER_OPTIMIZERS = OPTIMIZERS + ('dp2',)
 WEIGHTINGS = {
     'num_examples': tff.learning.ClientWeighting.NUM_EXAMPLES,
@@ -158,12 +141,6 @@ class AlgorithmSpec:
   server_momentum: float = 0.0
   client_weighting: str = 'num_examples'
   aggregator: str = 'mean'
-  gm_passes: Optional[int] = None
-  trim_fraction: Optional[float] = None
-  krum_num_byzantine: Optional[int] = None
-  krum_num_selected: Optional[int] = None
-  clip_norm: Optional[float] = None
-  clip_target_quantile: Optional[float] = None
   attack: str = 'none'
   attack_scale: Optional[float] = None
   noise_multiplier: float = 0.0
@@ -179,9 +156,18 @@ class AlgorithmSpec:
   # Option values given by name that do not make this algorithm's options
   # (refused by `validate`).
   option_values: tuple[tuple[str, Any], ...] = ()
+  # The aggregators' options given (other than their defaults), by name
+  # (`tff_algos.aggregators`; another aggregator's are refused by `validate`).
+  aggregator_values: tuple[tuple[str, Any], ...] = ()
 
   def __init__(self, name: str, options: Any = None, **settings: Any):
     run_wide = {f.name for f in dataclasses.fields(AlgorithmSpec)}
+    defaults = aggregators.option_defaults()
+    given = dict(settings.pop('aggregator_values', ()))
+    given.update({k: settings.pop(k) for k in list(settings) if k in defaults})
+    settings['aggregator_values'] = tuple(
+        sorted((k, v) for k, v in given.items() if v != defaults[k])
+    )
     values = dict(settings.pop('option_values', ()))
     values.update(
         {k: settings.pop(k) for k in list(settings) if k not in run_wide}
@@ -210,6 +196,14 @@ class AlgorithmSpec:
     """Whether clients keep a state across rounds (Ditto, Fed+)."""
     entry = registry.ALGORITHMS.get(self.name)
     return entry is not None and entry.stateful
+
+  def aggregator_options(self) -> options_lib.Options:
+    """The options of the spec's aggregator (raises `KeyError` if unknown)."""
+    entry = aggregators.AGGREGATORS[self.aggregator]
+    own = options_lib.fields_of(entry.options)
+    return entry.options(
+        **{k: v for k, v in self.aggregator_values if k in own}
+    )
 
   @property
   def uses_dp(self) -> bool:
@@ -295,31 +289,37 @@ class AlgorithmSpec:
 
   def _validate_robustness(self, entry: options_lib.Algorithm) -> None:
     """Aggregator and attack options (one message per problem)."""
-    if self.aggregator not in AGGREGATORS:
+    if self.aggregator not in aggregators.AGGREGATORS:
       raise ValueError(
           f'unknown --aggregator={self.aggregator!r}; choose one'
-          f' of: {", ".join(AGGREGATORS)}'
+          f' of: {", ".join(aggregators.AGGREGATORS)}'
       )
     if self.aggregator != 'mean' and not entry.aggregators:
       raise ValueError(
           f'--aggregator={self.aggregator} applies to '
           f'{", ".join(aggregator_algorithms())}, not {self.name}'
       )
-    for field, owner in AGGREGATOR_OPTIONS:
-      if getattr(self, field) is not None and self.aggregator != owner:
+    owners = aggregators.option_owners()
+    for field, _ in self.aggregator_values:
+      if owners[field] != self.aggregator:
         raise ValueError(
-            f'--{field} applies to --aggregator={owner}, not '
+            f'--{field} applies to --aggregator={owners[field]}, not '
             f'{self.aggregator}'
         )
-    if self.aggregator == 'clip' and (
-        (self.clip_norm is None) == (self.clip_target_quantile is None)
-    ):
+    options = self.aggregator_options()
+    try:
+      for field in dataclasses.fields(options):
+        options_lib.check_value(
+            field.name, getattr(options, field.name), field.metadata
+        )
+    except options_lib.OptionError as e:
+      raise flag_wording(e) from None
+    try:
+      options.check()
+    except options_lib.OptionError as e:
       raise ValueError(
-          '--aggregator=clip needs exactly one of --clip_norm '
-          '(fixed) and --clip_target_quantile (adaptive)'
-      )
-    if self.aggregator == 'krum' and self.krum_num_byzantine is None:
-      raise ValueError('--aggregator=krum needs --krum_num_byzantine')
+          f'--aggregator={self.aggregator} {flag_wording(e)}'
+      ) from None
     if self.attack not in attacks.ATTACKS:
       raise ValueError(
           f'unknown --attack={self.attack!r}; choose one of: '
@@ -416,10 +416,13 @@ class AlgorithmSpec:
   def _describe_robustness(self) -> str:
     parts = []
     if self.aggregator != 'mean':
+      given = dict(self.aggregator_values)
       options = ', '.join(
-          f'{field}={getattr(self, field)}'
-          for field, owner in AGGREGATOR_OPTIONS
-          if owner == self.aggregator and getattr(self, field) is not None
+          f'{field}={given[field]}'
+          for field in options_lib.fields_of(
+              aggregators.AGGREGATORS[self.aggregator].options
+          )
+          if field in given
       )
       parts.append(
           f'aggregator {self.aggregator}' + (f' ({options})' if options else '')
@@ -457,28 +460,8 @@ def model_aggregator(
     spec: AlgorithmSpec,
 ) -> Optional[tff.aggregators.WeightedAggregationFactory]:
   """The `tff_algos.aggregators` factory named by the spec (None: mean)."""
-  if spec.aggregator == 'geometric_median':
-    return aggregators.build_geometric_median(
-        num_passes=3 if spec.gm_passes is None else spec.gm_passes
-    )
-  if spec.aggregator == 'coordinate_median':
-    return aggregators.build_coordinate_median()
-  if spec.aggregator == 'trimmed_mean':
-    return aggregators.build_trimmed_mean(
-        trim_fraction=0.1 if spec.trim_fraction is None else spec.trim_fraction
-    )
-  if spec.aggregator == 'krum':
-    return aggregators.build_krum(
-        num_byzantine=spec.krum_num_byzantine,
-        num_selected=spec.krum_num_selected,
-    )
-  if spec.aggregator == 'clip':
-    if spec.clip_norm is not None:
-      return aggregators.build_clipping(clip_norm=spec.clip_norm)
-    return aggregators.build_clipping(
-        adaptive=True, target_quantile=spec.clip_target_quantile
-    )
-  return None
+  entry = aggregators.AGGREGATORS[spec.aggregator]
+  return entry.build(spec.aggregator_options())
 
 
 def update_attack(

@@ -41,6 +41,7 @@ from tasks import download
 from tasks import holdout
 from tasks import options as task_options_lib
 from tasks import registry
+from tff_algos import aggregators
 from tff_algos import attacks
 from tff_algos import options as options_lib
 from tff_algos import registry as algorithm_registry
@@ -234,31 +235,27 @@ _STRAGGLERS = flags.DEFINE_float(
 _AGGREGATOR = flags.DEFINE_string(
     'aggregator',
     'mean',
-    f'Model aggregator: {", ".join(algorithms.AGGREGATORS)} (not mean: '
+    f'Model aggregator: {", ".join(aggregators.AGGREGATORS)} (not mean: '
     f'{", ".join(algorithms.robust_algorithms())}).',
 )
-_GM_PASSES = flags.DEFINE_integer(
-    'gm_passes', None, 'geometric_median: Weiszfeld passes (default 3).'
-)
-_TRIM_FRACTION = flags.DEFINE_float(
-    'trim_fraction',
-    None,
-    'trimmed_mean: fraction dropped at each end, in [0, 0.5) (default 0.1).',
-)
-_KRUM_F = flags.DEFINE_integer(
-    'krum_num_byzantine', None, 'krum: f, corrupted clients expected per round.'
-)
-_KRUM_M = flags.DEFINE_integer(
-    'krum_num_selected',
-    None,
-    'krum: updates averaged (1: Krum; default n - f, multi-Krum).',
-)
-_CLIP_NORM = flags.DEFINE_float('clip_norm', None, 'clip: fixed L2 norm C.')
-_CLIP_QUANTILE = flags.DEFINE_float(
-    'clip_target_quantile',
-    None,
-    'clip: adaptive C tracking this quantile of update norms (0.5: median).',
-)
+# One flag per aggregator option (`tff_algos.aggregators`), by option name.
+_AGGREGATOR_FLAGS: dict[str, flags.FlagHolder] = {}
+
+
+def define_aggregator_flags() -> None:
+  """Defines a flag per option of the registered aggregators (new ones
+  only), its help naming its aggregator."""
+  for entry in aggregators.AGGREGATORS.values():
+    for name, field in options_lib.fields_of(entry.options).items():
+      if name not in _AGGREGATOR_FLAGS:
+        kind = options_lib.field_type(entry.options, name)
+        _AGGREGATOR_FLAGS[name] = _DEFINE[kind](
+            name, field.default, f'{entry.name}: {field.metadata["help"]}'
+        )
+
+
+define_aggregator_flags()
+
 _ATTACK = flags.DEFINE_string(
     'attack',
     'none',
@@ -568,12 +565,9 @@ def prepare(writer: str = 'train') -> Prepared:
       server_momentum=_SERVER_MOMENTUM.value,
       client_weighting=_WEIGHTING.value,
       aggregator=_AGGREGATOR.value,
-      gm_passes=_GM_PASSES.value,
-      trim_fraction=_TRIM_FRACTION.value,
-      krum_num_byzantine=_KRUM_F.value,
-      krum_num_selected=_KRUM_M.value,
-      clip_norm=_CLIP_NORM.value,
-      clip_target_quantile=_CLIP_QUANTILE.value,
+      aggregator_values=tuple(
+          (name, holder.value) for name, holder in _AGGREGATOR_FLAGS.items()
+      ),
       attack=_ATTACK.value,
       attack_scale=_ATTACK_SCALE.value,
       noise_multiplier=_NOISE.value,
@@ -589,18 +583,10 @@ def prepare(writer: str = 'train') -> Prepared:
       **algorithm_option_values(),
   )
   spec.validate()
-  if spec.aggregator == 'krum':
-    f, k = spec.krum_num_byzantine, _CLIENTS_PER_ROUND.value
-    if k <= 2 * f + 2:
-      raise UsageError(
-          f'--krum_num_byzantine={f} needs --clients_per_round > '
-          f"2f + 2 = {2 * f + 2} (Krum's condition), got {k}"
-      )
-    if (spec.krum_num_selected or 0) > k:
-      raise UsageError(
-          f'--krum_num_selected={spec.krum_num_selected} exceeds '
-          f'--clients_per_round={k}'
-      )
+  try:
+    spec.aggregator_options().check_clients(_CLIENTS_PER_ROUND.value)
+  except options_lib.OptionError as e:
+    raise UsageError(algorithms.flag_wording(e)) from None
   attack = attacks.AttackConfig(
       kind=_ATTACK.value,
       fraction=_ATTACK_FRACTION.value,

@@ -28,14 +28,32 @@ from tff_algos import stateful
             dict(aggregator='krum', trim_fraction=0.1),
             '--trim_fraction applies to --aggregator=trimmed_mean',
         ),
-        (dict(aggregator='clip'), 'exactly one of --clip_norm'),
+        (
+            dict(aggregator='clip'),
+            '--aggregator=clip needs exactly one of --clip_norm (fixed) and '
+            '--clip_target_quantile (adaptive)',
+        ),
         (
             dict(aggregator='clip', clip_norm=1.0, clip_target_quantile=0.5),
             'exactly one of --clip_norm',
         ),
-        (dict(aggregator='krum'), 'needs --krum_num_byzantine'),
-        (dict(aggregator='trimmed_mean', trim_fraction=0.5), 'trim_fraction'),
-        (dict(aggregator='geometric_median', gm_passes=-1), 'num_passes'),
+        (dict(aggregator='clip', clip_norm=0.0), '--clip_norm must be > 0'),
+        (
+            dict(aggregator='krum'),
+            '--aggregator=krum needs --krum_num_byzantine',
+        ),
+        (
+            dict(aggregator='krum', krum_num_byzantine=1, krum_num_selected=0),
+            '--krum_num_selected must be >= 1, got 0',
+        ),
+        (
+            dict(aggregator='trimmed_mean', trim_fraction=0.5),
+            '--trim_fraction must be in [0, 0.5), got 0.5',
+        ),
+        (
+            dict(aggregator='geometric_median', gm_passes=-1),
+            '--gm_passes must be >= 0, got -1',
+        ),
         (dict(attack='flip'), "unknown --attack='flip'"),
         (dict(name='afl', attack='gaussian'), 'not afl'),
         (

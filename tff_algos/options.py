@@ -391,3 +391,46 @@ class Algorithm:
     for key in self.example:
       if key not in names:
         raise ValueError(f'{self.name}: example option {key} unknown')
+
+
+class AggregatorOptions(Options):
+  """Base of an aggregator's options."""
+
+  def check_clients(self, clients_per_round: int) -> None:
+    """Raises `OptionError` if the options cannot aggregate this many
+    clients a round (the message names the options and
+    `clients_per_round`)."""
+    del clients_per_round
+
+
+@dataclasses.dataclass(frozen=True)
+class Aggregator:
+  """A model aggregator's entry (`tff_algos.aggregators.AGGREGATORS`).
+
+  Attributes:
+    name: Its name (`aggregator` of a run).
+    options: Its options class (a frozen dataclass deriving from
+      `AggregatorOptions`; `check` states what it needs, e.g. Krum its number
+      of corrupted clients, `check_clients` what it needs of the clients per
+      round). Option names are unique across aggregators.
+    build: `build(options)` gives its
+      `tff.aggregators.WeightedAggregationFactory` (None: the weighted mean
+      of the algorithm's builder).
+    summary: What it aggregates to, in a few words.
+  """
+
+  name: str
+  options: type
+  build: Callable[[Any], Any]
+  summary: str
+
+  def __post_init__(self):
+    if not (
+        isinstance(self.options, type)
+        and issubclass(self.options, AggregatorOptions)
+        and dataclasses.is_dataclass(self.options)
+    ):
+      raise TypeError(
+          f'aggregator {self.name!r}: options must be an AggregatorOptions '
+          f'dataclass, got {self.options!r}'
+      )

@@ -17,10 +17,13 @@ rounds instead of computing it within the round (the exact within-round
 median would reveal every norm to the server).
 """
 
+import dataclasses
 import math
 from typing import Optional
 
 import tensorflow_federated as tff
+
+from tff_algos import options as options_lib
 
 
 def _positive_float(name: str, value) -> float:
@@ -93,3 +96,47 @@ def build_clipping(
       learning_rate=rate,
   )
   return tff.aggregators.clipping_factory(estimator, inner_factory)
+
+
+@dataclasses.dataclass(frozen=True)
+class ClippingOptions(options_lib.AggregatorOptions):
+  """Options of `aggregator=clip`."""
+
+  clip_norm: Optional[float] = options_lib.option(
+      None, 'Fixed L2 norm C.', low=0, low_open=True
+  )
+  clip_target_quantile: Optional[float] = options_lib.option(
+      None,
+      'Adaptive C tracking this quantile of update norms (0.5: median).',
+      low=0,
+      high=1,
+      low_open=True,
+      high_open=True,
+  )
+
+  def check(self) -> None:
+    if (self.clip_norm is None) == (self.clip_target_quantile is None):
+      raise options_lib.OptionError(
+          'needs exactly one of clip_norm (fixed) and clip_target_quantile '
+          '(adaptive)',
+          'clip_norm',
+          'clip_target_quantile',
+      )
+
+
+def _build(
+    options: ClippingOptions,
+) -> tff.aggregators.WeightedAggregationFactory:
+  if options.clip_norm is not None:
+    return build_clipping(clip_norm=options.clip_norm)
+  return build_clipping(
+      adaptive=True, target_quantile=options.clip_target_quantile
+  )
+
+
+AGGREGATOR = options_lib.Aggregator(
+    name='clip',
+    options=ClippingOptions,
+    build=_build,
+    summary='L2 clipping, then the weighted mean',
+)

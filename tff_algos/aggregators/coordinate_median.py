@@ -12,9 +12,11 @@ unweighted, as in the paper, and an even count averages the two middle values
 """
 
 import collections
+import dataclasses
 
 import tensorflow as tf
 
+from tff_algos import options as options_lib
 from tff_algos.aggregators import stacked
 
 
@@ -37,3 +39,20 @@ class CoordinateMedianFactory(stacked.StackedAggregationFactory):
 def build_coordinate_median() -> CoordinateMedianFactory:
   """A `CoordinateMedianFactory`."""
   return CoordinateMedianFactory()
+
+
+@dataclasses.dataclass(frozen=True)
+class CoordinateMedianOptions(options_lib.AggregatorOptions):
+  """Takes no options."""
+
+
+def _build(options: CoordinateMedianOptions):
+  return build_coordinate_median()
+
+
+AGGREGATOR = options_lib.Aggregator(
+    name='coordinate_median',
+    options=CoordinateMedianOptions,
+    build=_build,
+    summary='the coordinate-wise median',
+)

@@ -23,10 +23,14 @@ objective at the weighted mean and at the returned estimate.
 """
 
 import collections
+import dataclasses
+from typing import Optional
 
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
+
+from tff_algos import options as options_lib
 
 
 def _check_float_structure(value_type, name: str) -> None:
@@ -146,3 +150,26 @@ def build_geometric_median(
 ) -> GeometricMedianFactory:
   """A `GeometricMedianFactory` (see its arguments)."""
   return GeometricMedianFactory(num_passes=num_passes, smoothing=smoothing)
+
+
+@dataclasses.dataclass(frozen=True)
+class GeometricMedianOptions(options_lib.AggregatorOptions):
+  """Options of `aggregator=geometric_median`."""
+
+  gm_passes: Optional[int] = options_lib.option(
+      None, 'Weiszfeld passes (default 3).', low=0
+  )
+
+
+def _build(options: GeometricMedianOptions):
+  return build_geometric_median(
+      num_passes=3 if options.gm_passes is None else options.gm_passes
+  )
+
+
+AGGREGATOR = options_lib.Aggregator(
+    name='geometric_median',
+    options=GeometricMedianOptions,
+    build=_build,
+    summary='the smoothed Weiszfeld geometric median (RFA)',
+)

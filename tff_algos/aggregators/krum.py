@@ -17,10 +17,12 @@ the weighted mean (FedAvg). Gathers every update at the server
 """
 
 import collections
+import dataclasses
 from typing import Optional
 
 import tensorflow as tf
 
+from tff_algos import options as options_lib
 from tff_algos.aggregators import stacked
 
 
@@ -81,3 +83,50 @@ def build_krum(
 ) -> KrumFactory:
   """A `KrumFactory` (see its arguments)."""
   return KrumFactory(num_byzantine=num_byzantine, num_selected=num_selected)
+
+
+@dataclasses.dataclass(frozen=True)
+class KrumOptions(options_lib.AggregatorOptions):
+  """Options of `aggregator=krum`."""
+
+  krum_num_byzantine: Optional[int] = options_lib.option(
+      None, 'f, corrupted clients expected per round.', low=0
+  )
+  krum_num_selected: Optional[int] = options_lib.option(
+      None, 'Updates averaged (1: Krum; default n - f, multi-Krum).', low=1
+  )
+
+  def check(self) -> None:
+    if self.krum_num_byzantine is None:
+      raise options_lib.OptionError(
+          'needs krum_num_byzantine', 'krum_num_byzantine'
+      )
+
+  def check_clients(self, clients_per_round: int) -> None:
+    f, k = self.krum_num_byzantine, clients_per_round
+    if k <= 2 * f + 2:
+      raise options_lib.OptionError(
+          f'krum_num_byzantine={f} needs clients_per_round > 2f + 2 = '
+          f"{2 * f + 2} (Krum's condition), got {k}",
+          'krum_num_byzantine',
+          'clients_per_round',
+      )
+    if (self.krum_num_selected or 0) > k:
+      raise options_lib.OptionError(
+          f'krum_num_selected={self.krum_num_selected} exceeds '
+          f'clients_per_round={k}',
+          'krum_num_selected',
+          'clients_per_round',
+      )
+
+
+def _build(options: KrumOptions):
+  return build_krum(
+      num_byzantine=options.krum_num_byzantine,
+      num_selected=options.krum_num_selected,
+  )
+
+
+AGGREGATOR = options_lib.Aggregator(
+    name='krum', options=KrumOptions, build=_build, summary='(multi-)Krum'
+)

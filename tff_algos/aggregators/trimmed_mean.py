@@ -15,10 +15,13 @@ secure-aggregation compatible.
 """
 
 import collections
+import dataclasses
 import math
+from typing import Optional
 
 import tensorflow as tf
 
+from tff_algos import options as options_lib
 from tff_algos.aggregators import stacked
 
 
@@ -69,3 +72,32 @@ class TrimmedMeanFactory(stacked.StackedAggregationFactory):
 def build_trimmed_mean(*, trim_fraction: float) -> TrimmedMeanFactory:
   """A `TrimmedMeanFactory` (see its arguments)."""
   return TrimmedMeanFactory(trim_fraction=trim_fraction)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrimmedMeanOptions(options_lib.AggregatorOptions):
+  """Options of `aggregator=trimmed_mean`."""
+
+  trim_fraction: Optional[float] = options_lib.option(
+      None,
+      'Fraction dropped at each end (default 0.1).',
+      low=0,
+      high=0.5,
+      high_open=True,
+  )
+
+
+def _build(options: TrimmedMeanOptions):
+  return build_trimmed_mean(
+      trim_fraction=0.1
+      if options.trim_fraction is None
+      else options.trim_fraction
+  )
+
+
+AGGREGATOR = options_lib.Aggregator(
+    name='trimmed_mean',
+    options=TrimmedMeanOptions,
+    build=_build,
+    summary='the coordinate-wise (weighted) trimmed mean',
+)

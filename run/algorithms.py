@@ -308,7 +308,7 @@ class AlgorithmSpec:
         )
     options = self.aggregator_options()
     try:
-      for field in dataclasses.fields(options):
+      for field in options_lib.fields_of(type(options)).values():
         options_lib.check_value(
             field.name, getattr(options, field.name), field.metadata
         )

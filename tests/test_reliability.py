@@ -360,7 +360,9 @@ def test_bad_input_is_one_line_and_touches_nothing(
   before = tree_hashes(earlier['run'])
   small = SMALL
   if '--task=emnist_character' in args:  # Without the synthetic task's flags.
-    small = [a for a in SMALL if a.split('=')[0] not in _SYNTHETIC_FLAGS]
+    small = [
+        a for a in SMALL if a.split('=', maxsplit=1)[0] not in _SYNTHETIC_FLAGS
+    ]
   argv = (
       small
       + BASE[which]

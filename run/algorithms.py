@@ -197,7 +197,7 @@ class AlgorithmSpec:
     entry = registry.ALGORITHMS.get(self.name)
     return entry is not None and entry.stateful
 
-  def aggregator_options(self) -> options_lib.Options:
+  def aggregator_options(self) -> options_lib.AggregatorOptions:
     """The options of the spec's aggregator (raises `KeyError` if unknown)."""
     entry = aggregators.AGGREGATORS[self.aggregator]
     own = options_lib.fields_of(entry.options)

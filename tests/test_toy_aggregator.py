@@ -58,10 +58,12 @@ TOY = options_lib.Aggregator(
 )
 
 # The training binary with the toy registered first (so its flag exists).
+BINARY = 'run.train'
 _LAUNCH = (
-    'import sys; from tests import test_toy_aggregator as toy;'
+    'import importlib, sys; from tests import test_toy_aggregator as toy;'
     ' from tff_algos import aggregators; aggregators.register(toy.TOY);'
-    ' from run import train; sys.argv[0] = "train"; train.run_main()'
+    f' train = importlib.import_module({BINARY!r}); sys.argv[0] = "train";'
+    ' train.run_main()'
 )
 ARGS = [
     '--task=synthetic',

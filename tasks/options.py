@@ -63,12 +63,10 @@ class DataFiles(TaskOptions):
       )
 
 
-@dataclasses.dataclass(frozen=True)
-class ClientChoice(TaskOptions):
-  """Options choosing a file task's clients and its unseen ones."""
-
-  min_examples: int = option(0, 'Drop clients with fewer examples.', low=0)
-  test_clients_fraction: float = option(
+def unseen_clients_option() -> Any:
+  """The `test_clients_fraction` option (the Delta-FL protocol's unseen
+  clients), as every task taking it declares it."""
+  return option(
       0.0,
       'Evaluate on this fraction of unseen clients, the Delta-FL protocol (0: '
       "each client's own test split).",
@@ -76,6 +74,14 @@ class ClientChoice(TaskOptions):
       high=1,
       high_open=True,
   )
+
+
+@dataclasses.dataclass(frozen=True)
+class ClientChoice(TaskOptions):
+  """Options choosing a file task's clients and its unseen ones."""
+
+  min_examples: int = option(0, 'Drop clients with fewer examples.', low=0)
+  test_clients_fraction: float = unseen_clients_option()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -372,14 +372,7 @@ class SyntheticOptions(task_options.TaskOptions):
       high_open=True,
       flag='synthetic_validation_fraction',
   )
-  test_clients_fraction: float = option(
-      0.0,
-      'Evaluate on this fraction of unseen clients, the Delta-FL protocol (0: '
-      "each client's own test split).",
-      low=0,
-      high=1,
-      high_open=True,
-  )
+  test_clients_fraction: float = task_options.unseen_clients_option()
 
   def check(self) -> None:
     if self.validation_fraction >= 1 - self.test_fraction:

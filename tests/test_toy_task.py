@@ -32,14 +32,7 @@ class ToyTaskOptions(task_options.TaskOptions):
   clients: int = task_options.option(
       6, 'Toy task: number of clients.', low=2, flag='toy_clients'
   )
-  test_clients_fraction: float = task_options.option(
-      0.0,
-      'Evaluate on this fraction of unseen clients, the Delta-FL protocol (0: '
-      "each client's own test split).",
-      low=0,
-      high=1,
-      high_open=True,
-  )
+  test_clients_fraction: float = task_options.unseen_clients_option()
 
 
 def _create(*, clients, test_clients_fraction, seed, batch_size):

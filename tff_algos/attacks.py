@@ -287,6 +287,34 @@ class UpdateAttack:
     return wrap_client_work(client_work, self)
 
 
+def marked_data_type(data_type):
+  """The type of a client's data with its attack marker."""
+  return collections.OrderedDict(
+      [('data', data_type), (MARKER_KEY, MARKER_TYPE)]
+  )
+
+
+def build_update_attack(attack: UpdateAttack, update_type) -> tff.Computation:
+  """`(update, markers) -> update`, attacked where the client is marked.
+
+  For processes that are not composed of a client work (Ditto's): what
+  `wrap_client_work` does to a `ClientResult`, on the update alone.
+
+  Raises:
+    TypeError: If `attack` is not an `UpdateAttack`.
+  """
+  if not isinstance(attack, UpdateAttack):
+    raise TypeError('update_attack must be a tff_algos.attacks.UpdateAttack')
+  kind, scale = attack.kind, float(attack.scale)
+
+  @tff.tensorflow.computation(update_type, MARKER_TYPE)
+  def attack_update(update, markers):
+    marker = markers.reduce(tf.zeros([2], tf.int32), lambda _, m: m)
+    return attacked_update(update, marker, kind=kind, scale=scale)
+
+  return attack_update
+
+
 def wrap_client_work(
     client_work: tff.learning.templates.ClientWorkProcess,
     attack: UpdateAttack,
@@ -324,10 +352,7 @@ def wrap_client_work(
   @tff.federated_computation(
       state_type,
       weights_type,
-      tff.FederatedType(
-          collections.OrderedDict(data=data_type.member, attack=MARKER_TYPE),
-          tff.CLIENTS,
-      ),
+      tff.FederatedType(marked_data_type(data_type.member), tff.CLIENTS),
   )
   def next_fn(state, weights, client_data):
     output = client_work.next(state, weights, client_data.data)

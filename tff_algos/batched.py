@@ -528,6 +528,133 @@ class _ClientPasses:
     return loss, count, work
 
 
+def _round_function(
+    model, clients, definition, server_opt, trainable_specs, metric_specs
+):
+  """The round as one `tf.function` of (weights, server-optimizer state,
+  client streams, personal models, server state, client indices): every
+  client's passes and work in client order, their sums, the server step."""
+  pass_kind = definition.loss_pass  # A Python string: static branches.
+  sees_clients = definition.server_sees_clients
+
+  def zeros(specs):
+    return tf.nest.map_structure(lambda s: tf.zeros(s.shape, s.dtype), specs)
+
+  def client_arrays(specs, size):
+    return tuple(tf.TensorArray(s.dtype, size=size) for s in specs)
+
+  @tf.function
+  def round_fn(weights, opt_state, streams, personal, server_state, indices):
+    weights = tff.learning.models.ModelWeights(
+        trainable=list(tf.nest.flatten(weights.trainable)),
+        non_trainable=list(tf.nest.flatten(weights.non_trainable)),
+    )
+    num_clients = tf.size(streams[2])
+    losses = counts = None
+    if pass_kind == 'fresh':
+      losses, counts = clients.broadcast_losses(weights, streams)
+    context = definition.prepare(losses, counts)
+    if definition.server_state is not None:
+      context = dict(context, server_state=server_state)
+    # Per-client outputs, collected only when the definition has them: the
+    # continued pass's or the work's losses, the new personal models, the
+    # vectors the server sees.
+    collect_losses = pass_kind in ('continued', 'work')
+    loss_list = (
+        (tf.TensorArray(tf.float32, size=num_clients),)
+        if collect_losses
+        else ()
+    )
+    new_personal = tuple(
+        client_arrays(trainable_specs, num_clients)
+        for _ in range(definition.personal_models)
+    )
+    vector_list = (
+        (client_arrays(trainable_specs, num_clients),) if sees_clients else ()
+    )
+    client_counts = tuple(
+        tf.constant(0, tf.int32) for _ in definition.client_counts
+    )
+    vector_sum = zeros(trainable_specs)
+    scalar_sum = tf.constant(0.0)
+    metrics = zeros(metric_specs)
+    for k in tf.range(num_clients):
+      loss, count = None, None
+      if pass_kind == 'fresh':
+        loss, count = losses[k], counts[k]
+      client_personal = tuple(tuple(w[k] for w in p) for p in personal)
+      loss, count, work = clients.work(
+          weights, streams, k, context, loss, count, client_personal
+      )
+      client_context = context
+      if definition.server_state is not None:
+        client_context = dict(context, client_index=indices[k])
+      vector, scalar = definition.client_result(
+          client_context,
+          loss,
+          count,
+          work.vector,
+          work.num_examples,
+          work.non_finite,
+      )
+      if collect_losses:
+        loss_list = (loss_list[0].write(k, loss),)
+      new_personal = tuple(
+          tuple(ta.write(k, v) for ta, v in zip(tas, p))
+          for tas, p in zip(new_personal, work.personal)
+      )
+      if sees_clients:
+        vector_list = (
+            tuple(ta.write(k, v) for ta, v in zip(vector_list[0], vector)),
+        )
+      client_counts = tuple(
+          total + work.client_counts[name]
+          for total, name in zip(client_counts, definition.client_counts)
+      )
+      if definition.weighted:
+        vector = tuple(v * scalar for v in vector)
+      vector_sum = tuple(a + v for a, v in zip(vector_sum, vector))
+      scalar_sum += scalar
+      model_metrics = work.model_metrics
+      if model_metrics is None:
+        model_metrics = model.report_local_unfinalized_metrics()
+      metrics = _nest_add(metrics, model_metrics)
+    if collect_losses:
+      losses = loss_list[0].stack()
+    trainable, new_opt_state, extra, new_server_state = finish_round(
+        definition,
+        server_opt,
+        tuple(weights.trainable),
+        opt_state,
+        RoundSums(
+            context,
+            losses,
+            num_clients,
+            client_counts,
+            vector_sum,
+            scalar_sum,
+            tuple(ta.stack() for ta in vector_list[0])
+            if sees_clients
+            else None,
+        ),
+        server_state,
+        indices,
+    )
+    stacked_personal = tuple(
+        tuple(ta.stack() for ta in tas) for tas in new_personal
+    )
+    return (
+        trainable,
+        new_opt_state,
+        metrics,
+        extra,
+        stacked_personal,
+        new_server_state,
+    )
+
+  return round_fn
+
+
 class BatchedEngine:
   """Runs rounds of a supported algorithm in one TensorFlow call each.
 
@@ -652,123 +779,9 @@ class BatchedEngine:
         shuffle=self._shuffle,
         loop_implementation=loop_implementation,
     )
-    pass_kind = definition.loss_pass  # A Python string: static branches.
-    sees_clients = definition.server_sees_clients
-
-    def zeros(specs):
-      return tf.nest.map_structure(lambda s: tf.zeros(s.shape, s.dtype), specs)
-
-    def client_arrays(specs, size):
-      return tuple(tf.TensorArray(s.dtype, size=size) for s in specs)
-
-    @tf.function
-    def round_fn(weights, opt_state, streams, personal, server_state, indices):
-      weights = tff.learning.models.ModelWeights(
-          trainable=list(tf.nest.flatten(weights.trainable)),
-          non_trainable=list(tf.nest.flatten(weights.non_trainable)),
-      )
-      num_clients = tf.size(streams[2])
-      losses = counts = None
-      if pass_kind == 'fresh':
-        losses, counts = clients.broadcast_losses(weights, streams)
-      context = definition.prepare(losses, counts)
-      if definition.server_state is not None:
-        context = dict(context, server_state=server_state)
-      # Per-client outputs, collected only when the definition has them: the
-      # continued pass's or the work's losses, the new personal models, the
-      # vectors the server sees.
-      collect_losses = pass_kind in ('continued', 'work')
-      loss_list = (
-          (tf.TensorArray(tf.float32, size=num_clients),)
-          if collect_losses
-          else ()
-      )
-      new_personal = tuple(
-          client_arrays(trainable_specs, num_clients)
-          for _ in range(definition.personal_models)
-      )
-      vector_list = (
-          (client_arrays(trainable_specs, num_clients),) if sees_clients else ()
-      )
-      client_counts = tuple(
-          tf.constant(0, tf.int32) for _ in definition.client_counts
-      )
-      vector_sum = zeros(trainable_specs)
-      scalar_sum = tf.constant(0.0)
-      metrics = zeros(metric_specs)
-      for k in tf.range(num_clients):
-        loss, count = None, None
-        if pass_kind == 'fresh':
-          loss, count = losses[k], counts[k]
-        client_personal = tuple(tuple(w[k] for w in p) for p in personal)
-        loss, count, work = clients.work(
-            weights, streams, k, context, loss, count, client_personal
-        )
-        client_context = context
-        if definition.server_state is not None:
-          client_context = dict(context, client_index=indices[k])
-        vector, scalar = definition.client_result(
-            client_context,
-            loss,
-            count,
-            work.vector,
-            work.num_examples,
-            work.non_finite,
-        )
-        if collect_losses:
-          loss_list = (loss_list[0].write(k, loss),)
-        new_personal = tuple(
-            tuple(ta.write(k, v) for ta, v in zip(tas, p))
-            for tas, p in zip(new_personal, work.personal)
-        )
-        if sees_clients:
-          vector_list = (
-              tuple(ta.write(k, v) for ta, v in zip(vector_list[0], vector)),
-          )
-        client_counts = tuple(
-            total + work.client_counts[name]
-            for total, name in zip(client_counts, definition.client_counts)
-        )
-        if definition.weighted:
-          vector = tuple(v * scalar for v in vector)
-        vector_sum = tuple(a + v for a, v in zip(vector_sum, vector))
-        scalar_sum += scalar
-        model_metrics = work.model_metrics
-        if model_metrics is None:
-          model_metrics = model.report_local_unfinalized_metrics()
-        metrics = _nest_add(metrics, model_metrics)
-      if collect_losses:
-        losses = loss_list[0].stack()
-      trainable, new_opt_state, extra, new_server_state = finish_round(
-          definition,
-          server_opt,
-          tuple(weights.trainable),
-          opt_state,
-          RoundSums(
-              context,
-              losses,
-              num_clients,
-              client_counts,
-              vector_sum,
-              scalar_sum,
-              tuple(ta.stack() for ta in vector_list[0])
-              if sees_clients
-              else None,
-          ),
-          server_state,
-          indices,
-      )
-      stacked_personal = tuple(
-          tuple(ta.stack() for ta in tas) for tas in new_personal
-      )
-      return (
-          trainable,
-          new_opt_state,
-          metrics,
-          extra,
-          stacked_personal,
-          new_server_state,
-      )
+    round_fn = _round_function(
+        model, clients, definition, server_opt, trainable_specs, metric_specs
+    )
 
     trainable, opt_state, metric_sums, extra, personal, server_state = round_fn(
         self._weights_ph,

@@ -423,7 +423,6 @@ def build_ditto(
       personal_steps=personal_steps,
       client_weighting=client_weighting,
   )
-
   initial_weights_fn, initial_weights, weights_type, aggregator, finalizer = (
       stateful.build_server_parts(
           model_fn, server_optimizer_fn, model_aggregator
@@ -432,88 +431,37 @@ def build_ditto(
   _, data_type, metrics_aggregation_fn = (
       client_work_lib.model_types_and_metrics(model_fn, metrics_aggregator)
   )
-  initial_client_state = collections.OrderedDict(
-      personal=tuple(list(initial_weights.trainable) for _ in lambdas)
+  states = stateful.personal_states(initial_weights, len(lambdas))
+  client_update = _build_client_update(
+      model_fn,
+      definition,
+      (weights_type, data_type, states.type),
+      loop_implementation,
   )
-  client_state_type = tff.types.tensorflow_to_type(
-      tf.nest.map_structure(
-          lambda a: tf.TensorSpec(a.shape, tf.as_dtype(a.dtype)),
-          initial_client_state,
-      )
+  init_fn = stateful.build_initialize(
+      initial_weights_fn, aggregator=aggregator, finalizer=finalizer
   )
-
-  @tff.tensorflow.computation(weights_type, data_type, client_state_type)
-  def client_update(weights, dataset, client_state):
-    model = model_fn()
-
-    @tf.function
-    def run(weights, dataset, client_state):
-      work = definition.local_work(
-          model, weights, dataset, client_state['personal'], loop_implementation
-      )
-      delta, weight = definition.client_result(
-          None, None, None, work.vector, work.num_examples, work.non_finite
-      )
-      return (
-          list(delta),
-          weight,
-          collections.OrderedDict(
-              personal=tuple(list(v) for v in work.personal)
-          ),
-          work.model_metrics,
-          work.client_counts['personal_non_finite'],
-          work.client_counts['personal_examples'],
-      )
-
-    return run(weights, dataset, client_state)
-
-  @tff.federated_computation()
-  def init_fn():
-    return tff.federated_zip(
-        collections.OrderedDict(
-            global_model_weights=tff.federated_eval(
-                initial_weights_fn, tff.SERVER
-            ),
-            aggregator=aggregator.initialize(),
-            finalizer=finalizer.initialize(),
-        )
-    )
-
-  state_type = init_fn.type_signature.result
-  if update_attack is not None and not isinstance(
-      update_attack, attacks.UpdateAttack
-  ):
-    raise TypeError('update_attack must be a tff_algos.attacks.UpdateAttack')
+  attack_delta = None
   next_data_type = data_type
   if update_attack is not None:
-    next_data_type = collections.OrderedDict(
-        [('data', data_type), (attacks.MARKER_KEY, attacks.MARKER_TYPE)]
+    attack_delta = attacks.build_update_attack(
+        update_attack, client_update.type_signature.result[0]
     )
-    delta_type = client_update.type_signature.result[0]
-
-    @tff.tensorflow.computation(delta_type, attacks.MARKER_TYPE)
-    def attack_delta(delta, markers):
-      marker = markers.reduce(tf.zeros([2], tf.int32), lambda _, m: m)
-      return attacks.attacked_update(
-          delta,
-          marker,
-          kind=update_attack.kind,
-          scale=float(update_attack.scale),
-      )
+    next_data_type = attacks.marked_data_type(data_type)
 
   @tff.federated_computation(
-      state_type,
+      init_fn.type_signature.result,
       tff.FederatedType(next_data_type, tff.CLIENTS),
-      tff.FederatedType(client_state_type, tff.CLIENTS),
+      tff.FederatedType(states.type, tff.CLIENTS),
   )
   def next_fn(state, client_data, client_states):
     global_weights = state.global_model_weights
-    data = client_data.data if update_attack is not None else client_data
+    data = client_data.data if attack_delta is not None else client_data
     delta, weight, new_states, model_outputs, dropped, seen = tff.federated_map(
         client_update,
         (tff.federated_broadcast(global_weights), data, client_states),
     )
-    if update_attack is not None:
+    if attack_delta is not None:
       delta = tff.federated_map(
           attack_delta, (delta, client_data[attacks.MARKER_KEY])
       )
@@ -541,17 +489,50 @@ def build_ditto(
     )
     return new_state, new_states, metrics
 
-  evaluate = stateful.build_personal_evaluation(
-      model_fn, weights_type, client_state_type, data_type
-  )
-  return stateful.StatefulClientsProcess(
+  return stateful.build_process(
+      model_fn,
       init_fn,
       next_fn,
-      personal_evaluation=evaluate,
-      initial_client_state_fn=lambda: initial_client_state,
+      weights_type=weights_type,
+      data_type=data_type,
+      states=states,
       personal_model_names=[f'lambda={v:g}' for v in lambdas],
       personal_model_values=lambdas,
   )
+
+
+def _build_client_update(
+    model_fn: ModelFn, definition, parameter_types, loop_implementation
+) -> tff.Computation:
+  """`(w^t, data, state) -> (delta, weight, state, metrics, dropped, seen)`:
+  the global model's local training and the personal passes of one client."""
+
+  @tff.tensorflow.computation(*parameter_types)
+  def client_update(weights, dataset, client_state):
+    model = model_fn()
+
+    @tf.function
+    def run(weights, dataset, client_state):
+      work = definition.local_work(
+          model, weights, dataset, client_state['personal'], loop_implementation
+      )
+      delta, weight = definition.client_result(
+          None, None, None, work.vector, work.num_examples, work.non_finite
+      )
+      return (
+          list(delta),
+          weight,
+          collections.OrderedDict(
+              personal=tuple(list(v) for v in work.personal)
+          ),
+          work.model_metrics,
+          work.client_counts['personal_non_finite'],
+          work.client_counts['personal_examples'],
+      )
+
+    return run(weights, dataset, client_state)
+
+  return client_update
 
 
 @dataclasses.dataclass(frozen=True)

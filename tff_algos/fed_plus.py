@@ -487,78 +487,23 @@ def build_fed_plus(
   _, data_type, metrics_aggregation_fn = (
       client_work_lib.model_types_and_metrics(model_fn, metrics_aggregator)
   )
-  initial_client_state = collections.OrderedDict(
-      personal=(list(initial_weights.trainable),)
+  states = stateful.personal_states(initial_weights, 1)
+  client_update = _build_client_update(
+      model_fn,
+      definition,
+      (weights_type, data_type, states.type),
+      loop_implementation,
   )
-  client_state_type = tff.types.tensorflow_to_type(
-      tf.nest.map_structure(
-          lambda a: tf.TensorSpec(a.shape, tf.as_dtype(a.dtype)),
-          initial_client_state,
-      )
+
+  client_prox, server_step, last_step_norm, with_trainable = (
+      _build_aggregation_steps(psi, delta, weights_type)
   )
-  trainable_type = weights_type.trainable
-
-  @tff.tensorflow.computation(weights_type, data_type, client_state_type)
-  def client_update(global_weights, dataset, client_state):
-    model = model_fn()
-
-    @tf.function
-    def run(global_weights, dataset, client_state):
-      work = definition.local_work(
-          model,
-          global_weights,
-          dataset,
-          client_state['personal'],
-          loop_implementation,
-      )
-      new = list(work.vector)
-      return (
-          new,
-          collections.OrderedDict(personal=(new,)),
-          work.client_counts['aggregator/non_finite_clients'],
-          work.model_metrics,
-      )
-
-    return run(global_weights, dataset, client_state)
-
-  @tff.tensorflow.computation(trainable_type, trainable_type)
-  def client_prox(local_model, global_trainable):
-    return prox(
-        psi,
-        tf.nest.map_structure(tf.subtract, local_model, global_trainable),
-        delta,
-    )
-
-  @tff.tensorflow.computation(trainable_type, trainable_type)
-  def server_step(mean_model, mean_theta):
-    return aggregate_step(mean_model, mean_theta)
-
-  @tff.tensorflow.computation(trainable_type, trainable_type)
-  def last_step_norm(a, b):
-    return step_norm(a, b)
-
-  @tff.tensorflow.computation(weights_type, trainable_type)
-  def with_trainable(weights, trainable):
-    return tff.learning.models.ModelWeights(
-        trainable=trainable, non_trainable=weights.non_trainable
-    )
-
-  @tff.federated_computation()
-  def init_fn():
-    return tff.federated_zip(
-        collections.OrderedDict(
-            global_model_weights=tff.federated_eval(
-                initial_weights_fn, tff.SERVER
-            )
-        )
-    )
-
-  state_type = init_fn.type_signature.result
+  init_fn = stateful.build_initialize(initial_weights_fn)
 
   @tff.federated_computation(
-      state_type,
+      init_fn.type_signature.result,
       tff.FederatedType(data_type, tff.CLIENTS),
-      tff.FederatedType(client_state_type, tff.CLIENTS),
+      tff.FederatedType(states.type, tff.CLIENTS),
   )
   def next_fn(state, client_data, client_states):
     global_weights = state.global_model_weights
@@ -601,17 +546,79 @@ def build_fed_plus(
     )
     return new_state, new_states, metrics
 
-  evaluate = stateful.build_personal_evaluation(
-      model_fn, weights_type, client_state_type, data_type
-  )
-  return stateful.StatefulClientsProcess(
+  return stateful.build_process(
+      model_fn,
       init_fn,
       next_fn,
-      personal_evaluation=evaluate,
-      initial_client_state_fn=lambda: initial_client_state,
+      weights_type=weights_type,
+      data_type=data_type,
+      states=states,
       personal_model_names=[f'fed_plus_{psi}'],
       personal_model_values=[lam],
   )
+
+
+def _build_aggregation_steps(psi: str, delta: float, weights_type):
+  """The computations of the geomed / comed fixed point: the clients' prox
+  of Psi, the server's step, the step's norm, and the model of a new
+  aggregate."""
+  trainable_type = weights_type.trainable
+
+  @tff.tensorflow.computation(trainable_type, trainable_type)
+  def client_prox(local_model, global_trainable):
+    return prox(
+        psi,
+        tf.nest.map_structure(tf.subtract, local_model, global_trainable),
+        delta,
+    )
+
+  @tff.tensorflow.computation(trainable_type, trainable_type)
+  def server_step(mean_model, mean_theta):
+    return aggregate_step(mean_model, mean_theta)
+
+  @tff.tensorflow.computation(trainable_type, trainable_type)
+  def last_step_norm(a, b):
+    return step_norm(a, b)
+
+  @tff.tensorflow.computation(weights_type, trainable_type)
+  def with_trainable(weights, trainable):
+    return tff.learning.models.ModelWeights(
+        trainable=trainable, non_trainable=weights.non_trainable
+    )
+
+  return client_prox, server_step, last_step_norm, with_trainable
+
+
+def _build_client_update(
+    model_fn: ModelFn, definition, parameter_types, loop_implementation
+) -> tff.Computation:
+  """`(w^t, data, state) -> (w_k, state, non_finite, metrics)`: one party's
+  local steps from its mixture start; its new local model is its state."""
+
+  @tff.tensorflow.computation(*parameter_types)
+  def client_update(global_weights, dataset, client_state):
+    model = model_fn()
+
+    @tf.function
+    def run(global_weights, dataset, client_state):
+      work = definition.local_work(
+          model,
+          global_weights,
+          dataset,
+          client_state['personal'],
+          loop_implementation,
+      )
+      new = list(work.vector)
+      return (
+          new,
+          collections.OrderedDict(personal=(new,)),
+          work.client_counts['aggregator/non_finite_clients'],
+          work.model_metrics,
+      )
+
+    return run(global_weights, dataset, client_state)
+
+  return client_update
 
 
 def build_fed_avg_plus(model_fn: ModelFn, **kwargs):

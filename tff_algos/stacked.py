@@ -870,6 +870,108 @@ def _finalized_metrics(metric_specs, sums):
   return metrics
 
 
+def _round_function(
+    definition, ops, local_work, server_opt, trainable_specs, metric_specs
+):
+  """The round as one `tf.function` over the stacked clients: the loss
+  pass, the local work of all clients at once, their messages and the
+  server step."""
+  server_state_rule = definition.server_state
+
+  def round_losses(w0, x_all, y_all, idx, valid, loss_pos):
+    """The loss pass's `(losses, counts)` [K] (None without one)."""
+    if definition.loss_pass == 'fresh':
+      return ops.loss_at(w0, x_all, y_all, idx, valid)
+    if definition.loss_pass == 'continued':
+      lidx = ops.indices(loss_pos, x_all)
+      return ops.loss_at(w0, x_all, y_all, lidx, loss_pos >= 0)
+    return None, None
+
+  @tf.function
+  def round_fn(
+      weights,
+      opt_state,
+      x_all,
+      y_all,
+      train_pos,
+      loss_pos,
+      steps,
+      server_state,
+      client_indices,
+      personal,
+      extra_pos,
+  ):
+    w0 = tuple(tf.nest.flatten(weights.trainable))
+    idx = ops.indices(train_pos, x_all)
+    valid = train_pos >= 0
+    k_count = tf.shape(train_pos)[1]
+    losses, counts = round_losses(w0, x_all, y_all, idx, valid, loss_pos)
+    context = definition.prepare(losses, counts)
+    kept = tf.ones([k_count], tf.bool)
+    if definition.trains is not None:
+      # A filtered-out client does no work (no step, no metric, zero delta).
+      kept = definition.trains(context, losses)
+      valid = tf.logical_and(valid, kept[None, :, None])
+      steps = tf.where(kept, steps, tf.zeros_like(steps))
+    result = local_work(
+        stacked_work.RoundInputs(
+            w0, personal, x_all, y_all, idx, valid, steps, kept, extra_pos
+        )
+    )
+    deltas, sums, bad = result.vectors, result.sums, result.non_finite
+    num_examples = sums[2]
+    if definition.loss_pass == 'work':  # The gradient pass's losses.
+      losses = sums[0] / tf.maximum(num_examples, 1.0)
+      counts = num_examples
+    if server_state_rule is not None:
+      context = dict(
+          context, server_state=server_state, client_index=client_indices
+      )
+    if definition.per_client_message:
+      vectors, scalars = tf.map_fn(
+          lambda a: definition.client_result(context, *a),
+          (losses, counts, deltas, num_examples, bad),
+          fn_output_signature=(
+              tuple(tf.TensorSpec(s.shape, s.dtype) for s in trainable_specs),
+              tf.TensorSpec([], tf.float32),
+          ),
+      )
+    else:
+      vectors, scalars = definition.client_result(
+          context, losses, counts, deltas, num_examples, bad
+      )
+    client_vectors = vectors if definition.server_sees_clients else None
+    if definition.weighted:
+      vectors = tuple(v * _per_client(scalars, v) for v in vectors)
+    trainable, opt_state, extra, new_server_state = batched.finish_round(
+        definition,
+        server_opt,
+        w0,
+        opt_state,
+        batched.RoundSums(
+            context,
+            losses,
+            k_count,
+            result.client_counts,
+            tuple(tf.reduce_sum(v, axis=0) for v in vectors),
+            tf.reduce_sum(scalars),
+            client_vectors,
+        ),
+        server_state,
+        client_indices,
+    )
+    return (
+        trainable,
+        opt_state,
+        _finalized_metrics(metric_specs, sums),
+        extra,
+        new_server_state,
+        result.personal,
+    )
+
+  return round_fn
+
+
 class StackedEngine:
   """Runs rounds of a supported algorithm with the clients stacked.
 
@@ -1050,98 +1152,9 @@ class StackedEngine:
         self, functional, loss_none, trainable_specs, training_optimizer
     )
     local_work = ops.train if work is None else work.stacked_kernel(ops)
-    server_state_rule = definition.server_state
-
-    def round_losses(w0, x_all, y_all, idx, valid, loss_pos):
-      """The loss pass's `(losses, counts)` [K] (None without one)."""
-      if definition.loss_pass == 'fresh':
-        return ops.loss_at(w0, x_all, y_all, idx, valid)
-      if definition.loss_pass == 'continued':
-        lidx = ops.indices(loss_pos, x_all)
-        return ops.loss_at(w0, x_all, y_all, lidx, loss_pos >= 0)
-      return None, None
-
-    @tf.function
-    def round_fn(
-        weights,
-        opt_state,
-        x_all,
-        y_all,
-        train_pos,
-        loss_pos,
-        steps,
-        server_state,
-        client_indices,
-        personal,
-        extra_pos,
-    ):
-      w0 = tuple(tf.nest.flatten(weights.trainable))
-      idx = ops.indices(train_pos, x_all)
-      valid = train_pos >= 0
-      k_count = tf.shape(train_pos)[1]
-      losses, counts = round_losses(w0, x_all, y_all, idx, valid, loss_pos)
-      context = definition.prepare(losses, counts)
-      kept = tf.ones([k_count], tf.bool)
-      if definition.trains is not None:
-        # A filtered-out client does no work (no step, no metric, zero delta).
-        kept = definition.trains(context, losses)
-        valid = tf.logical_and(valid, kept[None, :, None])
-        steps = tf.where(kept, steps, tf.zeros_like(steps))
-      result = local_work(
-          stacked_work.RoundInputs(
-              w0, personal, x_all, y_all, idx, valid, steps, kept, extra_pos
-          )
-      )
-      deltas, sums, bad = result.vectors, result.sums, result.non_finite
-      num_examples = sums[2]
-      if definition.loss_pass == 'work':  # The gradient pass's losses.
-        losses = sums[0] / tf.maximum(num_examples, 1.0)
-        counts = num_examples
-      if server_state_rule is not None:
-        context = dict(
-            context, server_state=server_state, client_index=client_indices
-        )
-      if definition.per_client_message:
-        vectors, scalars = tf.map_fn(
-            lambda a: definition.client_result(context, *a),
-            (losses, counts, deltas, num_examples, bad),
-            fn_output_signature=(
-                tuple(tf.TensorSpec(s.shape, s.dtype) for s in trainable_specs),
-                tf.TensorSpec([], tf.float32),
-            ),
-        )
-      else:
-        vectors, scalars = definition.client_result(
-            context, losses, counts, deltas, num_examples, bad
-        )
-      client_vectors = vectors if definition.server_sees_clients else None
-      if definition.weighted:
-        vectors = tuple(v * _per_client(scalars, v) for v in vectors)
-      trainable, opt_state, extra, new_server_state = batched.finish_round(
-          definition,
-          server_opt,
-          w0,
-          opt_state,
-          batched.RoundSums(
-              context,
-              losses,
-              k_count,
-              result.client_counts,
-              tuple(tf.reduce_sum(v, axis=0) for v in vectors),
-              tf.reduce_sum(scalars),
-              client_vectors,
-          ),
-          server_state,
-          client_indices,
-      )
-      return (
-          trainable,
-          opt_state,
-          _finalized_metrics(metric_specs, sums),
-          extra,
-          new_server_state,
-          result.personal,
-      )
+    round_fn = _round_function(
+        definition, ops, local_work, server_opt, trainable_specs, metric_specs
+    )
 
     ops.non_trainable = tuple(tf.nest.flatten(self._weights_ph.non_trainable))
     weights_in = tff.learning.models.ModelWeights(

@@ -166,6 +166,83 @@ class StatefulClientsProcess(tff.templates.IterativeProcess):
     return [{k: np.asarray(v) for k, v in row.items()} for row in rows]
 
 
+class PersonalStates(NamedTuple):
+  """The clients' initial state and its TFF type.
+
+  Attributes:
+    initial: `OrderedDict(personal=(m_1, ..., m_G))`, each m_g the initial
+      global model's trainable weights (NumPy arrays), so that v_k^0 = w^0.
+    type: Its `tff.Type`.
+  """
+
+  initial: Any
+  type: Any
+
+
+def personal_states(
+    initial_weights: tff.learning.models.ModelWeights, count: int
+) -> PersonalStates:
+  """G = `count` personal models, each starting at `initial_weights`."""
+  initial = collections.OrderedDict(
+      personal=tuple(list(initial_weights.trainable) for _ in range(count))
+  )
+  state_type = tff.types.tensorflow_to_type(
+      tf.nest.map_structure(
+          lambda a: tf.TensorSpec(a.shape, tf.as_dtype(a.dtype)), initial
+      )
+  )
+  return PersonalStates(initial, state_type)
+
+
+def build_initialize(initial_weights_fn: tff.Computation, **parts):
+  """`() -> OrderedDict(global_model_weights, **parts' states)@SERVER`.
+
+  Args:
+    initial_weights_fn: The no-arg computation of the initial global model.
+    **parts: Named server processes (an aggregator, a finalizer), whose
+      `initialize()` states follow the model in this order.
+  """
+
+  @tff.federated_computation()
+  def init_fn():
+    return tff.federated_zip(
+        collections.OrderedDict(
+            global_model_weights=tff.federated_eval(
+                initial_weights_fn, tff.SERVER
+            ),
+            **{name: part.initialize() for name, part in parts.items()},
+        )
+    )
+
+  return init_fn
+
+
+def build_process(
+    model_fn: ModelFn,
+    init_fn: tff.Computation,
+    next_fn: tff.Computation,
+    *,
+    weights_type,
+    data_type,
+    states: PersonalStates,
+    personal_model_names: Sequence[str],
+    personal_model_values: Sequence[float],
+) -> StatefulClientsProcess:
+  """The `StatefulClientsProcess` of a round, with its personal evaluation."""
+  evaluate = build_personal_evaluation(
+      model_fn, weights_type, states.type, data_type
+  )
+  initial = states.initial
+  return StatefulClientsProcess(
+      init_fn,
+      next_fn,
+      personal_evaluation=evaluate,
+      initial_client_state_fn=lambda: initial,
+      personal_model_names=personal_model_names,
+      personal_model_values=personal_model_values,
+  )
+
+
 def is_stateful(process) -> bool:
   """Whether `process` takes and returns per-client states."""
   return isinstance(process, StatefulClientsProcess)

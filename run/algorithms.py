@@ -15,10 +15,11 @@ has `aggregators`): the entries of `tff_algos.aggregators.AGGREGATORS`
 (`gm_passes`, ...), given by name. Update attacks
 (`attack` = gaussian or model_replacement, `attack_scale`) apply to the same
 algorithms; label poisoning is data-level and applies to all
-(`tff_algos.attacks`). User-level DP (`privacy.dp_aggregation`, issue 6):
-`clip` > 0 turns on DP aggregation (`noise_multiplier`, `adaptive_clip`,
-`target_unclipped_quantile`) for the algorithms whose entry has `dp`;
-`server_optimizer='dp2'` is DP^2 (`privacy.dp2`) with the `dp2_*` options.
+(`tff_algos.attacks`). User-level DP (`privacy.dp_aggregation`):
+its options are declared in `privacy.options` (`DpOptions`: `clip` > 0 turns
+on DP aggregation for the algorithms whose entry has `dp`; `Dp2Options`:
+`server_optimizer='dp2'` is DP^2, `privacy.dp2`), held as `spec.privacy` and
+`spec.dp2` and given by field name.
 """
 
 import dataclasses
@@ -29,8 +30,8 @@ from typing import Any, Optional
 
 import tensorflow_federated as tff
 
-from privacy import dp2
 from privacy import dp_aggregation
+from privacy import options as privacy_options
 from tff_algos import aggregators
 from tff_algos import attacks
 from tff_algos import options as options_lib
@@ -141,18 +142,11 @@ class AlgorithmSpec:
   server_momentum: float = 0.0
   client_weighting: str = 'num_examples'
   aggregator: str = 'mean'
-  attack: str = 'none'
-  attack_scale: Optional[float] = None
-  noise_multiplier: float = 0.0
-  clip: float = 0.0
-  adaptive_clip: bool = False
-  target_unclipped_quantile: float = 0.5
-  quantile_noise_stddev: float = 0.0
-  dp2_sgd_steps: int = 1
-  dp2_rmsprop_steps: int = 1
-  dp2_rmsprop_learning_rate: float = 0.01
-  dp2_beta: float = 0.9
-  dp2_epsilon: float = 1e-3
+  # Corrupted clients (`tff_algos.attacks.AttackOptions`), given by name.
+  adversary: attacks.AttackOptions = attacks.AttackOptions()
+  # DP and DP^2 (`privacy.options`); their fields may be given by name.
+  privacy: privacy_options.DpOptions = privacy_options.DpOptions()
+  dp2: privacy_options.Dp2Options = privacy_options.Dp2Options()
   # Option values given by name that do not make this algorithm's options
   # (refused by `validate`).
   option_values: tuple[tuple[str, Any], ...] = ()
@@ -161,6 +155,17 @@ class AlgorithmSpec:
   aggregator_values: tuple[tuple[str, Any], ...] = ()
 
   def __init__(self, name: str, options: Any = None, **settings: Any):
+    for key, part in (
+        ('privacy', privacy_options.DpOptions),
+        ('dp2', privacy_options.Dp2Options),
+        ('adversary', attacks.AttackOptions),
+    ):
+      own = options_lib.fields_of(part)
+      named = {k: settings.pop(k) for k in list(settings) if k in own}
+      if named:
+        settings[key] = dataclasses.replace(
+            settings.get(key) or part(), **named
+        )
     run_wide = {f.name for f in dataclasses.fields(AlgorithmSpec)}
     defaults = aggregators.option_defaults()
     given = dict(settings.pop('aggregator_values', ()))
@@ -208,15 +213,10 @@ class AlgorithmSpec:
   @property
   def uses_dp(self) -> bool:
     """DP aggregation is on (`--clip` > 0)."""
-    return self.clip > 0
+    return self.privacy.on
 
   def dp_options(self) -> dp_aggregation.DpOptions:
-    return dp_aggregation.DpOptions(
-        noise_multiplier=self.noise_multiplier,
-        clip=self.clip,
-        adaptive_clip=self.adaptive_clip,
-        target_unclipped_quantile=self.target_unclipped_quantile,
-    )
+    return self.privacy.aggregation()
 
   @property
   def uses_secure_intrinsics(self) -> bool:
@@ -233,7 +233,7 @@ class AlgorithmSpec:
         client_weighting=self.client_weighting,
         aggregator=self.aggregator,
         uses_dp=self.uses_dp,
-        quantile_noise_stddev=self.quantile_noise_stddev,
+        quantile_noise_stddev=self.privacy.quantile_noise_stddev,
     )
 
   def validate(self) -> None:
@@ -320,49 +320,36 @@ class AlgorithmSpec:
       raise ValueError(
           f'--aggregator={self.aggregator} {flag_wording(e)}'
       ) from None
-    if self.attack not in attacks.ATTACKS:
-      raise ValueError(
-          f'unknown --attack={self.attack!r}; choose one of: '
-          f'{", ".join(attacks.ATTACKS)}'
-      )
-    if self.attack in attacks.UPDATE_ATTACKS and not entry.aggregators:
-      raise ValueError(
-          f'--attack={self.attack} applies to '
-          f'{", ".join(aggregator_algorithms())}, not {self.name}'
-      )
-    if self.attack_scale is not None:
-      if self.attack not in attacks.UPDATE_ATTACKS:
-        raise ValueError(
-            '--attack_scale applies to --attack=gaussian or '
-            f'model_replacement, not {self.attack}'
+    adversary = self.adversary
+    try:
+      for field in options_lib.fields_of(attacks.AttackOptions).values():
+        options_lib.check_value(
+            field.name, getattr(adversary, field.name), field.metadata
         )
-      attacks.UpdateAttack(self.attack, self.attack_scale)
+      if adversary.on_updates and not entry.aggregators:
+        raise ValueError(
+            f'--attack={adversary.attack} applies to '
+            f'{", ".join(aggregator_algorithms())}, not {self.name}'
+        )
+      adversary.check()
+    except options_lib.OptionError as e:
+      raise flag_wording(e) from None
     # Build the factory once so its own checks run before anything else.
     model_aggregator(self)
 
   def _validate_dp(self, entry: options_lib.Algorithm) -> None:
-    """The DP and DP^2 options (issue 6)."""
-    if not (math.isfinite(self.clip) and self.clip >= 0):
-      raise ValueError(f'--clip must be >= 0 (0: no DP), got {self.clip}')
-    if not (
-        math.isfinite(self.noise_multiplier) and self.noise_multiplier >= 0
-    ):
-      raise ValueError(
-          f'--noise_multiplier must be >= 0, got {self.noise_multiplier}'
-      )
+    """The DP and DP^2 options: their declared ranges and rules
+    (`privacy.options`), then what they need of the run."""
+    for part in (self.privacy, self.dp2):
+      try:
+        part.validate()
+      except options_lib.OptionError as e:
+        raise flag_wording(e) from None
     if self.uses_dp and self.aggregator != 'mean':
       raise ValueError(
           'DP aggregation (--clip) and --aggregator cannot be combined'
       )
-    if not self.uses_dp:
-      for flag, on in (
-          ('noise_multiplier', self.noise_multiplier),
-          ('adaptive_clip', self.adaptive_clip),
-          ('quantile_noise_stddev', self.quantile_noise_stddev),
-      ):
-        if on:
-          raise ValueError(f'--{flag} needs DP aggregation: pass --clip > 0')
-    else:
+    if self.uses_dp:
       if not entry.dp:
         raise ValueError(
             f'DP aggregation (--clip) applies to algorithms that aggregate a '
@@ -374,25 +361,17 @@ class AlgorithmSpec:
             '--client_weighting=uniform'
         )
       self.dp_options().validate()
-    if not (
-        math.isfinite(self.quantile_noise_stddev)
-        and self.quantile_noise_stddev >= 0
-    ):
-      raise ValueError(
-          '--quantile_noise_stddev must be >= 0, got '
-          f'{self.quantile_noise_stddev}'
-      )
     if self.server_optimizer == 'dp2':
-      dp2.build_dp2(
-          self.server_learning_rate,
-          self.dp2_rmsprop_learning_rate,
-          sgd_steps=self.dp2_sgd_steps,
-          rmsprop_steps=self.dp2_rmsprop_steps,
-          beta=self.dp2_beta,
-          epsilon=self.dp2_epsilon,
-      )
+      self.dp2.build(self.server_learning_rate)
       if self.server_momentum:
         raise ValueError('--server_sgd_momentum does not apply to dp2')
+    else:
+      given = options_lib.given(self.dp2)
+      if given:
+        raise ValueError(
+            f'--{given[0]} applies to --server_optimizer=dp2, not '
+            f'{self.server_optimizer}'
+        )
 
   def describe(self) -> str:
     """A one-line description: the algorithm's name and its options."""
@@ -401,11 +380,7 @@ class AlgorithmSpec:
     if entry is not None:
       options = self.options or entry.options()
       extra = options.describe(self.run_settings())
-    if self.uses_dp:
-      extra += (
-          f', DP z={self.noise_multiplier:g} C={self.clip:g}'
-          f'{" adaptive" if self.adaptive_clip else ""}'
-      )
+    extra += self.privacy.describe()
     return (
         f'{self.name} (client {self.client_optimizer} '
         f'lr={self.client_learning_rate:g}, server {self.server_optimizer}'
@@ -427,8 +402,8 @@ class AlgorithmSpec:
       parts.append(
           f'aggregator {self.aggregator}' + (f' ({options})' if options else '')
       )
-    if self.attack != 'none':
-      parts.append(f'attack {self.attack}')
+    if self.adversary.on:
+      parts.append(f'attack {self.adversary.attack}')
     return ''.join(f', {p}' for p in parts)
 
 
@@ -468,22 +443,16 @@ def update_attack(
     spec: AlgorithmSpec, *, clients_per_round: int
 ) -> Optional[attacks.UpdateAttack]:
   """The update-level attack of the spec (None for none / label_poison)."""
-  if spec.attack not in attacks.UPDATE_ATTACKS:
-    return None
-  scale = spec.attack_scale
-  if scale is None:
-    scale = attacks.default_scale(
-        spec.attack,
-        clients_per_round=clients_per_round,
-        server_learning_rate=spec.server_learning_rate,
-    )
-  return attacks.UpdateAttack(spec.attack, scale)
+  return spec.adversary.update_attack(
+      clients_per_round=clients_per_round,
+      server_learning_rate=spec.server_learning_rate,
+  )
 
 
 def quantile_estimator(spec: AlgorithmSpec, clients_per_round: int = 0):
   """Delta-FL's quantile estimator of level 1 - theta named by the spec."""
   return spec.options.quantile_estimator(
-      clients_per_round, spec.quantile_noise_stddev
+      clients_per_round, spec.privacy.quantile_noise_stddev
   )
 
 
@@ -523,7 +492,7 @@ def context(
       loop_implementation=loop_implementation,
       aggregator_fn=aggregator_fn,
       update_attack=update_attack(spec, clients_per_round=clients_per_round),
-      quantile_noise_stddev=spec.quantile_noise_stddev,
+      quantile_noise_stddev=spec.privacy.quantile_noise_stddev,
   )
 
 
@@ -563,14 +532,7 @@ def build_process(
 
 def _server_optimizer(spec: AlgorithmSpec) -> tff.learning.optimizers.Optimizer:
   if spec.server_optimizer == 'dp2':
-    return dp2.build_dp2(
-        spec.server_learning_rate,
-        spec.dp2_rmsprop_learning_rate,
-        sgd_steps=spec.dp2_sgd_steps,
-        rmsprop_steps=spec.dp2_rmsprop_steps,
-        beta=spec.dp2_beta,
-        epsilon=spec.dp2_epsilon,
-    )
+    return spec.dp2.build(spec.server_learning_rate)
   return build_optimizer(
       spec.server_optimizer, spec.server_learning_rate, spec.server_momentum
   )

@@ -36,6 +36,7 @@ from run import contexts
 from run import engines
 from run import run_dir
 from run import simulation
+from privacy import options as privacy_options
 from tasks import base as task_base
 from tasks import download
 from tasks import holdout
@@ -173,58 +174,32 @@ _STATE_DIR = flags.DEFINE_string(
     None,
     'Folder of the client-state store (default <experiment>/client_states).',
 )
-# User-level differential privacy (privacy/, issue 6).
-_CLIP = flags.DEFINE_float(
-    'clip',
-    0.0,
-    'DP: L2 clip C of client updates (> 0 turns on DP '
-    'aggregation; fedavg, fedprox, deltafl and the global model of ditto; '
-    'needs uniform weighting). With '
-    '--adaptive_clip, the initial clip.',
-)
-_NOISE = flags.DEFINE_float(
-    'noise_multiplier',
-    0.0,
-    'DP: Gaussian noise stddev / clip on the sum of'
-    ' client updates (with --adaptive_clip the total, shared with the count).',
-)
-_ADAPTIVE_CLIP = flags.DEFINE_boolean(
-    'adaptive_clip',
-    False,
-    'DP: adapt the clip to a quantile of the update '
-    'norms (Andrew et al. 2021).',
-)
-_TARGET_QUANTILE = flags.DEFINE_float(
-    'target_unclipped_quantile', 0.5, "DP: adaptive clipping's quantile."
-)
-_TARGET_EPSILON = flags.DEFINE_float(
-    'target_epsilon',
-    0.0,
-    'DP: calibrate --noise_multiplier so that epsilon'
-    ' after --total_rounds is at most this (RDP accountant).',
-)
-_DP_DELTA = flags.DEFINE_float(
-    'dp_delta', 0.0, 'DP: delta of the reported epsilon (0: 1 / clients).'
-)
-_QUANTILE_NOISE = flags.DEFINE_float(
-    'quantile_noise_stddev',
-    0.0,
-    'DP with deltafl: Gaussian noise stddev on'
-    ' each private-quantile count (--secure_quantile=private).',
-)
-_DP2_SGD_STEPS = flags.DEFINE_integer(
-    'dp2_sgd_steps', 1, 'dp2: s1, SGD rounds per cycle.'
-)
-_DP2_RMS_STEPS = flags.DEFINE_integer(
-    'dp2_rmsprop_steps', 1, 'dp2: s2, preconditioned rounds per cycle.'
-)
-_DP2_RMS_LR = flags.DEFINE_float(
-    'dp2_rmsprop_learning_rate', 0.01, 'dp2: server lr of the RMSProp phase.'
-)
-_DP2_BETA = flags.DEFINE_float('dp2_beta', 0.9, 'dp2: moving average of v.')
-_DP2_EPSILON = flags.DEFINE_float(
-    'dp2_epsilon', 1e-3, 'dp2: eps of the denominator sqrt(v) + eps.'
-)
+# One flag per option of the run's declared parts (privacy, attacks).
+_PART_FLAGS: dict[type, dict[str, flags.FlagHolder]] = {}
+
+
+def define_part_flags(part: type) -> None:
+  """Defines a flag per option of `part` (an options class), its default
+  and help the declaration's; values are checked by `AlgorithmSpec`."""
+  holders = _PART_FLAGS.setdefault(part, {})
+  for name, field in options_lib.fields_of(part).items():
+    kind = options_lib.field_type(part, name)
+    holders[name] = _DEFINE[kind](name, field.default, field.metadata['help'])
+
+
+def part_values() -> dict[str, Any]:
+  """The part flags' values by option name."""
+  return {
+      name: holder.value
+      for holders in _PART_FLAGS.values()
+      for name, holder in holders.items()
+  }
+
+
+# DP and DP^2 (`privacy.options`).
+for _part in privacy_options.PARTS:
+  define_part_flags(_part)
+
 _STRAGGLERS = flags.DEFINE_float(
     'straggler_fraction',
     0.0,
@@ -256,21 +231,8 @@ def define_aggregator_flags() -> None:
 
 define_aggregator_flags()
 
-_ATTACK = flags.DEFINE_string(
-    'attack',
-    'none',
-    'Corrupted clients: none, label_poison (A1), gaussian (A2) or '
-    'model_replacement (A3); metrics are then reported on benign clients.',
-)
-_ATTACK_FRACTION = flags.DEFINE_float(
-    'attack_fraction', 0.0, 'Fraction of all clients corrupted, in (0, 1).'
-)
-_ATTACK_SCALE = flags.DEFINE_float(
-    'attack_scale',
-    None,
-    'gaussian: sigma (default 1); model_replacement: update multiplier '
-    '(default -clients_per_round / server_learning_rate).',
-)
+# Corrupted clients (`tff_algos.attacks.AttackOptions`), a flag each.
+define_part_flags(attacks.AttackOptions)
 _HOLDOUT = flags.DEFINE_enum(
     'holdout',
     'none',
@@ -367,9 +329,9 @@ class UsageError(ValueError):
   """A flag has an impossible value."""
 
 
-def num_classes_for_attack() -> int:
+def num_classes_for_attack(attack: str) -> int:
   """Label classes for --attack=label_poison (0 when not poisoning)."""
-  if _ATTACK.value != 'label_poison':
+  if attack != 'label_poison':
     return 0
   entry = task_entry()
   if entry.label_classes is None:
@@ -568,18 +530,7 @@ def prepare(writer: str = 'train') -> Prepared:
       aggregator_values=tuple(
           (name, holder.value) for name, holder in _AGGREGATOR_FLAGS.items()
       ),
-      attack=_ATTACK.value,
-      attack_scale=_ATTACK_SCALE.value,
-      noise_multiplier=_NOISE.value,
-      clip=_CLIP.value,
-      adaptive_clip=_ADAPTIVE_CLIP.value,
-      target_unclipped_quantile=_TARGET_QUANTILE.value,
-      quantile_noise_stddev=_QUANTILE_NOISE.value,
-      dp2_sgd_steps=_DP2_SGD_STEPS.value,
-      dp2_rmsprop_steps=_DP2_RMS_STEPS.value,
-      dp2_rmsprop_learning_rate=_DP2_RMS_LR.value,
-      dp2_beta=_DP2_BETA.value,
-      dp2_epsilon=_DP2_EPSILON.value,
+      **part_values(),
       **algorithm_option_values(),
   )
   spec.validate()
@@ -587,11 +538,9 @@ def prepare(writer: str = 'train') -> Prepared:
     spec.aggregator_options().check_clients(_CLIENTS_PER_ROUND.value)
   except options_lib.OptionError as e:
     raise UsageError(algorithms.flag_wording(e)) from None
-  attack = attacks.AttackConfig(
-      kind=_ATTACK.value,
-      fraction=_ATTACK_FRACTION.value,
+  attack = spec.adversary.config(
       seed=_SEED.value,
-      num_classes=num_classes_for_attack(),
+      num_classes=num_classes_for_attack(spec.adversary.attack),
   )
   attack.validate()
   if _STATE_STORE.value not in ('memory', 'disk'):
@@ -627,7 +576,7 @@ def prepare(writer: str = 'train') -> Prepared:
   if _ENGINE.value in ('batched', 'stacked') and (
       spec.aggregator != 'mean'
       or spec.uses_dp
-      or _ATTACK.value != 'none'
+      or spec.adversary.on
       or spec.server_optimizer == 'dp2'
   ):
     raise UsageError(
@@ -655,11 +604,7 @@ def prepare(writer: str = 'train') -> Prepared:
   task = build_task()
   config.validate(num_clients=len(task.train_data.client_ids))
   spec, tracker = privacy_setup.prepare_dp(
-      spec,
-      config,
-      len(task.train_data.client_ids),
-      target_epsilon=_TARGET_EPSILON.value,
-      delta=_DP_DELTA.value,
+      spec, config, len(task.train_data.client_ids)
   )
   if spec.uses_secure_intrinsics:
     # TFF 0.87 executes secure sums only in its test context, which replaces
@@ -723,7 +668,7 @@ def prepare(writer: str = 'train') -> Prepared:
   if tracker is not None:
     m = tracker.mechanism
     print(
-        f'privacy: noise multiplier {spec.noise_multiplier:.4g}, '
+        f'privacy: noise multiplier {spec.privacy.noise_multiplier:.4g}, '
         f'{m.sampling} sampling of {m.clients_per_round} of '
         f'{m.num_clients} clients, epsilon after {config.total_rounds} '
         f'rounds {tracker.epsilon_rdp(config.total_rounds):.4g} at delta '

@@ -222,3 +222,27 @@ def test_the_task_option_table_is_the_registrys():
       '| `--num_clients` | `synthetic`, `synthetic_iid`, `fedplus_regression` '
       '| 100 (`fedplus_regression`: 10) | >= 1 | Number of clients. |'
   ) in rows
+
+
+def test_the_part_option_table_is_the_declarations():
+  # docs/usage.md's table of the privacy and attack options is generated
+  # from their declarations (`privacy.options`, `tff_algos.attacks`).
+  from privacy import options as privacy_options  # pylint: disable=g-import-not-at-top
+  from tools import option_table  # pylint: disable=g-import-not-at-top
+
+  usage = (ROOT / 'docs' / 'usage.md').read_text()
+  assert (
+      option_table.parts_table() in usage
+  ), 'docs/usage.md: run python -m tools.option_table --write'
+  rows = [
+      l for l in option_table.parts_table().splitlines() if l.startswith('|')
+  ][2:]
+  assert [r.split('`')[1] for r in rows] == [
+      f'--{n}' for n in privacy_options.option_names()
+  ] + ['--attack', '--attack_fraction', '--attack_scale']
+  text = '\n'.join(rows)
+  assert '| `--dp_delta` | DpOptions | 0 | in [0, 1) |' in text
+  assert (
+      '| `--attack` | AttackOptions | `none` | `none`, `label_poison`, '
+      '`gaussian`, `model_replacement` |'
+  ) in text

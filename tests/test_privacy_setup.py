@@ -55,6 +55,24 @@ def spec(**kw):
             'needs a private quantile',
         ),
         (dict(server_optimizer='dp2', dp2_sgd_steps=0), 'sgd_steps'),
+        (
+            dict(target_epsilon=3.0),
+            '^pass either --noise_multiplier or --target_epsilon, not both$',
+        ),
+        (
+            dict(clip=0.0, noise_multiplier=0.0, target_epsilon=3.0),
+            '^--target_epsilon needs DP aggregation: pass --clip > 0$',
+        ),
+        (
+            dict(clip=0.0, noise_multiplier=0.0, dp_delta=1e-3),
+            '^--dp_delta needs DP aggregation',
+        ),
+        (dict(dp_delta=1.0), r'^--dp_delta must be in \[0, 1\), got 1.0$'),
+        (
+            dict(dp2_beta=0.5),
+            '^--dp2_beta applies to --server_optimizer=dp2, not sgd$',
+        ),
+        (dict(server_optimizer='dp2', dp2_beta=1.0), '--dp2_beta must be in'),
         (dict(server_optimizer='dp2', server_momentum=0.9), 'does not apply'),
     ],
 )
@@ -73,18 +91,15 @@ def test_prepare_dp_refusals_and_calibration():
         ),
         50,
     )
-  with pytest.raises(ValueError, match='not both'):
-    privacy_setup.prepare_dp(spec(), config, 50, target_epsilon=3.0)
   with pytest.raises(ValueError, match='not private'):
     privacy_setup.prepare_dp(spec(noise_multiplier=0.0), config, 50)
-  with pytest.raises(ValueError, match='need DP aggregation'):
-    privacy_setup.prepare_dp(
-        spec(clip=0.0, noise_multiplier=0.0), config, 50, target_epsilon=3.0
-    )
   calibrated, tracker = privacy_setup.prepare_dp(
-      spec(noise_multiplier=0.0), config, 50, target_epsilon=3.0, delta=1e-3
+      spec(noise_multiplier=0.0, target_epsilon=3.0, dp_delta=1e-3),
+      config,
+      50,
   )
-  assert 0 < calibrated.noise_multiplier < 10
+  assert 0 < calibrated.privacy.noise_multiplier < 10
+  assert calibrated.privacy.target_epsilon == 0  # The noise it runs with.
   assert tracker.epsilon_rdp(20) == pytest.approx(3.0, abs=0.01)
   assert tracker.epsilon_rdp(20) <= 3.0
   # Delta defaults to 1 / N.
@@ -183,6 +198,7 @@ def test_deltafl_with_dp_counts_its_private_quantile():
       secure_quantile='private',
       quantile_noise_stddev=1.5,
       quantile_iterations=4,
+      dp_delta=1e-3,
   )
   s.validate()
   estimator = algorithms.quantile_estimator(s, clients_per_round=10)
@@ -191,7 +207,7 @@ def test_deltafl_with_dp_counts_its_private_quantile():
   config = simulation.SimulationConfig(
       total_rounds=5, clients_per_round=10, client_sampling='poisson'
   )
-  _, tracker = privacy_setup.prepare_dp(s, config, 100, delta=1e-3)
+  _, tracker = privacy_setup.prepare_dp(s, config, 100)
   assert tracker.mechanism.gaussian_multipliers == [1.0, 3.0, 3.0, 3.0, 3.0]
   composed = dp_accounting.ComposedDpEvent(
       [dp_accounting.GaussianDpEvent(1.0)]
@@ -254,3 +270,27 @@ def test_ditto_global_model_takes_the_dp_mean():
   for a, b in zip(results[1e6], reference):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
   assert not np.allclose(results[1e-3][0], reference[0], atol=1e-5)
+
+
+def test_the_binary_makes_its_privacy_and_attack_flags_from_declarations(
+    tmp_path,
+):
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  from privacy import options as privacy_options  # pylint: disable=g-import-not-at-top
+  from run import train  # pylint: disable=g-import-not-at-top,unused-import
+  from tff_algos import attacks  # pylint: disable=g-import-not-at-top
+  from tff_algos import options as options_lib  # pylint: disable=g-import-not-at-top
+
+  del train  # Imported for its flags.
+  for part in privacy_options.PARTS + (attacks.AttackOptions,):
+    for name, field in options_lib.fields_of(part).items():
+      assert flags.FLAGS[name].default == field.default, name
+      assert flags.FLAGS[name].help == field.metadata['help'], name
+  # A DP^2 flag without DP^2's server optimizer is refused, not ignored.
+  code, _, stderr = binary.run_train(
+      SMALL + ['--total_rounds=1', '--dp2_beta=0.5'], tmp_path
+  )
+  assert code == 2
+  assert binary.error_lines(stderr) == [
+      'train: error: --dp2_beta applies to --server_optimizer=dp2, not sgd'
+  ]

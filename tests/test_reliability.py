@@ -294,7 +294,11 @@ TRAIN_PROGRAM_CASES = [
         2,
         "unknown --secure_quantile='bogus'",
     ),
-    (['--attack=gaussian', '--attack_fraction=2'], 2, 'attack fraction'),
+    (
+        ['--attack=gaussian', '--attack_fraction=2'],
+        2,
+        '--attack_fraction must be in [0, 1), got 2.0',
+    ),
 ]
 CASES = (
     [(b, args, code, text) for b in ALL for args, code, text in SHARED_CASES]

@@ -47,6 +47,8 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_algos import options as options_lib
+
 ATTACKS = ('none', 'label_poison', 'gaussian', 'model_replacement')
 UPDATE_ATTACKS = ('gaussian', 'model_replacement')
 MARKER_KEY = 'attack'
@@ -92,6 +94,86 @@ class AttackConfig:
   @property
   def is_update_attack(self) -> bool:
     return self.kind in UPDATE_ATTACKS
+
+
+@dataclasses.dataclass(frozen=True)
+class AttackOptions(options_lib.Options):
+  """A run's corrupted clients, declared as options (a flag each).
+
+  `attack` and `attack_scale` shape the process (an update attack wraps
+  its client work); `attack_fraction` is the population's share of
+  corrupted clients (`config` gives the simulation's `AttackConfig`, whose
+  `validate` checks it against the attack).
+  """
+
+  attack: str = options_lib.option(
+      'none',
+      'Corrupted clients: none, label_poison (A1), gaussian (A2) or '
+      'model_replacement (A3); metrics are then reported on benign clients.',
+      choices=ATTACKS,
+  )
+  attack_fraction: float = options_lib.option(
+      0.0,
+      'Fraction of all clients corrupted: in (0, 1) with an attack, else 0.',
+      low=0.0,
+      high=1.0,
+      high_open=True,
+  )
+  attack_scale: Optional[float] = options_lib.option(
+      None,
+      'gaussian: sigma (default 1); model_replacement: update multiplier '
+      '(default -clients_per_round / server_learning_rate).',
+  )
+
+  @property
+  def on(self) -> bool:
+    """Some clients are corrupted."""
+    return self.attack != 'none'
+
+  @property
+  def on_updates(self) -> bool:
+    """The attack corrupts updates (A2, A3), not data."""
+    return self.attack in UPDATE_ATTACKS
+
+  def check(self) -> None:
+    if self.attack_scale is None:
+      return
+    if not self.on_updates:
+      raise options_lib.OptionError(
+          'attack_scale applies to attack=gaussian or model_replacement, '
+          f'not {self.attack}',
+          'attack_scale',
+          'attack',
+      )
+    try:
+      UpdateAttack(self.attack, self.attack_scale)
+    except (TypeError, ValueError) as e:
+      raise options_lib.OptionError(str(e), 'attack_scale') from None
+
+  def update_attack(
+      self, *, clients_per_round: int, server_learning_rate: float
+  ) -> Optional['UpdateAttack']:
+    """The update attack (None for none / label_poison); its scale
+    `default_scale` where none is given."""
+    if not self.on_updates:
+      return None
+    scale = self.attack_scale
+    if scale is None:
+      scale = default_scale(
+          self.attack,
+          clients_per_round=clients_per_round,
+          server_learning_rate=server_learning_rate,
+      )
+    return UpdateAttack(self.attack, scale)
+
+  def config(self, *, seed: int, num_classes: int) -> AttackConfig:
+    """The simulation's part: which clients, seeded."""
+    return AttackConfig(
+        kind=self.attack,
+        fraction=self.attack_fraction,
+        seed=seed,
+        num_classes=num_classes,
+    )
 
 
 def corrupted_clients(

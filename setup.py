@@ -70,6 +70,9 @@ if __name__ == '__main__':
           exclude=NOT_INSTALLED,
       ),
       package_data={name: list(PACKAGE_DATA) for name in PACKAGES},
+      # The tail benchmark on a Ray cluster (`--ray_address`): the newest Ray
+      # that shares TFF 0.87's pins (docs/deployment.md).
+      extras_require={'ray': ['ray==2.52.1']},
       install_requires=[
           'tensorflow==2.14.*',
           'tensorflow-federated==0.87.0',

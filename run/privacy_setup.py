@@ -2,9 +2,10 @@
 """DP set-up of a training run: noise calibration and the epsilon tracker.
 
 `prepare_dp(spec, config, num_clients)` returns the spec (with the noise
-multiplier calibrated when its `privacy.target_epsilon` is given) and an `accounting.EpsilonTracker` whose metrics go into every
-round of metrics.csv (`dp/epsilon`, RDP) and into the final summary (also
-`dp/epsilon_pld` when client sampling is Poisson).
+multiplier calibrated when its `privacy.target_epsilon` is given) and an
+`accounting.EpsilonTracker` whose metrics go into every round of metrics.csv
+(`dp/epsilon`, RDP) and into the final summary (also `dp/epsilon_pld` when
+client sampling is Poisson).
 """
 
 import dataclasses

@@ -24,6 +24,7 @@ DEV_ONLY = {
     'comm',
     'debugpy',
     'pdoc',
+    'ray',  # The extra tff-hetero[ray] (setup.py's extras_require).
 }
 
 

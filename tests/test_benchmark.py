@@ -1670,6 +1670,11 @@ def test_bad_input_is_one_line_before_any_run(tmp_path):
       (['--grid=fedplus_lambda:-0.1,0'], 'values must be distinct, finite'),
       (['--max_extra_seeds=-1'], '--max_extra_seeds must be >= 0'),
       (['--local_epochs_max=0'], '--local_epochs_max must be >= 1'),
+      (['--ray_address=nohost'], 'not auto nor HOST:PORT of a Ray head'),
+      (
+          ['--ray_address=127.0.0.1:1'],
+          '--ray_address=127.0.0.1:1: no Ray cluster there (cannot connect',
+      ),
       (
           ['--from_records', f'--records_dir={tmp_path}/none'],
           'no such folder (--from_records reads',

@@ -175,3 +175,16 @@ def test_readme_pip_commands_carry_the_pins():
       'requirements-nodeps.txt'
   )
   assert 'jaxlib' in nodeps_pins
+
+
+def test_the_ray_extra_is_the_pinned_ray():
+  # `pip install 'tff-hetero[ray]'` installs the Ray the tests run with.
+  with open(os.path.join(ROOT, 'setup.py')) as f:
+    source = f.read()
+  extra = re.search(r"extras_require=\{'ray': \['([^']+)'\]\}", source)
+  assert extra, 'setup.py: no ray extra'
+  pinned = package_sources.requirement_file('requirements.txt')['ray']
+  assert extra.group(1) == f'ray{pinned}'
+  from run.tail_benchmark import ray_pool  # pylint: disable=g-import-not-at-top
+
+  assert ray_pool.RAY_REQUIREMENT == extra.group(1)

@@ -67,8 +67,9 @@ arguments and origin (or any origin, `--accept_foreign_records`) is not run
 again, so the same
 command continues a stopped benchmark on any machine that has the records,
 and `--from_records` rebuilds the page from them alone. Runs execute in
-`--jobs` long-lived worker processes (`run_pool`). A signal ends the running
-runs and their TFF workers (`processes`).
+`--jobs` long-lived worker processes (`run_pool`), or as `--jobs` actors of
+the Ray cluster at `--ray_address` (`ray_pool`, docs/deployment.md). A signal
+ends the running runs and their TFF workers (`processes`).
 """
 
 import dataclasses
@@ -95,7 +96,9 @@ from run import run_dir
 from run.tail_benchmark import origin as origin_lib
 from run.tail_benchmark import page as benchmark_page
 from run.tail_benchmark import plan
+from run.tail_benchmark import pool as run_pool
 from run.tail_benchmark import processes
+from run.tail_benchmark import ray_pool
 from run.tail_benchmark import records as bench_records
 from run.tail_benchmark import rerun
 from run.tail_benchmark import selection as bench_selection
@@ -303,6 +306,16 @@ def define_flags(flag_values: Optional[flags.FlagValues] = None) -> None:
       'the installed plays if missing; default <output_dir>/data).',
   )
   define('integer', 'jobs', 1, 'Runs at the same time (processes).')
+  define(
+      'string',
+      'ray_address',
+      None,
+      'Run the runs on the Ray cluster at this address (auto: the cluster '
+      'this machine belongs to; HOST:PORT: its head) as --jobs actors, not '
+      'in local processes; records come back here. Needs pip install '
+      "'tff-hetero[ray]'; --output_dir and --data_dir must be usable on "
+      'every node.',
+  )
   define(
       'boolean',
       'plan',
@@ -579,6 +592,8 @@ def main(argv) -> int:
       )
     if FLAGS.jobs < 1:
       raise UsageError(f'--jobs must be >= 1, got {FLAGS.jobs}')
+    if FLAGS.ray_address and not (FLAGS.plan or FLAGS.from_records):
+      ray_pool.check_address(FLAGS.ray_address)
     if FLAGS.data_seed < 0:
       raise UsageError(f'--data_seed must be >= 0, got {FLAGS.data_seed}')
     if FLAGS.max_extensions < 0:
@@ -633,7 +648,12 @@ def main(argv) -> int:
           ),
       )
       task_flags = task_flags + [f'--data_dir={folder}']
-  except (UsageError, run_dir.OutputDirError, rerun.RerunError) as e:
+  except (
+      UsageError,
+      run_dir.OutputDirError,
+      rerun.RerunError,
+      ray_pool.RayUnavailable,
+  ) as e:
     print(f'benchmark: error: {e}', file=sys.stderr)
     return 2
   if rerun_records:
@@ -686,6 +706,14 @@ def main(argv) -> int:
   os.makedirs(output_dir, exist_ok=True)
   root = os.path.join(output_dir, 'runs')
   origin = None if FLAGS.from_records else origin_lib.current(task_flags)
+  worker_type = run_pool.RunWorker
+  if FLAGS.ray_address and not FLAGS.from_records:
+    try:
+      ray_pool.connect(FLAGS.ray_address)
+    except ray_pool.RayUnavailable as e:
+      print(f'benchmark: error: {e}', file=sys.stderr)
+      return 2
+    worker_type = ray_pool.RayRunWorker
   runs = bench_records.Runs(
       records_dir,
       output_dir,
@@ -693,6 +721,7 @@ def main(argv) -> int:
       FLAGS.from_records,
       origin=origin,
       accept_foreign=FLAGS.accept_foreign_records,
+      worker_type=worker_type,
   )
   bench = bench_selection.Benchmark(
       runs,
@@ -745,6 +774,8 @@ def main(argv) -> int:
         return 1
   finally:
     runs.close()
+    if worker_type is not run_pool.RunWorker:
+      ray_pool.disconnect()
   stem = os.path.splitext(output_md)[0]
   pngs = (f'{stem}_cdf.png', f'{stem}_differences.png')
   report = benchmark_page.Report(

@@ -100,7 +100,9 @@ class RunWorker:
       log.close()
     return self._proc
 
-  def _request(self, request: dict) -> dict:
+  def request(self, request: dict) -> dict:
+    """Sends one request to the worker; its reply (raises `RunFailed` if
+    the worker ended, `processes.NotStarted` if the driver is ending)."""
     proc = self._start()
     try:
       proc.stdin.write(json.dumps(request) + '\n')
@@ -132,7 +134,7 @@ class RunWorker:
       RunFailed: The run's exit code was not 0 (its last error line).
       processes.NotStarted: The driver is ending.
     """
-    reply = self._request({'run': list(args)})
+    reply = self.request({'run': list(args)})
     if reply['code'] != 0:
       raise RunFailed(reply['error'], reply['code'])
 
@@ -148,7 +150,7 @@ class RunWorker:
       RuntimeError: Its folder holds another run (one line).
       processes.NotStarted: The driver is ending.
     """
-    reply = self._request(
+    reply = self.request(
         {'record': list(args), 'rounds': rounds, 'personal': personal}
     )
     for line in reply.get('warnings', ()):
@@ -171,7 +173,7 @@ class RunWorker:
     request = {'fine_tune': list(args), 'options': options}
     if model is not None:
       request['model'] = base64.b64encode(model).decode('ascii')
-    reply = self._request(request)
+    reply = self.request(request)
     if reply['code'] != 0:
       raise RunFailed(reply['error'], reply['code'])
     return reply['result']
@@ -182,7 +184,7 @@ class RunWorker:
     Raises:
       RunFailed: It failed (its error line).
     """
-    reply = self._request({'export_model': list(args)})
+    reply = self.request({'export_model': list(args)})
     if reply['code'] != 0:
       raise RunFailed(reply['error'], reply['code'])
     return base64.b64decode(reply['model'])
@@ -193,7 +195,7 @@ class RunWorker:
     Raises:
       RunFailed: It failed (its error line).
     """
-    reply = self._request({'trivial': list(args)})
+    reply = self.request({'trivial': list(args)})
     if reply['code'] != 0:
       raise RunFailed(reply['error'], reply['code'])
     return reply['result']
@@ -204,7 +206,7 @@ class RunWorker:
     Parses the flags and checks the task's (`run.train.task_kwargs`), so an
     unknown or misspelt task flag is reported before any run starts.
     """
-    reply = self._request({'check': list(args)})
+    reply = self.request({'check': list(args)})
     return reply['error'] or None
 
   def close(self) -> None:

@@ -326,8 +326,12 @@ class Runs:
       from_records: bool,
       origin: Optional[dict] = None,
       accept_foreign: bool = False,
+      worker_type: type = run_pool.RunWorker,
   ):
     self.records_dir = records_dir
+    # A run worker's class: local processes (`run_pool.RunWorker`) or Ray
+    # actors (`ray_pool.RayRunWorker`), one per job.
+    self.worker_type = worker_type
     self.log_dir = log_dir
     self.jobs = jobs
     self.from_records = from_records
@@ -353,7 +357,7 @@ class Runs:
           worker = self._idle.pop()
         else:
           log = os.path.join(self.log_dir, f'worker_{len(self._workers)}.log')
-          worker = run_pool.RunWorker(os.path.abspath(log))
+          worker = self.worker_type(os.path.abspath(log))
           self._workers.append(worker)
       self._local.worker = worker
     return worker

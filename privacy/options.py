@@ -12,8 +12,9 @@ Two parts, each a frozen dataclass of `tff_algos.options.option` fields
 * `Dp2Options`: DP^2's server optimizer (Li et al., ICLR 2023,
   arXiv:2212.00309; `privacy.dp2`), used when the server optimizer is `dp2`.
 
-`PARTS` lists them; a command line makes one flag per field (the field's
-name) and words an `OptionError`'s option names as its flags. Which
+A command line makes one flag per field (the field's name; the training
+binary's parts are `run.algorithms.PARTS`) and words an `OptionError`'s
+option names as its flags. Which
 algorithms take DP is each algorithm's registry trait (`Algorithm.dp`).
 """
 
@@ -154,12 +155,3 @@ class Dp2Options(options_lib.Options):
         beta=self.dp2_beta,
         epsilon=self.dp2_epsilon,
     )
-
-
-# The declared privacy parts, each a set of options a command line takes.
-PARTS = (DpOptions, Dp2Options)
-
-
-def option_names() -> tuple[str, ...]:
-  """Every privacy option's name (a flag each), in declaration order."""
-  return tuple(name for part in PARTS for name in options_lib.fields_of(part))

@@ -45,6 +45,14 @@ WEIGHTINGS = {
     'num_examples': tff.learning.ClientWeighting.NUM_EXAMPLES,
     'uniform': tff.learning.ClientWeighting.UNIFORM,
 }
+# The run's declared parts beside the algorithm and its aggregator: the spec
+# field that holds each and its options class (a flag per field, given to the
+# spec by name).
+PARTS = {
+    'privacy': privacy_options.DpOptions,
+    'dp2': privacy_options.Dp2Options,
+    'adversary': attacks.AttackOptions,
+}
 # Spec fields whose flag has another name.
 FLAG_NAMES = {'server_momentum': 'server_sgd_momentum'}
 
@@ -155,11 +163,7 @@ class AlgorithmSpec:
   aggregator_values: tuple[tuple[str, Any], ...] = ()
 
   def __init__(self, name: str, options: Any = None, **settings: Any):
-    for key, part in (
-        ('privacy', privacy_options.DpOptions),
-        ('dp2', privacy_options.Dp2Options),
-        ('adversary', attacks.AttackOptions),
-    ):
+    for key, part in PARTS.items():
       own = options_lib.fields_of(part)
       named = {k: settings.pop(k) for k in list(settings) if k in own}
       if named:
@@ -308,10 +312,7 @@ class AlgorithmSpec:
         )
     options = self.aggregator_options()
     try:
-      for field in options_lib.fields_of(type(options)).values():
-        options_lib.check_value(
-            field.name, getattr(options, field.name), field.metadata
-        )
+      options.check_ranges()
     except options_lib.OptionError as e:
       raise flag_wording(e) from None
     try:
@@ -322,10 +323,7 @@ class AlgorithmSpec:
       ) from None
     adversary = self.adversary
     try:
-      for field in options_lib.fields_of(attacks.AttackOptions).values():
-        options_lib.check_value(
-            field.name, getattr(adversary, field.name), field.metadata
-        )
+      adversary.check_ranges()
       if adversary.on_updates and not entry.aggregators:
         raise ValueError(
             f'--attack={adversary.attack} applies to '

@@ -36,7 +36,6 @@ from run import contexts
 from run import engines
 from run import run_dir
 from run import simulation
-from privacy import options as privacy_options
 from tasks import base as task_base
 from tasks import download
 from tasks import holdout
@@ -174,7 +173,7 @@ _STATE_DIR = flags.DEFINE_string(
     None,
     'Folder of the client-state store (default <experiment>/client_states).',
 )
-# One flag per option of the run's declared parts (privacy, attacks).
+# One flag per option of the run's declared parts (`algorithms.PARTS`).
 _PART_FLAGS: dict[type, dict[str, flags.FlagHolder]] = {}
 
 
@@ -196,8 +195,7 @@ def part_values() -> dict[str, Any]:
   }
 
 
-# DP and DP^2 (`privacy.options`).
-for _part in privacy_options.PARTS:
+for _part in algorithms.PARTS.values():
   define_part_flags(_part)
 
 _STRAGGLERS = flags.DEFINE_float(
@@ -231,8 +229,6 @@ def define_aggregator_flags() -> None:
 
 define_aggregator_flags()
 
-# Corrupted clients (`tff_algos.attacks.AttackOptions`), a flag each.
-define_part_flags(attacks.AttackOptions)
 _HOLDOUT = flags.DEFINE_enum(
     'holdout',
     'none',

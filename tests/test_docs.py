@@ -227,7 +227,8 @@ def test_the_task_option_table_is_the_registrys():
 def test_the_part_option_table_is_the_declarations():
   # docs/usage.md's table of the privacy and attack options is generated
   # from their declarations (`privacy.options`, `tff_algos.attacks`).
-  from privacy import options as privacy_options  # pylint: disable=g-import-not-at-top
+  from run import algorithms  # pylint: disable=g-import-not-at-top
+  from tff_algos import options as options_lib  # pylint: disable=g-import-not-at-top
   from tools import option_table  # pylint: disable=g-import-not-at-top
 
   usage = (ROOT / 'docs' / 'usage.md').read_text()
@@ -237,9 +238,12 @@ def test_the_part_option_table_is_the_declarations():
   rows = [
       l for l in option_table.parts_table().splitlines() if l.startswith('|')
   ][2:]
-  assert [r.split('`')[1] for r in rows] == [
-      f'--{n}' for n in privacy_options.option_names()
-  ] + ['--attack', '--attack_fraction', '--attack_scale']
+  names = [
+      n for p in algorithms.PARTS.values() for n in options_lib.fields_of(p)
+  ]
+  assert [r.split('`')[1] for r in rows] == [f'--{n}' for n in names]
+  assert names[-3:] == ['attack', 'attack_fraction', 'attack_scale']
+  assert len(names) == 15
   text = '\n'.join(rows)
   assert '| `--dp_delta` | DpOptions | 0 | in [0, 1) |' in text
   assert (

@@ -276,13 +276,11 @@ def test_the_binary_makes_its_privacy_and_attack_flags_from_declarations(
     tmp_path,
 ):
   from absl import flags  # pylint: disable=g-import-not-at-top
-  from privacy import options as privacy_options  # pylint: disable=g-import-not-at-top
   from run import train  # pylint: disable=g-import-not-at-top,unused-import
-  from tff_algos import attacks  # pylint: disable=g-import-not-at-top
   from tff_algos import options as options_lib  # pylint: disable=g-import-not-at-top
 
   del train  # Imported for its flags.
-  for part in privacy_options.PARTS + (attacks.AttackOptions,):
+  for part in algorithms.PARTS.values():
     for name, field in options_lib.fields_of(part).items():
       assert flags.FLAGS[name].default == field.default, name
       assert flags.FLAGS[name].help == field.metadata['help'], name

@@ -109,11 +109,8 @@ def cluster():
       initialize_head=True,
       head_node_args={'num_cpus': 0, 'object_store_memory': 100 * _MIB},
   )
-  workers = [
-      nodes.add_node(num_cpus=1, object_store_memory=100 * _MIB)
-      for _ in range(2)
-  ]
-  nodes.worker_nodes_for_test = workers
+  for _ in range(2):
+    nodes.add_node(num_cpus=1, object_store_memory=100 * _MIB)
   yield nodes
   nodes.shutdown()
 
@@ -163,7 +160,7 @@ def test_a_node_lost_mid_benchmark_changes_no_record(
         time.sleep(0.5)
       assert proc.poll() is None, 'the benchmark ended before the kill'
       cluster.remove_node(
-          cluster.worker_nodes_for_test[0], allow_graceful=False
+          next(iter(cluster.worker_nodes)), allow_graceful=False
       )
       cluster.add_node(num_cpus=1, object_store_memory=100 * _MIB)
       _, stderr = proc.communicate(timeout=900)

@@ -133,9 +133,13 @@ class Options:
 
   def validate(self) -> None:
     """Raises `OptionError` for a value out of range or a bad combination."""
+    self.check_ranges()
+    self.check()
+
+  def check_ranges(self) -> None:
+    """Raises `OptionError` for a value outside its declared range."""
     for field in dataclasses.fields(self):  # pytype: disable=wrong-arg-types
       check_value(field.name, getattr(self, field.name), field.metadata)
-    self.check()
 
   def check(self) -> None:
     """Checks combinations of options (raises `OptionError`)."""

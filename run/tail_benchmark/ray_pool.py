@@ -129,10 +129,6 @@ class Relay:
     except pool.RunFailed as e:
       return {'relay_failed': str(e), 'code': e.code}
 
-  def close(self) -> None:
-    """Ends the worker child (for an actor that is not killed)."""
-    self._worker.close()
-
 
 _ACTOR: Any = None
 

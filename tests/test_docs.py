@@ -36,11 +36,11 @@ def outside_code_blocks(text: str) -> list[str]:
 
 
 def relative_links(text: str) -> list[str]:
-  """Targets of the Markdown links and images that are not URLs."""
+  """Targets of the Markdown links and images that are not URLs (a link's
+  text may run over several lines)."""
   return [
       target
-      for line in outside_code_blocks(text)
-      for target in _LINK.findall(line)
+      for target in _LINK.findall('\n'.join(outside_code_blocks(text)))
       if not re.match(r'[a-z][a-z0-9+.-]*:', target)
   ]
 
@@ -103,6 +103,56 @@ def test_results_sections_are_short_summaries_with_links():
     lines = [l for l in body.strip().splitlines() if l.strip()]
     assert len(lines) <= RESULTS_SECTION_MAX_LINES, (title, len(lines))
     assert relative_links(body), f'{title}: no link to its page or notes'
+
+
+# docs/performance.md is a reference (engines, how to choose, the current
+# measurements, how to measure, knobs); its dated history is
+# docs/performance_log.md. No heading of either carries an issue number.
+PERFORMANCE_MAX_LINES = 250
+
+
+def test_performance_is_a_reference_and_its_log_is_dated():
+  reference = (ROOT / 'docs' / 'performance.md').read_text(encoding='utf-8')
+  assert len(reference.splitlines()) <= PERFORMANCE_MAX_LINES
+  log = (ROOT / 'docs' / 'performance_log.md').read_text(encoding='utf-8')
+  for text in (reference, log):
+    for line in outside_code_blocks(text):
+      match = _HEADING.match(line)
+      if match:
+        assert not re.search(r'issue|#\d', match.group(2), re.IGNORECASE), line
+  dated = [
+      line
+      for line in outside_code_blocks(log)
+      if line.startswith('## ')
+  ]
+  assert dated and all(re.match(r'## \d{4}-\d\d-\d\d', l) for l in dated), [
+      l for l in dated if not re.match(r'## \d{4}-\d\d-\d\d', l)
+  ]
+
+
+def test_the_performance_engine_table_is_the_registrys():
+  # docs/performance.md's "which engines" table: one row per registered
+  # algorithm (rows may list several), a column per engine, "yes" where the
+  # entry's `engines` names it.
+  from tff_algos import registry  # pylint: disable=g-import-not-at-top
+
+  text = (ROOT / 'docs' / 'performance.md').read_text(encoding='utf-8')
+  lines = text.splitlines()
+  header = lines.index(
+      '| algorithm | `tff` | `batched` | `stacked` | TFF path only |'
+  )
+  rows = {}
+  for line in lines[header + 2 :]:
+    if not line.startswith('|'):
+      break
+    cells = [c.strip() for c in line.strip('|').split('|')]
+    for name in re.findall(r'`([a-z_]+)`', cells[0]):
+      rows[name] = cells[1:4]
+  assert set(rows) == set(registry.names())
+  for name, cells in rows.items():
+    engines = registry.get(name).engines
+    for engine, cell in zip(('tff', 'batched', 'stacked'), cells):
+      assert cell.startswith('yes') == (engine in engines), (name, engine)
 
 
 def test_the_pages_exist():
@@ -169,11 +219,13 @@ def test_the_link_checker_finds_what_is_broken(tmp_path):
       '# A\n[ok](b.md) [ok](b.md#a-code-part-x-y) [ok](#a) [web](https://x.y)'
       ' ![img](b.md)\n[gone](c.md) [bad](b.md#nothing) [bad](#b)\n'
       '```\n[in code](d.md)\n# not a heading\n```\n'
+      '[text over\ntwo lines](#c)\n'
   )
   assert broken_links(page) == [
       'c.md: no such file',
       'b.md#nothing: no such heading',
       '#b: no such heading',
+      '#c: no such heading',
   ]
   assert anchors('# X\n## X\n## X\n') == {'x', 'x-1', 'x-2'}
 

@@ -74,21 +74,28 @@ class _FakeRuns:
   ):
     """Fine-tuning whose accuracies are `ft_score(begin, lr, epochs)`."""
     del batch_size
+    if max_epochs < 1:  # As `run.fine_tune` refuses it.
+      raise RuntimeError(f'max_epochs must be an int >= 1, got {max_epochs}')
     self.ft_calls.append((list(learning_rates), max_epochs, tag, start))
-    splits = {}
-    for begin in (start,):
-      splits[begin] = {'validation': {}}
-      for lr in learning_rates:
-        splits[begin]['validation'][f'{lr:g}'] = [
-            {
-                'accuracy': [self.ft_score(begin, lr, e)] * 10,
-                'loss': [1.0] * 10,
-                'num_examples': [10] * 10,
-            }
-            for e in range(max_epochs + 1)
-        ]
+    splits = {start: {}}
+    for split in ('validation', 'test'):
+      splits[start][split] = {
+          f'{lr:g}': [
+              {
+                  'accuracy': [self.ft_score(start, lr, e)] * 10,
+                  'loss': [1.0] * 10,
+                  'num_examples': [10] * 10,
+              }
+              for e in range(max_epochs + 1)
+          ]
+          for lr in learning_rates
+      }
     del args
-    return {'splits': splits, 'train_examples': {}, 'wall_s': 1.0}
+    return {
+        'splits': splits,
+        'train_examples': {'test': 100},
+        'wall_s': 1.0,
+    }
 
   def run(self, args, rounds, personal, name=None):
     """A record whose accuracies are `score` of the run's flags."""
@@ -787,6 +794,26 @@ def test_no_fine_tuning_is_a_choice_and_not_an_edge():
   # marked, never doubled past it.
   assert got['local'].best.value == 12
   assert got['local'].edges == ('fine_tune_epochs',)
+
+
+def test_a_choice_of_no_fine_tuning_is_reported_from_its_epoch_0():
+  # Fine-tuning only hurts: 0 epochs is chosen, and the report's run (which
+  # trains at least one epoch) reads its epoch 0, FedAvg's own numbers.
+  runs, bench = _bench(
+      lambda flag: [0.5] * 10,
+      ('fedavg', 'fedavg_ft'),
+      {'fine_tune_learning_rate': (0.1, 0.3, 1.0)},
+  )
+  runs.ft_score = lambda begin, lr, e: 0.6 - e / 100
+  choices = bench.select([100], lambda _: None)
+  ft_choices = bench.select_fine_tuning(
+      choices['fedavg'], [100], lambda _: None
+  )
+  assert ft_choices['fedavg_ft'].best.value == 0
+  report = bench.report(choices, ft_choices, [0, 1], lambda _: None)
+  assert runs.ft_calls[-2:] == [([0.1], 1, '', 'final')] * 2
+  for run in report['fedavg_ft']:
+    assert run['splits']['test']['accuracy'] == [0.6] * 10
 
 
 def test_where_every_worst10_is_zero_accuracy_not_loss_decides():

@@ -860,7 +860,9 @@ class Benchmark:
           'final',
           progress,
           [best.lr],
-          int(best.value),
+          # A choice of 0 epochs (no fine-tuning) reads the run's epoch 0;
+          # a fine-tuning has at least one epoch.
+          max(1, int(best.value)),
           start=start,
       )
       for seed_index, seed in enumerate(seeds):

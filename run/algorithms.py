@@ -23,7 +23,6 @@ on DP aggregation for the algorithms whose entry has `dp`; `Dp2Options`:
 """
 
 import dataclasses
-import math
 import re
 from collections.abc import Callable, Mapping
 from typing import Any, Optional
@@ -34,27 +33,28 @@ from privacy import dp_aggregation
 from privacy import options as privacy_options
 from tff_algos import aggregators
 from tff_algos import attacks
+from tff_algos import optimizers
 from tff_algos import options as options_lib
 from tff_algos import registry
 
 # The built-in algorithms (`tff_algos.registry.names()` adds registered ones).
 ALGORITHM_NAMES = registry.names()
-OPTIMIZERS = ('sgd', 'adam', 'adagrad', 'yogi')
-SERVER_OPTIMIZERS = OPTIMIZERS + ('dp2',)
-WEIGHTINGS = {
-    'num_examples': tff.learning.ClientWeighting.NUM_EXAMPLES,
-    'uniform': tff.learning.ClientWeighting.UNIFORM,
-}
 # The run's declared parts beside the algorithm and its aggregator: the spec
 # field that holds each and its options class (a flag per field, given to the
 # spec by name).
 PARTS = {
+    'optimization': optimizers.OptimizerOptions,
     'privacy': privacy_options.DpOptions,
     'dp2': privacy_options.Dp2Options,
     'adversary': attacks.AttackOptions,
 }
-# Spec fields whose flag has another name.
-FLAG_NAMES = {'server_momentum': 'server_sgd_momentum'}
+# Options whose flag has another name (declared with `option(flag=...)`).
+FLAG_NAMES = {
+    name: options_lib.flag_of(field)
+    for part in PARTS.values()
+    for name, field in options_lib.fields_of(part).items()
+    if options_lib.flag_of(field) != name
+}
 
 
 def aggregator_algorithms() -> tuple[str, ...]:
@@ -81,25 +81,6 @@ def weighted_algorithms() -> tuple[str, ...]:
 def dp_algorithms() -> tuple[str, ...]:
   """Algorithms whose aggregate is a (uniform) mean of model deltas."""
   return tuple(e.name for e in registry.ALGORITHMS.values() if e.dp)
-
-
-def build_optimizer(
-    name: str, learning_rate: float, momentum: float = 0.0
-) -> tff.learning.optimizers.Optimizer:
-  """A `tff.learning.optimizers` optimizer by name."""
-  if name == 'sgd':
-    return tff.learning.optimizers.build_sgdm(
-        learning_rate=learning_rate, momentum=momentum or None
-    )
-  if name == 'adam':
-    return tff.learning.optimizers.build_adam(learning_rate=learning_rate)
-  if name == 'adagrad':
-    return tff.learning.optimizers.build_adagrad(learning_rate=learning_rate)
-  if name == 'yogi':
-    return tff.learning.optimizers.build_yogi(learning_rate=learning_rate)
-  raise ValueError(
-      f'unknown optimizer {name!r}; choose one of: {", ".join(OPTIMIZERS)}'
-  )
 
 
 def drops_stragglers(algorithm: str) -> bool:
@@ -143,12 +124,8 @@ class AlgorithmSpec:
 
   name: str
   options: Any = None
-  client_optimizer: str = 'sgd'
-  client_learning_rate: float = 0.01
-  server_optimizer: str = 'sgd'
-  server_learning_rate: float = 1.0
-  server_momentum: float = 0.0
-  client_weighting: str = 'num_examples'
+  # Optimizers and client weighting (`tff_algos.optimizers`), given by name.
+  optimization: optimizers.OptimizerOptions = optimizers.OptimizerOptions()
   aggregator: str = 'mean'
   # Corrupted clients (`tff_algos.attacks.AttackOptions`), given by name.
   adversary: attacks.AttackOptions = attacks.AttackOptions()
@@ -229,12 +206,7 @@ class AlgorithmSpec:
   def run_settings(self) -> options_lib.RunSettings:
     """The run-wide settings options are checked against."""
     return options_lib.RunSettings(
-        client_optimizer=self.client_optimizer,
-        client_learning_rate=self.client_learning_rate,
-        server_optimizer=self.server_optimizer,
-        server_learning_rate=self.server_learning_rate,
-        server_momentum=self.server_momentum,
-        client_weighting=self.client_weighting,
+        optimization=self.optimization,
         aggregator=self.aggregator,
         uses_dp=self.uses_dp,
         quantile_noise_stddev=self.privacy.quantile_noise_stddev,
@@ -243,38 +215,16 @@ class AlgorithmSpec:
   def validate(self) -> None:
     """Raises `ValueError` with one clear message for a bad option."""
     entry = self.entry
-    for flag, value, names in (
-        ('client_optimizer', self.client_optimizer, OPTIMIZERS),
-        ('server_optimizer', self.server_optimizer, SERVER_OPTIMIZERS),
-    ):
-      if value not in names:
-        raise ValueError(
-            f'unknown --{flag}={value!r}; choose one of: {", ".join(names)}'
-        )
-    for flag, value in (
-        ('client_learning_rate', self.client_learning_rate),
-        ('server_learning_rate', self.server_learning_rate),
-    ):
-      if not (math.isfinite(value) and value > 0):
-        raise ValueError(f'--{flag} must be a positive number, got {value}')
-    if not 0.0 <= self.server_momentum < 1.0:
-      raise ValueError(
-          f'--server_sgd_momentum must be in [0, 1), got {self.server_momentum}'
-      )
-    if entry.own_server_step and (
-        self.server_optimizer != 'sgd'
-        or self.server_learning_rate != 1.0
-        or self.server_momentum
-    ):
+    optimization = self.optimization
+    try:
+      optimization.validate()
+    except options_lib.OptionError as e:
+      raise flag_wording(e) from None
+    if entry.own_server_step and not optimization.server_at_defaults:
       raise ValueError(
           f'--algorithm={self.name} has no server optimizer (its server step:'
           f' {entry.own_server_step}); leave --server_optimizer, '
           '--server_learning_rate and --server_sgd_momentum at their defaults'
-      )
-    if self.client_weighting not in WEIGHTINGS:
-      raise ValueError(
-          f'unknown --client_weighting={self.client_weighting!r}; choose one'
-          f' of: {", ".join(WEIGHTINGS)}'
       )
     try:
       if self.options is None:
@@ -285,7 +235,7 @@ class AlgorithmSpec:
       raise flag_wording(e) from None
     self._validate_robustness(entry)
     self._validate_dp(entry)
-    if entry.own_weighting and self.client_weighting != 'num_examples':
+    if entry.own_weighting and optimization.client_weighting != 'num_examples':
       raise ValueError(
           f'--client_weighting applies to {", ".join(weighted_algorithms())}'
           f', not {self.name} (it weighs its clients by its own rule)'
@@ -353,22 +303,24 @@ class AlgorithmSpec:
             f'DP aggregation (--clip) applies to algorithms that aggregate a '
             f'mean ({", ".join(dp_algorithms())}), not {self.name}'
         )
-      if not entry.own_weighting and self.client_weighting != 'uniform':
+      if (
+          not entry.own_weighting
+          and self.optimization.client_weighting != 'uniform'
+      ):
         raise ValueError(
             'DP aggregation needs uniform client weighting: pass '
             '--client_weighting=uniform'
         )
       self.dp_options().validate()
-    if self.server_optimizer == 'dp2':
-      self.dp2.build(self.server_learning_rate)
-      if self.server_momentum:
-        raise ValueError('--server_sgd_momentum does not apply to dp2')
+    server_optimizer = self.optimization.server_optimizer
+    if server_optimizer == 'dp2':
+      self.dp2.build(self.optimization.server_learning_rate)
     else:
       given = options_lib.given(self.dp2)
       if given:
         raise ValueError(
             f'--{given[0]} applies to --server_optimizer=dp2, not '
-            f'{self.server_optimizer}'
+            f'{server_optimizer}'
         )
 
   def describe(self) -> str:
@@ -379,10 +331,12 @@ class AlgorithmSpec:
       options = self.options or entry.options()
       extra = options.describe(self.run_settings())
     extra += self.privacy.describe()
+    optimization = self.optimization
     return (
-        f'{self.name} (client {self.client_optimizer} '
-        f'lr={self.client_learning_rate:g}, server {self.server_optimizer}'
-        f' lr={self.server_learning_rate:g}{extra}'
+        f'{self.name} (client {optimization.client_optimizer} '
+        f'lr={optimization.client_learning_rate:g}, server '
+        f'{optimization.server_optimizer} '
+        f'lr={optimization.server_learning_rate:g}{extra}'
         f'{self._describe_robustness()})'
     )
 
@@ -443,7 +397,7 @@ def update_attack(
   """The update-level attack of the spec (None for none / label_poison)."""
   return spec.adversary.update_attack(
       clients_per_round=clients_per_round,
-      server_learning_rate=spec.server_learning_rate,
+      server_learning_rate=spec.optimization.server_learning_rate,
   )
 
 
@@ -477,14 +431,13 @@ def context(
       )
     return model_aggregator(spec)
 
+  optimization = spec.optimization
   return options_lib.Context(
-      client_optimizer=build_optimizer(
-          spec.client_optimizer, spec.client_learning_rate
-      ),
-      client_learning_rate=spec.client_learning_rate,
-      optimizer_fn=lambda lr: build_optimizer(spec.client_optimizer, lr),
+      client_optimizer=optimization.client(),
+      client_learning_rate=optimization.client_learning_rate,
+      optimizer_fn=optimization.client,
       server_optimizer=_server_optimizer(spec),
-      client_weighting=WEIGHTINGS[spec.client_weighting],
+      client_weighting=optimization.weighting,
       num_clients=num_clients,
       clients_per_round=clients_per_round,
       loop_implementation=loop_implementation,
@@ -529,8 +482,6 @@ def build_process(
 
 
 def _server_optimizer(spec: AlgorithmSpec) -> tff.learning.optimizers.Optimizer:
-  if spec.server_optimizer == 'dp2':
-    return spec.dp2.build(spec.server_learning_rate)
-  return build_optimizer(
-      spec.server_optimizer, spec.server_learning_rate, spec.server_momentum
-  )
+  if spec.optimization.server_optimizer == 'dp2':
+    return spec.dp2.build(spec.optimization.server_learning_rate)
+  return spec.optimization.server()

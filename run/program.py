@@ -1167,7 +1167,7 @@ def _error_message(
     message = client_states.error_message(error, out_dir)
     if message is not None:
       return message
-  return train.disk_full_message(error, out_dir)
+  return run_dir.disk_full_message(error, out_dir)
 
 
 def binary_main(

@@ -23,6 +23,7 @@
 
 import contextlib
 import datetime
+import errno
 import fcntl
 import json
 import os
@@ -464,3 +465,28 @@ class CheckpointManager(tff.program.FileProgramStateManager):
         )
         return kept
     raise RunDirError(f'too many damaged checkpoints in {self._root}')
+
+
+_DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+_DISK_FULL_TEXTS = ('No space left on device', 'Disk quota exceeded')
+
+
+def disk_full_message(error: BaseException, out_dir: str) -> Optional[str]:
+  """The one-line message for a write that failed on a full disk, else None.
+
+  Python's writes raise `OSError` (ENOSPC, EDQUOT); TensorFlow's (the
+  checkpoints, TensorBoard, TFF's CSV files) `ResourceExhaustedError`, whose
+  text names the cause (a TensorFlow out-of-memory error does not).
+  """
+  if isinstance(error, OSError):
+    full = error.errno in _DISK_FULL_ERRNOS
+  else:
+    full = type(error).__name__ == 'ResourceExhaustedError' and any(
+        t in str(error) for t in _DISK_FULL_TEXTS
+    )
+  if not full:
+    return None
+  return (
+      f'disk full while writing in {out_dir}; the checkpoints written before '
+      'are kept: free some space and rerun the same command to resume'
+  )

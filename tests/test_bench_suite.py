@@ -8,9 +8,9 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from run import algorithms
 from run.benchmarks import bench_suite
 from run import simulation
+from tff_algos import optimizers
 from tff_algos import stragglers
 from tests import binary
 
@@ -32,7 +32,7 @@ def test_plain_loop_is_a_fedavg_round():
   task = bench_suite.build_task('softmax', 6)
   datasets = _round_datasets(task, 4)
   stock = tff.learning.algorithms.build_weighted_fed_avg(
-      task.model_fn, algorithms.build_optimizer('sgd', 0.01)
+      task.model_fn, optimizers.build_optimizer('sgd', 0.01)
   )
   out = stock.next(stock.initialize(), datasets)
   expected = stock.get_model_weights(out.state).trainable

@@ -120,11 +120,7 @@ def test_performance_is_a_reference_and_its_log_is_dated():
       match = _HEADING.match(line)
       if match:
         assert not re.search(r'issue|#\d', match.group(2), re.IGNORECASE), line
-  dated = [
-      line
-      for line in outside_code_blocks(log)
-      if line.startswith('## ')
-  ]
+  dated = [line for line in outside_code_blocks(log) if line.startswith('## ')]
   assert dated and all(re.match(r'## \d{4}-\d\d-\d\d', l) for l in dated), [
       l for l in dated if not re.match(r'## \d{4}-\d\d-\d\d', l)
   ]
@@ -277,9 +273,11 @@ def test_the_task_option_table_is_the_registrys():
 
 
 def test_the_part_option_table_is_the_declarations():
-  # docs/usage.md's table of the privacy and attack options is generated
-  # from their declarations (`privacy.options`, `tff_algos.attacks`).
+  # docs/usage.md's table of the run's part options is generated from their
+  # declarations (`tff_algos.optimizers`, `privacy.options`,
+  # `tff_algos.attacks`, `run.run_options`).
   from run import algorithms  # pylint: disable=g-import-not-at-top
+  from run import run_options  # pylint: disable=g-import-not-at-top
   from tff_algos import options as options_lib  # pylint: disable=g-import-not-at-top
   from tools import option_table  # pylint: disable=g-import-not-at-top
 
@@ -290,12 +288,28 @@ def test_the_part_option_table_is_the_declarations():
   rows = [
       l for l in option_table.parts_table().splitlines() if l.startswith('|')
   ][2:]
+  parts = (*algorithms.PARTS.values(), *run_options.RUN_PARTS.values())
   names = [
-      n for p in algorithms.PARTS.values() for n in options_lib.fields_of(p)
+      options_lib.flag_of(f)
+      for p in parts
+      for f in options_lib.fields_of(p).values()
   ]
   assert [r.split('`')[1] for r in rows] == [f'--{n}' for n in names]
-  assert names[-3:] == ['attack', 'attack_fraction', 'attack_scale']
-  assert len(names) == 15
+  assert names[:6] == [
+      'client_optimizer',
+      'client_learning_rate',
+      'server_optimizer',
+      'server_learning_rate',
+      'server_sgd_momentum',
+      'client_weighting',
+  ]
+  assert names[18:22] == [
+      'attack',
+      'attack_fraction',
+      'attack_scale',
+      'total_rounds',
+  ]
+  assert len(names) == 46
   text = '\n'.join(rows)
   assert '| `--dp_delta` | DpOptions | 0 | in [0, 1) |' in text
   assert (

@@ -250,7 +250,7 @@ def test_ditto_global_model_takes_the_dp_mean():
       ditto.build_ditto(
           model_fn,
           tff.learning.optimizers.build_sgdm(
-              learning_rate=spec().client_learning_rate
+              learning_rate=spec().optimization.client_learning_rate
           ),
           lam=0.5,
           client_weighting=tff.learning.ClientWeighting.UNIFORM,
@@ -282,8 +282,10 @@ def test_the_binary_makes_its_privacy_and_attack_flags_from_declarations(
   del train  # Imported for its flags.
   for part in algorithms.PARTS.values():
     for name, field in options_lib.fields_of(part).items():
-      assert flags.FLAGS[name].default == field.default, name
-      assert flags.FLAGS[name].help == field.metadata['help'], name
+      flag = flags.FLAGS[options_lib.flag_of(field)]
+      assert flag.default == field.default, name
+      assert flag.help == field.metadata['help'], name
+  assert flags.FLAGS['server_sgd_momentum'].default == 0.0
   # A DP^2 flag without DP^2's server optimizer is refused, not ignored.
   code, _, stderr = binary.run_train(
       SMALL + ['--total_rounds=1', '--dp2_beta=0.5'], tmp_path

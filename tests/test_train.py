@@ -92,9 +92,9 @@ def error_lines(stderr: str) -> list[str]:
         (['--clients_per_round=50'], 'exceeds the 12 training clients'),
         (
             ['--client_learning_rate=-1'],
-            '--client_learning_rate must be a positive',
+            '--client_learning_rate must be > 0',
         ),
-        (['--total_rounds=0'], 'total_rounds must be >= 1'),
+        (['--total_rounds=0'], '--total_rounds must be in [1, 1,000,000], got'),
         (['--proximal_strength=0.5'], 'applies to fedprox and term'),
         (['--q=1'], 'applies to qffl and qfedsgd'),
         (['--algorithm=term', '--tilt=nan'], 'tilt must be finite'),

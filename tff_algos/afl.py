@@ -342,7 +342,7 @@ class AflOptions(options_lib.Options):
 
   def describe(self, settings: options_lib.RunSettings) -> str:
     return (
-        f', gamma_w={settings.client_learning_rate:g}, '
+        f', gamma_w={settings.optimization.client_learning_rate:g}, '
         f'gamma_lambda={self.afl_lambda_lr:g}'
     )
 

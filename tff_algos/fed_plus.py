@@ -676,7 +676,7 @@ class FedPlusOptions(options_lib.Options):
       )
 
   def check_run(self, settings: options_lib.RunSettings) -> None:
-    if settings.client_optimizer != 'sgd':
+    if settings.optimization.client_optimizer != 'sgd':
       raise options_lib.OptionError(
           'Fed+ takes plain local steps of size client_learning_rate; '
           'client_optimizer must be sgd',
@@ -686,7 +686,7 @@ class FedPlusOptions(options_lib.Options):
 
   def describe(self, settings: options_lib.RunSettings) -> str:
     sigma = self.fedplus_sigma or 0.0
-    kappa = 1.0 / (1.0 + settings.client_learning_rate * sigma)
+    kappa = 1.0 / (1.0 + settings.optimization.client_learning_rate * sigma)
     return (
         f', sigma={sigma:g} (kappa={kappa:.6g}), delta='
         f'{self.fedplus_delta if self.fedplus_delta is not None else 0.1:g}'

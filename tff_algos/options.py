@@ -82,18 +82,25 @@ def flag_of(field: dataclasses.Field) -> str:
   return field.metadata.get('flag') or field.name
 
 
+def _bound_text(value: float) -> str:
+  """A bound as written: `1e-05`, `0.5`, `100`, `100,000`."""
+  if float(value).is_integer() and abs(value) >= 1e4:
+    return f'{int(value):,}'
+  return f'{value:g}'
+
+
 def range_text(meta: Mapping[str, Any]) -> str:
   """The valid range of a numeric option, e.g. '>= 0' or 'in (0, 1]'."""
   low, high = meta['low'], meta['high']
   if low is not None and high is not None:
     return (
-        f'in {"(" if meta["low_open"] else "["}{low:g}, {high:g}'
-        f'{")" if meta["high_open"] else "]"}'
+        f'in {"(" if meta["low_open"] else "["}{_bound_text(low)}, '
+        f'{_bound_text(high)}{")" if meta["high_open"] else "]"}'
     )
   if low is not None:
-    return f'{">" if meta["low_open"] else ">="} {low:g}'
+    return f'{">" if meta["low_open"] else ">="} {_bound_text(low)}'
   if high is not None:
-    return f'{"<" if meta["high_open"] else "<="} {high:g}'
+    return f'{"<" if meta["high_open"] else "<="} {_bound_text(high)}'
   return 'finite'
 
 
@@ -118,7 +125,9 @@ def check_value(name: str, value: Any, meta: Mapping[str, Any]) -> None:
           name,
       )
     return
-  if isinstance(value, str):  # A free string: its user checks it.
+  if isinstance(value, str) or (
+      isinstance(value, tuple) and all(isinstance(v, str) for v in value)
+  ):  # Free strings: their user checks them.
     return
   values = value if isinstance(value, tuple) else (value,)
   for v in values:
@@ -249,14 +258,17 @@ class TunedOption:
 
 @dataclasses.dataclass(frozen=True)
 class RunSettings:
-  """The run-wide settings that options may be checked against, by name."""
+  """The run-wide settings that options may be checked against.
 
-  client_optimizer: str = 'sgd'
-  client_learning_rate: float = 0.01
-  server_optimizer: str = 'sgd'
-  server_learning_rate: float = 1.0
-  server_momentum: float = 0.0
-  client_weighting: str = 'num_examples'
+  Attributes:
+    optimization: The run's optimizers and client weighting
+      (`tff_algos.optimizers.OptimizerOptions`).
+    aggregator: The model aggregator's name (`tff_algos.aggregators`).
+    uses_dp: DP aggregation is on.
+    quantile_noise_stddev: Noise on a private quantile's counts.
+  """
+
+  optimization: Any
   aggregator: str = 'mean'
   uses_dp: bool = False
   quantile_noise_stddev: float = 0.0

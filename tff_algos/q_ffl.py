@@ -412,7 +412,9 @@ class QfflOptions(options_lib.Options):
     return self.q_lipschitz or 1.0 / client_learning_rate
 
   def describe(self, settings: options_lib.RunSettings) -> str:
-    lipschitz = self.lipschitz_constant(settings.client_learning_rate)
+    lipschitz = self.lipschitz_constant(
+        settings.optimization.client_learning_rate
+    )
     return f', q={self.q:g}, L={lipschitz:g}'
 
 

@@ -6,7 +6,9 @@ its flag, the algorithms that take it, its default, its valid values and
 its help; docs/usage.md holds that table between `BEGIN` and `END`. Each
 task option (`tasks.options`), likewise, in docs/tasks.md between
 `TASK_BEGIN` and `TASK_END`; each option of the run's other declared
-parts (`run.algorithms.PARTS`: DP, DP^2, attacks) in docs/usage.md between
+parts (`run.algorithms.PARTS`: optimizers, DP, DP^2, attacks;
+`run.run_options.RUN_PARTS`: schedule, data, output, execution) in
+docs/usage.md between
 `PARTS_BEGIN` and `PARTS_END`. Tests check that they are this module's
 `table()`, `task_table()` and `parts_table()`.
 
@@ -17,10 +19,12 @@ the docs' tables in place).
 import dataclasses
 import os
 import sys
+import typing
 from typing import Any
 
 from run import algorithms
 from run import atomic
+from run import run_options
 from tasks import registry as task_registry
 from tff_algos import options as options_lib
 from tff_algos import registry
@@ -58,9 +62,19 @@ def _valid(kind: type, field: dataclasses.Field) -> str:
     return ', '.join(f'`{c}`' for c in meta['choices'])
   if kind is bool:
     return 'true, false'
-  if kind is str:
+  if kind is str or _of_strings(field):
     return 'text'
   return options_lib.range_text(meta)
+
+
+def _of_strings(field: dataclasses.Field) -> bool:
+  """The option is a tuple of free strings (e.g. host:port workers)."""
+  hint = field.type
+  if isinstance(hint, str):  # Postponed annotations.
+    return hint.replace(' ', '') == 'tuple[str,...]'
+  return typing.get_origin(hint) is tuple and typing.get_args(hint)[:1] == (
+      str,
+  )
 
 
 def table() -> str:
@@ -101,20 +115,22 @@ def task_table() -> str:
 
 
 def parts_table() -> str:
-  """The parts' options table (DP aggregation and its accounting, DP^2's
-  server optimizer, attacks), one row per flag."""
+  """The parts' options table (optimizers, DP aggregation and its
+  accounting, DP^2's server optimizer, attacks, and the run's schedule,
+  data, output and execution), one row per flag."""
   lines = [
       PARTS_BEGIN,
       '| flag | part | default | valid | what it does |',
       '|---|---|---|---|---|',
   ]
-  for part in algorithms.PARTS.values():
+  for part in (*algorithms.PARTS.values(), *run_options.RUN_PARTS.values()):
     for name, field in options_lib.fields_of(part).items():
       kind = options_lib.field_type(part, name)
-      what = field.metadata['help'].replace('|', '\\|')
+      what = field.metadata['help'].replace('|', '\\|').replace('<', '&lt;')
       default, valid = _default(kind, field), _valid(kind, field)
+      flag = options_lib.flag_of(field)
       lines.append(
-          f'| `--{name}` | {part.__name__} | {default} | {valid} | {what} |'
+          f'| `--{flag}` | {part.__name__} | {default} | {valid} | {what} |'
       )
   lines.append(PARTS_END)
   return '\n'.join(lines)

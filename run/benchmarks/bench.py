@@ -73,7 +73,6 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from run import algorithms
 from run import atomic
 from run import console
 from run import run_dir
@@ -83,6 +82,7 @@ from tasks import registry
 from tasks import synthetic
 from tff_algos import composition
 from tff_algos import fed_avg
+from tff_algos import optimizers
 from tff_algos import runtime
 from tff_algos import stragglers
 
@@ -472,13 +472,13 @@ def benchmark(
   t0 = time.perf_counter()
   ours = fed_avg.build_fed_avg(
       task.model_fn,
-      algorithms.build_optimizer('sgd', config.client_learning_rate),
+      optimizers.build_optimizer('sgd', config.client_learning_rate),
   )
   build_seconds['ours'] = time.perf_counter() - t0
   t0 = time.perf_counter()
   stock = tff.learning.algorithms.build_weighted_fed_avg(
       task.model_fn,
-      algorithms.build_optimizer('sgd', config.client_learning_rate),
+      optimizers.build_optimizer('sgd', config.client_learning_rate),
   )
   build_seconds['stock'] = time.perf_counter() - t0
   plain_loops = {}

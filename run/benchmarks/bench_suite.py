@@ -96,6 +96,7 @@ from tasks import shakespeare
 from tasks import shakespeare_leaf
 from tasks import synthetic
 from tff_algos import client_states
+from tff_algos import optimizers
 from tff_algos import registry as algorithm_registry
 from tff_algos import runtime
 from tff_algos import stacked
@@ -578,7 +579,7 @@ def run_model(
       ]
     if name == 'fedavg':
       stock = tff.learning.algorithms.build_weighted_fed_avg(
-          task.model_fn, algorithms.build_optimizer('sgd', lr)
+          task.model_fn, optimizers.build_optimizer('sgd', lr)
       )
       systems['fedavg/stock'] = [
           'process',

@@ -8,6 +8,10 @@
 * `stacked`: `tff_algos.stacked.StackedEngine`, the round's clients trained
   together on stacked weights (the algorithms whose client work it has in
   stacked form: `stacked.check_definition`).
+
+Which engines run an algorithm with its options is one answer,
+`tff_algos.engine_check` (`check_engine` words it as flags, `engines_of`
+lists them).
 """
 
 from typing import Optional
@@ -17,6 +21,7 @@ import tensorflow_federated as tff
 from run import algorithms
 from tasks import base as task_base
 from tff_algos import batched
+from tff_algos import engine_check
 from tff_algos import options as options_lib
 from tff_algos import registry
 from tff_algos import stacked
@@ -29,10 +34,13 @@ LOOP_IMPLEMENTATIONS = {
 
 
 def check_engine(name: str, spec: algorithms.AlgorithmSpec) -> None:
-  """Raises `ValueError` for an unknown engine or an unsupported algorithm.
+  """Raises `ValueError` for an unknown engine or an unsupported algorithm,
+  in this binary's flag wording.
 
-  What an engine runs is the algorithm's registry entry (`engines`), its
-  options' `check_engine` and, for the stacked engine, its definition.
+  What an engine runs is `tff_algos.engine_check`'s one answer (the
+  registry entry's engines, the options' `check_engine` and, for the
+  stacked engine, the definition); a refusal of the stacked engine's own
+  keeps its type (`stacked.StackedEngineError`).
   """
   if name not in ENGINE_NAMES:
     raise ValueError(
@@ -42,24 +50,35 @@ def check_engine(name: str, spec: algorithms.AlgorithmSpec) -> None:
   if name == 'tff':
     return
   spec.validate()
-  entry = spec.entry
-  if name == 'stacked' and 'batched' in entry.engines:
+  try:
+    engine_check.check(
+        spec.entry,
+        spec.options,
+        lambda: batched_algorithm(spec, check=False).definition(),
+        name,
+        declared=registry.engine_names,
+    )
+  except stacked.StackedEngineError as e:
     # The definition says why (e.g. client work of its own).
-    try:
-      stacked.check_definition(
-          batched_algorithm(spec, check=False).definition()
-      )
-    except stacked.StackedEngineError as e:
-      raise stacked.StackedEngineError(_engine_wording(str(e))) from None
-  if name not in entry.engines:
+    raise stacked.StackedEngineError(_engine_wording(str(e))) from None
+  except engine_check.UndeclaredEngineError as e:
     raise ValueError(
         f'--simulation_engine={name} supports --algorithm='
-        f'{", ".join(registry.engine_names(name))}, not {spec.name}'
-    )
-  try:
-    spec.options.check_engine(name)
+        f'{", ".join(e.supported)}, not {spec.name}'
+    ) from None
   except options_lib.OptionError as e:
     raise ValueError(_engine_wording(str(algorithms.flag_wording(e)))) from None
+
+
+def engines_of(spec: algorithms.AlgorithmSpec) -> tuple[str, ...]:
+  """The engines that run `spec` (`tff_algos.engine_check.engines`)."""
+  spec.validate()
+  return engine_check.engines(
+      spec.entry,
+      spec.options,
+      lambda: batched_algorithm(spec, check=False).definition(),
+      declared=registry.engine_names,
+  )
 
 
 def _engine_wording(text: str) -> str:
@@ -138,9 +157,10 @@ def build_stacked_engine(
   """The stacked engine running `spec` on `task`.
 
   Args:
-    spec: The algorithm (those whose client work is local training, the
-      full gradient of afl and qfedsgd, or ditto's personal passes with
-      `ditto_personal_steps=0`: not the Fed+ family).
+    spec: The algorithm (those `engines_of` lists the stacked engine for:
+      client work of local training, the full gradient of afl and qfedsgd,
+      or a kind with its own stacked kernel such as Ditto's personal passes
+      with `ditto_personal_steps=0` and Fed+'s with `fedplus_local_steps=0`).
     task: The task whose model, preprocessing and clients it uses.
     shuffle: As `SimulationConfig.shuffle`.
     vectorize: Train the clients together (False: one after another through

@@ -31,6 +31,7 @@ from absl import logging
 from run import algorithms
 from run import console
 from run import contexts
+from run import declared_flags
 from run import engines
 from run import privacy_setup
 from run import run_dir
@@ -62,132 +63,24 @@ _AGGREGATOR = flags.DEFINE_string(
     f'{", ".join(algorithms.robust_algorithms())}).',
 )
 
-_DEFINE = {
-    float: flags.DEFINE_float,
-    int: flags.DEFINE_integer,
-    bool: flags.DEFINE_boolean,
-    str: flags.DEFINE_string,
-    tuple: flags.DEFINE_list,
-}
-# One flag per algorithm option (`tff_algos.registry`), by option name.
-_OPTION_FLAGS: dict[str, flags.FlagHolder] = {}
-# One flag per option of each declared part, by part and option name.
-_PART_FLAGS: dict[type, dict[str, flags.FlagHolder]] = {}
-# One flag per aggregator option (`tff_algos.aggregators`), by option name.
-_AGGREGATOR_FLAGS: dict[str, flags.FlagHolder] = {}
-# One flag per task option (`tasks.registry`), by flag name.
-_TASK_FLAGS: dict[str, flags.FlagHolder] = {}
-
-
-def _define(kind: type, name: str, default, help_text: str):
-  """A flag of `kind` (its default a list for a tuple option)."""
-  if kind is tuple and default is not None:
-    default = list(default)
-  return _DEFINE[kind](name, default, help_text)
-
-
-def define_algorithm_flags() -> None:
-  """Defines a flag per option of the registered algorithms (new ones only).
-
-  Its default, help and the algorithms it applies to come from the option's
-  declaration; values are checked by the algorithm's options
-  (`AlgorithmSpec.validate`).
-  """
-  for name, field in algorithm_registry.all_options().items():
-    if name not in _OPTION_FLAGS:
-      owners = ', '.join(algorithm_registry.owners(name))
-      _OPTION_FLAGS[name] = _define(
-          algorithm_registry.option_type(name),
-          name,
-          field.default,
-          f'{field.metadata["help"]} [{owners}]',
-      )
-
-
-def define_part_flags(part: type) -> None:
-  """Defines a flag per option of `part` (an options class) under the
-  option's flag name, its default and help the declaration's."""
-  holders = _PART_FLAGS.setdefault(part, {})
-  for name, field in options_lib.fields_of(part).items():
-    holders[name] = _define(
-        options_lib.field_type(part, name),
-        options_lib.flag_of(field),
-        field.default,
-        field.metadata['help'],
-    )
-
-
-def define_aggregator_flags() -> None:
-  """Defines a flag per option of the registered aggregators (new ones
-  only), its help naming its aggregator."""
-  for entry in aggregators.AGGREGATORS.values():
-    for name, field in options_lib.fields_of(entry.options).items():
-      if name not in _AGGREGATOR_FLAGS:
-        _AGGREGATOR_FLAGS[name] = _define(
-            options_lib.field_type(entry.options, name),
-            name,
-            field.default,
-            f'{entry.name}: {field.metadata["help"]}',
-        )
-
-
-def define_task_flags() -> None:
-  """Defines a flag per option of the registered tasks (new ones only).
-
-  Its default, help and the tasks it applies to come from the option's
-  declaration; values are checked by the task's options
-  (`run.task_flags.options`).
-  """
-  for name, flag in registry.option_flags().items():
-    if name not in _TASK_FLAGS:
-      _TASK_FLAGS[name] = _define(flag.kind, name, flag.default, flag.help)
-
-
-define_algorithm_flags()
-for _part in (*algorithms.PARTS.values(), *run_options.RUN_PARTS.values()):
-  define_part_flags(_part)
-define_aggregator_flags()
-define_task_flags()
-
+# A flag per declared option (algorithms, the run's parts, aggregators,
+# tasks), key flags of this module.
+DECLARED = declared_flags.DeclaredFlags(__name__)
+DECLARED.define()
+_OPTION_FLAGS = DECLARED.algorithm
+_TASK_FLAGS = DECLARED.task
 UsageError = run_options.UsageError
 
 
-def _parse_floats(flag: str, values: list[str]) -> tuple[float, ...]:
-  try:
-    return tuple(float(v) for v in values)
-  except ValueError:
-    raise UsageError(
-        f'--{flag} must be a comma-separated list of numbers, got '
-        f'{",".join(values)!r}'
-    ) from None
-
-
-def algorithm_option_values() -> dict[str, Any]:
-  """The algorithm option flags' values by option name (lists parsed)."""
-  values = {}
-  for name, holder in _OPTION_FLAGS.items():
-    value = holder.value
-    if isinstance(value, list):
-      value = _parse_floats(name, value)
-    values[name] = value
-  return values
-
-
-def part_values(*parts: type) -> dict[str, Any]:
-  """The flags' values of the options of `parts` (default: the algorithm's
-  parts, `algorithms.PARTS`) by option name; lists as tuples."""
-  values = {}
-  for part in parts or algorithms.PARTS.values():
-    for name, holder in _PART_FLAGS[part].items():
-      value = holder.value
-      values[name] = tuple(value) if isinstance(value, list) else value
-  return values
+def define_task_flags() -> None:
+  """Makes the flags of entries registered since (tasks and the others)."""
+  DECLARED.define()
 
 
 def part_options(part: type) -> options_lib.Options:
   """The options of a run part (`run_options.RUN_PARTS`) from its flags,
   checked (`UsageError` naming the flags)."""
-  options = part(**part_values(part))
+  options = part(**DECLARED.part_values(part))
   try:
     options.validate()
   except options_lib.OptionError as e:
@@ -217,11 +110,9 @@ def algorithm_spec() -> algorithms.AlgorithmSpec:
   return algorithms.AlgorithmSpec(
       name=_ALGORITHM.value,
       aggregator=_AGGREGATOR.value,
-      aggregator_values=tuple(
-          (name, holder.value) for name, holder in _AGGREGATOR_FLAGS.items()
-      ),
-      **part_values(),
-      **algorithm_option_values(),
+      aggregator_values=DECLARED.aggregator_values(),
+      **DECLARED.part_values(),
+      **DECLARED.algorithm_values(),
   )
 
 

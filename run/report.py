@@ -442,19 +442,25 @@ def _format(value: Optional[float]) -> str:
   return f'{value:.4f}'
 
 
+# The option the summary table shows beside an algorithm's name, and its
+# symbol, by algorithm: the registry entries' tuned options
+# (tests/test_report.py checks them against `tff_algos.registry`, which this
+# command does not import: it would load TensorFlow to draw figures).
+SYMBOLS = {
+    'fedprox': ('proximal_strength', 'mu'),
+    'qffl': ('q', 'q'),
+    'qfedsgd': ('q', 'q'),
+    'term': ('tilt', 't'),
+    'deltafl': ('theta', 'theta'),
+    'afl': ('afl_lambda_lr', 'lr_l'),
+}
+
+
 def _algorithm(run: Run) -> str:
   config = run.config
   name = config.get('algorithm', '?')
-  extra = {
-      'fedprox': ('proximal_strength', 'mu'),
-      'qffl': ('q', 'q'),
-      'qfedsgd': ('q', 'q'),
-      'term': ('tilt', 't'),
-      'deltafl': ('theta', 'theta'),
-      'afl': ('afl_lambda_lr', 'lr_l'),
-  }
-  if name in extra and extra[name][0] in config:
-    key, symbol = extra[name]
+  if name in SYMBOLS and SYMBOLS[name][0] in config:
+    key, symbol = SYMBOLS[name]
     return f'{name} ({symbol}={config[key]:g})'
   return name
 

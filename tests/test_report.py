@@ -259,3 +259,10 @@ def test_report_of_a_real_run(tmp_path):
   )
   table = (tmp_path / 'out' / 'summary.md').read_text()
   assert f"| {final['test/accuracy']['mean']:.4f} |" in table
+
+
+def test_the_symbols_name_the_registry_entries_tuned_options():
+  from tff_algos import registry  # pylint: disable=g-import-not-at-top
+
+  for name, (option, _) in report.SYMBOLS.items():
+    assert registry.get(name).tuned.name == option, name

@@ -311,14 +311,18 @@ def fine_tune_directly(
   def finalized(state, count):
     # TFF's Keras finalizers build a metric inside a tf.function, which only
     # works in graph mode; our models' metrics are Keras means, whose
-    # unfinalized state is [total, count].
+    # unfinalized state is [total, count], or sums ([total]: TFF's
+    # NumTokensCounter of the StackOverflow and Shakespeare baselines).
     out = {}
     for name, value in zip(names, state):
       value = np.asarray(value)
+      if value.shape == (1,):
+        out[name] = np.float32(value[0])
+        continue
       if value.shape != (2,):
         raise ValueError(
-            f'metric {name!r} is not a mean ([total, count]): fine-tuning '
-            'evaluates Keras mean metrics (loss, accuracy) only'
+            f'metric {name!r} is neither a mean ([total, count]) nor a sum '
+            '([total]): fine-tuning evaluates Keras means and sums only'
         )
       out[name] = np.float32(value[0] / value[1] if value[1] else 0.0)
     out['num_examples'] = np.int64(count)

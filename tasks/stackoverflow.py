@@ -30,6 +30,12 @@ Reddi et al., "Adaptive Federated Optimization", ICLR 2021):
   Multi-label data has no single accuracy; `accuracy` here is precision at 1:
   the fraction of examples whose top-scored tag is one of their tags.
 
+`max_examples_per_client` keeps each user's first N examples, in stored
+order (TFF's baselines cap each training user at `max_elements_per_user`,
+1,000 in google-research/federated's StackOverflow experiments); here every
+client's data is capped, training and test (after the Delta-FL protocol's
+merge of a user's splits), and `min_examples` counts before the cap.
+
 Differences from the baselines: seeded shuffling (reshuffled each epoch) and
 epochs repeated after batching, so batches never straddle epochs; seeded
 initialisers. `min_examples` counts raw examples (posts' sentences).
@@ -244,6 +250,22 @@ def create_tag_model_fn(
   return model_fn
 
 
+def capped(
+    client_data: base.ClientData, max_examples: Optional[int]
+) -> base.ClientData:
+  """Each client's first `max_examples` examples (`None`: all of them)."""
+  if max_examples is None:
+    return client_data
+  source = client_data.serializable_dataset_fn
+
+  def dataset_fn(client_id):
+    return source(client_id).take(max_examples)
+
+  return base.ClientData.from_clients_and_tf_fn(
+      list(client_data.client_ids), dataset_fn
+  )
+
+
 def create_task(
     *,
     data_dir: Optional[str],
@@ -253,6 +275,7 @@ def create_task(
     min_examples: int = 0,
     test_clients_fraction: float = 0.0,
     max_clients: Optional[int] = None,
+    max_examples_per_client: Optional[int] = None,
     task_type: str = 'word',
     word_vocab_size: int = DEFAULT_WORD_VOCAB_SIZE,
     tag_vocab_size: int = DEFAULT_TAG_VOCAB_SIZE,
@@ -276,6 +299,8 @@ def create_task(
       (users without one are not tested); in (0, 1): this fraction of the
       users become unseen test clients, evaluated on all their data.
     max_clients: Keep a seeded random subset of at most this many users.
+    max_examples_per_client: Keep each user's first this many examples
+      (`None`: all; TFF's baselines: 1000 training examples).
     task_type: `'word'` or `'tag'`.
     word_vocab_size: Most frequent words kept (TFF: 10000).
     tag_vocab_size: Most frequent tags kept (TFF: 500; tag task only).
@@ -295,6 +320,11 @@ def create_task(
     raise base.TaskError(
         f'unknown StackOverflow task_type {task_type!r}; choose one of '
         f'{", ".join(TASK_TYPES)}'
+    )
+  if max_examples_per_client is not None and max_examples_per_client < 1:
+    raise base.TaskError(
+        'max_examples_per_client must be >= 1 or None, got '
+        f'{max_examples_per_client}'
     )
   for name, value in (
       ('word_vocab_size', word_vocab_size),
@@ -361,6 +391,8 @@ def create_task(
       test_counts=test_counts,
       same_data=use_synthetic_data,
   )
+  train = capped(train, max_examples_per_client)
+  test = capped(test, max_examples_per_client)
   if task_type == 'word':
     preprocess_train, preprocess_eval = make_word_preprocess_fns(
         word_vocab,
@@ -404,6 +436,8 @@ def create_task(
       if test_clients_fraction > 0
       else 'per-user test split'
   )
+  if max_examples_per_client is not None:
+    protocol += f", each user's first {max_examples_per_client} examples"
   return base.FederatedTask(
       name=f'stackoverflow_{task_type}',
       train_data=train,
@@ -422,6 +456,19 @@ def create_task(
 @dataclasses.dataclass(frozen=True)
 class StackOverflowOptions(task_options.DataFiles, task_options.ClientChoice):
   """Options of `stackoverflow_word` and `stackoverflow_tag`."""
+
+  max_examples_per_client: Optional[int] = task_options.option(
+      None,
+      "Keep each client's first N examples (StackOverflow: sentences, TFF's "
+      'baselines cap users at 1000; shakespeare_leaf: windows).',
+      low=1,
+  )
+  lstm_size: int = task_options.option(
+      670,
+      "Units of the next-word LSTM (TFF's baseline: 670).",
+      low=1,
+      flag='stackoverflow_lstm_size',
+  )
 
 
 WORD_TASK = task_options.Task(

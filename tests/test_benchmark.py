@@ -261,14 +261,42 @@ def test_the_plans_cost_is_each_methods_median_seconds_per_round(tmp_path):
         )
     )
 
+  def fine_tuning(name, start, rates, epochs, wall):
+    options = {
+        'learning_rates': rates,
+        'max_epochs': epochs,
+        'batch_size': 5,
+        'starts': [start],
+    }
+    (tmp_path / f'{name}.json').write_text(
+        json.dumps(
+            {
+                'args': [
+                    '--algorithm=fedavg',
+                    '--total_rounds=10',
+                    json.dumps(options, sort_keys=True),
+                ],
+                'wall_s': wall,
+            }
+        )
+    )
+
   write('a', 'fedavg', 10, 10.0)
   write('b', 'fedavg', 10, 30.0)
   write('c', 'fedavg', 20, 100.0)
   write('d', 'ditto', 4, 8.0)
+  # Fine-tunings of FedAvg's runs (their arguments end with their options):
+  # not FedAvg's training cost, but the baselines' per epoch.
+  fine_tuning('a_ftfinal', 'final', [0.1, 0.3, 1.0], 5, 300.0)
+  fine_tuning('a_ftinitial', 'initial', [0.1], 128, 256.0)
   (tmp_path / 'trivial_select.json').write_text(json.dumps({'mean': 0.1}))
   (tmp_path / 'bad.json').write_text('{')
   costs = plan.seconds_per_round(str(tmp_path))
   assert costs == {'fedavg': 3.0, 'ditto': 2.0}
+  assert plan.seconds_per_epoch(str(tmp_path)) == {
+      'fedavg_ft': 20.0,
+      'local': 2.0,
+  }
   stages = [
       plan.Stage('select', 'first rung', 'fedavg', 4, 4, 100),
       plan.Stage('select', 'next seed', 'fedavg', 1, 2, 300),
@@ -284,6 +312,129 @@ def test_the_plans_cost_is_each_methods_median_seconds_per_round(tmp_path):
   assert 'no cost for TERM' in text
   assert '--calibrate_rounds=N measures it' in text
   assert 'cost: each method' in text and ': fedavg' in text
+
+
+@pytest.mark.parametrize('max_ext, seed', [(2, None), (0, 1), (1, 2), (2, 3)])
+def test_the_plan_counts_the_baselines_runs_and_their_epochs(max_ext, seed):
+  """`plan.stages` bounds the baselines' runs as `Benchmark` makes them:
+  their fine-tunings on the selection seeds, the extensions, the report;
+  each run's rates x epochs within its stage's length. Scores rising with
+  the rate and the epochs (seed None) take every extension: the most."""
+  rng = np.random.default_rng(seed)
+  table = {}
+
+  def ft_score(begin, lr, epochs):
+    if seed is None:
+      return 0.1 + lr / 10 + epochs / 100
+    return table.setdefault((begin, lr, epochs), rng.random())
+
+  runs, bench = _bench(
+      lambda flag: [0.5] * 10,
+      ('fedavg', 'fedavg_ft', 'local'),
+      {'fine_tune_learning_rate': (0.1, 0.3, 1.0)},
+      max_ext=max_ext,
+      fine_tune_epochs=3,
+      local_epochs_max=6,
+  )
+  runs.ft_score = ft_score
+  sel_seeds, seeds = [100, 101], [0, 1, 2]
+  choices = bench.select(sel_seeds, lambda _: None)
+  ft_choices = bench.select_fine_tuning(
+      choices['fedavg'], sel_seeds, lambda _: None
+  )
+  selected = len(runs.ft_calls)
+  bench.report(choices, ft_choices, seeds, lambda _: None)
+  planned = plan.stages(
+      bench.methods,
+      bench.budget,
+      bench.grids,
+      sel_seeds,
+      seeds,
+      max_extensions=max_ext,
+      max_extra_seeds=bench.max_extra_seeds,
+  )
+  for name, start in bench_settings.BASELINES.items():
+    mine = [s for s in planned if s.method == name]
+    assert {s.unit for s in mine} == {'epoch'}
+    for phase, calls in (
+        ('select', runs.ft_calls[:selected]),
+        ('final', runs.ft_calls[selected:]),
+    ):
+      calls = [c for c in calls if c[3] == start]
+      stages = [s for s in mine if s.phase == phase]
+      fewest, most = sum(s.fewest for s in stages), sum(s.most for s in stages)
+      assert fewest <= len(calls) <= most, (name, phase, len(calls))
+      if seed is None:
+        assert len(calls) == most, (name, phase)
+      longest = max(s.rounds for s in stages)
+      assert all(len(lrs) * epochs <= longest for lrs, epochs, _, _ in calls)
+  # Local training's grid: 2 seeds x 3 rates x 6 epochs; fine-tuning's
+  # report at up to 3 x 2^max_ext epochs on each reported seed.
+  (grid,) = [s for s in planned if s.name == 'local training grid']
+  assert (grid.fewest, grid.most, grid.rounds) == (2, 2, 18)
+  (report,) = [s for s in planned if s.name == 'fine-tuning report']
+  assert (report.most, report.rounds) == (3, 3 * 2**max_ext)
+
+
+def test_a_baselines_cost_follows_fedavgs_and_the_training_clients(tmp_path):
+  budget = bench_settings.Budget(
+      rounds=100,
+      clients_per_round=10,
+      local_epochs=2,
+      batch_size=5,
+      learning_rate=0.1,
+  )
+  # An epoch of 50 clients: 50 / (10 x 2) = 2.5 rounds of 4 s.
+  assert plan.baseline_cost(4.0, budget, 50) == 10.0
+  assert '= 2.5 rounds' in plan.derived(budget, 50)
+  record = {
+      'args': ['--algorithm=ditto', '--total_rounds=3'],
+      'wall_s': 3.0,
+      'splits': {'personal/test': {'accuracy': [0.5] * 7}},
+  }
+  assert plan.training_clients(str(tmp_path)) == 0
+  (tmp_path / 'final_ditto_seed0.json').write_text(
+      json.dumps({**record, 'splits': {'unseen': {'accuracy': [0.1] * 9}}})
+  )
+  (tmp_path / 'select_ditto_seed100.json').write_text(json.dumps(record))
+  assert plan.training_clients(str(tmp_path)) == 7
+  # Other methods at FedAvg's cost times their ratio to FedAvg's elsewhere.
+  assert plan.by_ratios(3.0, {'fedavg': 2.0, 'ditto': 5.0}, ['ditto']) == {
+      'ditto': 7.5
+  }
+  assert not plan.by_ratios(3.0, {'ditto': 5.0}, ['ditto'])
+  assert plan.parse_costs(['fedavg:2', 'local:40.5'], ['fedavg', 'local']) == {
+      'fedavg': 2.0,
+      'local': 40.5,
+  }
+  for bad, words in (
+      (['fedavg:2', 'fedavg:3'], 'fedavg is given twice'),
+      (['fedavg'], 'give METHOD:SECONDS'),
+      (['fedavg:0'], 'a number > 0'),
+      (['fedavg:inf'], 'a number > 0'),
+  ):
+    with pytest.raises(ValueError, match=words):
+      plan.parse_costs(bad, ['fedavg', 'local'])
+  text = plan.table(
+      [
+          plan.Stage('select', 'first rung', 'fedavg', 2, 2, 100),
+          plan.Stage(
+              'final', 'local training report', 'local', 5, 5, 36, 'epoch'
+          ),
+      ],
+      {'fedavg': 4.0, 'local': 10.0},
+      1,
+      {'local': 'Local training'},
+      sources={'fedavg': plan.STATED, 'local': plan.derived(budget, 50)},
+  )
+  lines = text.splitlines()
+  # 2 x 100 x 4 s = 0.22 h; 5 runs x 36 epochs x 10 s = 0.50 h.
+  assert lines[1].split()[-2:] == ['r', '0.22'] and '100 r' in lines[1]
+  assert lines[2].split()[-3:] == ['36', 'ep', '0.50']
+  assert lines[3].startswith('total: 2 to 2 training runs and 5 to 5 ')
+  assert '0.7 to 0.7 CPU hours' in lines[3]
+  assert lines[-2] == f'{plan.STATED}: fedavg'
+  assert lines[-1].endswith('= 2.5 rounds: Local training')
 
 
 def test_a_calibration_run_costs_a_round_past_its_tracing():

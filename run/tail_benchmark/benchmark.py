@@ -16,6 +16,16 @@ engine that gives the TFF path's weights.
       --output_md=docs/results/benchmark_synthetic.md
   tff-hetero-benchmark --setting=custom --rounds=50 -- \
       --task=leaf --leaf_dir=/data/femnist --leaf_model=cnn
+  tff-hetero-benchmark --setting=emnist --data_dir=$HOME/.tff --download \
+      --jobs=8 --plan --calibrate_rounds=20
+
+Settings (`settings.SETTINGS`): `synthetic`, `shakespeare` (a scale-down of
+the Delta-FL Shakespeare experiment), `shakespeare_paper` (its full scale),
+`emnist` (the Delta-FL EMNIST ConvNet experiment on TFF's
+`emnist_all.sqlite`), `stackoverflow` (TFF's next-word baseline on its
+`stackoverflow.sqlite`) and `custom`. `emnist` and `stackoverflow` read
+TFF's files from `--data_dir` and fetch them only with `--download`; a
+missing or damaged file is one error line before any run.
 
 Populations. One data seed (`--data_seed`), the same in every run, fixes the
 clients, which of them are training and which unseen, and every client's
@@ -302,8 +312,20 @@ def define_flags(flag_values: Optional[flags.FlagValues] = None) -> None:
       'string',
       'data_dir',
       None,
-      'shakespeare setting: the folder of shakespeare.sqlite (built from '
-      'the installed plays if missing; default <output_dir>/data).',
+      'shakespeare settings: the folder of shakespeare.sqlite (built from '
+      'the installed plays if missing; default <output_dir>/data); emnist '
+      "and stackoverflow: the folder of TFF's files (emnist_all.sqlite; "
+      'stackoverflow.sqlite and stackoverflow.word_count), fetched only '
+      "with --download (default TFF's cache, ~/.tff).",
+  )
+  define(
+      'boolean',
+      'download',
+      False,
+      "emnist and stackoverflow settings: fetch the setting's missing TFF "
+      "files into --data_dir from TFF's bucket before any run "
+      '(tasks/download.py: verified, resumable); without it a missing file '
+      'is an error.',
   )
   define('integer', 'jobs', 1, 'Runs at the same time (processes).')
   define(
@@ -333,6 +355,24 @@ def define_flags(flag_values: Optional[flags.FlagValues] = None) -> None:
       'on this machine by the second of two runs of this many rounds in one '
       'worker (its start-up, seconds per round and per evaluation), in '
       '<output_dir>/calibration; 0: records only; 20 or more is steadier.',
+  )
+  define(
+      'list',
+      'plan_costs',
+      [],
+      'With --plan: stated costs, METHOD:SECONDS,... (e.g. fedavg:2.5,'
+      'local:40): seconds per round of a method, per epoch (every training '
+      "client at one rate) of a baseline; before the records' and any "
+      'calibration.',
+  )
+  define(
+      'string',
+      'cost_ratios_from',
+      None,
+      'With --plan: a method without a stated or recorded cost costs '
+      "FedAvg's seconds per round times its ratio to FedAvg's over the "
+      "records in this folder (e.g. another setting's); before any "
+      'calibration, which then measures FedAvg alone.',
   )
   define(
       'list',
@@ -562,6 +602,70 @@ def _shakespeare_data(
   return folder
 
 
+# The splits of TFF's SQLite files that the settings read (checked before
+# any run: a damaged or incomplete file is one line).
+_SQLITE_SPLITS = {
+    'emnist_all.sqlite': ['all_train', 'all_test'],
+    'stackoverflow.sqlite': ['train', 'test'],
+}
+
+
+def _tff_data_dir(task_flags: Sequence[str]) -> str:
+  """The folder of TFF's files: the task flags' `--data_dir`, the
+  benchmark's, or TFF's cache (`~/.tff`); one of them only."""
+  from tasks import data_files  # pylint: disable=g-import-not-at-top
+
+  given = [
+      f.split('=', 1)[1] for f in task_flags if f.startswith('--data_dir=')
+  ]
+  if given and FLAGS.data_dir and given[-1] != FLAGS.data_dir:
+    raise UsageError(
+        f"--data_dir={FLAGS.data_dir} and the task flags' "
+        f'--data_dir={given[-1]} differ: give the folder once'
+    )
+  folder = given[-1] if given else FLAGS.data_dir
+  return os.path.abspath(data_files.resolve_data_dir(folder))
+
+
+def _with_tff_data(
+    setting: bench_settings.Setting, task_flags: list[str], read: bool
+) -> list[str]:
+  """The task flags with the folder of the setting's TFF files: fetched
+  where missing with `--download`, then checked where `read` (from records
+  or for a plan only the folder's name is needed: the commands name it)."""
+  from tasks import base  # pylint: disable=g-import-not-at-top
+  from tasks import data_files  # pylint: disable=g-import-not-at-top
+  from tasks import download  # pylint: disable=g-import-not-at-top
+
+  folder = _tff_data_dir(task_flags)
+  if not any(f.startswith('--data_dir=') for f in task_flags):
+    task_flags = task_flags + [f'--data_dir={folder}']
+  known = {f.name: f for files in download.DATASETS.values() for f in files}
+  files = [known[name] for name in setting.tff_files]
+  if FLAGS.download:
+    try:
+      download.ensure(files, folder)
+    except base.TaskError as e:
+      raise UsageError(str(e)) from None
+  if not read:
+    return task_flags
+  for data_file in files:
+    path = os.path.join(folder, data_file.name)
+    if not os.path.isfile(path):
+      raise UsageError(
+          f'--setting={setting.name} reads {data_file.name} from '
+          f'--data_dir={folder}, where it is missing: rerun with --download '
+          f"to fetch TFF's files ({data_file.url}), or "
+          f'`{data_file.instructions(folder)}`'
+      )
+    if data_file.name in _SQLITE_SPLITS:  # Damaged: one line, now.
+      try:
+        data_files.sql_example_counts(path, _SQLITE_SPLITS[data_file.name])
+      except base.TaskError as e:
+        raise UsageError(str(e)) from None
+  return task_flags
+
+
 class _Progress:
   """One line per finished run: `[k] phase method config seed: ...`."""
 
@@ -628,6 +732,14 @@ def main(argv) -> int:
       )
     if FLAGS.calibrate_rounds and not FLAGS.plan:
       raise UsageError('--calibrate_rounds costs a plan: give --plan too')
+    for name in ('plan_costs', 'cost_ratios_from'):
+      if getattr(FLAGS, name) and not FLAGS.plan:
+        raise UsageError(f'--{name} costs a plan: give --plan too')
+    try:
+      stated = plan.parse_costs(FLAGS.plan_costs, [m.name for m in methods_run])
+    except ValueError as e:
+      raise UsageError(str(e)) from None
+    ratios = _cost_ratios(FLAGS.cost_ratios_from)
     if FLAGS.calibrate_rounds < 0:
       raise UsageError(
           f'--calibrate_rounds must be >= 0, got {FLAGS.calibrate_rounds}'
@@ -648,6 +760,21 @@ def main(argv) -> int:
           ),
       )
       task_flags = task_flags + [f'--data_dir={folder}']
+    if FLAGS.download and not setting.tff_files:
+      raise UsageError(
+          f"--download fetches TFF's files of the emnist and stackoverflow "
+          f'settings; --setting={setting.name} reads none'
+      )
+    if setting.tff_files:
+      if FLAGS.download and FLAGS.from_records:
+        raise UsageError('--from_records reads records: not with --download')
+      task_flags = _with_tff_data(
+          setting,
+          task_flags,
+          read=not (
+              FLAGS.from_records or (FLAGS.plan and not FLAGS.calibrate_rounds)
+          ),
+      )
   except (
       UsageError,
       run_dir.OutputDirError,
@@ -659,48 +786,17 @@ def main(argv) -> int:
   if rerun_records:
     return _rerun(rerun_records, output_dir, task_flags)
   if FLAGS.plan:
-    planned = plan.stages(
-        methods_run,
+    return _plan(
+        setting,
         budget,
+        methods_run,
         grids,
-        sel_seeds,
-        seeds,
-        max_extensions=FLAGS.max_extensions,
-        max_extra_seeds=FLAGS.max_extra_seeds,
+        (sel_seeds, seeds),
+        task_flags,
+        (output_dir, records_dir),
+        stated,
+        ratios,
     )
-    costs = plan.seconds_per_round(records_dir)
-    calibrated = []
-    if FLAGS.calibrate_rounds:
-      try:
-        with processes.signals_stop():
-          try:
-            for method in methods_run:
-              if method.baseline or method.name in costs:
-                continue
-              costs[method.name] = _calibrate(
-                  method, budget, task_flags, output_dir, FLAGS.data_seed
-              )
-              calibrated.append(method.name)
-          except processes.Stopped as e:
-            return processes.exit_stopped(
-                'benchmark', e, '; nothing was planned'
-            )
-      except (RuntimeError, ValueError, OSError) as e:
-        print(
-            f'benchmark: error: calibration: {str(e).splitlines()[-1]}',
-            file=sys.stderr,
-        )
-        return 1
-    print(
-        plan.table(
-            planned,
-            costs,
-            FLAGS.jobs,
-            {m.name: m.label for m in methods_run},
-            calibrated,
-        )
-    )
-    return 0
   if not FLAGS.from_records:
     os.makedirs(records_dir, exist_ok=True)
   os.makedirs(output_dir, exist_ok=True)
@@ -816,6 +912,130 @@ def main(argv) -> int:
   )
   print(f'benchmark: wrote {output_md}, {", ".join(pngs)}')
   return 0
+
+
+def _cost_ratios(folder: Optional[str]) -> dict[str, float]:
+  """`--cost_ratios_from`: the seconds per round of its records' methods
+  (`UsageError` if it has no FedAvg record)."""
+  if not folder:
+    return {}
+  if not os.path.isdir(folder):
+    raise UsageError(f'--cost_ratios_from={folder}: no such folder')
+  costs = plan.seconds_per_round(folder)
+  if 'fedavg' not in costs:
+    raise UsageError(
+        f'--cost_ratios_from={folder}: no FedAvg training record there '
+        "(the ratios are to FedAvg's seconds per round)"
+    )
+  return costs
+
+
+def _plan(
+    setting: bench_settings.Setting,
+    budget: bench_settings.Budget,
+    methods_run: Sequence[bench_settings.Method],
+    grids: dict,
+    seed_lists: tuple[Sequence[int], Sequence[int]],
+    task_flags: list[str],
+    folders: tuple[str, str],
+    stated: dict[str, float],
+    ratios: dict[str, float],
+) -> int:
+  """`--plan`: the runs of each stage and their projected cost, printed
+  (`plan`'s docstring says where each cost comes from); 0, or 1 if a
+  calibration run fails."""
+  sel_seeds, seeds = seed_lists
+  output_dir, records_dir = folders
+  planned = plan.stages(
+      methods_run,
+      budget,
+      grids,
+      sel_seeds,
+      seeds,
+      max_extensions=FLAGS.max_extensions,
+      max_extra_seeds=FLAGS.max_extra_seeds,
+  )
+  costs = plan.seconds_per_round(records_dir)
+  costs.update(plan.seconds_per_epoch(records_dir))
+  costs.update(stated)
+  sources = {m: plan.STATED for m in stated}
+  trained = [m for m in methods_run if not m.baseline]
+
+  def from_ratios() -> None:
+    if not ratios or 'fedavg' not in costs:
+      return
+    by = plan.by_ratios(costs['fedavg'], ratios, [m.name for m in trained])
+    for name, cost in by.items():
+      if name not in costs:
+        costs[name] = cost
+        sources[name] = plan.RATIOS
+
+  from_ratios()
+  calibrated = []
+  if FLAGS.calibrate_rounds:
+    # FedAvg first: the ratios then cost the others.
+    order = sorted(trained, key=lambda m: m.name != 'fedavg')
+    try:
+      with processes.signals_stop():
+        try:
+          for method in order:
+            if method.name in costs:
+              continue
+            costs[method.name] = _calibrate(
+                method, budget, task_flags, output_dir, FLAGS.data_seed
+            )
+            calibrated.append(method.name)
+            from_ratios()
+        except processes.Stopped as e:
+          return processes.exit_stopped('benchmark', e, '; nothing was planned')
+    except (RuntimeError, ValueError, OSError) as e:
+      print(
+          f'benchmark: error: calibration: {str(e).splitlines()[-1]}',
+          file=sys.stderr,
+      )
+      return 1
+  _baseline_costs(setting, budget, methods_run, folders, costs, sources)
+  print(
+      plan.table(
+          planned,
+          costs,
+          FLAGS.jobs,
+          {m.name: m.label for m in methods_run},
+          calibrated,
+          sources,
+      )
+  )
+  return 0
+
+
+def _baseline_costs(
+    setting: bench_settings.Setting,
+    budget: bench_settings.Budget,
+    methods_run: Sequence[bench_settings.Method],
+    folders: tuple[str, str],
+    costs: dict[str, float],
+    sources: dict[str, str],
+) -> None:
+  """Costs each baseline without a cost in `costs` (and says so in
+  `sources`): FedAvg's seconds per round times the rounds an epoch of
+  every training client takes (`plan.baseline_cost`; the training clients
+  from the records, a calibration or the setting)."""
+  output_dir, records_dir = folders
+  missing = [m.name for m in methods_run if m.baseline and m.name not in costs]
+  if not missing or 'fedavg' not in costs:
+    return
+  clients = (
+      plan.training_clients(records_dir)
+      or plan.training_clients(
+          os.path.join(output_dir, 'calibration', 'fedavg')
+      )
+      or setting.training_clients
+  )
+  if not clients:
+    return
+  for name in missing:
+    costs[name] = plan.baseline_cost(costs['fedavg'], budget, clients)
+    sources[name] = plan.derived(budget, clients)
 
 
 def _rerun(records: dict[str, dict], output_dir: str, task_flags) -> int:

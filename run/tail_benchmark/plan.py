@@ -2,20 +2,31 @@
 """The benchmark's runs, counted before any runs, and their projected cost.
 
 `stages` counts the training runs of each method in each stage of the
-selection and of the report, as `selection.Benchmark` runs them. Stages
+selection and of the report, as `selection.Benchmark` runs them, and the
+baselines' runs (`fedavg_ft`, `local`: fine-tunings of FedAvg's runs on the
+selection seeds, their grid extensions, one on each reported seed). Stages
 whose size depends on results (the configurations that go on after a rung,
 the edge extensions, the added seeds) are given as a range: fewest and most.
-`seconds_per_round` measures each method's cost from the records of earlier
-runs (this machine's or any committed ones: their `wall_s` over their
-rounds), and `table` projects CPU hours and the wall time on `jobs` workers.
-The baselines' runs are not counted. A fine-tuning starts from FedAvg's
-finished run and costs a few percent of a training run; local training runs
-until its validation accuracy stops improving (at least 100 epochs: about
-4,700 s a run on the Shakespeare setting), so its hours come on top.
+
+A method's cost is seconds per round; a baseline's, seconds per epoch (one
+epoch over every training client's training part at one learning rate: a
+baseline run of r rates and e epochs costs r x e of them, its evaluations
+included). They come from, in this order: `--plan_costs` (stated); the
+records of earlier runs (`seconds_per_round`: each method's `wall_s` over
+its rounds; `seconds_per_epoch`: each baseline's `wall_s` over its rates x
+epochs); for a method, FedAvg's cost times its ratio to FedAvg over other
+records (`by_ratios`) or a calibration run (`Calibration`); for a baseline,
+FedAvg's seconds per round times the rounds one epoch of every training
+client takes (`baseline_cost`). On the Shakespeare setting that gives local
+training's selection run (3 rates x 128 epochs) 384 x 1.45 x 100 / 10 s,
+about 5,600 s, against 4,649 and 4,718 s measured; on Synthetic 384 x 0.19
+x 50 / 10 s, about 370 s, against 394 and 397 s. `table` projects CPU hours
+and the wall time on `jobs` workers.
 """
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 import dataclasses
+import json
 import math
 import os
 import statistics
@@ -29,7 +40,9 @@ from run.tail_benchmark import stats
 @dataclasses.dataclass(frozen=True)
 class Stage:
   """Runs of one method in one stage: between `fewest` and `most`, each of
-  `rounds` rounds."""
+  `rounds` rounds (`unit` 'round') or, for a baseline, of `rounds` epochs
+  over every training client at one learning rate (`unit` 'epoch': its
+  rates times its epochs, at the most the stage allows)."""
 
   phase: str
   name: str
@@ -37,6 +50,11 @@ class Stage:
   fewest: int
   most: int
   rounds: int
+  unit: str = 'round'
+
+  @property
+  def length(self) -> str:
+    return f'{self.rounds} {"r" if self.unit == "round" else "ep"}'
 
 
 def _line_values(
@@ -72,8 +90,10 @@ def stages(
   """The training runs of the selection and the report, per method."""
   out = []
   rounds = budget.rounds
+  baselines = []
   for method in methods:
     if method.baseline:
+      baselines.append(method)
       continue
     values = (
         grids.get(method.knob) or method.knob_grid(budget.learning_rate)
@@ -126,25 +146,99 @@ def stages(
         Stage('select', 'added seeds', name, 0, 2 * max_extra_seeds, rounds)
     )
     out.append(Stage('final', 'report', name, len(seeds), len(seeds), rounds))
+  for method in baselines:
+    out += baseline_stages(
+        method.name, budget, grids, sel_seeds, seeds, max_extensions
+    )
   return [s for s in out if s.most > 0]
 
 
-def seconds_per_round(records_dir: str) -> dict[str, float]:
-  """Each method's median seconds per round over the records in
-  `records_dir` (training runs only; `{}` if there are none)."""
-  found: dict[str, list[float]] = {}
+def baseline_stages(
+    name: str,
+    budget: bench_settings.Budget,
+    grids: dict[str, Sequence[float]],
+    sel_seeds: Sequence[int],
+    seeds: Sequence[int],
+    max_extensions: int,
+) -> list[Stage]:
+  """A baseline's runs (`selection.Benchmark.select_fine_tuning`, `report`).
+
+  On each selection seed one run fine-tunes FedAvg's model (or trains from
+  its initial one) at every rate of `fine_tune_learning_rate` for up to
+  the budget's epochs; each extension adds, on each selection seed, a run
+  one rate past an edge and, for fine-tuning, one at twice the epochs; each
+  reported seed has one run at the chosen rate and epochs. A stage's
+  epochs are the most it can reach (fine-tuning's doubling included).
+  """
+  start = bench_settings.BASELINES[name]
+  final = start == 'final'
+  epochs = budget.fine_tune_epochs if final else budget.local_epochs_max
+  most_epochs = epochs * 2**max_extensions if final else epochs
+  rates = len(grids['fine_tune_learning_rate'])
+  per_extension = 2 if final else 1
+  sel = len(sel_seeds)
+  what = 'fine-tuning' if final else 'local training'
+  return [
+      Stage('select', f'{what} grid', name, sel, sel, rates * epochs, 'epoch'),
+      Stage(
+          'select',
+          f'{what} extensions',
+          name,
+          0,
+          max_extensions * per_extension * sel,
+          most_epochs,
+          'epoch',
+      ),
+      Stage(
+          'final',
+          f'{what} report',
+          name,
+          len(seeds),
+          len(seeds),
+          most_epochs,
+          'epoch',
+      ),
+  ]
+
+
+def _records(records_dir: str) -> Iterator[tuple[str, dict]]:
+  """`(name, record)` of each readable record in `records_dir` with
+  arguments and a wall time, in name order (none if no such folder)."""
   if not os.path.isdir(records_dir):
-    return {}
+    return
   for entry in sorted(os.listdir(records_dir)):
     if not entry.endswith('.json'):
       continue
     record, _ = bench_records.load_json(os.path.join(records_dir, entry))
     if not isinstance(record, dict) or record.get('diverged'):
       continue
-    args = record.get('args')
-    wall = record.get('wall_s')
-    if not isinstance(args, list) or not isinstance(wall, (int, float)):
-      continue
+    if isinstance(record.get('args'), list) and isinstance(
+        record.get('wall_s'), (int, float)
+    ):
+      yield entry[: -len('.json')], record
+
+
+def _fine_tuning_options(args: list) -> Optional[dict]:
+  """A fine-tuning record's options (its arguments end with them, as JSON);
+  None for a training run's record."""
+  last = args[-1] if args else None
+  if not isinstance(last, str) or not last.startswith('{'):
+    return None
+  try:
+    options = json.loads(last)
+  except ValueError:
+    return None
+  return options if isinstance(options, dict) else None
+
+
+def seconds_per_round(records_dir: str) -> dict[str, float]:
+  """Each method's median seconds per round over the records in
+  `records_dir` (training runs only; `{}` if there are none)."""
+  found: dict[str, list[float]] = {}
+  for _, record in _records(records_dir):
+    args, wall = record['args'], record['wall_s']
+    if _fine_tuning_options(args) is not None:
+      continue  # A baseline's (`seconds_per_epoch`).
     try:
       rounds = int(bench_records.flag_value(args, 'total_rounds'))
       method = bench_records.flag_value(args, 'algorithm')
@@ -153,6 +247,98 @@ def seconds_per_round(records_dir: str) -> dict[str, float]:
     if rounds > 0 and wall > 0:
       found.setdefault(method, []).append(wall / rounds)
   return {m: statistics.median(v) for m, v in found.items()}
+
+
+def seconds_per_epoch(records_dir: str) -> dict[str, float]:
+  """Each baseline's median seconds per epoch (over every training client
+  at one rate) over its fine-tuning records in `records_dir`: each
+  record's wall time over its rates times its most epochs."""
+  starts = {start: name for name, start in bench_settings.BASELINES.items()}
+  found: dict[str, list[float]] = {}
+  for _, record in _records(records_dir):
+    options = _fine_tuning_options(record['args'])
+    if options is None:
+      continue
+    try:
+      (start,) = options['starts']
+      epochs = int(options['max_epochs']) * len(options['learning_rates'])
+    except (KeyError, TypeError, ValueError):
+      continue
+    if start in starts and epochs > 0 and record['wall_s'] > 0:
+      found.setdefault(starts[start], []).append(record['wall_s'] / epochs)
+  return {m: statistics.median(v) for m, v in found.items()}
+
+
+def training_clients(records_dir: str) -> int:
+  """The training clients of the runs recorded in `records_dir`: those a
+  selection run evaluated (its validation parts); 0 if none says."""
+  for name, record in _records(records_dir):
+    splits = record.get('splits')
+    if not name.startswith('select_') or not isinstance(splits, dict):
+      continue
+    for split in ('test', 'personal/test'):
+      columns = splits.get(split)
+      if isinstance(columns, dict) and columns.get('accuracy'):
+        return len(columns['accuracy'])
+  return 0
+
+
+def baseline_cost(
+    fedavg_round_s: float,
+    budget: bench_settings.Budget,
+    clients: int,
+) -> float:
+  """A baseline's seconds per epoch from FedAvg's seconds per round: one
+  epoch of every one of `clients` training clients takes as many rounds of
+  the budget's clients and local epochs (evaluations included)."""
+  return (
+      fedavg_round_s
+      * clients
+      / (budget.clients_per_round * budget.local_epochs)
+  )
+
+
+def by_ratios(
+    fedavg_cost: float,
+    reference: dict[str, float],
+    methods: Iterable[str],
+) -> dict[str, float]:
+  """`methods`' costs as FedAvg's (`fedavg_cost`) times each one's ratio to
+  FedAvg in `reference` (seconds per round, e.g. another setting's
+  `seconds_per_round`); a method `reference` lacks is left out."""
+  base = reference.get('fedavg')
+  if not base:
+    return {}
+  return {
+      m: fedavg_cost * reference[m] / base for m in methods if m in reference
+  }
+
+
+def parse_costs(items: Sequence[str], names: Sequence[str]) -> dict[str, float]:
+  """`--plan_costs` (`METHOD:SECONDS` items) as a dict.
+
+  Raises:
+    ValueError: A malformed item, an unknown method, a method given twice
+      or a cost that is not a positive number (one line).
+  """
+  out: dict[str, float] = {}
+  for item in items:
+    name, sep, text = item.partition(':')
+    if not sep or name not in names:
+      raise ValueError(
+          f'--plan_costs={item}: give METHOD:SECONDS with METHOD among '
+          f'{", ".join(names)}'
+      )
+    if name in out:
+      raise ValueError(f'--plan_costs: {name} is given twice')
+    try:
+      value = float(text)
+    except ValueError:
+      value = math.nan
+    if not (math.isfinite(value) and value > 0):
+      raise ValueError(f'--plan_costs={item}: the seconds must be a number > 0')
+    out[name] = value
+  return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -223,49 +409,94 @@ def _hours(runs: int, rounds: int, cost: Optional[float]) -> Optional[float]:
   return None if cost is None else runs * rounds * cost / 3600
 
 
+# Where a cost came from (`table`'s `sources`), as its footnote says it.
+RECORDS = (
+    "cost: each method's median seconds per round over its records in "
+    '--records_dir (their wall_s over their rounds, evaluations included; a '
+    "baseline's per epoch over its fine-tuning records)"
+)
+CALIBRATED = (
+    'cost measured by a calibration run on this machine (--calibrate_rounds: '
+    'its start-up paid once per run, its seconds per round of training and '
+    'per evaluation)'
+)
+STATED = (
+    "cost stated with --plan_costs (seconds per round; a baseline's per epoch)"
+)
+RATIOS = (
+    "cost: FedAvg's seconds per round times the method's ratio to FedAvg's "
+    'over the records in --cost_ratios_from'
+)
+
+
+def derived(budget: bench_settings.Budget, clients: int) -> str:
+  """The footnote of `baseline_cost`'s costs."""
+  return (
+      "cost: a baseline's seconds per epoch from FedAvg's seconds per round: "
+      f'an epoch of {clients} training clients as {clients} / '
+      f'({budget.clients_per_round} clients x {budget.local_epochs} local '
+      f'epochs) = {baseline_cost(1.0, budget, clients):g} rounds'
+  )
+
+
+def _row(s: Stage, cost: Optional[float], label: str) -> str:
+  low, high = (_hours(n, s.rounds, cost) for n in (s.fewest, s.most))
+  runs = f'{s.fewest}' if s.fewest == s.most else f'{s.fewest}-{s.most}'
+  hours = (
+      '?'
+      if low is None
+      else f'{low:.2f}'
+      if s.fewest == s.most
+      else f'{low:.2f}-{high:.2f}'
+  )
+  return (
+      f'{s.phase:7} {s.name:28} {label:20} {runs:>9} {s.length:>8} '
+      f'{hours:>13}'
+  )
+
+
 def table(
     planned: Sequence[Stage],
     costs: dict[str, float],
     jobs: int,
     labels: Optional[dict[str, str]] = None,
     calibrated: Sequence[str] = (),
+    sources: Optional[dict[str, str]] = None,
 ) -> str:
   """The plan as text: one line per stage, then the totals.
 
   `calibrated` names the methods whose cost a calibration run measured
-  (`Calibration`); the others' come from records.
+  (`Calibration`); `sources` gives the others' origin (`STATED`, `RATIOS`,
+  `derived`); the rest come from records (`RECORDS`).
   """
   names: dict[str, str] = dict(labels or {})
+  origin = {m: CALIBRATED for m in calibrated}
+  origin.update(sources or {})
   lines = [
-      f'{"phase":7} {"stage":24} {"method":14} {"runs":>9} {"rounds":>6} '
+      f'{"phase":7} {"stage":28} {"method":20} {"runs":>9} {"length":>8} '
       f'{"CPU h":>13}'
   ]
   fewest = most = 0.0
-  runs_fewest = runs_most = 0
-  unknown = sorted({s.method for s in planned if s.method not in costs})
+  runs = {'round': [0, 0], 'epoch': [0, 0]}
+  unknown = [
+      m for m in dict.fromkeys(s.method for s in planned) if m not in costs
+  ]
   for s in planned:
     cost = costs.get(s.method)
-    low, high = (_hours(n, s.rounds, cost) for n in (s.fewest, s.most))
-    runs = f'{s.fewest}' if s.fewest == s.most else f'{s.fewest}-{s.most}'
-    hours = (
-        '?'
-        if low is None
-        else f'{low:.2f}'
-        if s.fewest == s.most
-        else f'{low:.2f}-{high:.2f}'
+    lines.append(_row(s, cost, names.get(s.method, s.method)))
+    runs[s.unit][0] += s.fewest
+    runs[s.unit][1] += s.most
+    if cost is not None:
+      fewest += _hours(s.fewest, s.rounds, cost)
+      most += _hours(s.most, s.rounds, cost)
+  counted = f'{runs["round"][0]} to {runs["round"][1]} training runs'
+  if any(runs['epoch']):
+    counted += (
+        f' and {runs["epoch"][0]} to {runs["epoch"][1]} baseline runs '
+        "(fine-tunings and local trainings of FedAvg's runs)"
     )
-    label = names.get(s.method, s.method)
-    lines.append(
-        f'{s.phase:7} {s.name:24} {label:14} {runs:>9} {s.rounds:>6} '
-        f'{hours:>13}'
-    )
-    runs_fewest += s.fewest
-    runs_most += s.most
-    if low is not None:
-      fewest += low
-      most += high
   lines.append(
-      f'total: {runs_fewest} to {runs_most} training runs; '
+      f'total: {counted}; '
       f'{fewest:.1f} to {most:.1f} CPU hours, {fewest / jobs:.1f} to '
       f'{most / jobs:.1f} hours of wall time on {jobs} worker'
       f'{"" if jobs == 1 else "s"} (CPU hours over workers: each stage '
@@ -276,24 +507,23 @@ def table(
         'no cost for '
         + ', '.join(names.get(m, m) for m in unknown)
         + ': no record of theirs in --records_dir (not in the hours above); '
-        '--calibrate_rounds=N measures it with one short run each'
+        '--calibrate_rounds=N measures it with one short run each, '
+        "--plan_costs states it (a baseline's follows FedAvg's)"
     )
-  recorded = [
-      m
-      for m in dict.fromkeys(s.method for s in planned)
-      if m in costs and m not in calibrated
-  ]
-  if recorded:
+  if any(runs['epoch']):
     lines.append(
-        "cost: each method's median seconds per round over its records in "
-        '--records_dir (their wall_s over their rounds, evaluations included)'
-        + (': ' + ', '.join(names.get(m, m) for m in recorded))
+        "baselines: a run's length is its epochs over every training "
+        "client's training part at one learning rate (its rates x its "
+        'epochs), at the most its stage allows (fine-tuning doubles its '
+        'epochs at an edge): upper estimates'
     )
-  if calibrated:
-    lines.append(
-        'cost measured by a calibration run on this machine '
-        '(--calibrate_rounds: its start-up paid once per run, its seconds '
-        'per round of training and per evaluation): '
-        + ', '.join(names.get(m, m) for m in calibrated)
-    )
+  groups: dict[str, list[str]] = {}
+  for m in dict.fromkeys(s.method for s in planned):
+    if m in costs:
+      groups.setdefault(origin.get(m, RECORDS), []).append(names.get(m, m))
+  for text in (RECORDS, CALIBRATED, STATED, RATIOS):
+    if text in groups:
+      lines.append(f'{text}: ' + ', '.join(groups.pop(text)))
+  for text, members in groups.items():
+    lines.append(f'{text}: ' + ', '.join(members))
   return '\n'.join(lines)

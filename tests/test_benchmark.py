@@ -437,6 +437,34 @@ def test_a_baselines_cost_follows_fedavgs_and_the_training_clients(tmp_path):
   assert lines[-1].endswith('= 2.5 rounds: Local training')
 
 
+def test_no_number_of_workers_removes_the_runs_that_wait_for_each_other():
+  # Each stage lasts its longest run; the stages add up. FedAvg takes 3.6 s
+  # a round, Ditto 7.2, local training 36 s an epoch.
+  stages = [
+      plan.Stage('select', 'first rung', 'fedavg', 4, 4, 100),
+      plan.Stage('select', 'first rung', 'ditto', 4, 4, 100),  # 0.2 h
+      plan.Stage('select', 'next seed', 'fedavg', 1, 2, 300),  # 0.3 h,
+      plan.Stage('select', 'next seed', 'fedavg', 1, 1, 300),  # twice
+      plan.Stage(
+          'select', 'edge extensions', 'ditto', 0, 8, 300, steps=2
+      ),  # 0 or 2 x 0.6 h
+      plan.Stage('final', 'report', 'fedavg', 5, 5, 300),  # 0.3 h
+      plan.Stage('final', 'report', 'term', 5, 5, 900),  # no cost
+      plan.Stage(
+          'final', 'local training report', 'local', 5, 5, 10, 'epoch'
+      ),  # 0.1 h
+  ]
+  costs = {'fedavg': 3.6, 'ditto': 7.2, 'local': 36.0}
+  fewest, most = plan.chain_hours(stages, costs)
+  assert fewest == pytest.approx(0.2 + 0.6 + 0.3 + 0.1)
+  assert most == pytest.approx(0.2 + 0.6 + 1.2 + 0.3 + 0.1)
+  # 64 workers share 3.8 to 8.9 CPU hours, but wait 1.2 to 2.4 hours.
+  total = plan.table(stages, costs, 64).splitlines()[len(stages) + 1]
+  assert '3.8 to 8.9 CPU hours, 1.2 to 2.4 hours of wall time on 64' in total
+  total = plan.table(stages, costs, 1).splitlines()[len(stages) + 1]
+  assert '3.8 to 8.9 hours of wall time on 1 worker' in total
+
+
 def test_a_calibration_run_costs_a_round_past_its_tracing():
   # 10 rounds: the first traces (2 s), the others take 0.5 s (median);
   # metrics and checkpoints 1 s over the run; 2 evaluations of 1.5 s; the

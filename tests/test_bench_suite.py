@@ -5,6 +5,7 @@ import json
 import time
 
 import numpy as np
+import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
@@ -130,6 +131,7 @@ def test_one_run_times_every_kind_of_algorithm_and_the_references(tmp_path):
       'fedavg/stock',
       'fedavg/plain',
       'fedavg/bound',
+      'fedavg/evaluate',
       'qffl/tff',
       'qffl/batched',
       'qffl/stacked',
@@ -152,6 +154,16 @@ def test_one_run_times_every_kind_of_algorithm_and_the_references(tmp_path):
     assert s['ratio_to_bound'] > 0, key
   assert systems['fedavg/bound']['ratio_to_bound'] == 1.0
   assert systems['fedavg/stock']['ratio_to_stock'] == 1.0
+  # The evaluation row: every client's data a round (6 x 150 examples), its
+  # rate over the stacked engine's training rate.
+  evaluate = systems['fedavg/evaluate']
+  assert evaluate['examples_per_s'] == pytest.approx(
+      6 * 150 / evaluate['seconds_per_round']
+  )
+  assert result['evaluation_to_training'] == pytest.approx(
+      evaluate['examples_per_s'] / systems['fedavg/stacked']['examples_per_s']
+  )
+  assert 'softmax: evaluation (fedavg/evaluate) at ' in stdout
   # The engines end where our TFF path ends (same clients and batches).
   assert set(result['tff_vs_engines_linf']) == {
       'fedavg/batched',

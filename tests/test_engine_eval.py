@@ -251,6 +251,70 @@ def test_clients_of_very_different_sizes_in_one_chunk():
   evaluator.close()
 
 
+class _CountingClientData(tff.simulation.datasets.ClientData):
+  """A ClientData that counts the clients' datasets made."""
+
+  def __init__(self, data):
+    self._data = data
+    self.reads = 0
+
+  @property
+  def client_ids(self):
+    return self._data.client_ids
+
+  @property
+  def element_type_structure(self):
+    return self._data.element_type_structure
+
+  @property
+  def serializable_dataset_fn(self):
+    return self._data.serializable_dataset_fn
+
+  @property
+  def dataset_computation(self):
+    return self._data.dataset_computation
+
+  def create_tf_dataset_for_client(self, client_id):
+    self.reads += 1
+    return self._data.create_tf_dataset_for_client(client_id)
+
+
+def test_splits_are_read_once_while_they_fit_the_budget():
+  task = synthetic.create_task(num_clients=4, seed=2)
+  small = _CountingClientData(_client_data([3, 5, 0, 2], seed=6))
+  large = _CountingClientData(_client_data([40, 50], seed=7))
+  weights = trained_weights(task, 0.1)
+  expected = tff_values(
+      dataclasses.replace(task, test_data=small), weights, 'test'
+  )
+  small.reads = 0  # The TFF evaluation above read each client once.
+  # 10 examples of 60 float32 features and an int32 label: 2,480 bytes; the
+  # large split's 90: 22,320.
+  evaluator = engine_eval.EngineEvaluation(
+      task.model_fn,
+      task.preprocess_eval,
+      task.train_data,
+      batch_size=4,
+      chunk_size=3,
+      cache_bytes=10_000,
+  )
+  for _ in range(3):
+    assert_same_values(evaluator.evaluate(weights, small), expected)
+    evaluator.evaluate(weights, large)
+  assert small.reads == 4  # Once per client: kept.
+  assert large.reads == 3 * 2  # Over the budget: read at each call.
+  assert evaluator.kept_bytes == 10 * (60 + 1) * 4
+  unkept = engine_eval.EngineEvaluation(
+      task.model_fn, task.preprocess_eval, task.train_data, cache_bytes=0
+  )
+  small.reads = 0
+  for _ in range(2):
+    assert_same_values(unkept.evaluate(weights, small), expected)
+  assert small.reads == 2 * 4 and unkept.kept_bytes == 0
+  evaluator.close()
+  unkept.close()
+
+
 # ------------------------------------------------ The simulation's choice.
 
 

@@ -39,7 +39,12 @@ batches), interleaved round by round in a rotating order:
 * `bound` (fedavg only): the machine's bound, one model trained in the plain
   loop's form on the round's clients' batches concatenated (step j: every
   client's j-th batch, K x B examples per step; no per-client weights, no
-  averaging), the fastest a vectorized engine of K clients could go.
+  averaging), the fastest a vectorized engine of K clients could go;
+* `evaluate` (fedavg only): the engines' per-client evaluation
+  (`tff_algos.engine_eval`) of the global model on every client's data
+  (`--num_clients` clients a round, as the simulation evaluates a split),
+  its examples/s beside training's (`evaluation_to_training`: over
+  `fedavg/stacked`, else `fedavg/tff`).
 
 Ditto and the Fed+ family keep a personal model per client: on `tff`,
 `batched` and `stacked` each timed round is what `run.simulation` does (the
@@ -96,6 +101,7 @@ from tasks import shakespeare
 from tasks import shakespeare_leaf
 from tasks import synthetic
 from tff_algos import client_states
+from tff_algos import engine_eval
 from tff_algos import optimizers
 from tff_algos import registry as algorithm_registry
 from tff_algos import runtime
@@ -589,6 +595,7 @@ def run_model(
       ]
       systems['fedavg/plain'] = ['plain', PlainLoop(model, lr), None, None]
       systems['fedavg/bound'] = ['bound', BoundLoop(model, lr), None, None]
+      _add_evaluation(systems, process, task, log, model)
   names = list(systems)
   ids = list(task.train_data.client_ids)
   times = {k: [] for k in names}
@@ -596,6 +603,9 @@ def run_model(
   peaks = {k: PeakRss() for k in names}
   by_round = []  # Untimed: L-inf of each engine to the TFF path, per round.
   examples = []
+  population = sum(
+      len(task.train_data.create_tf_dataset_for_client(c)) for c in ids
+  )
   for r in range(1, warmup + rounds + 1):
     selected = simulation.sample_clients(
         ids, r, clients_per_round=clients_per_round, seed=0
@@ -612,9 +622,12 @@ def run_model(
         )
       with peaks[key] if r > warmup else contextlib.nullcontext():
         t0, c0 = time.perf_counter(), bench._cpu_seconds()  # pylint: disable=protected-access
-        _round(
-            kind, obj, state, systems[key], run_as, plans, r, config, batches
-        )
+        if kind == 'evaluate':  # The global model on every client's data.
+          obj.evaluate(state, task.train_data)
+        else:
+          _round(
+              kind, obj, state, systems[key], run_as, plans, r, config, batches
+          )
         dt = time.perf_counter() - t0
         dc = bench._cpu_seconds() - c0  # pylint: disable=protected-access
       if r > warmup:
@@ -636,8 +649,9 @@ def run_model(
   total_examples = sum(examples)
   for key in names:
     secs = sum(times[key])
+    done = population * rounds if systems[key][0] == 'evaluate' else None
     out['systems'][key] = {
-        'examples_per_s': total_examples / secs,
+        'examples_per_s': (done or total_examples) / secs,
         'seconds_per_round': secs / rounds,
         'median_round_seconds': statistics.median(times[key]),
         'cpu_seconds_per_round': sum(cpus[key]) / rounds,
@@ -662,14 +676,37 @@ def run_model(
       s['ratio_to_bound'] = (
           s['examples_per_s'] / ref['fedavg/bound']['examples_per_s']
       )
+  if 'fedavg/evaluate' in ref:
+    trained = (
+        ref.get('fedavg/stacked')
+        or ref['fedavg/tff' if 'fedavg/tff' in ref else 'fedavg/stock']
+    )
+    out['evaluation_to_training'] = (
+        ref['fedavg/evaluate']['examples_per_s'] / trained['examples_per_s']
+    )
   out['tff_vs_engines_linf'] = _engine_diffs(
       algorithm_names, processes, systems
   )
   out['tff_vs_engines_linf_by_round'] = by_round
   for key in names:
-    if systems[key][0] == 'engine':
+    if systems[key][0] in ('engine', 'evaluate'):
       systems[key][1].close()
   return out
+
+
+def _add_evaluation(systems, process, task, log, model: str) -> None:
+  """Adds `fedavg/evaluate`: the engines' per-client evaluation of FedAvg's
+  global model (`tff_algos.engine_eval`), timed over every client's data
+  each round, as the simulation evaluates a split."""
+  try:
+    evaluation = engine_eval.EngineEvaluation(
+        task.model_fn, task.preprocess_eval, task.train_data
+    )
+  except stacked.StackedEngineError as e:
+    log(f'{model}: no fedavg/evaluate: {e}')
+    return
+  weights = process.get_model_weights(process.initialize())
+  systems['fedavg/evaluate'] = ['evaluate', evaluation, weights, None]
 
 
 def _trainable(process, state) -> list[np.ndarray]:
@@ -773,6 +810,12 @@ def format_table(results: dict) -> str:
         f'\n{model}: peak memory {res["memory"]}; tff vs engines '
         f'L-inf {res["tff_vs_engines_linf"]}'
     )
+    if 'evaluation_to_training' in res:
+      lines.append(
+          f'{model}: evaluation (fedavg/evaluate) at '
+          f'{res["evaluation_to_training"]:.2f} x training\'s examples/s '
+          '(fedavg/stacked, else tff)'
+      )
   return '\n'.join(lines)
 
 

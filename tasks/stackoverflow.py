@@ -44,7 +44,7 @@ initialisers. `min_examples` counts raw examples (posts' sentences).
 import dataclasses
 import functools
 import os
-from typing import Optional
+from typing import Any, Optional
 
 import tensorflow as tf
 import tensorflow_federated as tff
@@ -463,12 +463,22 @@ class StackOverflowOptions(task_options.DataFiles, task_options.ClientChoice):
       'baselines cap users at 1000; shakespeare_leaf: windows).',
       low=1,
   )
-  lstm_size: int = task_options.option(
-      670,
-      "Units of the next-word LSTM (TFF's baseline: 670).",
+  lstm_size: Optional[int] = task_options.option(
+      None,
+      "Units of the next-word LSTM (default: TFF's baseline's 670).",
       low=1,
       flag='stackoverflow_lstm_size',
   )
+
+  def task_kwargs(self) -> dict[str, Any]:
+    # The options not given leave the builder's arguments as they were
+    # before they existed (its defaults).
+    return {
+        name: value
+        for name, value in super().task_kwargs().items()
+        if value is not None
+        or name not in ('max_examples_per_client', 'lstm_size')
+    }
 
 
 WORD_TASK = task_options.Task(

@@ -77,7 +77,10 @@ def define_task_flags() -> None:
   DECLARED.define()
 
 
-def part_options(part: type) -> options_lib.Options:
+_Part = typing.TypeVar('_Part', bound=options_lib.Options)
+
+
+def part_options(part: type[_Part]) -> _Part:
   """The options of a run part (`run_options.RUN_PARTS`) from its flags,
   checked (`UsageError` naming the flags)."""
   options = part(**DECLARED.part_values(part))

@@ -123,7 +123,9 @@ def parts_table() -> str:
       '| flag | part | default | valid | what it does |',
       '|---|---|---|---|---|',
   ]
-  for part in (*algorithms.PARTS.values(), *run_options.RUN_PARTS.values()):
+  parts: list[type] = [*algorithms.PARTS.values()]
+  parts += run_options.RUN_PARTS.values()
+  for part in parts:
     for name, field in options_lib.fields_of(part).items():
       kind = options_lib.field_type(part, name)
       what = field.metadata['help'].replace('|', '\\|').replace('<', '&lt;')

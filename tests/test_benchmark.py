@@ -2744,3 +2744,23 @@ def test_with_flags_replaces_in_place_and_appends_the_rest():
       == args
   )
   assert args == ['--task=synthetic', '--experiment_name=a', '--seed=1']
+
+
+def test_a_page_from_records_names_their_data_folders_as_placeholders():
+  # Made from records with another output folder (or machine), the page
+  # still prints no folder the records' runs read.
+  got = bm._placeholders(  # pylint: disable=protected-access
+      '/here/out',
+      ['--data_dir=/here/data'],
+      [
+          {'args': ['--task=x', '--data_dir=/there/shk/data', '--seed=0']},
+          {'args': ['--leaf_dir=/there/leaf']},
+          {},
+      ],
+  )
+  assert got == [
+      ('/there/shk/data', '<data_dir>'),
+      ('/there/leaf', '<leaf_dir>'),
+      ('/here/data', '<data_dir>'),
+      ('/here/out', '<output_dir>'),
+  ]

@@ -90,7 +90,7 @@ import shutil
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, Optional
 
 if not (3, 9) <= sys.version_info[:2] <= (3, 11):
@@ -899,7 +899,7 @@ def main(argv) -> int:
           )
           for phase in ('select', 'final')
       },
-      placeholders=_placeholders(output_dir, task_flags),
+      placeholders=_placeholders(output_dir, task_flags, runs.used.values()),
   )
   benchmark_page.write_pictures(report, *pngs)
   curve_png = f'{stem}_curve.png'
@@ -1078,16 +1078,21 @@ def _rerun(records: dict[str, dict], output_dir: str, task_flags) -> int:
   return 1 if differing else 0
 
 
-def _placeholders(output_dir: str, task_flags) -> list[tuple[str, str]]:
+def _placeholders(
+    output_dir: str, task_flags, records: Iterable[dict] = ()
+) -> list[tuple[str, str]]:
   """Absolute machine folders the page prints as placeholders (the longest
-  first: the data folder may lie in the output folder)."""
-  out = []
-  for arg in task_flags:
+  first: the data folder may lie in the output folder): this run's and
+  those the records' own runs read (a page made from records on another
+  machine, or with another --output_dir, names their data folder too)."""
+  out = {}
+  args = [a for r in records for a in r.get('args', ())] + list(task_flags)
+  for arg in args:
     if arg.startswith('--data_dir=') or arg.startswith('--leaf_dir='):
       flag, folder = arg[2:].split('=', 1)
-      out.append((os.path.abspath(folder), f'<{flag}>'))
-  out.append((os.path.abspath(output_dir), '<output_dir>'))
-  return sorted(out, key=lambda p: -len(p[0]))
+      out[os.path.abspath(folder)] = f'<{flag}>'
+  out[os.path.abspath(output_dir)] = '<output_dir>'
+  return sorted(out.items(), key=lambda p: -len(p[0]))
 
 
 def read_bound(path: str) -> dict[str, Any]:

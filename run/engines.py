@@ -23,7 +23,6 @@ from tasks import base as task_base
 from tff_algos import batched
 from tff_algos import engine_check
 from tff_algos import options as options_lib
-from tff_algos import registry
 from tff_algos import stacked
 
 ENGINE_NAMES = ('tff', 'batched', 'stacked')
@@ -51,13 +50,7 @@ def check_engine(name: str, spec: algorithms.AlgorithmSpec) -> None:
     return
   spec.validate()
   try:
-    engine_check.check(
-        spec.entry,
-        spec.options,
-        lambda: batched_algorithm(spec, check=False).definition(),
-        name,
-        declared=registry.engine_names,
-    )
+    engine_check.check(*_engine_question(spec), name)
   except stacked.StackedEngineError as e:
     # The definition says why (e.g. client work of its own).
     raise stacked.StackedEngineError(_engine_wording(str(e))) from None
@@ -73,11 +66,15 @@ def check_engine(name: str, spec: algorithms.AlgorithmSpec) -> None:
 def engines_of(spec: algorithms.AlgorithmSpec) -> tuple[str, ...]:
   """The engines that run `spec` (`tff_algos.engine_check.engines`)."""
   spec.validate()
-  return engine_check.engines(
+  return engine_check.engines(*_engine_question(spec))
+
+
+def _engine_question(spec: algorithms.AlgorithmSpec):
+  """`(entry, options, definition_fn)`: what `engine_check` asks about."""
+  return (
       spec.entry,
       spec.options,
       lambda: batched_algorithm(spec, check=False).definition(),
-      declared=registry.engine_names,
   )
 
 

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tff_algos import options as options_lib
+from tff_algos import registry
 from tff_algos import stacked
 
 
@@ -24,7 +25,7 @@ class UndeclaredEngineError(ValueError):
   Attributes:
     engine: The engine asked for.
     algorithm: The algorithm's name.
-    supported: The algorithms whose entries list the engine.
+    supported: The registered algorithms whose entries list the engine.
   """
 
   def __init__(self, engine: str, algorithm: str, supported: tuple[str, ...]):
@@ -41,8 +42,6 @@ def check(
     options: Any,
     definition_fn: Callable[[], Any],
     engine: str,
-    *,
-    declared: Callable[[str], tuple[str, ...]],
 ) -> None:
   """Raises if `engine` cannot run the algorithm with `options`.
 
@@ -52,8 +51,6 @@ def check(
     definition_fn: Builds its `AlgorithmDefinition` (asked only on the
       stacked engine, for an entry that also runs on the batched one).
     engine: One of `tff_algos.options.ENGINES`.
-    declared: The algorithms whose entries list an engine
-      (`tff_algos.registry.engine_names`), for the message.
 
   Raises:
     ValueError: For an unknown engine.
@@ -72,7 +69,9 @@ def check(
   if engine == 'stacked' and 'batched' in entry.engines:
     stacked.check_definition(definition_fn())
   if engine not in entry.engines:
-    raise UndeclaredEngineError(engine, entry.name, declared(engine))
+    raise UndeclaredEngineError(
+        engine, entry.name, registry.engine_names(engine)
+    )
   options.check_engine(engine)
 
 
@@ -80,14 +79,12 @@ def engines(
     entry: options_lib.Algorithm,
     options: Any,
     definition_fn: Callable[[], Any],
-    *,
-    declared: Callable[[str], tuple[str, ...]],
 ) -> tuple[str, ...]:
   """The engines that run the algorithm with `options` (`check` passes)."""
   running = []
   for engine in options_lib.ENGINES:
     try:
-      check(entry, options, definition_fn, engine, declared=declared)
+      check(entry, options, definition_fn, engine)
     except (ValueError, options_lib.OptionError):
       continue
     running.append(engine)

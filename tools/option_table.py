@@ -6,9 +6,8 @@ its flag, the algorithms that take it, its default, its valid values and
 its help; docs/usage.md holds that table between `BEGIN` and `END`. Each
 task option (`tasks.options`), likewise, in docs/tasks.md between
 `TASK_BEGIN` and `TASK_END`; each option of the run's other declared
-parts (`run.algorithms.PARTS`: optimizers, DP, DP^2, attacks;
-`run.run_options.RUN_PARTS`: schedule, data, output, execution) in
-docs/usage.md between
+parts (`run.declared_flags.PARTS`: optimizers, DP, DP^2, attacks,
+schedule, data, output, execution) in docs/usage.md between
 `PARTS_BEGIN` and `PARTS_END`. Tests check that they are this module's
 `table()`, `task_table()` and `parts_table()`.
 
@@ -22,9 +21,8 @@ import sys
 import typing
 from typing import Any
 
-from run import algorithms
 from run import atomic
-from run import run_options
+from run import declared_flags
 from tasks import registry as task_registry
 from tff_algos import options as options_lib
 from tff_algos import registry
@@ -123,9 +121,7 @@ def parts_table() -> str:
       '| flag | part | default | valid | what it does |',
       '|---|---|---|---|---|',
   ]
-  parts: list[type] = [*algorithms.PARTS.values()]
-  parts += run_options.RUN_PARTS.values()
-  for part in parts:
+  for part in declared_flags.PARTS:
     for name, field in options_lib.fields_of(part).items():
       kind = options_lib.field_type(part, name)
       what = field.metadata['help'].replace('|', '\\|').replace('<', '&lt;')

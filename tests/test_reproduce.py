@@ -3,7 +3,9 @@ histograms; bad input; a signal ends the runs it started."""
 
 import contextlib
 import csv
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -12,6 +14,7 @@ import time
 import numpy as np
 
 from run.experiments import reproduce
+from run.tail_benchmark import origin
 from tests import binary
 
 
@@ -349,3 +352,92 @@ def test_a_signal_ends_the_runs_and_a_rerun_resumes_them(tmp_path):
   for path in (first, second):  # Resumed: every round once, none repeated.
     assert _rows(path) == [str(r) for r in range(1, 301)], path
     assert (path.parent / 'summary.json').exists()
+
+
+def _reproduce(*args) -> subprocess.CompletedProcess:
+  return subprocess.run(
+      [sys.executable, '-m', 'run.experiments.reproduce', *args],
+      cwd=binary.ROOT,
+      capture_output=True,
+      text=True,
+      check=False,
+  )
+
+
+def test_records_make_the_table_again_with_their_origin(tmp_path):
+  """A run's record (arguments with placeholders, summaries, origin) lets a
+  later sitting skip it and `--from_records` make the same table with no run
+  folder; a record of another origin is refused with one line unless
+  accepted, and the table then lists both origins."""
+  records = tmp_path / 'records'
+  common = [
+      '--experiment=qffl_synthetic',
+      '--seeds=0',
+      '--rounds=2',
+      f'--records_dir={records}',
+      _TINY,
+  ]
+  first_md, again_md = tmp_path / 'first.md', tmp_path / 'again.md'
+  proc = _reproduce(
+      *common,
+      f'--root_output_dir={tmp_path}/runs',
+      f'--output_md={first_md}',
+  )
+  assert proc.returncode == 0, proc.stderr
+  names = sorted(p.name for p in records.iterdir())
+  assert names == ['q_0__FedAvg__seed0.json', 'q_1_seed0.json'], names
+  record = json.loads((records / 'q_1_seed0.json').read_text())
+  assert '--root_output_dir=OUTPUT_DIR' in record['args']
+  assert str(tmp_path) not in json.dumps(record)
+  assert record['origin']['code']['sources'] == origin.source_hash()
+  assert record['origin']['data'] == {}  # Generated data: no file.
+  assert record['seconds'] > 0
+  first = first_md.read_text()
+  assert str(tmp_path) not in first
+  assert 'Training runs: 2, ' in first
+  assert f'code {origin.source_hash()}' in first and ': 2\n' in first
+
+  # The runs' folders are gone: the records alone make the same table.
+  shutil.rmtree(tmp_path / 'runs')
+  proc = _reproduce(
+      *common,
+      '--from_records',
+      f'--root_output_dir={tmp_path}/runs',
+      f'--output_md={again_md}',
+  )
+  assert proc.returncode == 0, proc.stderr
+  assert again_md.read_text() == first
+  assert not (tmp_path / 'runs' / 'qffl_synthetic').exists()  # Nothing ran.
+
+  # A record another code made: refused, or listed when accepted.
+  record['origin']['code']['sources'] = '0123456789abcdef'
+  (records / 'q_1_seed0.json').write_text(json.dumps(record))
+  proc = _reproduce(
+      *common, '--from_records', f'--root_output_dir={tmp_path}/runs'
+  )
+  lines = binary.error_lines(proc.stderr)
+  assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+  assert 'was made by another origin (code 0123456789abcdef' in lines[0]
+  assert '--accept_foreign_records' in lines[0]
+  proc = _reproduce(
+      *common,
+      '--from_records',
+      '--accept_foreign_records',
+      f'--root_output_dir={tmp_path}/runs',
+      f'--output_md={again_md}',
+  )
+  assert proc.returncode == 0, proc.stderr
+  text = again_md.read_text()
+  assert f'* code {origin.source_hash()}' in text
+  assert '* code 0123456789abcdef' in text
+
+  # A damaged or missing record with --from_records: one line, status 2.
+  (records / 'q_1_seed0.json').write_text('{"summ')
+  for expected in ('damaged record', 'no record of this run at'):
+    proc = _reproduce(
+        *common, '--from_records', f'--root_output_dir={tmp_path}/runs'
+    )
+    lines = binary.error_lines(proc.stderr)
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert expected in lines[0] and 'q_1_seed0.json' in lines[0], proc.stderr
+    (records / 'q_1_seed0.json').unlink(missing_ok=True)

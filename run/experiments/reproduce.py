@@ -58,6 +58,7 @@ import signal
 import subprocess
 import sys
 import time
+from typing import Optional
 
 if not (3, 9) <= sys.version_info[:2] <= (3, 11):
   sys.exit('error: needs Python 3.9, 3.10 or 3.11 (TFF 0.87)')
@@ -70,6 +71,7 @@ import numpy as np
 from run import atomic
 from run import console
 from run import run_dir
+from run.tail_benchmark import origin as origins
 from run.tail_benchmark import processes
 from run.tail_benchmark import settings as bench_settings
 
@@ -461,6 +463,26 @@ def define_flags() -> None:
       'More flags for every run, e.g. '
       '--extra_flags=--synthetic_size_law=table_4_4',
   )
+  flags.DEFINE_string(
+      'records_dir',
+      None,
+      "Keep each finished run's record here (its arguments, summaries and "
+      'origin: code, data and library versions; one JSON file a run, to '
+      'commit): a run whose record has the same arguments and origin is not '
+      'run again, so the experiment spans sittings and machines.',
+  )
+  flags.DEFINE_boolean(
+      'from_records',
+      False,
+      'Make the table from --records_dir alone; run nothing (a missing '
+      'record is an error).',
+  )
+  flags.DEFINE_boolean(
+      'accept_foreign_records',
+      False,
+      'Reuse records made by other code, data or library versions instead of '
+      'redoing them (the table lists every origin with its records).',
+  )
 
 
 def run_one(args: list[str], log) -> dict:
@@ -487,7 +509,8 @@ def run_one(args: list[str], log) -> dict:
     raise RuntimeError(
         f'run failed (exit {proc.returncode}): {stderr.strip()[-2000:]}'
     )
-  log(f'  done in {time.time() - start:.0f} s')
+  seconds = time.time() - start
+  log(f'  done in {seconds:.0f} s')
   out_dir = next(
       a.split('=', 1)[1] for a in args if a.startswith('--root_output_dir=')
   )
@@ -497,6 +520,7 @@ def run_one(args: list[str], log) -> dict:
   with open(os.path.join(out_dir, name, 'summary.json')) as f:
     summary = json.load(f)
   summary['run_dir'] = os.path.join(out_dir, name)
+  summary['seconds'] = seconds
   return summary
 
 
@@ -662,6 +686,79 @@ def _error(message: str) -> int:
   return 2
 
 
+# Machine folders in a run's arguments, and what records and tables print.
+_PLACEHOLDERS = {
+    'root_output_dir': 'OUTPUT_DIR',
+    'data_dir': 'DATA_DIR',
+    'leaf_dir': 'LEAF_DIR',
+}
+
+
+def portable(args: list[str]) -> list[str]:
+  """`args` with this machine's folders replaced by placeholders."""
+  out = []
+  for arg in args:
+    name = arg[2:].split('=', 1)[0] if arg.startswith('--') else ''
+    if name in _PLACEHOLDERS and '=' in arg:
+      arg = f'--{name}={_PLACEHOLDERS[name]}'
+    out.append(arg)
+  return out
+
+
+class RecordError(Exception):
+  """A record is missing, damaged or of another origin."""
+
+
+def record_path(records_dir: str, args: list[str]) -> str:
+  name = next(
+      a.split('=', 1)[1] for a in args if a.startswith('--experiment_name=')
+  )
+  return os.path.join(records_dir, name + '.json')
+
+
+def read_record(
+    path: str, args: list[str], origin: dict, accept_foreign: bool
+) -> Optional[dict]:
+  """The record at `path` if it is this run's, else None (to redo).
+
+  Raises:
+    RecordError: If the record is damaged, or made by another origin and
+      `accept_foreign` is False.
+  """
+  if not os.path.exists(path):
+    return None
+  try:
+    with open(path) as f:
+      record = json.load(f)
+    summaries, theirs = record['summaries'], record['args']
+  except (OSError, ValueError, KeyError, TypeError) as e:
+    raise RecordError(
+        f'{path}: damaged record ({e}); delete it to redo the ' 'run'
+    ) from e
+  if not isinstance(summaries, dict) or theirs != portable(args):
+    return None
+  if origins.key(record.get('origin')) != origins.key(origin):
+    if not accept_foreign:
+      raise RecordError(
+          f'{path} was made by another origin '
+          f"({origins.describe(record.get('origin'))}; this run: "
+          f'{origins.describe(origin)}); delete it to redo the run, or pass '
+          '--accept_foreign_records to use it'
+      )
+  return record
+
+
+def origins_text(records: list[dict]) -> str:
+  """The table's origin lines: each origin with its number of runs."""
+  lines = [
+      'Made by (each origin: code sources hash, data, versions; runs):',
+      '',
+  ]
+  for text, count in origins.summary(records):
+    lines.append(f'* {text}: {count}')
+  return '\n'.join(lines) + '\n'
+
+
 def main(argv) -> int:
   """Runs the experiment; returns the exit status (2: bad input)."""
   processes.reset()
@@ -691,6 +788,14 @@ def main(argv) -> int:
     run_dir.check_output_dir(FLAGS.root_output_dir, flag='--root_output_dir')
   except run_dir.OutputDirError as e:
     return _error(str(e))
+  if FLAGS.from_records and not FLAGS.records_dir:
+    return _error('--from_records needs --records_dir')
+  if FLAGS.records_dir:
+    try:
+      run_dir.check_output_dir(FLAGS.records_dir, flag='--records_dir')
+    except run_dir.OutputDirError as e:
+      return _error(str(e))
+  origin = origins.current(experiment['base'] + list(FLAGS.extra_flags))
   log = lambda s: print(s, file=sys.stderr, flush=True)
   root = os.path.join(FLAGS.root_output_dir, name)
   results, commands, jobs = {}, [], []
@@ -711,17 +816,63 @@ def main(argv) -> int:
               f'--experiment_name={tag}_seed{seed}',
           ]
       )
-      commands.append('python -m run.train ' + ' '.join(args))
-      jobs.append((variant, args))
+      commands.append('python -m run.train ' + ' '.join(portable(args)))
+      jobs.append((variant, seed, args))
+  done = {}
+  if FLAGS.records_dir:
+    for variant, seed, args in jobs:
+      path = record_path(FLAGS.records_dir, args)
+      try:
+        record = read_record(path, args, origin, FLAGS.accept_foreign_records)
+      except RecordError as e:
+        return _error(str(e))
+      if record is not None:
+        done[path] = record
+      elif FLAGS.from_records:
+        return _error(
+            f'no record of this run at {path}: run without '
+            '--from_records to make it'
+        )
+
+  def run_and_record(variant: str, seed: int, args: list[str]) -> dict:
+    summary = run_one(args, log)
+    record = {
+        'experiment': name,
+        'variant': variant,
+        'seed': seed,
+        'args': portable(args),
+        'summaries': summary['summaries'],
+        'seconds': summary['seconds'],
+        'origin': origin,
+    }
+    if FLAGS.records_dir:
+      atomic.write_json(
+          record_path(FLAGS.records_dir, args),
+          record,
+          indent=1,
+          sort_keys=True,
+      )
+    return {**record, 'run_dir': summary['run_dir']}
+
   # A signal ends the runs and their workers (they are in sessions of their
   # own, out of reach of a terminal's Ctrl-C or a group kill of the driver).
   pool = concurrent.futures.ThreadPoolExecutor(FLAGS.jobs)
   with processes.signals_stop():
     try:
-      futures = [
-          (variant, pool.submit(run_one, args, log)) for variant, args in jobs
-      ]
+      futures = []
+      for variant, seed, args in jobs:
+        path = record_path(FLAGS.records_dir or '', args)
+        if path in done:
+          log(f'  record: {path}')
+          futures.append((variant, done[path]))
+        else:
+          futures.append(
+              (variant, pool.submit(run_and_record, variant, seed, args))
+          )
       for variant, future in futures:
+        if isinstance(future, dict):
+          results[variant].append(future)
+          continue
         try:
           results[variant].append(future.result())
         except RuntimeError as e:
@@ -739,6 +890,10 @@ def main(argv) -> int:
       )
     finally:
       pool.shutdown(wait=True, cancel_futures=True)
+  made_by = origins_text([r for runs in results.values() for r in runs])
+  seconds = sum(
+      r.get('seconds', 0.0) for runs in results.values() for r in runs
+  )
   results = expand_members(experiment, results)
   text = (
       f'{name}: {rounds} rounds, seeds {seeds}; mean (std) over seeds; '
@@ -751,13 +906,21 @@ def main(argv) -> int:
         '\nPaired per-seed differences (seeds in the order above; then mean'
         ' (std)):\n\n' + paired_table(experiment, results) + '\n'
     )
+  text += (
+      f'\n{made_by}\nTraining runs: {len(jobs)}, {seconds / 60:.0f} min of '
+      'wall time summed over runs (the sitting that finished each).\n'
+  )
   print(text)
   if FLAGS.output_md:
     atomic.write_text(
         FLAGS.output_md,
         text + '\nCommands:\n\n```\n' + '\n'.join(commands) + '\n```\n',
     )
-    if 'histogram' in experiment:
+    if 'histogram' in experiment and not all(
+        r.get('run_dir') for runs in results.values() for r in runs
+    ):
+      print('histogram: skipped (made from records; it reads run folders)')
+    elif 'histogram' in experiment:
       png = os.path.splitext(FLAGS.output_md)[0] + '_histogram.png'
       write_histogram(experiment, results, png)
       print(f'histogram: {png}')

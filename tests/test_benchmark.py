@@ -2561,8 +2561,8 @@ def test_a_method_that_diverged_on_a_reported_seed_is_counted_on_the_page(
   report.results['fedprox'][2]['unstable'] = True  # Fell back on seed 2.
   assert benchmark_page.unstable_lines(report)[1] == (
       "* FedProx's held-out curve fell back to the trivial score after "
-      'leaving it on reported seed 2 of [0, 1, 2]; those seeds are in its '
-      'statistics.'
+      'leaving it, or collapsed below it after reaching it, on reported seed '
+      '2 of [0, 1, 2]; those seeds are in its statistics.'
   )
   # Diverged on every seed: no row anywhere, and the findings say so.
   every = [

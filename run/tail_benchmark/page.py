@@ -383,7 +383,8 @@ def unstable_lines(report: Report) -> list[str]:
     if fell:
       out.append(
           f"* {method.label}'s held-out curve fell back to the trivial score "
-          f'after leaving it on reported seed{"s" if len(fell) > 1 else ""} '
+          'after leaving it, or collapsed below it after reaching it, on '
+          f'reported seed{"s" if len(fell) > 1 else ""} '
           f'{", ".join(map(str, fell))} of {list(report.seeds)}; those seeds '
           'are in its statistics.'
       )
@@ -465,8 +466,8 @@ def _values_text(values: Sequence[float]) -> str:
 
 
 def _stability(report: Report, method: Any, choice: Any) -> str:
-  """Seeds where the chosen configuration diverged or fell back to the
-  trivial score: selection (its full runs, and its first rung as `+ 1
+  """Seeds where the chosen configuration diverged, fell back to the
+  trivial score or collapsed below it (`stats.fell_back`): selection (its full runs, and its first rung as `+ 1
   early`), then reported; `-` for the baselines, which train no curve."""
   if method.baseline:
     return '-'
@@ -504,8 +505,10 @@ def rules_paragraph(report: Report) -> list[str]:
       + 'A configuration that diverged, or whose validation curve fell back '
       'to within 1 point of the trivial score (every example given the '
       "training clients' commonest class: "
-      f'{trivial_text}) after rising 3 points above it, on any selection '
-      'seed, '
+      f'{trivial_text}) after rising 3 points above it, or collapsed 3 '
+      'points below it after reaching it (a model worse than always '
+      'predicting the commonest class; a slow starter rising from below does '
+      'not count), on any selection seed, '
       'ranks below every stable one. Where the best two configurations '
       'differ in mean validation worst10 by less than the larger of their '
       'stds over the seeds, both run on one more selection seed (at most '

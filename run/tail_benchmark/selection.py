@@ -196,8 +196,8 @@ class Choice:
   curves: dict[Config, dict[int, list]] = dataclasses.field(
       default_factory=dict
   )
-  # The seeds where a configuration diverged or fell back to the trivial
-  # score after leaving it (`stats.fell_back`), full runs ...
+  # The seeds where a configuration diverged, fell back to the trivial
+  # score or collapsed below it (`stats.fell_back`), full runs ...
   unstable: dict[Config, set[int]] = dataclasses.field(default_factory=dict)
   # ... and first-rung runs.
   early_unstable: set[Config] = dataclasses.field(default_factory=set)
@@ -412,7 +412,7 @@ class Benchmark:
 
   def unstable(self, record: dict, phase: str) -> bool:
     """Whether a run diverged or its curve fell back to the trivial score
-    after leaving it (`stats.fell_back`)."""
+    or collapsed below it (`stats.fell_back`)."""
     if record.get('diverged'):
       return True
     curves = record.get('curve') or {}

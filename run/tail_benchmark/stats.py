@@ -264,7 +264,10 @@ def next_value(
 # A curve has left the trivial score (the commonest class's accuracy) once
 # its mean accuracy is LEAVE_MARGIN above it, and falls back when it is
 # again no more than FALLBACK_MARGIN above it: the gap between the two keeps
-# a slow starter that wobbles near the trivial score from counting.
+# a slow starter that wobbles near the trivial score from counting. A curve
+# that has reached the trivial score (within FALLBACK_MARGIN below it) has
+# collapsed when it later drops LEAVE_MARGIN below it: worse than always
+# predicting the commonest class (a slow starter rising from below is not).
 LEAVE_MARGIN = 0.03
 FALLBACK_MARGIN = 0.01
 
@@ -276,20 +279,21 @@ def fell_back(
     leave: float = LEAVE_MARGIN,
 ) -> bool:
   """Whether a curve of mean accuracies (in evaluation order) diverged (a
-  non-finite value) or fell back to `trivial` + `margin` after rising above
-  `trivial` + `leave` (None: no trivial score known; only divergence
+  non-finite value), fell back to `trivial` + `margin` after rising above
+  `trivial` + `leave`, or collapsed below `trivial` - `leave` after reaching
+  `trivial` - `margin` (None: no trivial score known; only divergence
   counts)."""
   values = [float(m) for m in means]
   if any(not math.isfinite(m) for m in values):
     return True
   if trivial is None:
     return False
-  left = False
+  left = reached = False
   for m in values:
-    if m > trivial + leave:
-      left = True
-    elif left and m <= trivial + margin:
+    if (left and m <= trivial + margin) or (reached and m < trivial - leave):
       return True
+    left = left or m > trivial + leave
+    reached = reached or m >= trivial - margin
   return False
 
 

@@ -2764,3 +2764,35 @@ def test_a_page_from_records_names_their_data_folders_as_placeholders():
       ('/here/data', '<data_dir>'),
       ('/here/out', '<output_dir>'),
   ]
+
+
+def test_the_findings_place_every_row_against_the_trivial_score():
+  """Rows whose held-out mean is within 3 points of the trivial score are
+  named as never leaving it; the baselines above it as leaving it."""
+  report = _report(
+      {
+          'fedavg': [[0.5, 0.6]] * 2,
+          'fedprox': [[0.21, 0.22]] * 2,  # Mean 0.215: within 3 points.
+          'local': [[0.3, 0.26]] * 2,  # Mean 0.28: 8 points above.
+      },
+      names=('fedavg', 'fedprox', 'local'),
+  )
+  report = dataclasses.replace(report, trivial={'final': 0.2})
+  assert benchmark_page.trivial_line(report) == [
+      '* Against the trivial score (every held-out example given the '
+      "training clients' commonest class: 20.0% mean accuracy): FedProx "
+      '21.5% within 3 points of it (never left it); every other row is more '
+      'than 3 points above it, the baselines Local training 28.0% among them.'
+  ]
+  report = dataclasses.replace(report, trivial={'final': 0.1})
+  assert benchmark_page.trivial_line(report)[0].endswith(
+      'mean accuracy): every row is more than 3 points above it, the '
+      'baselines Local training 28.0% among them.'
+  )
+  report = dataclasses.replace(report, trivial={'final': 0.26})
+  assert 'Local training 28.0% within 3 points' in (
+      benchmark_page.trivial_line(report)[0]
+  )
+  assert (
+      benchmark_page.trivial_line(dataclasses.replace(report, trivial={})) == []
+  )

@@ -391,6 +391,40 @@ def unstable_lines(report: Report) -> list[str]:
   return out
 
 
+def trivial_line(report: Report) -> list[str]:
+  """One sentence placing every row's held-out mean accuracy against the
+  trivial score: the rows within `stats.LEAVE_MARGIN` of it never left the
+  commonest class's score; the baselines (no curve) above it left it."""
+  trivial = report.trivial.get('final')
+  if trivial is None:
+    return []
+  at, left = [], []
+  for method, label, per_seed in report.rows('test'):
+    mean = float(np.mean([s['mean'] for s in finished(per_seed)]))
+    if mean <= trivial + stats.LEAVE_MARGIN:
+      at.append(f'{label} {100 * mean:.1f}%')
+    elif method.baseline:
+      left.append(f'{label} {100 * mean:.1f}%')
+  margin = round(100 * stats.LEAVE_MARGIN)
+  text = (
+      '* Against the trivial score (every held-out example given the '
+      f"training clients' commonest class: {100 * trivial:.1f}% mean "
+      'accuracy): '
+  )
+  if at:
+    text += (
+        f'{", ".join(at)} within {margin} points of it (never left it); every '
+        'other row'
+    )
+  else:
+    text += 'every row'
+  text += f' is more than {margin} points above it'
+  if left:
+    text += f', the baselines {", ".join(left)} among them'
+  text += '.'
+  return [text]
+
+
 # The selection's keys in order (`stats.criterion`), loss aside.
 LADDER = (
     'worst10',
@@ -467,8 +501,9 @@ def _values_text(values: Sequence[float]) -> str:
 
 def _stability(report: Report, method: Any, choice: Any) -> str:
   """Seeds where the chosen configuration diverged, fell back to the
-  trivial score or collapsed below it (`stats.fell_back`): selection (its full runs, and its first rung as `+ 1
-  early`), then reported; `-` for the baselines, which train no curve."""
+  trivial score or collapsed below it (`stats.fell_back`): selection (its
+  full runs, and its first rung as `+ 1 early`), then reported; `-` for the
+  baselines, which train no curve."""
   if method.baseline:
     return '-'
   unstable = getattr(choice, 'unstable', {})
@@ -968,6 +1003,7 @@ def page(report: Report, pngs: Sequence[str]) -> str:
           paired_rows(report, 'test'), 'held-out data', example_steps(report)
       ),
       *unstable_lines(report),
+      *trivial_line(report),
       '',
       '**Summary** (the README repeats it):',
       '',

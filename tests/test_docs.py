@@ -127,12 +127,18 @@ def test_performance_is_a_reference_and_its_log_is_dated():
 
 
 def test_the_performance_engine_table_is_the_registrys():
-  # docs/performance.md's "which engines" table: one row per registered
-  # algorithm (rows may list several), a column per engine, "yes" where the
-  # entry's `engines` names it.
+  # docs/performance.md's "which engines" table, generated from the
+  # entries (`engines`, `engine_notes`): one row per registered algorithm
+  # (rows may list several), a column per engine, "yes" where the entry's
+  # `engines` names it.
   from tff_algos import registry  # pylint: disable=g-import-not-at-top
 
+  from tools import option_table  # pylint: disable=g-import-not-at-top
+
   text = (ROOT / 'docs' / 'performance.md').read_text(encoding='utf-8')
+  assert (
+      option_table.engine_table() in text
+  ), 'docs/performance.md: run python -m tools.option_table --write'
   lines = text.splitlines()
   header = lines.index(
       '| algorithm | `tff` | `batched` | `stacked` | TFF path only |'

@@ -141,6 +141,22 @@ def test_the_registered_toy_enters_the_benchmark_with_its_grid(toy_registered):
   assert 'qfedsgd' not in methods  # Declared out of the benchmark.
 
 
+def test_the_registered_toy_has_its_rows_in_the_generated_docs(toy_registered):
+  # No docs file is edited by hand: the tables `tools.option_table --write`
+  # writes (options in docs/usage.md, engines in docs/performance.md) gain
+  # the toy's rows from its entry.
+  del toy_registered
+  from tools import option_table  # pylint: disable=g-import-not-at-top
+
+  assert any(
+      l.startswith('| `--toy_scale` | `toy` |')
+      for l in option_table.table().splitlines()
+  )
+  rows = option_table.engine_table().splitlines()
+  # FedAvg's engines and no notes: on FedAvg's row.
+  assert any(l.startswith('| `fedavg`, ') and '`toy`' in l for l in rows), rows
+
+
 def test_help_lists_the_toy_and_its_option():
   code, out, err = run_binary(['--help'])
   assert code == 0, err[-2000:]

@@ -383,4 +383,5 @@ ALGORITHM = options_lib.Algorithm(
         high=100.0,
     ),
     example=dict(afl_lambda_lr=0.01),
+    engine_notes={'stacked': 'full gradient on stacked weights'},
 )

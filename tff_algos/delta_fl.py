@@ -763,4 +763,5 @@ ALGORITHM = options_lib.Algorithm(
     own_weighting=True,
     uniform_option='uniform_weights',
     example=dict(theta=0.5),
+    engine_notes={'tff_only': '`secure_quantile` other than `none`, `thetas`'},
 )

@@ -682,4 +682,11 @@ ALGORITHM = options_lib.Algorithm(
     aggregators=True,
     dp=True,
     example=dict(ditto_lambda=0.1),
+    engine_notes={
+        'stacked': (
+            'with `ditto_personal_steps=0` (its kernel refuses more; the '
+            'batched engine runs them)'
+        ),
+        'tff_only': '`ditto_clip_norm`',
+    },
 )

@@ -750,6 +750,12 @@ def _entry(name: str, psi: str, label: str) -> options_lib.Algorithm:
           ),
       ),
       example=dict(fedplus_sigma=1.0),
+      engine_notes={
+          'stacked': (
+              'with `fedplus_local_steps=0` (its kernel refuses more; the '
+              'batched engine runs them)'
+          )
+      },
   )
 
 

@@ -357,6 +357,10 @@ class Algorithm:
     in_benchmark: The tail benchmark runs it (with its tuned options).
     client_index: Its clients' data carry the client's index (AFL's mixture
       weights), which a TFF 0.87 program cannot pass per client.
+    engine_notes: What its row of the engines table (docs/performance.md,
+      `tools.option_table`) adds to "yes": by engine (of `ENGINES`), what
+      that engine runs of it; under `tff_only`, its options that only the
+      TFF path runs.
   """
 
   name: str
@@ -377,6 +381,7 @@ class Algorithm:
   label: str = ''
   in_benchmark: bool = True
   client_index: bool = False
+  engine_notes: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
   def __post_init__(self):
     unknown = set(self.engines) - set(ENGINES)
@@ -407,6 +412,12 @@ class Algorithm:
     for key in self.example:
       if key not in names:
         raise ValueError(f'{self.name}: example option {key} unknown')
+    unknown = set(self.engine_notes) - {*self.engines, 'tff_only'}
+    if unknown:
+      raise ValueError(
+          f'{self.name}: engine notes for {sorted(unknown)}: notes are by '
+          "engine it runs on, or 'tff_only'"
+      )
 
 
 class AggregatorOptions(Options):

@@ -485,4 +485,5 @@ QFEDSGD = options_lib.Algorithm(
     own_server_step=_OWN_STEP,
     own_weighting=True,  # h_k and the q-weighted updates, weight 1 each.
     example=dict(q=1.0),
+    engine_notes={'stacked': 'full gradient on stacked weights'},
 )

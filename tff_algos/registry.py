@@ -7,23 +7,9 @@ module and one line here (or `register(entry)` from outside the package).
 What runs an algorithm (a command line, the engines, a benchmark) reads its
 options, engines, statefulness and tuned knob from here.
 
-* fedavg: no options; tff, batched, stacked; no tuned knob.
-* fedprox: `proximal_strength` (tuned).
-* qffl, qfedsgd: `q` (tuned), `q_lipschitz`.
-* term: `tilt` (tuned), `proximal_strength`.
-* afl: `afl_lambda_lr` (tuned).
-* deltafl: `theta` (tuned), `thetas`, `secure_quantile`, `strict_filter`,
-  `uniform_weights`, `weight_decay`, `quantile_*`.
-* ditto (clients keep state; tff, batched, stacked: the stacked engine
-  without `ditto_personal_steps`): `ditto_lambda` (tuned),
-  `ditto_lambda_grid`, `ditto_personal_steps`, `ditto_personal_lr`,
-  `ditto_clip_norm`.
-* fedavg_plus, fedgeomed_plus, fedcomed_plus (clients keep state; tff,
-  batched, stacked: the stacked engine without `fedplus_local_steps`):
-  `fedplus_sigma` (tuned), `fedplus_delta`, `fedplus_lambda`,
-  `fedplus_local_steps`, `fedplus_iterations`.
-
-The others run on the tff, batched and stacked engines.
+The entries are the only list: the tables of their options (docs/usage.md)
+and engines (docs/performance.md) are generated from them
+by `tools.option_table`, and a test checks each.
 """
 
 import dataclasses

@@ -39,12 +39,15 @@ The flags are the training binary's (`--help` lists them) plus
 logic has no straggler schedule) and `--rounds_per_checkpoint` (the program
 logic saves its state every round).
 
-Stateful clients (Ditto, Fed+) cannot run under `train_model`: they run as a
-program through `run.stateful_program`, which keeps their per-client state
+Stateful clients (Ditto, Fed+) keep per-client state that a plain
+`LearningProcess` cannot carry: they run as a program through
+`run.stateful_program`, under the same `train_model`, with a data source,
+round process and program-state manager that keep their states in a store
 (see docs/programs.md). Both binaries are this module's one program loop
 (`run_program`, `binary_main`); `run.stateful_program` gives it its
-`ClientStates` part (a `ClientStatesPart`), which trains the rounds in place
-of `train_model` and adds the personal models to the per-client tables.
+`ClientStates` part (a `ClientStatesPart`), which trains the rounds under
+`train_model` with those pieces and adds the personal models to the
+per-client tables.
 """
 
 import os
@@ -751,9 +754,11 @@ def program_managers(output_dir: str) -> ProgramManagers:
 class ClientStatesPart(Protocol):
   """The optional stateful part of a program (`run.stateful_program`'s).
 
-  `run_program` without one trains under `train_model`. With one (Ditto,
-  Fed+), the part keeps the clients' states and trains the rounds with its
-  own loop, and their personal models are evaluated with the global one.
+  `run_program` without one trains under `train_model` itself. With one
+  (Ditto, Fed+), the part trains the rounds (also under `train_model`, with
+  its own data source, round process and program-state manager) and keeps
+  the clients' states, and their personal models are evaluated with the
+  global one.
   """
 
   outputs: str  # The folders and files the binary names when it ends.
@@ -878,7 +883,7 @@ def check_process(process) -> None:
   if stateful.is_stateful(process):
     raise TypeError(
         'stateful-client processes (Ditto, Fed+) keep per-client state that '
-        'train_model cannot carry; run them with '
+        'only run.stateful_program carries; run them with '
         'run.stateful_program.run_stateful_program'
     )
   if not isinstance(process, tff.learning.templates.LearningProcess):

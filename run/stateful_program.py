@@ -6,53 +6,76 @@ r"""Stateful-client algorithms (Ditto, Fed+) as production-style TFF programs.
 Robust Federated Learning Through Personalization", ICML 2021,
 arXiv:2012.04221) and Fed+ (Kundu et al., "Robustness and Personalization in
 Federated Learning: A Unified Approach via Regularization", arXiv:2009.06303)
-keep a model per client across rounds (`tff_algos.stateful`), and
-`train_model` cannot carry it:
+keep a model per client across rounds (`tff_algos.stateful`): their `next`
+takes and returns the selected clients' states (`(state, data,
+client_states) -> (state, client_states, metrics)`), while `train_model`
+calls `next(state, data)`, and `tff.program.NativeFederatedContext` only
+returns server-placed values and materializes a CLIENTS-placed argument only
+as what a data-source iterator selects (a sequence per client). This module
+runs them under the same `train_model` all the same, by what it gives it:
 
-* their `next` takes and returns the selected clients' states
-  (`(state, data, client_states) -> (state, client_states, metrics)`),
-  while `train_model` calls `next(state, data)`;
-* `tff.program.NativeFederatedContext` only returns server-placed values, and
-  materializes a CLIENTS-placed argument only when it is what a data-source
-  iterator selects (a sequence per client);
-* `train_model` hands a round's output only to its metrics release manager,
-  so nothing could write the returned states back before it saves the round.
-
-This module is the equivalent program loop, built from the same TFF program
-components:
-
-* `StatefulClientDataSource`, a `tff.program.FederatedDataSource` whose
-  iterator selects exactly `run.program.ClientDataSource`'s clients and
-  shuffles (so `run.train`'s) and yields each selected client's training
-  data together with its stored state: one sequence per client whose first
-  element (the header) holds the state and the client's position in the
-  cohort, the next ones its batches (`client_sequence`). The iterator is
-  `tff.Serializable` (task, seed, round counter); the states are not in it,
-  they are read from a `tff_algos.client_states.ClientStateStore` bound to
-  it.
-* `build_program_round`: a `tff.Computation` `(state@SERVER,
-  {header+batches}@CLIENTS) -> <state, client states, metrics>@SERVER`. Each
+* `train_data_source`: `StatefulClientDataSource`, a
+  `tff.program.FederatedDataSource` whose iterator selects exactly
+  `run.program.ClientDataSource`'s clients and shuffles (so `run.train`'s)
+  and yields each selected client's training data together with its stored
+  state: one sequence per client whose first element (the header) holds the
+  state and the client's position in the cohort, the next ones its batches
+  (`client_sequence`). The iterator is `tff.Serializable` (task, seed, round
+  counter); the states are not in it, they are read from a
+  `tff_algos.client_states.ClientStateStore` bound to it, and it notes each
+  selection (round, client ids) in the source's `LastSelection`. Its deep
+  copies (`train_model` copies it every round) share both.
+* `train_process`: `ProgramRoundProcess`. Its `initialize` and
+  `get_model_weights` are the algorithm's; its `next(state, data)` runs
+  `build_program_round`, a `tff.Computation` `(state@SERVER,
+  {header+batches}@CLIENTS) -> <state, client states, metrics>@SERVER` (each
   client splits its sequence into its state and its batches, runs the
   algorithm's own round computation, and places its new state at its
   position in a `[k, ...]` tensor per weight, all zero elsewhere; the
-  `federated_sum` of these is exact (x + 0 = x) and brings the cohort's new
-  states to the server in selection order.
-* The round loop (`ClientStates.train`), in place of `train_model`: load the
-  latest program state from a `tff.program.FileProgramStateManager` and
-  restore the store to the same round; each round select, run the round,
-  write the returned states to the store (`put_many`), release the round's
-  metrics to `metrics.csv` (`tff.program.CSVFileReleaseManager`) and
-  `tensorboard/train` (`tff.program.TensorBoardReleaseManager`), snapshot
-  the store, then save the program state `(state, round_num, iterator)` as
-  version `round_num` (so a saved round always has its metrics row; a row
-  written without its version is written again when the round is resumed),
-  and every 10 rounds and at the end release the training state to
-  `models/` (`tff.program.SavedModelFileReleaseManager`), as `train_model`
-  does.
-  The store is snapshotted before the program state is saved, so the latest
-  program-state version always has its client states; a program interrupted
-  between the two resumes from the previous version and the store's
-  restore drops the newer states.
+  `federated_sum` of these is exact, x + 0 = x, and brings the cohort's new
+  states to the server in selection order), and returns a
+  `tff.learning.templates.LearningProcessOutput(state, metrics)` whose
+  metrics carry these states as one more server-placed field,
+  `client_states`.
+* `should_discard_round`: `ProgramRoundProcess.keep_client_states`.
+  `train_model` (TFF 0.87) calls it with each round's materialized output
+  before it schedules the round's program-state save and metrics release; it
+  takes `client_states` out of the metrics (so they are not released),
+  writes them to the store (`put_many` of the last selection's clients, at
+  its round), snapshots the store at that round and never discards the
+  round.
+* `program_state_manager`: `ClientStatesManager`, around `run.program`'s
+  (a `tff.program.FileProgramStateManager` under `program_state/` that saves
+  a round's version once its metrics row is written). Its `load_latest`
+  loads the newest version whose client states restore too (the store is
+  restored to that round; a version whose snapshot is damaged is set aside,
+  program state and snapshot, and the one before is tried), and binds the
+  loaded iterator to the store. It saves in this program's format
+  `(state, round_num, iterator)`: `train_model`'s
+  `next_evaluation_timestamp_seconds` is always None here (no evaluation
+  manager), so folders of earlier versions resume.
+
+The store is snapshotted before the program state of the same round is
+saved, so the latest program-state version always has its client states; a
+program interrupted between the two resumes from the previous version, and
+the store's restore drops the newer states. `train_model` saves and releases
+in background tasks and goes on with the next round, and the store keeps
+only as many snapshots (3) as the state manager keeps versions: a save that
+fell behind by 3 rounds would leave its version without client states. So
+`next` gives the round computation a third, server-placed argument, the
+previous round's number as a reference that materializes once that round's
+program state is saved; TFF materializes the arguments before it runs a
+computation, so round r runs after version r - 1 is saved (and so after its
+metrics row is written) and the store is never more than one snapshot ahead.
+
+The releases are `train_model`'s, as in `run.program`: the training metrics
+(`client_work/train` promoted to `model_metrics/`, the algorithm's other
+metrics kept) to `metrics.csv` (`tff.program.CSVFileReleaseManager`) and
+`tensorboard/train` (`tff.program.TensorBoardReleaseManager`), and the
+training state every 10 rounds and at the end to
+`models/training_checkpoint_round_N`
+(`tff.program.SavedModelFileReleaseManager`): `models/` holds what
+`run.program`'s does.
 
 At the end the global model and every client's personal model are evaluated
 on every client (`clients/round_NNNNN.csv`, `clients/personal_...`,
@@ -61,8 +84,8 @@ on every client (`clients/round_NNNNN.csv`, `clients/personal_...`,
 `ClientStates` holds all of this: it is the optional stateful part of
 `run.program`'s one program loop (`run.program.run_program` and
 `binary_main`: settings, folder lock, `NativeFederatedContext`, event loop,
-errors, per-client outputs, flags), which runs the round loop above instead
-of `train_model` when it is given one.
+errors, per-client outputs, flags), which hands `train_model` the pieces
+above instead of its stateless ones when it is given one.
 
 Example:
 
@@ -76,6 +99,7 @@ import os
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
+import asyncio
 import collections
 import json
 import zipfile
@@ -83,7 +107,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Optional
 
 from absl import flags
-from absl import logging
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
@@ -102,8 +125,8 @@ from tff_algos import stateful
 BATCH = 'batch'
 CLIENT_STATE = 'client_state'
 POSITION = 'position'
-# `train_model` releases the model every this many rounds (TFF 0.87).
-MODEL_RELEASE_PERIOD = 10
+# The metrics field of `ProgramRoundProcess.next` carrying the new states.
+CLIENT_STATES = 'client_states'
 
 
 def _leaf_specs(
@@ -196,14 +219,30 @@ def client_sequence(
   return header.concatenate(body)
 
 
+class LastSelection:
+  """The round and clients of the latest selection of the iterators bound to
+  it (`StatefulClientDataSourceIterator.bind`).
+
+  Attributes:
+    round_num: The round of that selection (0: none yet).
+    client_ids: Its clients, in cohort order.
+  """
+
+  def __init__(self):
+    self.round_num = 0
+    self.client_ids: list[str] = []
+
+
 class StatefulClientDataSourceIterator(program.ClientDataSourceIterator):
   """`ClientDataSourceIterator`'s clients, each with its stored state.
 
   `select(k)` returns one `client_sequence` per selected client; the states
-  come from the bound `ClientStateStore` (`bind`), and `selected_ids` names
-  the clients of the last selection. Serialized as the parent (data spec,
-  round counter) plus the state leaves' shapes; the store is not serialized:
-  it is versioned by round next to the program state.
+  come from the bound `ClientStateStore` (`bind`), `selected_ids` names the
+  clients of the last selection, and so does the bound `LastSelection`, if
+  any, with its round. Serialized as the parent (data spec, round counter)
+  plus the state leaves' shapes; the store is not serialized: it is
+  versioned by round next to the program state. A deep copy shares the store
+  and the `LastSelection`.
   """
 
   def __init__(
@@ -212,6 +251,7 @@ class StatefulClientDataSourceIterator(program.ClientDataSourceIterator):
       leaves,
       round_num: int = 0,
       store: Optional[client_states_lib.ClientStateStore] = None,
+      last_selection: Optional[LastSelection] = None,
   ):
     if spec.split != 'train' or spec.client_index:
       raise ValueError(
@@ -226,6 +266,7 @@ class StatefulClientDataSourceIterator(program.ClientDataSourceIterator):
         tff.CLIENTS,
     )
     self._store = store
+    self._last_selection = last_selection
     self._selected: list[str] = []
 
   @classmethod
@@ -248,9 +289,15 @@ class StatefulClientDataSourceIterator(program.ClientDataSourceIterator):
         }
     ).encode('utf-8')
 
-  def bind(self, store: client_states_lib.ClientStateStore) -> None:
-    """Reads the clients' states from `store` from now on."""
+  def bind(
+      self,
+      store: client_states_lib.ClientStateStore,
+      last_selection: Optional[LastSelection] = None,
+  ) -> None:
+    """Reads the clients' states from `store` from now on, and notes each
+    selection in `last_selection` (if given)."""
     self._store = store
+    self._last_selection = last_selection
 
   @property
   def selected_ids(self) -> list[str]:
@@ -284,6 +331,9 @@ class StatefulClientDataSourceIterator(program.ClientDataSourceIterator):
         scheme=self._spec.sampling,
         num_examples=num_examples,
     )
+    if self._last_selection is not None:
+      self._last_selection.round_num = self._round_num
+      self._last_selection.client_ids = list(self._selected)
     states = self._store.get_many(self._selected)
     return [
         client_sequence(ds, s, i)
@@ -291,9 +341,16 @@ class StatefulClientDataSourceIterator(program.ClientDataSourceIterator):
     ]
 
   def __deepcopy__(self, memo) -> 'StatefulClientDataSourceIterator':
+    # `train_model` deep-copies the iterator each round (to save it, and to
+    # retry a discarded round): the copy reads the same store and notes its
+    # selections in the same `LastSelection`.
     del memo
     return StatefulClientDataSourceIterator(
-        self._spec, self._leaves, self._round_num, self._store
+        self._spec,
+        self._leaves,
+        self._round_num,
+        self._store,
+        self._last_selection,
     )
 
   def __eq__(self, other: object) -> bool:
@@ -303,7 +360,11 @@ class StatefulClientDataSourceIterator(program.ClientDataSourceIterator):
 
 
 class StatefulClientDataSource(tff.program.FederatedDataSource):
-  """A `tff.program.FederatedDataSource` of clients with stored states."""
+  """A `tff.program.FederatedDataSource` of clients with stored states.
+
+  Its iterators read the states from `store` and note their selections in
+  `last_selection`.
+  """
 
   def __init__(
       self,
@@ -314,6 +375,7 @@ class StatefulClientDataSource(tff.program.FederatedDataSource):
     self._spec = spec
     self._leaves = _leaf_specs(process)
     self._store = store
+    self.last_selection = LastSelection()
     self._federated_type = self.iterator().federated_type
 
   @property
@@ -321,11 +383,23 @@ class StatefulClientDataSource(tff.program.FederatedDataSource):
     """The type of what its iterators select."""
     return self._federated_type
 
+  @property
+  def store(self) -> client_states_lib.ClientStateStore:
+    """The store its iterators read the states from."""
+    return self._store
+
   def iterator(self) -> StatefulClientDataSourceIterator:
     """A fresh iterator bound to the store, starting at round 1."""
     return StatefulClientDataSourceIterator(
-        self._spec, self._leaves, store=self._store
+        self._spec,
+        self._leaves,
+        store=self._store,
+        last_selection=self.last_selection,
     )
+
+  def bind(self, iterator: StatefulClientDataSourceIterator) -> None:
+    """Binds a loaded iterator as `iterator()` binds a fresh one."""
+    iterator.bind(self._store, self.last_selection)
 
 
 def _next_computation(
@@ -429,9 +503,17 @@ def unstack_states(
   ]
 
 
-def _program_state(state, round_num, iterator):
+def _saved_form(state, round_num, iterator):
+  """The program state as this program saves it (`ClientStatesManager`)."""
   return collections.OrderedDict(
       state=state, round_num=round_num, iterator=iterator
+  )
+
+
+def _train_model_form(saved) -> tff.learning.programs.ProgramState:
+  """A saved program state as `train_model` takes it (no evaluation)."""
+  return tff.learning.programs.ProgramState(
+      saved['state'], int(saved['round_num']), None, saved['iterator']
   )
 
 
@@ -457,65 +539,199 @@ def _set_aside_client_states(output_dir: str, version: int) -> None:
     os.rename(os.path.join(folder, name), os.path.join(folder, kept))
 
 
-async def _train_rounds(process, source, store, config, output_dir, managers):
-  """The loop of the module docstring; returns the final state and round."""
-  round_fn = build_program_round(
-      process, source.federated_type, config.clients_per_round
-  )
-  initial = process.initialize()
-  while True:  # The newest program state whose client states load.
-    loaded, version = await managers.state.load_latest(
-        _program_state(initial, 0, source.iterator())
+class ClientStatesManager(tff.program.ProgramStateManager):
+  """`train_model`'s program-state manager: `run.program`'s, with the store.
+
+  * `load_latest` loads the newest version whose client states restore: the
+    store is restored to that round; a version whose snapshot is damaged is
+    set aside (`run_dir.CheckpointManager.set_aside`, and the snapshot is
+    renamed `damaged_<name>`) and the one before is tried; no version: the
+    store is emptied (the states of a program that never saved a round). The
+    loaded iterator is bound to the store (`StatefulClientDataSource.bind`).
+  * The states are saved as `(state, round_num, iterator)`, the format of
+    this program before it ran under `train_model`, whose
+    `next_evaluation_timestamp_seconds` is always None here.
+  * `saved(version)` returns once that version is saved (or was loaded).
+  """
+
+  def __init__(
+      self,
+      inner: program.StateAfterMetrics,
+      source: StatefulClientDataSource,
+      output_dir: str,
+  ):
+    self._inner = inner
+    self._source = source
+    self._store = source.store
+    self._output_dir = output_dir
+    self._saved_through = -1  # The newest version loaded or saved.
+    self._saves: dict[int, asyncio.Future] = {}
+
+  async def get_versions(self) -> Optional[list[int]]:
+    """The saved versions (None if none)."""
+    return await self._inner.get_versions()
+
+  async def load(self, version: int, structure):
+    """Version `version`, as a `tff.learning.programs.ProgramState`."""
+    saved = await self._inner.load(
+        version,
+        _saved_form(structure.state, 0, structure.data_iterator),
     )
-    if loaded is None:
-      break
+    return _train_model_form(saved)
+
+  async def load_latest(self, structure):
+    """The newest version whose client states restore, and its number."""
+    saved_structure = _saved_form(structure.state, 0, structure.data_iterator)
+    while True:
+      saved, version = await self._inner.load_latest(saved_structure)
+      if saved is None:
+        self._store.restore(0)
+        return None, 0
+      try:
+        self._store.restore(version)
+        break
+      except _DAMAGED_CLIENT_STATES as e:
+        if not version:
+          raise
+        _set_aside_client_states(self._output_dir, version)
+        self._inner.set_aside(
+            version, f'its client states: {type(e).__name__}: {e}'
+        )
+    self._source.bind(saved['iterator'])
+    self._saved_through = max(self._saved_through, version)
+    return _train_model_form(saved), version
+
+  def _saved(self, version: int) -> asyncio.Future:
+    if version not in self._saves:
+      future = asyncio.get_running_loop().create_future()
+      # A failed save raises its own error; `saved` raises it again.
+      future.add_done_callback(lambda f: f.cancelled() or f.exception())
+      self._saves[version] = future
+    return self._saves[version]
+
+  async def save(self, program_state, version: int) -> None:
+    """Saves `train_model`'s `program_state` as `version`."""
+    saved = self._saved(version)
     try:
-      store.restore(version)
-      break
-    except _DAMAGED_CLIENT_STATES as e:
-      if not version:
-        raise
-      reason = f'its client states: {type(e).__name__}: {e}'
-      _set_aside_client_states(output_dir, version)
-      managers.state.set_aside(version, reason)
-  if loaded is None:
-    state, start, iterator = initial, 0, source.iterator()
-    store.restore(0)  # Drops states of a program that never saved a round.
-    await managers.state.save(_program_state(state, 0, iterator), 0)
-  else:
-    state, start, iterator = (
-        loaded['state'],
-        int(loaded['round_num']),
-        loaded['iterator'],
+      await self._inner.save(
+          _saved_form(
+              program_state.state,
+              program_state.round_number,
+              program_state.data_iterator,
+          ),
+          version,
+      )
+    except asyncio.CancelledError:
+      saved.cancel()
+      raise
+    except BaseException as e:
+      if not saved.done():
+        saved.set_exception(e)
+      raise
+    self._saved_through = max(self._saved_through, version)
+    if not saved.done():
+      saved.set_result(None)
+
+  async def saved(self, version: int) -> None:
+    """Returns once `version` is saved or was loaded.
+
+    Raises:
+      The save's error, if it failed.
+    """
+    if version <= self._saved_through:
+      return
+    try:
+      await asyncio.shield(self._saved(version))
+    finally:
+      self._saves.pop(version, None)
+
+
+class _AfterSave(tff.program.MaterializableValueReference):
+  """`round_num`, materialized once its program state is saved."""
+
+  def __init__(self, manager: ClientStatesManager, round_num: int):
+    self._manager = manager
+    self._round_num = round_num
+
+  @property
+  def type_signature(self) -> tff.TensorType:
+    return tff.TensorType(np.int32)
+
+  async def get_value(self) -> np.int32:
+    await self._manager.saved(self._round_num)
+    return np.int32(self._round_num)
+
+
+class ProgramRoundProcess:
+  """A stateful process as `train_model`'s `train_process` (see the module
+  docstring).
+
+  `initialize` and `get_model_weights` are the process's. `next(state,
+  data)` runs the round of the last selection once the round before is
+  saved and returns a `LearningProcessOutput` whose metrics hold the
+  cohort's new states (`CLIENT_STATES`, `[k, ...]` per leaf);
+  `keep_client_states` is `train_model`'s `should_discard_round`.
+  """
+
+  def __init__(
+      self,
+      process: stateful.StatefulClientsProcess,
+      source: StatefulClientDataSource,
+      manager: ClientStatesManager,
+      clients_per_round: int,
+  ):
+    self._process = process
+    self._source = source
+    self._manager = manager
+    self._store = source.store
+    self.initialize = process.initialize
+    self.get_model_weights = process.get_model_weights
+    round_fn = build_program_round(
+        process, source.federated_type, clients_per_round
     )
-    logging.info('resuming the program from round %d', start)
-  iterator.bind(store)
-  for round_num in range(start + 1, config.total_rounds + 1):
-    datasets = iterator.select(config.clients_per_round)
-    state, stacked, metrics = round_fn(state, datasets)
-    stacked = await tff.program.materialize_value(stacked)
-    store.put_many(
-        iterator.selected_ids,
-        unstack_states(process, stacked, len(datasets)),
-        round_num=round_num,
+
+    @tff.federated_computation(
+        round_fn.type_signature.parameter[0],
+        source.federated_type,
+        tff.FederatedType(np.int32, tff.SERVER),
     )
-    # The metrics row first: the program state of a round is saved once its
-    # row is written (`run.program.StateAfterMetrics`).
-    await managers.metrics.release(metrics, key=round_num)
-    store.snapshot(round_num)  # Before the program state: see the docstring.
-    await managers.state.save(
-        _program_state(state, round_num, iterator), round_num
+    def after_saved_round(state, data, saved_round):
+      del saved_round  # Materialized before the round runs: that orders it.
+      return round_fn(state, data)
+
+    self._round = after_saved_round
+
+  def next(self, state, data) -> tff.learning.templates.LearningProcessOutput:
+    """Runs the round of the last selection after the previous one's save."""
+    round_num = self._source.last_selection.round_num
+    new_state, stacked, metrics = self._round(
+        state, data, _AfterSave(self._manager, round_num - 1)
     )
-    managers.metrics.check()
-    if (
-        round_num % MODEL_RELEASE_PERIOD == 0
-        or round_num == config.total_rounds
-    ):
-      await managers.models.release(state, key=round_num)
-  saved, version = await managers.state.load_latest(
-      _program_state(initial, 0, source.iterator())
-  )
-  return saved['state'], version
+    metrics = collections.OrderedDict(metrics)
+    metrics[CLIENT_STATES] = stacked
+    return tff.learning.templates.LearningProcessOutput(new_state, metrics)
+
+  def keep_client_states(
+      self, output: tff.learning.templates.LearningProcessOutput
+  ) -> bool:
+    """Writes a round's new client states to the store and snapshots it.
+
+    `train_model`'s `should_discard_round`: it is called with the round's
+    materialized output before the round's program state is saved. The
+    states are taken out of the metrics (not released).
+
+    Returns:
+      False: the round is kept.
+    """
+    stacked = output.metrics.pop(CLIENT_STATES)
+    selection = self._source.last_selection
+    self._store.put_many(
+        selection.client_ids,
+        unstack_states(self._process, stacked, len(selection.client_ids)),
+        round_num=selection.round_num,
+    )
+    self._store.snapshot(selection.round_num)  # Before the program state.
+    return False
 
 
 def build_client_state_store(
@@ -540,8 +756,9 @@ class ClientStates:
   """The stateful part of a program (`run.program.ClientStatesPart`).
 
   It keeps the clients' states in a `ClientStateStore` of kind `memory` or
-  `disk` under `client_states/`, trains the rounds with this module's loop,
-  and evaluates every client's personal model after training.
+  `disk` under `client_states/`, trains the rounds under `train_model` with
+  this module's data source, round process and state manager, and evaluates
+  every client's personal model after training.
   """
 
   outputs = (
@@ -575,12 +792,31 @@ class ClientStates:
       )
 
   async def train(self, process, spec, config, output_dir, managers):
-    """Builds the store and trains; the final state and its round."""
+    """Trains under `train_model`; the final state and its round."""
     self._store = build_client_state_store(process, output_dir, self._kind)
     source = StatefulClientDataSource(spec, process, self._store)
-    return await _train_rounds(
-        process, source, self._store, config, output_dir, managers
+    state_manager = ClientStatesManager(managers.state, source, output_dir)
+    rounds = ProgramRoundProcess(
+        process, source, state_manager, config.clients_per_round
     )
+    await tff.learning.programs.train_model(
+        train_process=rounds,
+        train_data_source=source,
+        train_per_round_clients=config.clients_per_round,
+        train_total_rounds=config.total_rounds,
+        should_discard_round=rounds.keep_client_states,
+        program_state_manager=state_manager,
+        model_output_manager=managers.models,
+        train_metrics_manager=managers.metrics,
+        evaluation_manager=None,
+        evaluation_periodicity=config.total_rounds,
+    )
+    # The state the program ended with, as a resumed program would load it.
+    initial = await tff.program.materialize_value(process.initialize())
+    saved, version = await managers.state.load_latest(
+        _saved_form(initial, 0, source.iterator())
+    )
+    return saved['state'], version
 
   def personal_per_client(
       self, process, state, task: task_base.FederatedTask

@@ -5,10 +5,14 @@ Each algorithm runs as a TFF program (`run.stateful_program`) in two calls
 to 3) and must end with the global weights AND every client's stored state
 equal to an uninterrupted program and to `run.simulation`'s loop with the
 same seed. An interruption between the store's snapshot and the program
-state's save (the window the ordering protects) is resumed too.
+state's save (the window the ordering protects) is resumed too, and under
+`train_model`'s background saves a round still waits for the previous
+round's program state.
 """
 
+import asyncio
 import contextlib
+import copy
 import csv
 import os
 import shutil
@@ -183,7 +187,45 @@ def test_interrupted_between_store_snapshot_and_program_state(
   np.testing.assert_allclose(ours['loss'], theirs['loss'], atol=1e-5)
   assert 'personal/test/accuracy' in resumed['final_summaries']  # pylint: disable=unsupported-membership-test
   assert os.path.exists(tmp_path / 'summary.json')
-  assert os.listdir(tmp_path / 'models')
+  # train_model's releases: the model under its key, the training metrics
+  # with `client_work/train` promoted to `model_metrics/`; the client states
+  # carried in the round's metrics are not released.
+  assert os.listdir(tmp_path / 'models') == ['training_checkpoint_round_3']
+  assert read_rounds(tmp_path / 'metrics.csv') == [1, 2, 3]
+  with open(tmp_path / 'metrics.csv') as f:
+    columns = next(csv.reader(f))
+  assert {'model_metrics/loss', 'client_work/personal_examples'} <= set(columns)
+  assert not [c for c in columns if 'client_state' in c], columns
+
+
+def test_a_round_waits_for_the_previous_program_state(
+    processes, tmp_path, monkeypatch
+):
+  """train_model saves in the background: slow saves must not fall behind
+  the store's snapshots (it keeps 3)."""
+  saved = [0]
+  lags = []
+  save = program.StateAfterMetrics.save
+  keep = stateful_program.ProgramRoundProcess.keep_client_states
+
+  async def slow_save(self, program_state, version):
+    await asyncio.sleep(0.5)
+    await save(self, program_state, version)
+    saved[0] = max(saved[0], version)
+
+  def noted_keep(self, output):
+    kept = keep(self, output)
+    lags.append(self._source.last_selection.round_num - saved[0])  # pylint: disable=protected-access
+    return kept
+
+  monkeypatch.setattr(program.StateAfterMetrics, 'save', slow_save)
+  monkeypatch.setattr(
+      stateful_program.ProgramRoundProcess, 'keep_client_states', noted_keep
+  )
+  result = run(processes['ditto'], tmp_path, 5)
+  assert result['round_num'] == 5
+  assert lags == [1] * 5  # Each snapshot right after the previous save.
+  assert versions(tmp_path / 'program_state') == [0, 4, 5]
 
 
 def test_client_sequence_carries_state_once(processes):
@@ -227,6 +269,15 @@ def test_iterator_serialization_and_binding(processes, tmp_path):
   restored.select(PER_ROUND)
   iterator.select(PER_ROUND)
   assert restored.selected_ids == iterator.selected_ids
+  # train_model's deep copies share the store and the source's record of
+  # the last selection (round, clients).
+  assert source.last_selection.round_num == 2
+  assert source.last_selection.client_ids == iterator.selected_ids
+  copied = copy.deepcopy(iterator)
+  copied.select(PER_ROUND)
+  assert source.last_selection.round_num == 3
+  assert source.last_selection.client_ids == copied.selected_ids
+  assert copied._store is store  # pylint: disable=protected-access
 
 
 def test_bad_input(task, processes, tmp_path):

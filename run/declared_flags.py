@@ -12,6 +12,7 @@ key flags of the binary's module, so that its `config.json` holds them
 name.
 """
 
+import sys
 from typing import Any
 
 from absl import flags
@@ -45,7 +46,12 @@ class DeclaredFlags:
   """
 
   def __init__(self, module_name: str):
-    self._module_name = module_name
+    # absl files the flags of `python -m module` under sys.argv[0], not
+    # '__main__' (`FlagValues.get_key_flags_for_module`): register them
+    # there, or --help and the binary's settings would leave them out.
+    self._module_name = (
+        sys.argv[0] if module_name == '__main__' else module_name
+    )
     self.algorithm: dict[str, flags.FlagHolder] = {}
     self.parts: dict[type, dict[str, flags.FlagHolder]] = {}
     self.aggregator: dict[str, flags.FlagHolder] = {}

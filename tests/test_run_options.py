@@ -9,6 +9,8 @@ values are refused in flag wording.
 """
 
 import dataclasses
+import json
+import subprocess
 import sys
 
 from absl import flags
@@ -22,6 +24,7 @@ from tasks import registry as task_registry
 from tff_algos import aggregators
 from tff_algos import options as options_lib
 from tff_algos import registry
+from tests import binary
 
 SELECTORS = {'task', 'algorithm', 'aggregator'}
 
@@ -158,3 +161,39 @@ def test_optimizer_values_are_refused_in_flag_wording(parsed):
     with pytest.raises(ValueError) as error:
       train.run_config().algorithm.validate()
     assert message in str(error.value), args
+
+
+def test_python_dash_m_keeps_every_declared_flag(tmp_path):
+  """Under `python -m run.train` (module `__main__`) the declared options'
+  flags are the binary's own: listed by --help and saved in config.json, so
+  resuming with another value is refused (they were filed under '__main__'
+  while absl looks up sys.argv[0]: --help listed 3 flags, and config.json
+  held 3 settings)."""
+  run = [sys.executable, '-m', 'run.train', '--progress=false']
+  out = subprocess.run(
+      run + ['--help'], cwd=binary.ROOT, capture_output=True, text=True
+  ).stdout
+  for flag in ('--total_rounds', '--ditto_lambda', '--synthetic_size_law'):
+    assert f'  {flag}:' in out, flag
+  args = [
+      '--task=synthetic',
+      '--num_clients=8',
+      '--clients_per_round=2',
+      '--total_rounds=1',
+      f'--root_output_dir={tmp_path}',
+      '--experiment_name=a',
+  ]
+  first = subprocess.run(
+      run + args, cwd=binary.ROOT, capture_output=True, text=True
+  )
+  assert first.returncode == 0, first.stderr
+  config = json.loads((tmp_path / 'a' / 'config.json').read_text())
+  assert config['client_learning_rate'] == 0.01 and 'total_rounds' in config
+  again = subprocess.run(
+      run + args + ['--client_learning_rate=0.2'],
+      cwd=binary.ROOT,
+      capture_output=True,
+      text=True,
+  )
+  assert again.returncode != 0
+  assert 'client_learning_rate: 0.01 -> 0.2' in again.stderr, again.stderr

@@ -706,12 +706,20 @@ class StateAfterMetrics(run_dir.CheckpointManager):
   def __init__(self, root_dir: str, metrics: DivergenceCheck, **kwargs):
     super().__init__(root_dir, **kwargs)
     self._metrics = metrics
+    self._saving = asyncio.Lock()
 
   async def save(self, program_state, version: int) -> None:
-    """Saves `program_state` as `version` after that round's metrics."""
-    if version > 0:
-      await self._metrics.written(int(version))
-    await super().save(program_state, version)
+    """Saves `program_state` as `version` after that round's metrics.
+
+    One save at a time, in the order asked: `train_model` starts each
+    round's save in the background, and two saves at once both removed the
+    same old version (TFF's `FileProgramStateManager` keeps the last few),
+    the second failing with `NotFoundError` mid-program.
+    """
+    async with self._saving:
+      if version > 0:
+        await self._metrics.written(int(version))
+      await super().save(program_state, version)
 
 
 @dataclasses.dataclass(frozen=True)

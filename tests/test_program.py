@@ -7,6 +7,8 @@ uninterrupted `run.simulation` run of 3 rounds with the same seed (the
 program's data source selects exactly the simulation's clients and shuffles).
 """
 
+import asyncio
+import collections
 import csv
 import datetime
 import json
@@ -444,3 +446,40 @@ def test_evaluations_of_rounds_after_the_saved_state_are_forgotten(
   # Nothing after the saved round: nothing changes.
   asyncio.run(manager.resume_from_previous_state())
   assert resumed[-1] == [[2], [10]]
+
+
+def test_program_state_saves_run_one_at_a_time(tmp_path):
+  """`train_model` starts every round's save in the background; saves that
+  ran at once both removed the same old version and one failed with
+  NotFoundError mid-program (30 FedAvg rounds, --rounds_per_eval=0). They
+  now run one at a time, in order, each after its round's metrics."""
+
+  class Released:
+    """Round r's metrics are written once the test says so."""
+
+    def __init__(self):
+      self.events = collections.defaultdict(asyncio.Event)
+
+    async def written(self, key):
+      await self.events[key].wait()
+
+  async def save_all():
+    released = Released()
+    manager = program.StateAfterMetrics(
+        str(tmp_path), released, keep_total=3, keep_first=True
+    )
+    state = [np.arange(20000, dtype=np.float32)]
+    saves = [
+        asyncio.create_task(manager.save(state, version))
+        for version in range(0, 9)
+    ]
+    for version in reversed(range(1, 9)):  # Released last round first.
+      released.events[version].set()
+    await asyncio.gather(*saves)
+
+  asyncio.run(save_all())
+  assert sorted(os.listdir(tmp_path)) == [
+      'program_state_0',
+      'program_state_7',
+      'program_state_8',
+  ]

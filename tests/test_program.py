@@ -386,7 +386,6 @@ def test_evaluations_of_rounds_after_the_saved_state_are_forgotten(
   entry in TFF's manager state and its state folder) is dropped, since the
   resumed round 3 starts it again; round 2's is resumed."""
   # pylint: disable=g-import-not-at-top
-  import asyncio
   import tensorflow_federated as tff
   from tensorflow_federated.python.learning.programs import (
       evaluation_program_logic as tff_eval,

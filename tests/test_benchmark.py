@@ -63,6 +63,9 @@ class _FakeRuns:
   def release(self):
     pass
 
+  def interrupt(self):
+    return 0
+
   def fine_tune(
       self,
       args,

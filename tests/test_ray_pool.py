@@ -3,11 +3,18 @@
 Ray node of its own on this machine (`ray.cluster_utils.Cluster`).
 
 A small Synthetic benchmark sent to the cluster (`--ray_address`) writes
-the records the local pool writes (every value but the wall times), also
+the records the local pool writes (every value but the wall times and the
+origin's code, which the driver stamps from this checkout), also
 when a worker node is killed while runs are in flight; after the driver
 ends, no actor of its job, no run worker and no TFF worker is left on the
 cluster's nodes. (A bad or unreachable `--ray_address` is one error line:
-tests/test_benchmark.py's bad-input table.)
+tests/test_benchmark.py's and tests/test_reproduce.py's bad-input tables.)
+
+A tiny reproduction (`run.experiments.reproduce --ray_address`), which runs
+through the same pool, writes the records the local pool writes (summaries
+to every digit) and the same table, and skips its histogram with one line
+(the run folders are on the nodes); a signal to its driver ends its actors,
+their runs and TFF workers at once, not when the runs end.
 """
 
 import json
@@ -51,14 +58,18 @@ def _args(out, extra=()):
 
 
 def _records(out):
-  """Each record of a benchmark folder without its wall times, its output
-  folder as `<out>` (a run's arguments name it)."""
+  """Each record of a benchmark folder without its wall times and its
+  origin's code (the sources hash and commit of a checkout that others may
+  edit or commit to between two sittings; the driver makes the origin, a
+  worker nothing of it), its output folder as `<out>` (a run's arguments
+  name it)."""
   folder = out / 'records'
   records = {}
   for name in sorted(os.listdir(folder)):
     if name.endswith('.json'):
       with open(folder / name) as f:
         record = json.loads(f.read().replace(str(out), '<out>'))
+      assert record['origin'].pop('code')['sources'], name
       records[name] = {k: v for k, v in record.items() if k not in _TIMING}
   return records
 
@@ -171,3 +182,144 @@ def test_a_node_lost_mid_benchmark_changes_no_record(
         pass
   assert proc.returncode == 0, stderr[-3000:]
   assert _records(out) == local_records
+
+
+_TINY = (
+    '--extra_flags=--num_clients=12,--synthetic_size_law=constant,'
+    '--clients_per_round=4,--client_batch_size=5'
+)
+# A family of four Delta-FL models per seed: the experiment with a histogram.
+_REPRODUCE = [
+    '--experiment=deltafl_family_synthetic',
+    '--seeds=0,1',
+    '--rounds=2',
+    '--jobs=2',
+    _TINY,
+]
+
+
+def _reproduce_args(out, extra=()):
+  return (
+      _REPRODUCE
+      + list(extra)
+      + [
+          f'--root_output_dir={out}/runs',
+          f'--records_dir={out}/records',
+          f'--output_md={out}/table.md',
+      ]
+  )
+
+
+def _reproduce_records(out):
+  """Each record of a reproduction without its wall seconds and its origin's
+  code (as `_records`; its data and versions stay)."""
+  records = {}
+  for path in sorted((out / 'records').iterdir()):
+    record = json.loads(path.read_text())
+    assert record.pop('seconds') > 0
+    assert record['origin'].pop('code')['sources']
+    records[path.name] = record
+  return records
+
+
+def _table(out):
+  """The reproduction's table and paired differences (its page up to the
+  origins, whose commit may move, and the minutes of wall time)."""
+  return (out / 'table.md').read_text().split('\nMade by ')[0]
+
+
+@pytest.fixture(scope='module')
+def local_reproduction(tmp_path_factory):
+  out = tmp_path_factory.mktemp('reproduce_local')
+  code, stdout, stderr = binary.run_module(
+      'run.experiments.reproduce', _reproduce_args(out), timeout=900
+  )
+  assert code == 0, stderr[-3000:]
+  assert f'histogram: {out}/table_histogram.png' in stdout.splitlines()
+  return out
+
+
+def test_a_reproduction_on_the_cluster_equals_the_local_pools(
+    cluster, local_reproduction, tmp_path
+):
+  code, stdout, stderr = binary.run_module(
+      'run.experiments.reproduce',
+      _reproduce_args(tmp_path, [f'--ray_address={cluster.address}']),
+      timeout=900,
+  )
+  assert code == 0, stderr[-3000:]
+  records = _reproduce_records(tmp_path)
+  assert list(records) == ['family_seed0.json', 'family_seed1.json']
+  assert records == _reproduce_records(local_reproduction)
+  assert _table(tmp_path) == _table(local_reproduction)
+  assert (
+      'histogram: skipped (runs on a Ray cluster; it reads run folders)'
+      in stdout.splitlines()
+  )
+  assert not (tmp_path / 'table_histogram.png').exists()
+  deadline = time.time() + 30
+  while _job_processes(cluster) and time.time() < deadline:
+    time.sleep(1)
+  assert not _job_processes(cluster)
+
+
+def test_a_signal_ends_a_reproductions_runs_on_the_cluster(cluster, tmp_path):
+  """SIGTERM to the driver ends its two actors mid-run (a local worker gets
+  the signal; an actor is ended by the driver), with their run workers and
+  TFF workers, and the driver dies of it within seconds."""
+  runs = tmp_path / 'runs' / 'qffl_synthetic'
+  metrics = [
+      runs / n / 'metrics.csv' for n in ('q_0__FedAvg__seed0', 'q_1_seed0')
+  ]
+  with subprocess.Popen(
+      [
+          sys.executable,
+          '-m',
+          'run.experiments.reproduce',
+          '--experiment=qffl_synthetic',
+          '--seeds=0',
+          '--jobs=2',
+          '--rounds=100000',  # Far from its end when the signal comes.
+          _TINY,
+          f'--root_output_dir={tmp_path}/runs',
+          f'--records_dir={tmp_path}/records',
+          f'--ray_address={cluster.address}',
+      ],
+      cwd=binary.ROOT,
+      stdout=subprocess.DEVNULL,
+      stderr=subprocess.PIPE,
+      text=True,
+      start_new_session=True,
+  ) as proc:
+    try:
+      deadline = time.time() + 600
+      while time.time() < deadline and proc.poll() is None:
+        if all(
+            p.exists() and len(p.read_text().splitlines()) > 3 for p in metrics
+        ):
+          break  # Both runs in their rounds, one on each node.
+        time.sleep(0.2)
+      assert proc.poll() is None, 'the reproduction ended before the signal'
+      proc.send_signal(signal.SIGTERM)
+      start = time.monotonic()
+      _, stderr = proc.communicate(timeout=120)
+      took = time.monotonic() - start
+      assert took < 15, (took, stderr[-3000:])  # Not once the runs end.
+    finally:
+      try:
+        os.killpg(proc.pid, signal.SIGKILL)
+      except ProcessLookupError:
+        pass
+  assert proc.returncode == -signal.SIGTERM, stderr[-3000:]
+  assert 'Traceback' not in stderr, stderr[-3000:]
+  assert binary.error_lines(stderr)[-1] == (
+      'reproduce: interrupted (SIGTERM): ended 2 running training runs and '
+      'their TFF workers; rerun the same command to resume from the last '
+      'checkpoints'
+  ), stderr[-3000:]
+  assert not any((p.parent / 'summary.json').exists() for p in metrics)
+  assert not list((tmp_path / 'records').glob('*.json'))
+  deadline = time.time() + 30
+  while _job_processes(cluster) and time.time() < deadline:
+    time.sleep(1)
+  assert not _job_processes(cluster)

@@ -1,10 +1,12 @@
 """run.experiments.reproduce: family runs expand to one row per member;
-histograms; bad input; a signal ends the runs it started."""
+histograms; bad input; a signal ends the runs it started; runs through the
+pool's workers give what runs alone give."""
 
 import contextlib
 import csv
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -12,6 +14,7 @@ import sys
 import time
 
 import numpy as np
+import psutil
 
 from run.experiments import reproduce
 from run.tail_benchmark import origin
@@ -252,6 +255,13 @@ def test_bad_input_is_refused_before_any_run(tmp_path):
       (['--seeds=a'], '--seeds must be integers, got a'),
       (['--jobs=0'], '--jobs must be >= 1, got 0'),
       (['--experiment=nope'], "unknown --experiment='nope'"),
+      (['--ray_address=nohost'], 'not auto nor HOST:PORT of a Ray head'),
+      (
+          ['--ray_address=127.0.0.1:1'],
+          '--ray_address=127.0.0.1:1: no Ray cluster there (cannot connect',
+      ),
+      # The flags of the runs, checked in a worker before any run.
+      ([], "unknown --task='nope'"),
   ]
   results = binary.call_main_in_subprocess(
       'run.experiments.reproduce',
@@ -266,7 +276,8 @@ def test_bad_input_is_refused_before_any_run(tmp_path):
         stderr,
     )
     assert text in lines[0], (args, stderr)
-  assert not (tmp_path / 'runs').exists()  # No run was started.
+  # No run was started (the flags' check leaves its worker's log only).
+  assert not list((tmp_path / 'runs').glob('*/*/'))
 
 
 _TINY = (
@@ -281,10 +292,24 @@ def _rows(path) -> list[str]:
   return [l.split(',')[0] for l in path.read_text().splitlines()[1:]]
 
 
+def _worker_groups(driver: int) -> set[int]:
+  """Process groups of the driver's run workers (`run.tail_benchmark.pool`):
+  each leads its own (a session of its own); its run's TFF workers are in
+  it."""
+  groups = set()
+  with contextlib.suppress(psutil.Error):
+    for child in psutil.Process(driver).children():
+      with contextlib.suppress(psutil.Error, OSError):
+        if 'pool.worker_main' in ' '.join(child.cmdline()):
+          groups.add(os.getpgid(child.pid))
+  return groups
+
+
 def test_a_signal_ends_the_runs_and_a_rerun_resumes_them(tmp_path):
-  """SIGTERM, then SIGINT of a rerun, end the running run (started in a
-  session of its own) and its workers, and start no other; the last rerun
-  resumes and finishes both runs. One run at a time (--jobs=1): cheaper."""
+  """SIGTERM, then SIGINT of a rerun, end the running run (in the driver's
+  run worker, in a session of its own) and its TFF workers, and start no
+  other; the last rerun resumes and finishes both runs. One run at a time
+  (--jobs=1): cheaper."""
   cmd = [
       sys.executable,
       '-m',
@@ -319,8 +344,9 @@ def test_a_signal_ends_the_runs_and_a_rerun_resumes_them(tmp_path):
         if len(_rows(first)) > past_round:
           break
         time.sleep(0.05)
-      groups = binary.run_groups(tmp_path)
-      if len(groups) != 1:  # The run (--jobs=1).
+      groups = _worker_groups(proc.pid)
+      # The run's worker (--jobs=1), and the run's TFF worker in its group.
+      if len(groups) != 1 or len(binary.alive_in(groups)) < 2:
         proc.kill()
         raise AssertionError((signum, groups, proc.communicate()[1]))
       os.kill(proc.pid, signum)  # The driver only, as a terminal would.
@@ -330,7 +356,7 @@ def test_a_signal_ends_the_runs_and_a_rerun_resumes_them(tmp_path):
       time.sleep(1.0)  # A replacement worker would have started by now.
       assert not binary.alive_in(groups), stderr
     finally:
-      for pid in binary.alive_in(binary.run_groups(tmp_path) | groups):
+      for pid in binary.alive_in(_worker_groups(proc.pid) | groups):
         with contextlib.suppress(OSError):
           os.kill(pid, signal.SIGKILL)
       with contextlib.suppress(ProcessLookupError):
@@ -441,3 +467,72 @@ def test_records_make_the_table_again_with_their_origin(tmp_path):
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr
     assert expected in lines[0] and 'q_1_seed0.json' in lines[0], proc.stderr
     (records / 'q_1_seed0.json').unlink(missing_ok=True)
+
+
+def test_runs_in_the_pool_give_the_records_and_table_of_runs_alone(tmp_path):
+  """Two tiny runs through the local pool give the records and the table
+  that the same runs alone give, each its own `python -m run.train` process
+  (as the driver ran them before the pool), to every digit; the records
+  differ in their wall seconds only. One worker (--jobs=1): the second run
+  reuses the builds of the first (its task; q=1's process is not q=0's).
+  (Each run's origin is the driver's, as before: its data and versions are
+  checked here; its code hash, which others' edits of this checkout may
+  move while the runs run, by the records test above.)"""
+  records = tmp_path / 'records'
+  page = tmp_path / 'pool.md'
+  proc = _reproduce(
+      '--experiment=qffl_synthetic',
+      '--seeds=0',
+      '--rounds=2',
+      '--jobs=1',
+      f'--records_dir={records}',
+      f'--root_output_dir={tmp_path}/pool',
+      f'--output_md={page}',
+      _TINY,
+  )
+  assert proc.returncode == 0, proc.stderr
+  experiment = reproduce.EXPERIMENTS['qffl_synthetic']
+  commands = page.read_text().split('```\n')[1].splitlines()
+  assert len(commands) == 2, commands
+  extra = _TINY.split('=', 1)[1].split(',')
+  here = origin.current(experiment['base'] + extra)
+  alone = {}
+  for command, (variant, variant_flags) in zip(
+      commands, experiment['variants'].items()
+  ):
+    listed = shlex.split(command)
+    assert listed[:3] == ['python', '-m', 'run.train'], command
+    args = [
+        a.replace('OUTPUT_DIR', str(tmp_path / 'alone')) for a in listed[3:]
+    ]
+    assert set(variant_flags) <= set(args), (variant, args)
+    code, _, stderr = binary.run_module(
+        'run.train', ['--progress=false'] + args
+    )
+    assert code == 0, stderr[-3000:]
+    run = args[-1].split('=', 1)[1]
+    with open(tmp_path / 'alone' / run / 'summary.json') as f:
+      alone[variant] = [{'summaries': json.load(f)['summaries']}]
+    record = json.loads((records / f'{run}.json').read_text())
+    assert record.pop('seconds') > 0
+    assert record == {
+        'experiment': 'qffl_synthetic',
+        'variant': variant,
+        'seed': 0,
+        'args': listed[3:],
+        'summaries': alone[variant][0]['summaries'],
+        # Its code: test_records_make_the_table_again_with_their_origin.
+        'origin': {**here, 'code': record['origin']['code']},
+    }, run
+  assert alone['q=1'] != alone['q=0 (FedAvg)']  # Not vacuous.
+  assert reproduce.table(experiment, alone) in page.read_text()
+  # The runs' folders are the driver's: a run alone and in the pool wrote
+  # the same per-client table.
+  for run in ('q_0__FedAvg__seed0', 'q_1_seed0'):
+    ours, theirs = [
+        (folder / run / 'clients').iterdir()
+        for folder in (tmp_path / 'pool' / 'qffl_synthetic', tmp_path / 'alone')
+    ]
+    assert [p.read_text() for p in sorted(ours)] == [
+        p.read_text() for p in sorted(theirs)
+    ]

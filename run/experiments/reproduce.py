@@ -3,9 +3,14 @@ r"""Reproduces the seeds' synthetic-data experiments through the training
 binary.
 
 Each experiment is a list of variants (flag sets) run over several seeds, each
-run a separate `python -m run.train` process writing its usual outputs. The
-final per-client summaries are collected into a Markdown table of mean and
-standard deviation over seeds, with the exact commands.
+run `python -m run.train` with its flags, writing its usual outputs in its
+folder. The runs go to the tail benchmark's pool (`run.tail_benchmark.pool`):
+`--jobs` long-lived local worker processes or, with `--ray_address`, as many
+Ray actors anywhere in a Ray cluster (`run.tail_benchmark.ray_pool`); each
+run's summaries come back to the driver, which keeps its record
+(`--records_dir`). The final per-client summaries are collected into a
+Markdown table of mean and standard deviation over seeds, with the exact
+commands.
 
   python -m run.experiments.reproduce --experiment=qffl_synthetic \
       --seeds=0,1,2 \
@@ -50,11 +55,9 @@ Experiments:
                       The three Fed+ variants with N = 3 and N = 15 parties.
 """
 
-import concurrent.futures
 import json
 import os
 import shlex
-import signal
 import subprocess
 import sys
 import time
@@ -72,7 +75,9 @@ from run import atomic
 from run import console
 from run import run_dir
 from run.tail_benchmark import origin as origins
+from run.tail_benchmark import pool as run_pool
 from run.tail_benchmark import processes
+from run.tail_benchmark import ray_pool
 from run.tail_benchmark import settings as bench_settings
 
 # pylint: enable=g-import-not-at-top,wrong-import-position
@@ -455,7 +460,20 @@ def define_flags() -> None:
   )
   flags.DEFINE_string('output_md', None, 'Write the Markdown table here.')
   flags.DEFINE_integer(
-      'jobs', 1, 'Runs to execute at the same time (each is its own process).'
+      'jobs',
+      1,
+      'Runs to execute at the same time: as many long-lived worker processes '
+      '(or Ray actors, with --ray_address), each keeping its builds between '
+      'runs.',
+  )
+  flags.DEFINE_string(
+      'ray_address',
+      None,
+      'Run the runs on the Ray cluster at this address (auto: the cluster '
+      'this machine belongs to; HOST:PORT: its head) as --jobs actors, not '
+      'in local processes; their summaries come back here. Needs pip install '
+      "'tff-hetero[ray]'; --root_output_dir and the runs' data must be usable "
+      'on every node. The histogram, which reads run folders, is skipped.',
   )
   flags.DEFINE_list(
       'extra_flags',
@@ -486,7 +504,9 @@ def define_flags() -> None:
 
 
 def run_one(args: list[str], log) -> dict:
-  """Runs the training binary; returns its summary.json (resumes if done).
+  """Runs the training binary in a process of its own; returns its
+  summary.json (resumes if done). `privacy_experiments` runs its runs so;
+  this driver's own go to the pool's workers (`_run_pending`).
 
   The run is started in its own session (a terminal's Ctrl-C reaches only
   the driver, which ends its runs itself: `processes.end_children`).
@@ -709,11 +729,15 @@ class RecordError(Exception):
   """A record is missing, damaged or of another origin."""
 
 
+def flag_value(args: list[str], flag: str) -> str:
+  """The value of `--FLAG=value` in `args`."""
+  return next(a.split('=', 1)[1] for a in args if a.startswith(f'--{flag}='))
+
+
 def record_path(records_dir: str, args: list[str]) -> str:
-  name = next(
-      a.split('=', 1)[1] for a in args if a.startswith('--experiment_name=')
+  return os.path.join(
+      records_dir, flag_value(args, 'experiment_name') + '.json'
   )
-  return os.path.join(records_dir, name + '.json')
 
 
 def read_record(
@@ -759,6 +783,88 @@ def origins_text(records: list[dict]) -> str:
   return '\n'.join(lines) + '\n'
 
 
+def _run_pending(
+    jobs: list[tuple[str, int, list[str]]],
+    workers: run_pool.Workers,
+    name: str,
+    origin: dict,
+    on_ray: bool,
+    log,
+):
+  """Runs `jobs` (`(variant, seed, args)`) in `workers` (`run_pool.parallel`)
+  after checking their flags in one; writes each finished run's record.
+
+  Returns:
+    Each job's result, in order (its record with its run's local folder,
+    `run_dir`, or None on Ray), or the driver's exit status: 2 for
+    bad flags, 1 for a failed run; after a signal the process dies of it
+    (130 for SIGINT), its runs and their TFF workers ended.
+  """
+
+  def run_and_record(job: tuple[str, int, list[str]]) -> dict:
+    variant, seed, args = job
+    log('$ python -m run.train --progress=false ' + shlex.join(args))
+    start = time.time()
+    try:
+      summary = workers.worker().summary(args)
+    except run_pool.RunFailed as e:
+      raise RuntimeError(
+          f'run {flag_value(args, "experiment_name")} failed (exit {e.code})'
+          f': {e}'
+      ) from None
+    seconds = time.time() - start
+    log(f'  done in {seconds:.0f} s')
+    record = {
+        'experiment': name,
+        'variant': variant,
+        'seed': seed,
+        'args': portable(args),
+        'summaries': summary['summaries'],
+        'seconds': seconds,
+        'origin': origin,
+    }
+    if FLAGS.records_dir:
+      atomic.write_json(
+          record_path(FLAGS.records_dir, args),
+          record,
+          indent=1,
+          sort_keys=True,
+      )
+    folder = os.path.join(
+        flag_value(args, 'root_output_dir'), flag_value(args, 'experiment_name')
+    )
+    return {**record, 'run_dir': None if on_ray else folder}
+
+  # A signal ends the runs and their workers (local workers are in sessions
+  # of their own, out of reach of a terminal's Ctrl-C or a group kill of the
+  # driver; Ray actors are ended by the driver).
+  with processes.signals_stop():
+    try:
+      try:  # The flags, checked before any run (a misspelt extra flag).
+        error = workers.worker().check(jobs[0][2])
+      finally:
+        workers.release()
+      if error:
+        return _error(error.split('error: ', 1)[-1])
+      ran = run_pool.parallel(run_and_record, jobs, workers)
+    except processes.Stopped as e:
+      ended = getattr(e, 'ended', None)
+      if ended is None:  # Raised in this thread, not in the pool's.
+        ended = processes.end_children(e.signum) + workers.interrupt()
+      workers.close()  # Before the process dies of the signal.
+      ray_pool.disconnect()
+      return processes.exit_stopped(
+          'reproduce',
+          e,
+          '; rerun the same command to resume from the last checkpoints',
+          ended,
+      )
+    except RuntimeError as e:  # A failed run, or a worker that ended.
+      print(f'reproduce: error: {e}', file=sys.stderr)
+      return 1
+  return ran
+
+
 def main(argv) -> int:
   """Runs the experiment; returns the exit status (2: bad input)."""
   processes.reset()
@@ -782,6 +888,11 @@ def main(argv) -> int:
     return _error('--seeds is empty')
   if FLAGS.jobs < 1:
     return _error(f'--jobs must be >= 1, got {FLAGS.jobs}')
+  if FLAGS.ray_address and not FLAGS.from_records:
+    try:
+      ray_pool.check_address(FLAGS.ray_address)
+    except ray_pool.RayUnavailable as e:
+      return _error(str(e))
   try:
     if FLAGS.output_md:
       processes.check_output_md(FLAGS.output_md)
@@ -834,62 +945,34 @@ def main(argv) -> int:
             '--from_records to make it'
         )
 
-  def run_and_record(variant: str, seed: int, args: list[str]) -> dict:
-    summary = run_one(args, log)
-    record = {
-        'experiment': name,
-        'variant': variant,
-        'seed': seed,
-        'args': portable(args),
-        'summaries': summary['summaries'],
-        'seconds': summary['seconds'],
-        'origin': origin,
-    }
-    if FLAGS.records_dir:
-      atomic.write_json(
-          record_path(FLAGS.records_dir, args),
-          record,
-          indent=1,
-          sort_keys=True,
-      )
-    return {**record, 'run_dir': summary['run_dir']}
-
-  # A signal ends the runs and their workers (they are in sessions of their
-  # own, out of reach of a terminal's Ctrl-C or a group kill of the driver).
-  pool = concurrent.futures.ThreadPoolExecutor(FLAGS.jobs)
-  with processes.signals_stop():
+  pending = []
+  for job in jobs:
+    path = record_path(FLAGS.records_dir or '', job[2])
+    if path in done:
+      log(f'  record: {path}')
+    else:
+      pending.append(job)
+  ran, on_ray = [], False
+  if pending:
     try:
-      futures = []
-      for variant, seed, args in jobs:
-        path = record_path(FLAGS.records_dir or '', args)
-        if path in done:
-          log(f'  record: {path}')
-          futures.append((variant, done[path]))
-        else:
-          futures.append(
-              (variant, pool.submit(run_and_record, variant, seed, args))
-          )
-      for variant, future in futures:
-        if isinstance(future, dict):
-          results[variant].append(future)
-          continue
-        try:
-          results[variant].append(future.result())
-        except RuntimeError as e:
-          print(f'reproduce: error: {e}', file=sys.stderr)
-          processes.end_children(signal.SIGTERM)
-          return 1
-    except processes.Stopped as e:
-      ended = processes.end_children(e.signum)
-      pool.shutdown(wait=True, cancel_futures=True)
-      return processes.exit_stopped(
-          'reproduce',
-          e,
-          '; rerun the same command to resume from the last checkpoints',
-          ended,
-      )
+      worker_type = ray_pool.worker_type(FLAGS.ray_address)
+    except ray_pool.RayUnavailable as e:
+      return _error(str(e))
+    on_ray = worker_type is not run_pool.RunWorker
+    if not on_ray:  # The workers' logs (on Ray: on the actors' nodes).
+      os.makedirs(root, exist_ok=True)
+    workers = run_pool.Workers(root, FLAGS.jobs, worker_type)
+    try:
+      ran = _run_pending(pending, workers, name, origin, on_ray, log)
     finally:
-      pool.shutdown(wait=True, cancel_futures=True)
+      workers.close()
+      ray_pool.disconnect()
+    if isinstance(ran, int):
+      return ran  # A failure's exit status.
+  ran = iter(ran)
+  for variant, _, args in jobs:
+    path = record_path(FLAGS.records_dir or '', args)
+    results[variant].append(done[path] if path in done else next(ran))
   made_by = origins_text([r for runs in results.values() for r in runs])
   seconds = sum(
       r.get('seconds', 0.0) for runs in results.values() for r in runs
@@ -919,7 +1002,8 @@ def main(argv) -> int:
     if 'histogram' in experiment and not all(
         r.get('run_dir') for runs in results.values() for r in runs
     ):
-      print('histogram: skipped (made from records; it reads run folders)')
+      where = 'runs on a Ray cluster' if on_ray else 'made from records'
+      print(f'histogram: skipped ({where}; it reads run folders)')
     elif 'histogram' in experiment:
       png = os.path.splitext(FLAGS.output_md)[0] + '_histogram.png'
       write_histogram(experiment, results, png)

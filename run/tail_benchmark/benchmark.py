@@ -77,7 +77,7 @@ arguments and origin (or any origin, `--accept_foreign_records`) is not run
 again, so the same
 command continues a stopped benchmark on any machine that has the records,
 and `--from_records` rebuilds the page from them alone. Runs execute in
-`--jobs` long-lived worker processes (`run_pool`), or as `--jobs` actors of
+`--jobs` long-lived worker processes (`pool`), or as `--jobs` actors of
 the Ray cluster at `--ray_address` (`ray_pool`, docs/deployment.md). A signal
 ends the running runs and their TFF workers (`processes`).
 """
@@ -106,7 +106,6 @@ from run import run_dir
 from run.tail_benchmark import origin as origin_lib
 from run.tail_benchmark import page as benchmark_page
 from run.tail_benchmark import plan
-from run.tail_benchmark import pool as run_pool
 from run.tail_benchmark import processes
 from run.tail_benchmark import ray_pool
 from run.tail_benchmark import records as bench_records
@@ -802,14 +801,13 @@ def main(argv) -> int:
   os.makedirs(output_dir, exist_ok=True)
   root = os.path.join(output_dir, 'runs')
   origin = None if FLAGS.from_records else origin_lib.current(task_flags)
-  worker_type = run_pool.RunWorker
-  if FLAGS.ray_address and not FLAGS.from_records:
-    try:
-      ray_pool.connect(FLAGS.ray_address)
-    except ray_pool.RayUnavailable as e:
-      print(f'benchmark: error: {e}', file=sys.stderr)
-      return 2
-    worker_type = ray_pool.RayRunWorker
+  try:
+    worker_type = ray_pool.worker_type(
+        None if FLAGS.from_records else FLAGS.ray_address
+    )
+  except ray_pool.RayUnavailable as e:
+    print(f'benchmark: error: {e}', file=sys.stderr)
+    return 2
   runs = bench_records.Runs(
       records_dir,
       output_dir,
@@ -870,8 +868,7 @@ def main(argv) -> int:
         return 1
   finally:
     runs.close()
-    if worker_type is not run_pool.RunWorker:
-      ray_pool.disconnect()
+    ray_pool.disconnect()
   stem = os.path.splitext(output_md)[0]
   pngs = (f'{stem}_cdf.png', f'{stem}_differences.png')
   report = benchmark_page.Report(

@@ -35,10 +35,17 @@ the run stops, its folder keeps its last checkpoint.
 The protocol is one JSON line each way per request, on the worker's stdin
 and on a copy of its original stdout (the binary's own printing goes to
 stderr, which the driver sends to a log file).
+
+A driver keeps its workers in a `Workers` (one per thread of its pool,
+local processes or `ray_pool.RayRunWorker` actors) and runs its items in
+`parallel`: the tail benchmark (`records.Runs` is its `Workers`) and
+`run.experiments.reproduce`, whose runs send back their summaries
+(`RunWorker.summary`).
 """
 
 import base64
 import collections
+import concurrent.futures
 import contextlib
 import io
 import json
@@ -127,6 +134,13 @@ class RunWorker:
     if self._proc is proc:
       self._proc = None
 
+  def interrupt(self) -> int:
+    """Ends the request in flight from another thread once the driver is
+    ending (`processes.end_children` has run): a local worker got the
+    signal from it, so nothing is left to do here (0). `RayRunWorker`'s
+    actor is out of its reach: that one ends it (1)."""
+    return 0
+
   def run(self, args: Sequence[str]) -> None:
     """Runs `python -m run.train --progress=false ARGS` in the worker.
 
@@ -137,6 +151,20 @@ class RunWorker:
     reply = self.request({'run': list(args)})
     if reply['code'] != 0:
       raise RunFailed(reply['error'], reply['code'])
+
+  def summary(self, args: Sequence[str]) -> dict[str, Any]:
+    """Runs `python -m run.train --progress=false ARGS` in the worker (it
+    resumes from its folder's checkpoints, as the binary does); the run's
+    `summary.json`, sent back (its folder is on the worker's machine).
+
+    Raises:
+      RunFailed: The run's exit code was not 0 (its last error line).
+      processes.NotStarted: The driver is ending.
+    """
+    reply = self.request({'summary': list(args)})
+    if reply['code'] != 0:
+      raise RunFailed(reply['error'], reply['code'])
+    return reply['summary']
 
   def record(
       self, args: Sequence[str], rounds: int, personal: bool
@@ -221,6 +249,93 @@ class RunWorker:
       proc.kill()
       proc.wait()
     self._forget(proc)
+
+
+class Workers:
+  """A driver's run workers: one per thread of its pool (`parallel`).
+
+  A thread takes a worker (`worker`: an idle one, or a new one) and keeps
+  it until `release`, so the runs it is given in a row share the worker's
+  builds; `close` ends them all. `worker_type`: local processes
+  (`RunWorker`) or Ray actors (`ray_pool.RayRunWorker`, from
+  `ray_pool.worker_type`); worker i logs to `log_dir/worker_i.log`.
+  """
+
+  def __init__(self, log_dir: str, jobs: int, worker_type: type = RunWorker):
+    self.log_dir = log_dir
+    self.jobs = jobs
+    self.worker_type = worker_type
+    self._local = threading.local()
+    self._workers: list[RunWorker] = []
+    self._idle: list[RunWorker] = []
+    self._lock = threading.Lock()
+
+  def worker(self) -> RunWorker:
+    """This thread's worker: taken from the idle ones (or a new one) for
+    the thread's current item; `release` gives it back."""
+    worker = getattr(self._local, 'worker', None)
+    if worker is None:
+      with self._lock:
+        if self._idle:
+          worker = self._idle.pop()
+        else:
+          log = os.path.join(self.log_dir, f'worker_{len(self._workers)}.log')
+          worker = self.worker_type(os.path.abspath(log))
+          self._workers.append(worker)
+      self._local.worker = worker
+    return worker
+
+  def release(self) -> None:
+    """Gives this thread's worker back (its builds stay warm for others)."""
+    worker = getattr(self._local, 'worker', None)
+    if worker is not None:
+      self._local.worker = None
+      with self._lock:
+        self._idle.append(worker)
+
+  def interrupt(self) -> int:
+    """`RunWorker.interrupt` of every worker (the driver is ending): the
+    number of workers it ended."""
+    with self._lock:
+      workers = list(self._workers)
+    return sum(worker.interrupt() for worker in workers)
+
+  def close(self) -> None:
+    for worker in self._workers:
+      worker.close()
+
+
+def parallel(fn: Callable[[Any], Any], items: Sequence[Any], workers) -> list:
+  """`[fn(item) ...]` in `workers.jobs` threads, each item with the
+  thread's worker (`workers.release()` after each).
+
+  On a signal (`processes.Stopped`, raised in the calling thread) the
+  running workers are ended (`processes.end_children`, then
+  `workers.interrupt()` for those out of its reach) before the threads are
+  waited for; the exception's `ended` counts them. Any other exception ends
+  them too. `workers`: a `Workers` (or anything with its `jobs`, `release`
+  and `interrupt`).
+  """
+
+  def one(item):
+    try:
+      return fn(item)
+    finally:
+      workers.release()
+
+  pool = concurrent.futures.ThreadPoolExecutor(workers.jobs)
+  try:
+    futures = [pool.submit(one, item) for item in items]
+    return [f.result() for f in futures]
+  except processes.Stopped as e:
+    e.ended = processes.end_children(e.signum) + workers.interrupt()
+    raise
+  except BaseException:
+    processes.end_children(signal.SIGTERM)
+    workers.interrupt()
+    raise
+  finally:
+    pool.shutdown(wait=True, cancel_futures=True)
 
 
 # ------------------------------------------------------------ worker side
@@ -425,6 +540,7 @@ def _serve_requests(proto, train, fine_tune, make_record) -> int:
         k
         for k in (
             'run',
+            'summary',
             'record',
             'check',
             'fine_tune',
@@ -476,6 +592,8 @@ def _serve_requests(proto, train, fine_tune, make_record) -> int:
         code, extra = _record(request, train, make_record, tail)
       elif code == 0:
         code = train.main(['train'])
+        if code == 0 and kind == 'summary':
+          code, extra = _summary(train)
       if code in _INTERRUPTED:
         # The driver forwarded a signal to end its runs: this worker ends
         # too (it would otherwise wait for a next run until the driver's
@@ -498,6 +616,20 @@ def _serve_requests(proto, train, fine_tune, make_record) -> int:
     proto.write(json.dumps(reply) + '\n')
     proto.flush()
   return 0
+
+
+def _summary(train) -> tuple[int, dict]:
+  """A finished `summary` request's run: its `summary.json` (the parsed
+  flags' run folder), or exit 1 with an error line."""
+  try:
+    path = os.path.join(
+        train.experiment_dir(train.run_config()), 'summary.json'
+    )
+    with open(path) as f:
+      return 0, {'summary': json.load(f)}
+  except (OSError, ValueError) as e:
+    print(f'train: error: cannot read summary.json: {e}', file=sys.stderr)
+    return 1, {}
 
 
 def _record(request, train, make_record, tail) -> tuple[int, dict]:

@@ -2,33 +2,39 @@
 """The benchmark's run workers as Ray actors, anywhere in a Ray cluster.
 
 `--ray_address=auto|HOST:PORT` makes the benchmark (and every driver that
-uses `records.Runs`) send its runs to a Ray cluster instead of local child
-processes. A `RayRunWorker` has `pool.RunWorker`'s interface; its requests
-go to a Ray actor (`Relay`, one CPU) that Ray places on any node. The actor
-keeps a `pool.RunWorker` child process on its node, so a worker keeps its
-builds between runs as the local pool's does, and relays each request's
-reply. Records, fine-tuning results and models travel back to the driver
-in the replies, and the driver writes them: no shared filesystem is needed.
-A run's folder (`--output_dir`) and the task's data (`--data_dir`) are
-paths on the node that runs it.
+uses `records.Runs`, and `run.experiments.reproduce`) send its runs to a
+Ray cluster instead of local child processes (`worker_type`). A
+`RayRunWorker` has `pool.RunWorker`'s interface; its requests go to a Ray
+actor (`Relay`, one CPU) that Ray places on any node. The actor keeps a
+`pool.RunWorker` child process on its node, so a worker keeps its builds
+between runs as the local pool's does, and relays each request's reply.
+Records, fine-tuning results, models and summaries travel back to the
+driver in the replies, and the driver writes them: no shared filesystem is
+needed. A run's folder (`--output_dir`; reproduce's `--root_output_dir`)
+and the task's data (`--data_dir`) are paths on the node that runs it.
 
 A lost node loses only its running requests: its actors restart on another
 node (`max_restarts=-1`) and each request runs again there
 (`max_task_retries=-1`); a run is deterministic in its arguments, so its
 record equals an undisturbed run's. The driver's `close` ends its actors
 (and so their workers and the workers' TFF children, which end with their
-parent: `pool._end_with_driver`); a driver that dies takes its actors with
-it (they are not detached). Rerunning the command resumes from the records.
+parent: `pool._end_with_driver`), as does a signal to the driver at once
+(`pool.parallel` calls `RayRunWorker.interrupt`: the signal that
+`processes.end_children` forwards reaches local children only); a driver
+that dies takes its actors with it (they are not detached). Rerunning the
+command resumes from the records.
 
 Ray is an optional extra (`pip install 'tff-hetero[ray]'`, ray 2.52.1: the
 newest release that shares TFF 0.87's stack; from 2.53 on Ray needs
 packaging >= 24.2, which tensorflow-privacy 0.9 excludes). Without
-`--ray_address` nothing here is imported.
+`--ray_address` Ray is not imported.
 """
 
 import os
 import socket
+import sys
 import tempfile
+import threading
 from typing import Any, Optional
 
 from run.tail_benchmark import pool
@@ -101,10 +107,25 @@ def check_address(address: str, timeout: float = 5.0) -> None:
     ) from None
 
 
+def worker_type(address: Optional[str]) -> type:
+  """The class of a driver's run workers (`pool.Workers`): local processes
+  (`pool.RunWorker`) without `address`, else `RayRunWorker`, once this
+  driver is connected to the cluster there (`connect`; `disconnect` after).
+
+  Raises:
+    RayUnavailable: No Ray, or no cluster there (one line).
+  """
+  if not address:
+    return pool.RunWorker
+  connect(address)
+  return RayRunWorker
+
+
 def disconnect() -> None:
-  """Ends this driver's Ray connection (its actors end with it)."""
-  ray = _ray()
-  if ray.is_initialized():
+  """Ends this driver's Ray connection, if it has one (its actors end with
+  it); without one (or without Ray), nothing."""
+  ray = sys.modules.get('ray')
+  if ray is not None and ray.is_initialized():
     ray.shutdown()
 
 
@@ -149,13 +170,20 @@ class RayRunWorker(pool.RunWorker):
   def __init__(self, log_path: Optional[str] = None):
     super().__init__(log_path)
     self._actor = None
+    # Guards `_actor`: `interrupt` (another thread) ends it, and no request
+    # starts a new one once the driver is ending.
+    self._actor_lock = threading.Lock()
 
   def request(self, request: dict) -> dict:
     ray = _ray()
-    if self._actor is None:
-      self._actor = _relay_actor().remote(self._log_path or os.devnull)
+    with self._actor_lock:
+      if processes.stopping():
+        raise processes.NotStarted()
+      if self._actor is None:
+        self._actor = _relay_actor().remote(self._log_path or os.devnull)
+      actor = self._actor
     try:
-      reply = ray.get(self._actor.request.remote(request))
+      reply = ray.get(actor.request.remote(request))
     except ray.exceptions.RayError as e:
       if processes.stopping():  # Its actor was ended with the driver.
         raise processes.NotStarted() from None
@@ -168,9 +196,18 @@ class RayRunWorker(pool.RunWorker):
       raise pool.RunFailed(reply['relay_failed'], reply['code'])
     return reply
 
+  def interrupt(self) -> int:
+    """Ends the actor at once, from any thread (a request it is serving
+    stops, its caller gets `processes.NotStarted` once the driver is
+    ending; its worker child and that child's TFF workers end with it:
+    `pool._end_with_driver`); 1 if there was one."""
+    with self._actor_lock:
+      actor, self._actor = self._actor, None
+    if actor is None:
+      return 0
+    _ray().kill(actor, no_restart=True)
+    return 1
+
   def close(self) -> None:
-    """Ends the actor at once (a request it is serving stops; its worker
-    child and that child's TFF workers end with it: `pool._end_with_driver`)."""
-    actor, self._actor = self._actor, None
-    if actor is not None:
-      _ray().kill(actor, no_restart=True)
+    """Ends the actor (`interrupt`)."""
+    self.interrupt()

@@ -17,7 +17,6 @@ import math
 import os
 import shlex
 import sys
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Optional
@@ -315,8 +314,9 @@ def portable(args: Any) -> Any:
   ]
 
 
-class Runs:
-  """Runs and fine-tunings, from records when they exist, else in workers."""
+class Runs(run_pool.Workers):
+  """Runs and fine-tunings, from records when they exist, else in workers
+  (`run_pool.Workers`: a thread's worker serves its current group)."""
 
   def __init__(
       self,
@@ -328,56 +328,23 @@ class Runs:
       accept_foreign: bool = False,
       worker_type: type = run_pool.RunWorker,
   ):
-    self.records_dir = records_dir
     # A run worker's class: local processes (`run_pool.RunWorker`) or Ray
     # actors (`ray_pool.RayRunWorker`), one per job.
-    self.worker_type = worker_type
-    self.log_dir = log_dir
-    self.jobs = jobs
+    super().__init__(log_dir, jobs, worker_type)
+    self.records_dir = records_dir
     self.from_records = from_records
     # This machine's origin (`origin.current`): new records carry
     # it; a record of another is redone unless `accept_foreign`.
     self.origin = origin
     self.accept_foreign = accept_foreign
     self.used: dict[str, dict] = {}  # Record name -> record, for the page.
-    self._local = threading.local()
-    self._workers: list[run_pool.RunWorker] = []
-    self._idle: list[run_pool.RunWorker] = []
-    self._lock = threading.Lock()
     self.commands: list[str] = []
     self.wall = {'select': 0.0, 'final': 0.0}
-
-  def _worker(self) -> run_pool.RunWorker:
-    """This thread's worker: taken from the idle ones (or a new one) for
-    the thread's current group; `release` gives it back."""
-    worker = getattr(self._local, 'worker', None)
-    if worker is None:
-      with self._lock:
-        if self._idle:
-          worker = self._idle.pop()
-        else:
-          log = os.path.join(self.log_dir, f'worker_{len(self._workers)}.log')
-          worker = self.worker_type(os.path.abspath(log))
-          self._workers.append(worker)
-      self._local.worker = worker
-    return worker
-
-  def release(self) -> None:
-    """Gives this thread's worker back (its builds stay warm for others)."""
-    worker = getattr(self._local, 'worker', None)
-    if worker is not None:
-      self._local.worker = None
-      with self._lock:
-        self._idle.append(worker)
-
-  def close(self) -> None:
-    for worker in self._workers:
-      worker.close()
 
   def check(self, args: list[str]) -> Optional[str]:
     """The training binary's error line for these flags, or None."""
     try:
-      return self._worker().check(args)
+      return self.worker().check(args)
     finally:
       self.release()
 
@@ -486,7 +453,7 @@ class Runs:
         record['origin'] = self.origin
       if keep_model and not record.get('diverged'):
         atomic.write_bytes(
-            self.model_path(name), self._worker().export_model(args)
+            self.model_path(name), self.worker().export_model(args)
         )
       atomic.write_text(self._record_path(name), json.dumps(record))
     with self._lock:
@@ -514,7 +481,7 @@ class Runs:
     if self.from_records:
       raise MissingRecord(f'no record {path}')
     try:
-      record = {'args': list(args), **self._worker().trivial(args)}
+      record = {'args': list(args), **self.worker().trivial(args)}
     finally:
       self.release()
     if self.origin is not None:
@@ -527,7 +494,7 @@ class Runs:
   def _run(self, args: list[str], rounds: int, personal: bool) -> dict:
     """The run's record, made by a worker where the run ran
     (`make_record`): only the record comes back."""
-    return self._worker().record(args, rounds, personal)
+    return self.worker().record(args, rounds, personal)
 
   def fine_tune(
       self,
@@ -579,7 +546,7 @@ class Runs:
         with open(model, 'rb') as f:
           content = f.read()
       start_s = time.time()
-      result = self._worker().fine_tune(args, content, **options)
+      result = self.worker().fine_tune(args, content, **options)
       record = {
           'args': key,
           'splits': rounded({start: result[start]}),

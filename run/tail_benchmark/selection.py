@@ -7,14 +7,12 @@ the successive halving, the lines, the edge extensions, the added seeds, the
 baselines' selection and the report through a `records.Runs`.
 """
 
-import concurrent.futures
 import dataclasses
 import math
-import signal
 from collections.abc import Sequence
 from typing import Any, Optional
 
-from run.tail_benchmark import processes
+from run.tail_benchmark import pool as run_pool
 from run.tail_benchmark import records as bench_records
 from run.tail_benchmark import settings as bench_settings
 from run.tail_benchmark import stats
@@ -365,26 +363,9 @@ class Benchmark:
     return out
 
   def _parallel(self, fn, items) -> list:
-    """`[fn(item) ...]` in the pool's threads, each with a worker."""
-
-    def one(item):
-      try:
-        return fn(item)
-      finally:
-        self.runs.release()
-
-    pool = concurrent.futures.ThreadPoolExecutor(self.runs.jobs)
-    try:
-      futures = [pool.submit(one, item) for item in items]
-      return [f.result() for f in futures]
-    except processes.Stopped as e:
-      e.ended = processes.end_children(e.signum)
-      raise
-    except BaseException:
-      processes.end_children(signal.SIGTERM)
-      raise
-    finally:
-      pool.shutdown(wait=True, cancel_futures=True)
+    """`[fn(item) ...]` in the pool's threads, each with a worker
+    (`run_pool.parallel`)."""
+    return run_pool.parallel(fn, items, self.runs)
 
   def trivial(self, phase: str) -> dict:
     """The trivial score's record for `phase`'s runs (`Runs.trivial`):

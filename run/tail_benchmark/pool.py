@@ -148,9 +148,14 @@ class RunWorker:
       RunFailed: The run's exit code was not 0 (its last error line).
       processes.NotStarted: The driver is ending.
     """
-    reply = self.request({'run': list(args)})
+    self._succeeded({'run': list(args)})
+
+  def _succeeded(self, request: dict) -> dict:
+    """The worker's reply to `request`; `RunFailed` if its run failed."""
+    reply = self.request(request)
     if reply['code'] != 0:
       raise RunFailed(reply['error'], reply['code'])
+    return reply
 
   def summary(self, args: Sequence[str]) -> dict[str, Any]:
     """Runs `python -m run.train --progress=false ARGS` in the worker (it
@@ -161,10 +166,7 @@ class RunWorker:
       RunFailed: The run's exit code was not 0 (its last error line).
       processes.NotStarted: The driver is ending.
     """
-    reply = self.request({'summary': list(args)})
-    if reply['code'] != 0:
-      raise RunFailed(reply['error'], reply['code'])
-    return reply['summary']
+    return self._succeeded({'summary': list(args)})['summary']
 
   def record(
       self, args: Sequence[str], rounds: int, personal: bool

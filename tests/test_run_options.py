@@ -171,7 +171,11 @@ def test_python_dash_m_keeps_every_declared_flag(tmp_path):
   held 3 settings)."""
   run = [sys.executable, '-m', 'run.train', '--progress=false']
   out = subprocess.run(
-      run + ['--help'], cwd=binary.ROOT, capture_output=True, text=True
+      run + ['--help'],
+      cwd=binary.ROOT,
+      capture_output=True,
+      text=True,
+      check=False,
   ).stdout
   for flag in ('--total_rounds', '--ditto_lambda', '--synthetic_size_law'):
     assert f'  {flag}:' in out, flag
@@ -184,7 +188,7 @@ def test_python_dash_m_keeps_every_declared_flag(tmp_path):
       '--experiment_name=a',
   ]
   first = subprocess.run(
-      run + args, cwd=binary.ROOT, capture_output=True, text=True
+      run + args, cwd=binary.ROOT, capture_output=True, text=True, check=False
   )
   assert first.returncode == 0, first.stderr
   config = json.loads((tmp_path / 'a' / 'config.json').read_text())
@@ -194,6 +198,7 @@ def test_python_dash_m_keeps_every_declared_flag(tmp_path):
       cwd=binary.ROOT,
       capture_output=True,
       text=True,
+      check=False,
   )
   assert again.returncode != 0
   assert 'client_learning_rate: 0.01 -> 0.2' in again.stderr, again.stderr

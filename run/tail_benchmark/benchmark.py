@@ -47,8 +47,8 @@ training client of a selection run.
    checkpoint); then over the selection seeds, every configuration still
    in runs on the first seed, the best third continues on the next, and so
    on. A configuration that diverged, fell back to the trivial score or
-   collapsed below it (`stats.fell_back`) ranks below every stable one; where the
-   best two are within their spread, more selection seeds decide
+   collapsed below it (`stats.fell_back`) ranks below every stable one;
+   where the best two are within their spread, more selection seeds decide
    (`--max_extra_seeds`). The criterion is the validation
    worst-10% accuracy as a superquantile (continuous); where it ties, the
    worst 20%, 30%, 50%, then the mean accuracy, and the superquantile of

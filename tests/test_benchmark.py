@@ -1907,7 +1907,7 @@ def test_bad_input_is_one_line_before_any_run(tmp_path):
       ),
       (
           ['--rerun=two', f'--records_dir={tmp_path}'],
-          "two.json is not a training run's record",
+          "two.json is neither a training run's record nor a fine-tuning's",
       ),
   ]
   results = binary.call_main_in_subprocess(

@@ -1,15 +1,21 @@
 # Copyright 2026 The tff-hetero Authors. Licensed under the Apache License 2.0.
 """Tests of `run.tail_benchmark.rerun`: a record's run again, compared.
 
-The comparison and the arguments are tested here without training; the
-binary's `--rerun` runs a real record in tests/test_benchmark.py.
+The comparison and the arguments are tested without training; the
+binary's `--rerun` runs a tiny benchmark's training run and both baselines'
+fine-tunings again (`test_the_binary_reruns_a_run_and_both_baselines`).
 """
 
 import json
+import os
+import shutil
 
 import pytest
 
+from run.tail_benchmark import origin as origin_lib
+from run.tail_benchmark import records as bench_records
 from run.tail_benchmark import rerun
+from tests import binary
 
 
 def _record(**changes):
@@ -36,6 +42,32 @@ def _record(**changes):
   }
   record.update(changes)
   return record
+
+
+def _fine_tuning(name='run', start='final', rate=0.5):
+  """A fine-tuning record of the run `name` from its `start` model."""
+  epoch = {
+      'client_id': ['a', 'b'],
+      'accuracy': [0.5, rate],
+      'loss': [1.0, 2.0],
+      'num_examples': [3, 4],
+  }
+  options = {
+      'batch_size': 5,
+      'learning_rates': [0.1],
+      'max_epochs': 1,
+      'starts': [start],
+  }
+  return {
+      'args': [
+          '--task=synthetic',
+          f'--experiment_name={name}',
+          json.dumps(options, sort_keys=True),
+      ],
+      'splits': {start: {'test': {'0.1': [epoch, epoch]}}},
+      'train_examples': {'test': 40},
+      'wall_s': 1.0,
+  }
 
 
 def test_rerun_args_replace_only_this_machines_folders():
@@ -119,9 +151,13 @@ def test_the_largest_gap_is_named():
         ('{', 'unreadable .JSONDecodeError.'),
         (
             json.dumps({'fine_tune': {}, 'args': ['--total_rounds=3']}),
-            "not a training run's record",
+            "neither a training run's record nor a fine-tuning's",
         ),
-        (json.dumps({'mean': 0.1}), "not a training run's record"),
+        (json.dumps({'mean': 0.1}), "neither a training run's record"),
+        (
+            json.dumps(_fine_tuning(name='other')),
+            'r is not the fine-tuning of other its arguments name',
+        ),
         (json.dumps(_record(diverged='loss is nan')), 'a diverged run'),
     ],
 )
@@ -130,6 +166,112 @@ def test_records_that_cannot_be_rerun_are_one_error(tmp_path, content, words):
     (tmp_path / 'r.json').write_text(content)
   with pytest.raises(rerun.RerunError, match=words):
     rerun.load(str(tmp_path), 'r')
+
+
+def test_a_fine_tunings_epochs_are_compared_value_by_value():
+  assert not rerun.differences(_fine_tuning(), _fine_tuning())
+  found = rerun.differences(_fine_tuning(), _fine_tuning(rate=0.75))
+  assert found == [
+      'splits/final/test/0.1/0/accuracy: differs at 1 (0.5 recorded, 0.75 '
+      'rerun)',
+      'splits/final/test/0.1/1/accuracy: differs at 1 (0.5 recorded, 0.75 '
+      'rerun)',
+  ]
+  more = _fine_tuning()
+  more['train_examples']['test'] = 41
+  assert rerun.differences(_fine_tuning(), more) == [
+      'train_examples/test: differs at 0 (40 recorded, 41 rerun)'
+  ]
+
+
+def test_a_fine_tuning_loads_only_beside_the_model_it_started_from(tmp_path):
+  record = _fine_tuning(name='run')
+  (tmp_path / 'run_ftfinal.json').write_text(json.dumps(record))
+  with pytest.raises(rerun.RerunError, match='no .*run.weights.npz'):
+    rerun.load(str(tmp_path), 'run_ftfinal')
+  (tmp_path / 'run.weights.npz').write_bytes(b'model')
+  assert rerun.load(str(tmp_path), 'run_ftfinal') == record
+  # Local training starts from the initial model its flags fix.
+  local = _fine_tuning(name='x', start='initial')
+  (tmp_path / 'x_ftinitial.json').write_text(json.dumps(local))
+  assert rerun.load(str(tmp_path), 'x_ftinitial') == local
+  assert rerun.fine_tuning(_record()) is None
+  damaged = {**local, 'train_examples': 3}
+  (tmp_path / 'x_ftinitial.json').write_text(json.dumps(damaged))
+  with pytest.raises(rerun.RerunError, match='x_ftinitial: no train_exam'):
+    rerun.load(str(tmp_path), 'x_ftinitial')
+
+
+def _tiny_fedavg(root):
+  return [
+      '--task=synthetic',
+      '--num_clients=12',
+      '--test_clients_fraction=0.5',
+      '--total_rounds=2',
+      '--rounds_per_eval=2',
+      '--clients_per_round=3',
+      '--client_batch_size=5',
+      '--client_learning_rate=0.1',
+      '--algorithm=fedavg',
+      '--simulation_engine=stacked',
+      '--holdout=test',
+      '--eval_train_clients=false',
+      '--seed=0',
+      '--data_seed=0',
+      f'--root_output_dir={root}',
+      '--experiment_name=final_fedavg',
+  ]
+
+
+def test_the_binary_reruns_a_run_and_both_baselines(tmp_path):
+  # Records made as the benchmark makes them, in another folder; the
+  # binary runs them again: the run, FedAvg + fine-tuning from the final
+  # model saved with the run's record, and local training.
+  made = tmp_path / 'made'
+  here = origin_lib.current([])
+  runs = bench_records.Runs(str(made), str(tmp_path), 1, False, origin=here)
+  try:
+    args = _tiny_fedavg(tmp_path / 'runs')
+    runs.run(args, 2, False)
+    for start in ('final', 'initial'):
+      runs.fine_tune(args, [0.1], 2, 5, start=start)
+  finally:
+    runs.close()
+  records = tmp_path / 'records'
+  shutil.copytree(made, records)
+  shutil.rmtree(tmp_path / 'runs')
+  names = ['final_fedavg', 'final_fedavg_ftfinal', 'final_fedavg_ftinitial']
+  base = [
+      '--setting=synthetic',
+      f'--records_dir={records}',
+      f'--output_dir={tmp_path / "out"}',
+  ]
+  code, stdout, stderr = binary.run_module(
+      'run.tail_benchmark.benchmark', base + ['--rerun=' + ','.join(names)]
+  )
+  assert code == 0, stderr[-3000:]
+  assert 'benchmark: 3 of 3 records rerun identically' in stdout, stdout
+  for words in (
+      'rerun final_fedavg (same origin): identical: 2 split(s) of 6 clients',
+      'rerun final_fedavg_ftfinal (same origin): identical: fine-tuning from '
+      'the final model: 2 split(s), 1 learning rate(s), 2 epoch(s)',
+      'rerun final_fedavg_ftinitial (same origin): identical: fine-tuning '
+      'from the initial model',
+  ):
+    assert words in stdout, stdout
+  # A fine-tuning that is not what its record says is found: here the
+  # record's model swapped for FedAvg's initial one.
+  initial = json.loads((records / 'final_fedavg_ftinitial.json').read_text())
+  tuned = json.loads((records / 'final_fedavg_ftfinal.json').read_text())
+  tuned['splits'] = {'final': initial['splits']['initial']}
+  (records / 'final_fedavg_ftfinal.json').write_text(json.dumps(tuned))
+  code, stdout, stderr = binary.run_module(
+      'run.tail_benchmark.benchmark', base + ['--rerun=final_fedavg_ftfinal']
+  )
+  assert code == 1, stderr[-3000:]
+  assert 'rerun final_fedavg_ftfinal (same origin): DIFFERS in' in stdout
+  assert 'benchmark: 0 of 1 records rerun identically' in stdout
+  assert not os.path.exists(records / 'rerun')
 
 
 def test_a_training_record_loads(tmp_path):

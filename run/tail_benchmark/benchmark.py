@@ -378,7 +378,8 @@ def define_flags(flag_values: Optional[flags.FlagValues] = None) -> None:
       'rerun',
       [],
       'Instead of the benchmark: run these records of --records_dir again '
-      '(names without .json, e.g. select_fedavg_lr0.1_seed100) from their '
+      '(names without .json, e.g. select_fedavg_lr0.1_seed100, or a '
+      "baseline's fine-tuning final_fedavg_lr0.1_seed0_ftfinal) from their "
       'own arguments, in a new folder <output_dir>/rerun/<time>, and compare '
       'every per-client value, curve point and example count with the '
       'record (exit 1 if any differs).',
@@ -783,7 +784,7 @@ def main(argv) -> int:
     print(f'benchmark: error: {e}', file=sys.stderr)
     return 2
   if rerun_records:
-    return _rerun(rerun_records, output_dir, task_flags)
+    return _rerun(rerun_records, records_dir, output_dir, task_flags)
   if FLAGS.plan:
     return _plan(
         setting,
@@ -1035,7 +1036,9 @@ def _baseline_costs(
     sources[name] = plan.derived(budget, clients)
 
 
-def _rerun(records: dict[str, dict], output_dir: str, task_flags) -> int:
+def _rerun(
+    records: dict[str, dict], records_dir: str, output_dir: str, task_flags
+) -> int:
   """`--rerun`: each record run again and compared; 1 if any differs."""
   folder = os.path.join(
       output_dir, 'rerun', time.strftime('%Y%m%dT%H%M%S', time.gmtime())
@@ -1056,7 +1059,11 @@ def _rerun(records: dict[str, dict], output_dir: str, task_flags) -> int:
     with processes.signals_stop():
       try:
         differing = rerun.rerun_records(
-            records, runs, data_dir, lambda line: print(line, flush=True)
+            records,
+            runs,
+            data_dir,
+            lambda line: print(line, flush=True),
+            records_dir,
         )
       except processes.Stopped as e:
         runs.close()  # Before the process dies of the signal.

@@ -4,6 +4,8 @@ the rotation of the slow integration tests (`tests/rotation.py`)."""
 import os
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
+# The binaries' kernels (run/__init__.py): the same numbers on every machine.
+os.environ.setdefault('TF_ENABLE_ONEDNN_OPTS', '0')
 
 # After the environment variable on purpose: it must precede any TF import.
 # pylint: disable=g-import-not-at-top,wrong-import-position

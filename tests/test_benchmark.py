@@ -1535,7 +1535,11 @@ def test_a_record_of_another_origin_is_redone_unless_accepted(tmp_path, capfd):
   other['code']['sources'] = '0' * 16
   moved_data = json.loads(json.dumps(here))
   moved_data['versions']['tensorflow'] = '0.0'
-  for theirs in (other, moved_data, None):
+  # The binaries' kernels (run/__init__.py); oneDNN's round otherwise.
+  assert here['numerics'] == {'onednn': 'off'}
+  onednn = json.loads(json.dumps(here))
+  onednn['numerics']['onednn'] = 'on'
+  for theirs in (other, moved_data, onednn, None):
     _record(tmp_path, 'select_x', args, theirs)
     runs = bench_records.Runs(
         str(tmp_path / 'rec'), str(tmp_path), 1, False, here

@@ -9,6 +9,8 @@ fine-tunings again (`test_the_binary_reruns_a_run_and_both_baselines`).
 import json
 import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 
@@ -277,3 +279,49 @@ def test_the_binary_reruns_a_run_and_both_baselines(tmp_path):
 def test_a_training_record_loads(tmp_path):
   (tmp_path / 'r.json').write_text(json.dumps(_record()))
   assert rerun.load(str(tmp_path), 'r') == _record()
+
+
+@pytest.mark.parametrize(
+    'value, kernels',
+    [(None, 'off'), ('1', 'on'), ('0', 'off'), ('true', 'on')],
+)
+def test_the_binaries_compute_without_onednn_unless_asked(value, kernels):
+  # TensorFlow turns oneDNN on by default only on some CPUs, and it rounds
+  # otherwise: `import run` keeps it off, so every machine makes the same
+  # numbers, and a record's origin says which kernels made it.
+  env = {k: v for k, v in os.environ.items() if k != 'TF_ENABLE_ONEDNN_OPTS'}
+  if value is not None:
+    env['TF_ENABLE_ONEDNN_OPTS'] = value
+  code = (
+      'import run\n'
+      'from tensorflow.python.util import _pywrap_util_port as port\n'
+      'from run.tail_benchmark import origin\n'
+      'print(port.IsMklEnabled(), origin.current([])["numerics"])'
+  )
+  out = subprocess.run(
+      [sys.executable, '-c', code],
+      cwd=binary.ROOT,
+      env=env,
+      capture_output=True,
+      text=True,
+      check=True,
+  ).stdout
+  assert out.split() == [
+      str(kernels == 'on'),
+      "{'onednn':",
+      f"'{kernels}'}}",
+  ]
+
+
+def test_onednn_reads_the_variable_as_tensorflow_does():
+  assert origin_lib.onednn({}) == 'cpu default'
+  assert origin_lib.onednn({'TF_ENABLE_ONEDNN_OPTS': ' False '}) == 'off'
+  assert origin_lib.onednn({'TF_ENABLE_ONEDNN_OPTS': 'TRUE'}) == 'on'
+  assert origin_lib.onednn({'TF_ENABLE_ONEDNN_OPTS': 'yes'}) == 'cpu default'
+  described = origin_lib.describe(
+      {**origin_lib.current([]), 'numerics': {'onednn': 'on'}}
+  )
+  assert described.endswith("; TensorFlow's oneDNN kernels on")
+  assert 'oneDNN' not in origin_lib.describe(
+      {'code': {'sources': 'x'}, 'versions': {}}
+  )

@@ -10,13 +10,18 @@ Every record the benchmark writes carries an `origin` (`current`):
 * `data`: a SHA-256 of every data file the run's task flags name
   (`data_files`); none for generated data (Synthetic), which the code hash
   and the arguments fix;
-* `versions`: Python, TensorFlow, TFF and NumPy.
+* `versions`: Python, TensorFlow, TFF and NumPy;
+* `numerics`: whether TensorFlow's oneDNN kernels ran (`onednn`: `off`,
+  the binaries' default, `on`, or `cpu default`, where TensorFlow turns them
+  on only on CPUs with AVX-512 VNNI, BF16 or AMX): they round otherwise,
+  and a chaotic run amplifies it. Older records do not say (what is known
+  of them: docs/results/notes/tail_benchmark.md).
 
 `key` is what two records must share to be the same run's: the source hash,
-the data and the versions (not the commit, which a documentation change
-moves). A record of another key is redone unless the user accepts it
-(`--accept_foreign_records`), and the page lists every origin with its
-number of records (`summary`).
+the data, the versions and the numerics (not the commit, which a
+documentation change moves). A record of another key is redone unless the
+user accepts it (`--accept_foreign_records`), and the page lists every
+origin with its number of records (`summary`).
 """
 
 import hashlib
@@ -156,6 +161,21 @@ def _version(package: str) -> str:
     return 'absent'
 
 
+def onednn(environ: Optional[dict] = None) -> str:
+  """Whether TensorFlow runs its oneDNN kernels under `environ` (default:
+  this process's, which the runs' workers inherit): `on`, `off` or `cpu
+  default` (unset, or a value TensorFlow does not read as a boolean)."""
+  value = (os.environ if environ is None else environ).get(
+      'TF_ENABLE_ONEDNN_OPTS', ''
+  )
+  value = value.strip().lower()
+  if value in ('0', 'false'):
+    return 'off'
+  if value in ('1', 'true'):
+    return 'on'
+  return 'cpu default'
+
+
 def current(task_flags: Sequence[str], root: Optional[str] = None) -> dict:
   """This machine's origin for runs with `task_flags`."""
   root = root or _root()
@@ -166,6 +186,7 @@ def current(task_flags: Sequence[str], root: Optional[str] = None) -> dict:
           'python': platform.python_version(),
           **{p: _version(p) for p in _VERSIONED},
       },
+      'numerics': {'onednn': onednn()},
   }
 
 
@@ -179,6 +200,7 @@ def key(origin: Any) -> Optional[str]:
           code.get('sources') if isinstance(code, dict) else None,
           origin.get('data'),
           origin.get('versions'),
+          origin.get('numerics'),
       ],
       sort_keys=True,
   )
@@ -212,6 +234,9 @@ def describe(origin: Any, commits: Sequence[str] = ()) -> str:
           if name in versions
       )
   )
+  numerics = origin.get('numerics')
+  if isinstance(numerics, dict) and 'onednn' in numerics:
+    parts.append(f"TensorFlow's oneDNN kernels {numerics['onednn']}")
   return '; '.join(parts)
 
 

@@ -63,7 +63,7 @@ import json
 import re
 import shutil
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Optional, Protocol
 
 from absl import flags
@@ -504,6 +504,54 @@ def create_context(
   return tff.program.NativeFederatedContext(context)
 
 
+class KeyedEnds:
+  """One future per key (a round, a version), done when that key's work ends.
+
+  `run` does the work and ends the key's future with it (its error, if it
+  failed; cancelled, if cancelled); `wait` returns once it has ended,
+  whichever of the two comes first, and forgets the key. `train_model` runs
+  a round's release and its program-state save as background tasks; the
+  program waits for them by key.
+  """
+
+  def __init__(self):
+    self._futures: dict[int, asyncio.Future] = {}
+
+  def _future(self, key: int) -> asyncio.Future:
+    if key not in self._futures:
+      future = asyncio.get_running_loop().create_future()
+      # Its error is the work's own (raised there); `wait` raises it again.
+      future.add_done_callback(lambda f: f.cancelled() or f.exception())
+      self._futures[key] = future
+    return self._futures[key]
+
+  async def run(self, key: int, work: Awaitable[Any]) -> None:
+    """Awaits `work`, then ends `key` as it ended."""
+    ended = self._future(key)
+    try:
+      await work
+    except asyncio.CancelledError:
+      ended.cancel()
+      raise
+    except BaseException as e:
+      if not ended.done():
+        ended.set_exception(e)
+      raise
+    if not ended.done():
+      ended.set_result(None)
+
+  async def wait(self, key: int) -> None:
+    """Returns once `key`'s work has ended.
+
+    Raises:
+      The work's error, if it failed.
+    """
+    try:
+      await asyncio.shield(self._future(key))
+    finally:
+      self._futures.pop(key, None)
+
+
 class DivergenceCheck(tff.program.ReleaseManager):
   """Releases a round's metrics unless a loss is not finite.
 
@@ -517,16 +565,7 @@ class DivergenceCheck(tff.program.ReleaseManager):
     self._inner = inner
     self._what = what
     self.diverged: Optional[tuple[int, float]] = None
-    self._ended: dict[int, asyncio.Future] = {}
-
-  def _release_ended(self, key: int) -> asyncio.Future:
-    """The future of round `key`'s release: done when it has ended."""
-    if key not in self._ended:
-      future = asyncio.get_running_loop().create_future()
-      # Its error is the release's own (raised there); `written` re-raises.
-      future.add_done_callback(lambda f: f.cancelled() or f.exception())
-      self._ended[key] = future
-    return self._ended[key]
+    self._ended = KeyedEnds()  # Each round's release.
 
   async def written(self, key: int) -> None:
     """Returns once round `key`'s metrics are released (or withheld).
@@ -534,25 +573,11 @@ class DivergenceCheck(tff.program.ReleaseManager):
     Raises:
       The release's error, if it failed.
     """
-    try:
-      await asyncio.shield(self._release_ended(key))
-    finally:
-      self._ended.pop(key, None)
+    await self._ended.wait(key)
 
   async def release(self, value, key) -> None:
     """Appends one round of metrics to the CSV file."""
-    ended = self._release_ended(int(key))
-    try:
-      await self._release(value, key)
-    except asyncio.CancelledError:
-      ended.cancel()
-      raise
-    except BaseException as e:
-      if not ended.done():
-        ended.set_exception(e)
-      raise
-    if not ended.done():
-      ended.set_result(None)
+    await self._ended.run(int(key), self._release(value, key))
 
   async def _release(self, value, key) -> None:
     value = await tff.program.materialize_value(value)

@@ -99,7 +99,6 @@ import os
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
-import asyncio
 import collections
 import json
 import zipfile
@@ -565,7 +564,7 @@ class ClientStatesManager(tff.program.ProgramStateManager):
     self._store = source.store
     self._output_dir = output_dir
     self._saved_through = -1  # The newest version loaded or saved.
-    self._saves: dict[int, asyncio.Future] = {}
+    self._saves = program.KeyedEnds()  # Each version's save.
 
   async def get_versions(self) -> Optional[list[int]]:
     """The saved versions (None if none)."""
@@ -601,18 +600,10 @@ class ClientStatesManager(tff.program.ProgramStateManager):
     self._saved_through = max(self._saved_through, version)
     return _train_model_form(saved), version
 
-  def _saved(self, version: int) -> asyncio.Future:
-    if version not in self._saves:
-      future = asyncio.get_running_loop().create_future()
-      # A failed save raises its own error; `saved` raises it again.
-      future.add_done_callback(lambda f: f.cancelled() or f.exception())
-      self._saves[version] = future
-    return self._saves[version]
-
   async def save(self, program_state, version: int) -> None:
     """Saves `train_model`'s `program_state` as `version`."""
-    saved = self._saved(version)
-    try:
+
+    async def save_it():
       await self._inner.save(
           _saved_form(
               program_state.state,
@@ -621,16 +612,9 @@ class ClientStatesManager(tff.program.ProgramStateManager):
           ),
           version,
       )
-    except asyncio.CancelledError:
-      saved.cancel()
-      raise
-    except BaseException as e:
-      if not saved.done():
-        saved.set_exception(e)
-      raise
-    self._saved_through = max(self._saved_through, version)
-    if not saved.done():
-      saved.set_result(None)
+      self._saved_through = max(self._saved_through, version)
+
+    await self._saves.run(version, save_it())
 
   async def saved(self, version: int) -> None:
     """Returns once `version` is saved or was loaded.
@@ -640,10 +624,7 @@ class ClientStatesManager(tff.program.ProgramStateManager):
     """
     if version <= self._saved_through:
       return
-    try:
-      await asyncio.shield(self._saved(version))
-    finally:
-      self._saves.pop(version, None)
+    await self._saves.wait(version)
 
 
 class _AfterSave(tff.program.MaterializableValueReference):

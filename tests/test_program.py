@@ -482,3 +482,38 @@ def test_program_state_saves_run_one_at_a_time(tmp_path):
       'program_state_7',
       'program_state_8',
   ]
+
+
+def test_keyed_ends_tell_each_waiter_how_its_keys_work_ended():
+  # train_model runs releases and saves as background tasks; the program
+  # waits for one by key: after it ended, before it started, or failed.
+  async def main():
+    ends = program.KeyedEnds()
+    order = []
+
+    async def work(key, error=None):
+      await asyncio.sleep(0.01)
+      order.append(key)
+      if error:
+        raise error
+
+    await ends.run(1, work(1))
+    await ends.wait(1)  # Ended before the wait.
+    waiting = asyncio.ensure_future(ends.wait(2))  # Waits before it runs.
+    await asyncio.sleep(0)
+    assert not waiting.done()
+    await ends.run(2, work(2))
+    await asyncio.wait_for(waiting, 5)
+    with pytest.raises(ValueError, match='bad save'):
+      await ends.run(3, work(3, ValueError('bad save')))
+    with pytest.raises(ValueError, match='bad save'):
+      await asyncio.wait_for(ends.wait(3), 5)
+    task = asyncio.ensure_future(ends.run(4, asyncio.sleep(10)))
+    await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+      await asyncio.wait_for(ends.wait(4), 5)
+    assert order == [1, 2, 3]
+    assert not ends._futures  # pylint: disable=protected-access
+
+  asyncio.run(main())

@@ -22,6 +22,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import psutil
@@ -113,6 +114,10 @@ def local_records(tmp_path_factory):
   return _records(out)
 
 
+def _add_worker_node(cluster):
+  cluster.add_node(num_cpus=1, object_store_memory=100 * _MIB)
+
+
 @pytest.fixture
 def cluster():
   """A head (no CPU: the driver's) and two worker nodes of one CPU each."""
@@ -121,7 +126,7 @@ def cluster():
       head_node_args={'num_cpus': 0, 'object_store_memory': 100 * _MIB},
   )
   for _ in range(2):
-    nodes.add_node(num_cpus=1, object_store_memory=100 * _MIB)
+    _add_worker_node(nodes)
   yield nodes
   nodes.shutdown()
 
@@ -136,6 +141,10 @@ def test_records_on_the_cluster_equal_the_local_pools(
       timeout=900,
   )
   assert code == 0, stderr[-3000:]
+  assert (
+      f'benchmark: runs go to the Ray cluster at {cluster.address}: 2 CPUs '
+      'now, 2 actors of 1 CPU'
+  ) in stderr.splitlines()
   assert len(local_records) >= 5
   assert _records(out) == local_records
   # The driver's actors ended with it, and their workers with them.
@@ -145,24 +154,61 @@ def test_records_on_the_cluster_equal_the_local_pools(
   assert not _job_processes(cluster)
 
 
+@pytest.fixture
+def head():
+  """A head alone (no CPU); a test adds its worker nodes."""
+  nodes = cluster_utils.Cluster(
+      initialize_head=True,
+      head_node_args={'num_cpus': 0, 'object_store_memory': 100 * _MIB},
+  )
+  yield nodes
+  nodes.shutdown()
+
+
 def test_a_node_lost_mid_benchmark_changes_no_record(
-    cluster, local_records, tmp_path
+    head, local_records, tmp_path
 ):
+  """A worker node killed while runs are in flight on it: its actor restarts
+  on a node that joins, its run runs again there, and every record equals
+  the local pool's.
+
+  The driver connects while the head is the cluster's only node, so it is
+  attached to the head's raylet, as a driver on a real cluster's head is
+  (here every node has this machine's address, and a driver that connects
+  later is attached to any one of them: losing that node would be losing
+  the driver's own); the worker nodes join after.
+  """
   out = tmp_path / 'ray_lost'
+  stderr_lines = []
   with subprocess.Popen(
       [sys.executable, '-m', 'run.tail_benchmark.benchmark']
-      + _args(out, [f'--ray_address={cluster.address}']),
+      + _args(out, [f'--ray_address={head.address}']),
       cwd=binary.ROOT,
-      stdout=subprocess.PIPE,
+      stdout=subprocess.DEVNULL,
       stderr=subprocess.PIPE,
       text=True,
       start_new_session=True,
   ) as proc:
+    reader = threading.Thread(
+        target=lambda: stderr_lines.extend(proc.stderr), daemon=True
+    )
+    reader.start()
     try:
+      deadline = time.time() + 600
+      while time.time() < deadline and proc.poll() is None:
+        if any('runs go to the Ray cluster' in l for l in stderr_lines):
+          break
+        time.sleep(0.2)
+      assert proc.poll() is None, 'the benchmark ended before it connected'
+      assert (
+          f'benchmark: runs go to the Ray cluster at {head.address}: 0 CPUs '
+          'now, 2 actors of 1 CPU (the rest wait for nodes to join)\n'
+      ) in stderr_lines
+      for _ in range(2):
+        _add_worker_node(head)
       # Kill a worker node once a first record is written: runs are in
       # flight on both nodes (two jobs, one CPU each).
       records = out / 'records'
-      deadline = time.time() + 600
       while time.time() < deadline and proc.poll() is None:
         if records.is_dir() and any(
             n.endswith('.json') for n in os.listdir(records)
@@ -170,18 +216,22 @@ def test_a_node_lost_mid_benchmark_changes_no_record(
           break
         time.sleep(0.5)
       assert proc.poll() is None, 'the benchmark ended before the kill'
-      cluster.remove_node(
-          next(iter(cluster.worker_nodes)), allow_graceful=False
-      )
-      cluster.add_node(num_cpus=1, object_store_memory=100 * _MIB)
-      _, stderr = proc.communicate(timeout=900)
+      head.remove_node(next(iter(head.worker_nodes)), allow_graceful=False)
+      _add_worker_node(head)
+      proc.wait(timeout=900)
+      reader.join(timeout=60)
     finally:
       try:
         os.killpg(proc.pid, signal.SIGKILL)
       except ProcessLookupError:
         pass
+  stderr = ''.join(stderr_lines)
   assert proc.returncode == 0, stderr[-3000:]
   assert _records(out) == local_records
+  deadline = time.time() + 30
+  while _job_processes(head) and time.time() < deadline:
+    time.sleep(1)
+  assert not _job_processes(head)
 
 
 _TINY = (

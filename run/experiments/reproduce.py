@@ -959,6 +959,8 @@ def main(argv) -> int:
     except ray_pool.RayUnavailable as e:
       return _error(str(e))
     on_ray = worker_type is not run_pool.RunWorker
+    if on_ray:
+      log(ray_pool.describe(FLAGS.ray_address, FLAGS.jobs))
     if not on_ray:  # The workers' logs (on Ray: on the actors' nodes).
       os.makedirs(root, exist_ok=True)
     workers = run_pool.Workers(root, FLAGS.jobs, worker_type)

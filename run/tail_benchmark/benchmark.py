@@ -809,6 +809,12 @@ def main(argv) -> int:
   except ray_pool.RayUnavailable as e:
     print(f'benchmark: error: {e}', file=sys.stderr)
     return 2
+  if worker_type is ray_pool.RayRunWorker:
+    print(
+        f'benchmark: {ray_pool.describe(FLAGS.ray_address, FLAGS.jobs)}',
+        file=sys.stderr,
+        flush=True,
+    )
   runs = bench_records.Runs(
       records_dir,
       output_dir,

@@ -16,7 +16,9 @@ and the task's data (`--data_dir`) are paths on the node that runs it.
 A lost node loses only its running requests: its actors restart on another
 node (`max_restarts=-1`) and each request runs again there
 (`max_task_retries=-1`); a run is deterministic in its arguments, so its
-record equals an undisturbed run's. The driver's `close` ends its actors
+record equals an undisturbed run's. The driver's own node (the Ray node it
+is attached to: run it on the head) must outlive the benchmark: its actors
+belong to it. The driver's `close` ends its actors
 (and so their workers and the workers' TFF children, which end with their
 parent: `pool._end_with_driver`), as does a signal to the driver at once
 (`pool.parallel` calls `RayRunWorker.interrupt`: the signal that
@@ -119,6 +121,20 @@ def worker_type(address: Optional[str]) -> type:
     return pool.RunWorker
   connect(address)
   return RayRunWorker
+
+
+def describe(address: str, jobs: int) -> str:
+  """One line on the cluster this driver is connected to (`connect`): its
+  CPUs now and the actors `jobs` asks for (each one CPU; they wait for CPUs
+  that are not there yet, as nodes join)."""
+  cpus = _ray().cluster_resources().get('CPU', 0)
+  line = (
+      f'runs go to the Ray cluster at {address}: {cpus:g} CPUs now, '
+      f'{jobs} actor{"s" if jobs != 1 else ""} of 1 CPU'
+  )
+  if cpus < jobs:
+    line += ' (the rest wait for nodes to join)'
+  return line
 
 
 def disconnect() -> None:

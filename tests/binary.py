@@ -10,25 +10,27 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def run_module(module, args, timeout=400):
-  """`(returncode, stdout, stderr)` of `python -m module` with `args`.
+def run_module(module, args, timeout=400, env=None):
+  """`(returncode, stdout, stderr)` of `python -m module` with `args` (and
+  the environment `env`, if given, else this process's).
 
   The binary runs in its own process group, which is killed afterwards so no
   TFF worker of a timed-out or crashed run outlives the test.
   """
-  return _run(['-m', module], args, timeout)
+  return _run(['-m', module], args, timeout, env)
 
 
-def run_code(code, args, timeout=400):
+def run_code(code, args, timeout=400, env=None):
   """`run_module`'s result for `python -c code` with `args` (e.g. a test's
   registration of a toy algorithm, then the binary's main)."""
-  return _run(['-c', code], args, timeout)
+  return _run(['-c', code], args, timeout, env)
 
 
-def _run(how, args, timeout):
+def _run(how, args, timeout, env=None):
   with subprocess.Popen(
       [sys.executable, *how] + list(args),
       cwd=ROOT,
+      env=env,
       stdout=subprocess.PIPE,
       stderr=subprocess.PIPE,
       text=True,

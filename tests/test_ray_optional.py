@@ -7,9 +7,11 @@ as on a machine without Ray: the driver, its run workers and their TFF
 workers all see it.
 """
 
+# It runs the binaries end to end (tests/binary.py).
+# bazel-size: large
+
 import json
 import os
-import subprocess
 import sys
 
 import pytest
@@ -48,16 +50,7 @@ def _without_ray(tmp_path, module, args):
       [str(blocker.parent), binary.ROOT]
       + ([env['PYTHONPATH']] if env.get('PYTHONPATH') else [])
   )
-  proc = subprocess.run(
-      [sys.executable, '-m', module] + args,
-      cwd=binary.ROOT,
-      env=env,
-      capture_output=True,
-      text=True,
-      timeout=600,
-      check=False,
-  )
-  return proc.returncode, proc.stdout, proc.stderr
+  return binary.run_module(module, args, timeout=600, env=env)
 
 
 def test_the_benchmark_runs_on_the_local_pool_without_ray(tmp_path):

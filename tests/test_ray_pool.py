@@ -104,6 +104,15 @@ def _job_processes(cluster):
   return found
 
 
+def _assert_the_jobs_processes_end(cluster):
+  """The driver's actors end with it (within 30 s), and their workers with
+  them."""
+  deadline = time.time() + 30
+  while _job_processes(cluster) and time.time() < deadline:
+    time.sleep(1)
+  assert not _job_processes(cluster)
+
+
 @pytest.fixture(scope='module')
 def local_records(tmp_path_factory):
   out = tmp_path_factory.mktemp('local')
@@ -119,16 +128,22 @@ def _add_worker_node(cluster):
 
 
 @pytest.fixture
-def cluster():
-  """A head (no CPU: the driver's) and two worker nodes of one CPU each."""
+def head():
+  """A head alone (no CPU: the driver's); a test adds its worker nodes."""
   nodes = cluster_utils.Cluster(
       initialize_head=True,
       head_node_args={'num_cpus': 0, 'object_store_memory': 100 * _MIB},
   )
-  for _ in range(2):
-    _add_worker_node(nodes)
   yield nodes
   nodes.shutdown()
+
+
+@pytest.fixture
+def cluster(head):
+  """The head and two worker nodes of one CPU each."""
+  for _ in range(2):
+    _add_worker_node(head)
+  return head
 
 
 def test_records_on_the_cluster_equal_the_local_pools(
@@ -147,22 +162,7 @@ def test_records_on_the_cluster_equal_the_local_pools(
   ) in stderr.splitlines()
   assert len(local_records) >= 5
   assert _records(out) == local_records
-  # The driver's actors ended with it, and their workers with them.
-  deadline = time.time() + 30
-  while _job_processes(cluster) and time.time() < deadline:
-    time.sleep(1)
-  assert not _job_processes(cluster)
-
-
-@pytest.fixture
-def head():
-  """A head alone (no CPU); a test adds its worker nodes."""
-  nodes = cluster_utils.Cluster(
-      initialize_head=True,
-      head_node_args={'num_cpus': 0, 'object_store_memory': 100 * _MIB},
-  )
-  yield nodes
-  nodes.shutdown()
+  _assert_the_jobs_processes_end(cluster)
 
 
 def test_a_node_lost_mid_benchmark_changes_no_record(
@@ -228,10 +228,7 @@ def test_a_node_lost_mid_benchmark_changes_no_record(
   stderr = ''.join(stderr_lines)
   assert proc.returncode == 0, stderr[-3000:]
   assert _records(out) == local_records
-  deadline = time.time() + 30
-  while _job_processes(head) and time.time() < deadline:
-    time.sleep(1)
-  assert not _job_processes(head)
+  _assert_the_jobs_processes_end(head)
 
 
 _TINY = (
@@ -307,10 +304,7 @@ def test_a_reproduction_on_the_cluster_equals_the_local_pools(
       in stdout.splitlines()
   )
   assert not (tmp_path / 'table_histogram.png').exists()
-  deadline = time.time() + 30
-  while _job_processes(cluster) and time.time() < deadline:
-    time.sleep(1)
-  assert not _job_processes(cluster)
+  _assert_the_jobs_processes_end(cluster)
 
 
 def test_a_signal_ends_a_reproductions_runs_on_the_cluster(cluster, tmp_path):
@@ -369,7 +363,4 @@ def test_a_signal_ends_a_reproductions_runs_on_the_cluster(cluster, tmp_path):
   ), stderr[-3000:]
   assert not any((p.parent / 'summary.json').exists() for p in metrics)
   assert not list((tmp_path / 'records').glob('*.json'))
-  deadline = time.time() + 30
-  while _job_processes(cluster) and time.time() < deadline:
-    time.sleep(1)
-  assert not _job_processes(cluster)
+  _assert_the_jobs_processes_end(cluster)

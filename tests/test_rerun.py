@@ -6,11 +6,12 @@ binary's `--rerun` runs a tiny benchmark's training run and both baselines'
 fine-tunings again (`test_the_binary_reruns_a_run_and_both_baselines`).
 """
 
+# It runs the binaries end to end (tests/binary.py).
+# bazel-size: large
+
 import json
 import os
 import shutil
-import subprocess
-import sys
 
 import pytest
 
@@ -300,14 +301,8 @@ def test_the_binaries_compute_without_onednn_unless_asked(value, kernels):
       'from run.tail_benchmark import origin\n'
       'print(port.IsMklEnabled(), origin.current([])["numerics"])'
   )
-  out = subprocess.run(
-      [sys.executable, '-c', code],
-      cwd=binary.ROOT,
-      env=env,
-      capture_output=True,
-      text=True,
-      check=True,
-  ).stdout
+  returncode, out, stderr = binary.run_code(code, [], env=env)
+  assert returncode == 0, stderr[-3000:]
   assert out.split() == [
       str(kernels == 'on'),
       "{'onednn':",

@@ -961,7 +961,7 @@ def main(argv) -> int:
     on_ray = worker_type is not run_pool.RunWorker
     if on_ray:
       log(ray_pool.describe(FLAGS.ray_address, FLAGS.jobs))
-    if not on_ray:  # The workers' logs (on Ray: on the actors' nodes).
+    else:  # The workers' logs (on Ray: on the actors' nodes).
       os.makedirs(root, exist_ok=True)
     workers = run_pool.Workers(root, FLAGS.jobs, worker_type)
     try:
